@@ -1,0 +1,33 @@
+# The two commands: `make demo` (the main job on an embedded default) and `make test`.
+PYTHON ?= python3
+PIP ?= $(PYTHON) -m pip
+TORCH_CPU ?= torch==2.13.0
+
+.PHONY: install test test-unit test-e2e lint demo bench clean
+
+# CPU torch first: a bare `torch` requirement would otherwise pull a multi-GB CUDA build.
+install:
+	$(PIP) install -q "$(TORCH_CPU)"
+	$(PIP) install -q -e ".[test]"
+
+lint:
+	$(PYTHON) -m ruff check .
+
+test-unit:
+	$(PYTHON) -m pytest -q -m "not e2e"
+
+test-e2e:
+	$(PYTHON) -m pytest -q -m e2e
+
+test: install lint
+	$(PYTHON) -m pytest -q -m "not e2e"
+	$(PYTHON) -m pytest -q -m e2e
+
+demo: install
+	$(PYTHON) examples/demo.py
+
+bench: install
+	for b in bench/bench_*.py; do echo "== $$b"; $(PYTHON) $$b || exit 1; done
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache .ruff_cache runs

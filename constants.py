@@ -1,0 +1,79 @@
+"""One source of truth for XPU Fleet's constants, defaults and environment variable names.
+
+Every other module imports from here; nothing re-states these numbers.
+"""
+
+from __future__ import annotations
+
+VERSION = "0.1.0"
+PLUGIN_NAME = "xpufleet"
+
+# --- environment variables -------------------------------------------------------------------
+ENV_HOME = "XPUFLEET_HOME"  # state dir (SQLite, runtime file, run dirs); default ~/.xpufleet
+ENV_RUN_QUEUE_MAX_CONCURRENT = "XPUFLEET_RUN_QUEUE_MAX_CONCURRENT"  # "cuda:0=2,gpu-box/cuda:1=3"
+ENV_WORKER_RESUME_GRACE_S = "XPUFLEET_WORKER_RESUME_GRACE_S"
+ENV_CUDA_CONTEXT_MIB = "XPUFLEET_EXECUTION_CUDA_CONTEXT_MIB"
+ENV_MODEL_DIRS = "XPUFLEET_MODEL_DIRS"  # os.pathsep-separated model folders when not hosted
+
+# --- defaults ---------------------------------------------------------------------------------
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8288
+HEARTBEAT_INTERVAL_S = 10.0
+WORKER_RESUME_GRACE_S = 300.0
+HEARTBEAT_LATE_S = 3 * HEARTBEAT_INTERVAL_S  # Degraded after this long without a heartbeat
+CUDA_CONTEXT_MIB = 768  # measured ~650 MiB on a CUDA 12 card; counted per run on a CUDA card
+MEASURED_PEAK_HEADROOM = 1.2  # default budget = measured peak + 20%
+DDP_COLLECTIVE_TIMEOUT_S = 30 * 60
+MAX_REQUEST_BODY_BYTES = 8 * 1024 * 1024
+
+# --- slots (SPEC Q5) ---------------------------------------------------------------------------
+ACCELERATOR_SLOT_LIMIT = 1
+CPU_SLOT_LIMIT = 2
+
+# --- run statuses (SPEC Q1) --------------------------------------------------------------------
+RUN_STATUSES = ("queued", "assigned", "running", "succeeded", "failed", "cancelled", "interrupted")
+TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled", "interrupted"})
+
+# --- device kinds --------------------------------------------------------------------------------
+DEVICE_KINDS = ("cpu", "cuda", "xpu", "mps")
+ACCELERATOR_KINDS = frozenset({"cuda", "xpu", "mps"})
+
+# --- worker agents (SPEC W1-W6) ------------------------------------------------------------------
+ENV_HEARTBEAT_INTERVAL_S = "XPUFLEET_HEARTBEAT_INTERVAL_S"  # tests shorten the 10 s heartbeat
+AGENT_WS_PATH = "/api/agents/ws"
+AGENT_PROTOCOL = 1  # bumped when agent<->sidecar messages change incompatibly
+AGENT_HELLO_TIMEOUT_S = 10.0  # the sidecar closes a WebSocket that does not say hello in time
+AGENT_RECONNECT_MAX_S = 10.0  # reconnect backoff ceiling (1, 2, 4, ... seconds)
+AGENT_STOP_GRACE_S = 30.0  # after "stop\n", the agent kills a run's process when this passes
+JOIN_TOKEN_TTL_S = 24 * 3600  # a one-time join token expires after a day
+SIMULATED_UUID_PREFIX = "GPU-5e1a7ed0"  # simulated cards' UUIDs start with this (never a real one)
+
+# --- graph nodes (SPEC N3-N5) ---------------------------------------------------------------------
+DEFAULT_HOME = "~/.xpufleet"  # XPUFLEET_HOME when the env var is unset
+OUTPUTS_DIRNAME = "outputs"  # ModelSaver/ModelLoader relative paths: <home>/outputs (ComfyUI: output/xpufleet)
+NODE_PROGRESS_INTERVAL_S = 0.25  # long nodes report progress / train_loss_batch at most this often
+CHECKPOINTS_DIRNAME = "checkpoints"  # under the run dir
+TENSORBOARD_DIRNAME = "tensorboard"  # under the run dir
+
+# --- success-rate predictor (SPEC P, seed 001) ----------------------------------------------------
+BYTES_PER_GB = 1024**3  # every *_gb figure is GiB (torch and NVML report bytes; seed 001's "GB")
+PREDICTOR_ALPHA = 0.9  # VRAM fragmentation discount
+PREDICTOR_V_EFF_FLOOR_GB = 0.1  # V_eff = max(0.1, alpha x V_reclaim)
+PREDICTOR_GAMMA = {"nvidia": 4.0, "intel": 1.0}  # hard-constraint platform factor (UVM headroom)
+PREDICTOR_DEFAULT_GAMMA = 1.0  # platforms not in the table nor configured (amd, apple, cpu): strict
+ENV_PREDICTOR_GAMMA = "XPUFLEET_PREDICTOR_GAMMA"  # "amd=2.0,apple=1.5" adds/overrides gamma by platform
+PREDICTOR_P_PEAK_FLOOR = 0.02  # P_peak never below this while D_peak > 0
+# (min percent, key, colour, zh, en), best first; P_success is compared after rounding
+PREDICTOR_LEVELS = (
+    (95, "smooth", "#52c41a", "轻松", "Smooth"),
+    (80, "safe", "#afff00", "安全", "Safe"),
+    (40, "warning", "#faad14", "预警", "Warning"),
+    (0, "critical", "#ff4d4f", "危险", "Critical"),
+)
+SNAPSHOT_TTL_S = 1.0  # device/RAM snapshots are cached this long (cheap reads for the status bar)
+CONFIG_FILENAME = "config.yaml"  # under XPUFLEET_HOME: model_dirs, predictor.gamma
+RUNTIME_FILENAME = "runtime.json"  # under XPUFLEET_HOME: {"url", "token"} of the running sidecar
+PREDICTOR_ACTIVATION_FRACTION = 0.2  # P3 activation overhead when enabled with `true`: +20% of M_peak
+PREDICTOR_CALIBRATION_FILENAME = "predictor_calibration.jsonl"  # under XPUFLEET_HOME
+PREDICTOR_CALIBRATION_KEEP = 200  # newest measured-peak samples kept
+PREDICTOR_CALIBRATION_RANGE = (0.25, 4.0)  # calibration factor is clamped to this

@@ -1,0 +1,158 @@
+"""The run context nodes talk to, and the progress adapter of SPEC N2.
+
+A node never knows whether it runs inside ComfyUI's executor or ours. It calls the functions of this
+module (``progress``, ``metric``, ``warn``, ``should_stop``, ``log``); they go to the active
+:class:`RunContext` when our executor runs the graph, and to ComfyUI's ``ProgressBar`` /
+interrupt flag when ComfyUI hosts the node (or to Python logging when neither is there).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("xpufleet.nodes")
+
+EmitFn = Callable[[str, dict[str, Any]], None]
+
+
+class RunStopped(Exception):
+    """Raised inside a node when a cooperative stop was requested (cancel / interrupt)."""
+
+
+@dataclass
+class RunContext:
+    """Everything a queued run gives its nodes.
+
+    ``emit(type, payload)`` receives the run's events: ``node_started``, ``node_finished``,
+    ``progress``, ``metric``, ``run_warning``, ``log``, ``artifact``, ... (see docs/events.md).
+    ``devices`` are the run's devices by their in-run names (``cuda:0``..), ``device_aliases`` maps
+    each in-run name to the machine's name for it (``cuda:0`` -> ``cuda:2``).
+    """
+
+    emit: EmitFn
+    stop_event: threading.Event = field(default_factory=threading.Event)
+    run_dir: Path | None = None
+    run_id: str | None = None
+    seed: int | None = None
+    deterministic: bool = False
+    devices: list[str] = field(default_factory=lambda: ["cpu"])
+    device_aliases: dict[str, str] = field(default_factory=dict)
+    # Where the run executes: "canvas" (ComfyUI's own Queue Prompt), "local" (sidecar child),
+    # "worker" (agent child). ddp needs a worker run with >= 2 accelerator cards (SPEC §4).
+    placement: str = "local"
+    ddp_allowed: bool = False
+    rank: int = 0
+    world_size: int = 1
+    # Set by the executor while a node runs, so events carry the node they came from.
+    node_id: str | None = None
+    class_type: str | None = None
+    # Free-form facts the run records (visible_devices, device_aliases, strategy, ...).
+    execution_facts: dict[str, Any] = field(default_factory=dict)
+
+    def event(self, type_: str, payload: dict[str, Any]) -> None:
+        if self.node_id is not None:
+            payload = {"node": self.node_id, "class_type": self.class_type, **payload}
+        self.emit(type_, payload)
+
+
+_current: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar("xpufleet_run", default=None)
+
+
+def current() -> RunContext | None:
+    """The active run context, or ``None`` when a host (ComfyUI) or plain Python calls the node."""
+    return _current.get()
+
+
+@contextlib.contextmanager
+def use(ctx: RunContext) -> Iterator[RunContext]:
+    """Make ``ctx`` the active run context for the calling thread/task."""
+    token = _current.set(ctx)
+    try:
+        yield ctx
+    finally:
+        _current.reset(token)
+
+
+# --- the adapter ------------------------------------------------------------------------------
+
+class _HostedProgress:
+    """ComfyUI's ProgressBar when ComfyUI hosts the node (comfy.utils is importable)."""
+
+    def update(self, value: int, total: int) -> bool:
+        try:
+            import comfy.utils  # type: ignore[import-not-found]
+        except Exception:  # not hosted
+            return False
+        # A bar is cheap (it captures ComfyUI's current hook); making one per update keeps no
+        # state that could outlive the prompt that is executing.
+        comfy.utils.ProgressBar(total).update_absolute(value, total)
+        return True
+
+
+_hosted = _HostedProgress()
+
+
+def progress(value: int, total: int, text: str = "", **extra: Any) -> None:
+    """Report progress of the current node (``value`` of ``total`` steps)."""
+    ctx = current()
+    if ctx is not None:
+        ctx.event("progress", {"value": int(value), "max": int(total), "text": text, **extra})
+        return
+    _hosted.update(int(value), int(total))
+
+
+def metric(name: str, value: float, **extra: Any) -> None:
+    """Record a metric point (``step``, ``epoch`` go in ``extra``)."""
+    ctx = current()
+    if ctx is not None:
+        ctx.event("metric", {"name": name, "value": float(value), **extra})
+    else:
+        log.debug("metric %s=%s %s", name, value, extra)
+
+
+def warn(kind: str, message: str, **extra: Any) -> None:
+    """A ``run_warning`` event (kind e.g. ``device_fallback``, ``ddp_not_available``)."""
+    ctx = current()
+    if ctx is not None:
+        ctx.event("run_warning", {"kind": kind, "message": message, **extra})
+    log.warning("%s: %s", kind, message)
+
+
+def info(message: str, **extra: Any) -> None:
+    """A ``log`` line in the run's event log (and Python logging)."""
+    ctx = current()
+    if ctx is not None:
+        ctx.event("log", {"message": message, **extra})
+    log.info("%s", message)
+
+
+def artifact(path: str | Path, kind: str, **extra: Any) -> None:
+    """Announce a file the run produced (checkpoint, saved model, TensorBoard dir)."""
+    ctx = current()
+    if ctx is not None:
+        ctx.event("artifact", {"path": str(path), "kind": kind, **extra})
+
+
+def should_stop() -> bool:
+    """True when the run was asked to stop; checked by long nodes once per batch."""
+    ctx = current()
+    if ctx is not None:
+        return ctx.stop_event.is_set()
+    try:
+        import comfy.model_management as mm  # type: ignore[import-not-found]
+
+        return bool(mm.processing_interrupted())
+    except Exception:
+        return False
+
+
+def run_dir() -> Path | None:
+    ctx = current()
+    return ctx.run_dir if ctx is not None else None

@@ -1,0 +1,1 @@
+"""The sidecar (queue, workers, HTTP API), the worker agent, the graph executor and the CLI."""

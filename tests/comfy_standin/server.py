@@ -1,0 +1,24 @@
+"""Stand-in for ComfyUI's server.py: PromptServer with a route table and send_sync."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+
+class PromptServer:
+    instance: PromptServer | None = None
+
+    def __init__(self) -> None:
+        PromptServer.instance = self
+        self.routes = web.RouteTableDef()
+        self.sent: list[tuple[str, dict, str | None]] = []
+        self.app = web.Application()
+
+    def send_sync(self, event: str, data: dict, sid: str | None = None) -> None:
+        self.sent.append((event, data, sid))
+
+    def make_app(self) -> web.Application:
+        """The aiohttp app ComfyUI would build, with every registered route."""
+        app = web.Application()
+        app.add_routes(self.routes)
+        return app

@@ -1,0 +1,47 @@
+"""Shared fixtures: an isolated XPUFLEET_HOME and the ComfyUI stand-in host."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+STANDIN = Path(__file__).resolve().parent / "comfy_standin"
+
+
+@pytest.fixture
+def xpufleet_home(tmp_path, monkeypatch) -> Path:
+    home = tmp_path / "xpufleet-home"
+    home.mkdir()
+    monkeypatch.setenv("XPUFLEET_HOME", str(home))
+    return home
+
+
+@pytest.fixture
+def comfy_host(monkeypatch):
+    """Put the ComfyUI stand-in on sys.path, create PromptServer.instance, and return a loader that
+    imports the repository as ComfyUI does (by folder, under a custom_nodes-style module name)."""
+    monkeypatch.syspath_prepend(str(STANDIN))
+    for name in ("server", "folder_paths", "comfy", "comfy.utils", "comfy.model_management"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    import server  # the stand-in
+
+    instance = server.PromptServer()
+
+    def load(module_name: str = "xpufleet_custom_node"):
+        spec = importlib.util.spec_from_file_location(
+            module_name, REPO / "__init__.py", submodule_search_locations=[str(REPO)]
+        )
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+        return module
+
+    yield instance, load
+    host_modules = ("server", "folder_paths", "comfy")
+    for name in list(sys.modules):
+        if name.split(".")[0] in host_modules or name.split(".")[0] == "xpufleet_custom_node":
+            del sys.modules[name]
