@@ -44,7 +44,6 @@ AGENT_WS_PATH = "/api/agents/ws"
 AGENT_PROTOCOL = 1  # bumped when agent<->sidecar messages change incompatibly
 AGENT_HELLO_TIMEOUT_S = 10.0  # the sidecar closes a WebSocket that does not say hello in time
 AGENT_RECONNECT_MAX_S = 10.0  # reconnect backoff ceiling (1, 2, 4, ... seconds)
-AGENT_STOP_GRACE_S = 30.0  # after "stop\n", the agent kills a run's process when this passes
 JOIN_TOKEN_TTL_S = 24 * 3600  # a one-time join token expires after a day
 SIMULATED_UUID_PREFIX = "GPU-5e1a7ed0"  # simulated cards' UUIDs start with this (never a real one)
 
@@ -77,3 +76,19 @@ PREDICTOR_ACTIVATION_FRACTION = 0.2  # P3 activation overhead when enabled with 
 PREDICTOR_CALIBRATION_FILENAME = "predictor_calibration.jsonl"  # under XPUFLEET_HOME
 PREDICTOR_CALIBRATION_KEEP = 200  # newest measured-peak samples kept
 PREDICTOR_CALIBRATION_RANGE = (0.25, 4.0)  # calibration factor is clamped to this
+
+# --- sidecar (issue 3: run queue, HTTP API, CLI) ------------------------------------------------
+LOCAL_PROVIDER = "local"  # the sidecar's own provider name in slots, placements and limits
+ENV_ALLOWED_HOSTS = "XPUFLEET_ALLOWED_HOSTS"  # extra Host header names accepted (comma-separated)
+STATE_DB_NAME = "state.db"
+SIDECAR_LOG_NAME = "sidecar.log"  # stdout/stderr of a background `xpufleet start`
+SIDECAR_LOCK_NAME = "sidecar.lock"  # flock: one sidecar per XPUFLEET_HOME
+RUNS_DIR_NAME = "runs"  # $XPUFLEET_HOME/runs/<run_id>/ (spec.json, output.log, events.jsonl, artifacts)
+RUN_STOP_GRACE_S = 30.0  # after `stop`, a run child gets this long to write its checkpoint and exit
+SIDECAR_START_TIMEOUT_S = 60.0  # `xpufleet start` waits this long for /api/health
+SIDECAR_STOP_TIMEOUT_S = RUN_STOP_GRACE_S + 15.0  # `xpufleet stop` waits this long, then SIGKILL
+EVENTS_LONG_POLL_MAX_S = 60.0  # GET /api/runs/{id}/events?wait= is capped at this
+EVENTS_PAGE_MAX = 1000  # events per GET /api/runs/{id}/events answer
+RUNS_PAGE_MAX = 1000  # runs per GET /api/runs answer
+PROGRESS_EVENT_MIN_INTERVAL_S = 0.05  # a run child sends at most ~20 progress events/s per node
+MAX_DEVICE_SET = 64  # devices in one target.devices
