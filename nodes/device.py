@@ -64,6 +64,8 @@ def choose_device(requested: str, node_label: str = "") -> str:
     requested = (requested or "auto").strip().lower()
     parse_device(requested)
     ctx = runtime.current()
+    if requested == "cpu":
+        return "cpu"  # every run and every machine has the CPU
     offered = list(ctx.devices) if ctx is not None else available_devices()
     if requested == "auto":
         if ctx is not None:

@@ -1,4 +1,256 @@
-"""Placeholder: filled in by the nodes work."""
+"""Model I/O nodes (SPEC N3): ModelSaver, ModelLoader, Predict.
 
-NODE_CLASS_MAPPINGS: dict[str, type] = {}
-NODE_DISPLAY_NAME_MAPPINGS: dict[str, str] = {}
+Both file formats carry the model's ``xpu_spec`` (builder + resolved arguments) beside its weights, so
+ModelLoader rebuilds the same architecture and a reloaded model predicts exactly what the saved one
+did. safetensors keeps the spec as JSON in the header metadata; the PyTorch format is a plain dict
+``{"format", "version", "xpu_spec", "state_dict"}`` read back with ``torch.load(weights_only=True)``
+(no pickled code is ever executed). ModelLoader also reads TrainingLoop checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from . import device as devmod
+from . import paths, runtime
+from . import types as T
+from .models import build_model, spec_of
+from .training import node_label
+
+MODEL_FORMAT = "xpufleet-model"
+MODEL_VERSION = 1
+_EXTENSIONS = {"safetensors": (".safetensors",), "pytorch": (".pt", ".pth")}
+
+
+def _target_path(filename: str, fmt: str, location: str) -> Path:
+    if fmt not in _EXTENSIONS:
+        raise ValueError(f"format must be one of {', '.join(_EXTENSIONS)}, got {fmt!r}")
+    path = paths.resolve_output_path(filename, location)
+    suffix = path.suffix.lower()
+    if not suffix:
+        return path.with_suffix(_EXTENSIONS[fmt][0])
+    if suffix not in _EXTENSIONS[fmt]:
+        other = next((f for f, exts in _EXTENSIONS.items() if suffix in exts), None)
+        hint = f" (that is the {other} format's extension)" if other else ""
+        raise ValueError(f"file {path.name!r} does not match format {fmt!r}{hint}: use a name ending in "
+                         f"{' or '.join(_EXTENSIONS[fmt])}, or change the format")
+    return path
+
+
+def save_model(model: Any, path: Path, fmt: str) -> Path:
+    """Write ``model``'s weights and spec to ``path`` atomically in ``fmt``."""
+    import torch
+
+    spec = spec_of(model)
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    if fmt == "safetensors":
+        from safetensors.torch import save_file
+
+        metadata = {"format": MODEL_FORMAT, "version": str(MODEL_VERSION), "xpu_spec": json.dumps(spec)}
+        return paths.write_atomic(path, lambda tmp: save_file(state, str(tmp), metadata=metadata))
+    payload = {"format": MODEL_FORMAT, "version": MODEL_VERSION, "xpu_spec": spec, "state_dict": state}
+    return paths.write_atomic(path, lambda tmp: torch.save(payload, tmp))
+
+
+def read_model_file(path: Path) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """(spec, state_dict) from a saved model (either format) or a TrainingLoop checkpoint."""
+    import torch
+
+    if path.suffix.lower() == ".safetensors":
+        from safetensors import safe_open
+        from safetensors.torch import load_file
+
+        try:
+            with safe_open(str(path), framework="pt") as fh:
+                meta = fh.metadata() or {}
+            state = load_file(str(path))
+        except Exception as exc:
+            raise ValueError(f"cannot read safetensors file {path}: {exc}") from None
+        raw = meta.get("xpu_spec")
+        return (json.loads(raw) if raw and raw != "null" else None), state
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise ValueError(f"cannot read {path} as a PyTorch model file: {str(exc).splitlines()[0]}") from None
+    if isinstance(payload, dict) and payload.get("format") == MODEL_FORMAT:
+        return payload.get("xpu_spec"), payload["state_dict"]
+    if isinstance(payload, dict) and payload.get("format") == "xpufleet-checkpoint":
+        return payload.get("xpu_spec"), payload["model"]
+    if isinstance(payload, dict) and all(isinstance(v, torch.Tensor) for v in payload.values()):
+        return None, payload  # a bare state_dict: weights without an architecture
+    raise ValueError(f"{path} is not a model saved by XPU Fleet (ModelSaver or a TrainingLoop checkpoint)")
+
+
+def load_model(path: Path) -> Any:
+    """Rebuild the model saved at ``path`` (on the CPU, in eval mode)."""
+    spec, state = read_model_file(path)
+    if spec is None:
+        raise ValueError(f"{path} holds weights but no architecture spec, so the model cannot be rebuilt; save "
+                         f"models built by the MLP/CNN/Sequential nodes with ModelSaver")
+    model = build_model(spec)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        raise ValueError(f"{path}: the weights do not fit the recorded architecture: "
+                         f"{str(exc).splitlines()[0]}") from None
+    model.eval()
+    return model
+
+
+class XPUModelSaver:
+    """ModelSaver node (output node): weights + architecture, safetensors or PyTorch format."""
+
+    DESCRIPTION = ("Saves a model with its architecture so ModelLoader can rebuild it. A relative filename goes "
+                   "under the outputs folder (ComfyUI's output/xpufleet, else $XPUFLEET_HOME/outputs) or the run "
+                   "directory. The file is written to a temp file and renamed, never half written.")
+    CATEGORY = T.CATEGORY_IO
+    FUNCTION = "save"
+    RETURN_TYPES = ("STRING",)
+    RETURN_NAMES = ("path",)
+    OUTPUT_NODE = True
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict[str, Any]:
+        return {
+            "required": {
+                "model": (T.MODEL,),
+                "filename": ("STRING", {"default": "models/model.safetensors"}),
+                "format": (T.MODEL_FORMATS, {"default": "safetensors"}),
+                "location": (T.SAVE_LOCATIONS, {"default": "outputs"}),
+            },
+            "optional": {"overwrite": ("BOOLEAN", {"default": True})},
+        }
+
+    def save(self, model: Any, filename: str, format: str = "safetensors", location: str = "outputs",
+             overwrite: bool = True) -> dict[str, Any]:
+        path = _target_path(filename, format, location)
+        if path.exists() and not overwrite:
+            raise ValueError(f"ModelSaver: {path} exists and overwrite is off; choose another filename")
+        if spec_of(model) is None:
+            runtime.warn("model_spec_missing", "ModelSaver: this model did not come from an XPU Fleet model builder; "
+                         "its weights are saved but ModelLoader cannot rebuild it")
+        saved = save_model(model, path, format)
+        runtime.artifact(saved, "model", format=format)
+        runtime.info(f"ModelSaver: saved {saved}")
+        return {"ui": {"text": [str(saved)]}, "result": (str(saved),)}
+
+
+class XPUModelLoader:
+    """ModelLoader node: rebuilds a model saved by ModelSaver (either format) or a checkpoint."""
+
+    DESCRIPTION = ("Loads a model saved by ModelSaver (safetensors or PyTorch) or a TrainingLoop checkpoint and "
+                   "rebuilds its architecture. A relative path is looked up in the outputs folder, then the run "
+                   "directory, then the current directory.")
+    CATEGORY = T.CATEGORY_IO
+    FUNCTION = "load"
+    RETURN_TYPES = (T.MODEL,)
+    RETURN_NAMES = ("model",)
+    OUTPUT_NODE = False
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict[str, Any]:
+        return {"required": {"path": ("STRING", {"default": "models/model.safetensors"})}}
+
+    @classmethod
+    def IS_CHANGED(cls, path: str = "", **_: Any) -> Any:
+        """ComfyUI re-runs the node when the model file changes (a new save under the same name)."""
+        found = next((p for p in paths.candidate_paths(path) if p.is_file()), None) if str(path).strip() else None
+        return found.stat().st_mtime_ns if found is not None else float("nan")
+
+    def load(self, path: str) -> tuple[Any]:
+        if not str(path).strip():
+            raise ValueError("ModelLoader: path is empty; give the file ModelSaver wrote")
+        candidates = paths.candidate_paths(path)
+        found = next((p for p in candidates if p.is_file()), None)
+        if found is None:
+            raise ValueError(f"ModelLoader: model file {path!r} not found; looked in: "
+                             f"{', '.join(str(p) for p in candidates)}")
+        model = load_model(found)
+        runtime.info(f"ModelLoader: loaded {found}")
+        return (model,)
+
+
+class XPUPredict:
+    """Predict node (output node): model outputs for a dataset or dataloader."""
+
+    DESCRIPTION = ("Runs the model on a dataset or dataloader. output auto = class indices for classifiers, raw "
+                   "outputs otherwise; probabilities = softmax (sigmoid for one output). Shows accuracy when the "
+                   "data has labels.")
+    CATEGORY = T.CATEGORY_IO
+    FUNCTION = "predict"
+    RETURN_TYPES = (T.TENSOR, "STRING")
+    RETURN_NAMES = ("predictions", "summary")
+    OUTPUT_NODE = True
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict[str, Any]:
+        return {
+            "required": {
+                "model": (T.MODEL,),
+                "output": (T.PREDICT_OUTPUTS, {"default": "auto"}),
+                "device": (devmod.DEVICE_CHOICES, {"default": "auto"}),
+                "batch_size": ("INT", {"default": 256, "min": 1, "max": 65536}),
+            },
+            "optional": {
+                "dataset": (T.DATASET,),
+                "dataloader": (T.DATALOADER,),
+                "precision": (T.PRECISION_CHOICES, {"default": "fp32"}),
+                "show": ("INT", {"default": 20, "min": 0, "max": 10_000, "tooltip": "predictions shown in the UI"}),
+            },
+        }
+
+    def predict(self, model: Any, output: str = "auto", device: str = "auto", batch_size: int = 256,
+                dataset: Any = None, dataloader: Any = None, precision: str = "fp32",
+                show: int = 20) -> dict[str, Any]:
+        import torch
+
+        from .trainer import predict_outputs, resolve_precision, stop_checker
+
+        if output not in T.PREDICT_OUTPUTS:
+            raise ValueError(f"Predict: output must be one of {', '.join(T.PREDICT_OUTPUTS)}, got {output!r}")
+        source = dataloader if dataloader is not None else dataset
+        if source is None:
+            raise ValueError("Predict: connect a dataset or a dataloader")
+        label = node_label("Predict", T.PREDICT_NODE)
+        dev = devmod.torch_device(device, label)
+        prec = resolve_precision(precision, dev, label)
+        model = model.to(dev)
+        raw, targets = predict_outputs(model, source, dev, prec, int(batch_size), stop_checker())
+        spec = spec_of(model) or {}
+        classifier = spec.get("task") == "classification" or (
+            spec.get("task") is None and targets is not None and not targets.is_floating_point())
+        mode = output if output != "auto" else ("classes" if classifier else "raw")
+        if mode == "classes":
+            preds = (raw > 0).long().squeeze(1) if raw.dim() == 2 and raw.shape[1] == 1 else raw.argmax(dim=1)
+        elif mode == "probabilities":
+            preds = torch.sigmoid(raw) if raw.dim() == 2 and raw.shape[1] == 1 else torch.softmax(raw, dim=1)
+        else:
+            preds = raw
+        lines = [f"{preds.shape[0]} predictions ({mode}), shape {list(preds.shape)}"]
+        if mode == "classes" and targets is not None and not targets.is_floating_point():
+            acc = (preds == targets.view(-1)).double().mean().item()
+            lines.append(f"accuracy vs labels {acc:.4f}")
+            runtime.metric("predict_accuracy", acc)
+        classes = spec.get("classes")
+        head = preds[: int(show)].tolist()
+        if mode == "classes" and classes:
+            head = [classes[i] if 0 <= i < len(classes) else i for i in head]
+        if show:
+            lines.append(f"first {len(head)}: {head}")
+        summary = "\n".join(lines)
+        runtime.info(f"{label}: " + lines[0] + (f"; {lines[1]}" if len(lines) > 1 and "accuracy" in lines[1] else ""))
+        return {"ui": {"text": [summary]}, "result": (preds, summary)}
+
+
+NODE_CLASS_MAPPINGS: dict[str, type] = {
+    T.MODEL_SAVER_NODE: XPUModelSaver,
+    T.MODEL_LOADER_NODE: XPUModelLoader,
+    T.PREDICT_NODE: XPUPredict,
+}
+NODE_DISPLAY_NAME_MAPPINGS: dict[str, str] = {
+    T.MODEL_SAVER_NODE: "Model Saver",
+    T.MODEL_LOADER_NODE: "Model Loader",
+    T.PREDICT_NODE: "Predict",
+}

@@ -1,4 +1,338 @@
-"""Placeholder: filled in by the nodes work."""
+"""Model builder nodes (SPEC N3): MLP, small CNN, and a Sequential from a layer spec.
 
-NODE_CLASS_MAPPINGS: dict[str, type] = {}
-NODE_DISPLAY_NAME_MAPPINGS: dict[str, str] = {}
+Every model these nodes make is an ``nn.Sequential`` carrying ``xpu_spec``: the builder name and its
+fully resolved arguments (plus input shape, task and classes). ``build_model(spec)`` rebuilds the same
+architecture from it, which is how ModelSaver/ModelLoader round-trip a model losslessly and how the
+memory estimator can build it on the meta device. Sizes left at 0/"auto" come from the Dataset's info.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+from . import runtime
+from . import types as T
+from .layerspec import LayerSpecError, build_sequential, output_shape, resolve_layers
+
+SPEC_FORMAT = 1
+SPEC_ATTR = "xpu_spec"
+
+_ACTIVATIONS = {"relu": "ReLU", "gelu": "GELU", "tanh": "Tanh", "sigmoid": "Sigmoid",
+                "leaky_relu": "LeakyReLU", "silu": "SiLU", "elu": "ELU"}
+
+
+def _activation(name: str) -> dict[str, Any]:
+    if name not in _ACTIVATIONS:
+        raise ValueError(f"unknown activation {name!r}; choose one of: {', '.join(_ACTIVATIONS)}")
+    return {"type": _ACTIVATIONS[name]}
+
+
+def parse_sizes(text: str | list[int], what: str = "hidden") -> list[int]:
+    """``"64,32"`` -> ``[64, 32]``; empty -> ``[]``; anything else is a clear error."""
+    if isinstance(text, list):
+        items = text
+    else:
+        parts = [p for p in re.split(r"[,\s]+", str(text).strip()) if p]
+        items = []
+        for p in parts:
+            if not re.fullmatch(r"\d+", p):
+                raise ValueError(f"{what}: {p!r} is not a positive integer; write sizes like '64,32'")
+            items.append(int(p))
+    for v in items:
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{what}: sizes must be positive integers, got {v!r}")
+    return list(items)
+
+
+# --- layer lists of the builders (pure; resolved sizes in, resolved spec out) ------------------------
+
+
+def mlp_layers(in_features: int, out_features: int, hidden: list[int], activation: str = "relu",
+               dropout: float = 0.0, batch_norm: bool = False) -> list[dict[str, Any]]:
+    """Flatten -> [Linear -> (BatchNorm1d) -> activation -> (Dropout)] * len(hidden) -> Linear."""
+    if not 0.0 <= float(dropout) < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+    layers: list[dict[str, Any]] = [{"type": "Flatten"}]
+    prev = int(in_features)
+    for h in hidden:
+        layers.append({"type": "Linear", "in_features": prev, "out_features": int(h)})
+        if batch_norm:
+            layers.append({"type": "BatchNorm1d", "num_features": int(h)})
+        layers.append(_activation(activation))
+        if dropout > 0:
+            layers.append({"type": "Dropout", "p": float(dropout)})
+        prev = int(h)
+    layers.append({"type": "Linear", "in_features": prev, "out_features": int(out_features)})
+    return layers
+
+
+def cnn_layers(in_channels: int, image_size: list[int], out_features: int, channels: list[int],
+               kernel_size: int = 3, activation: str = "relu", dropout: float = 0.0, batch_norm: bool = True,
+               fc_hidden: int = 0) -> list[dict[str, Any]]:
+    """[Conv2d -> (BatchNorm2d) -> activation -> MaxPool2d(2) while the image is >= 2 px] -> Flatten -> head."""
+    if kernel_size < 1 or kernel_size % 2 == 0:
+        raise ValueError(f"kernel_size must be an odd positive integer (so 'same' padding keeps the size), "
+                         f"got {kernel_size}")
+    if not channels:
+        raise ValueError("channels: give at least one convolution, e.g. '16,32'")
+    if not 0.0 <= float(dropout) < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+    h, w = int(image_size[0]), int(image_size[1])
+    layers: list[dict[str, Any]] = []
+    prev = int(in_channels)
+    for c in channels:
+        layers.append({"type": "Conv2d", "in_channels": prev, "out_channels": int(c),
+                       "kernel_size": int(kernel_size), "padding": int(kernel_size) // 2})
+        if batch_norm:
+            layers.append({"type": "BatchNorm2d", "num_features": int(c)})
+        layers.append(_activation(activation))
+        if h >= 2 and w >= 2:
+            layers.append({"type": "MaxPool2d", "kernel_size": 2})
+            h, w = h // 2, w // 2
+        prev = int(c)
+    layers.append({"type": "Flatten"})
+    if dropout > 0:
+        layers.append({"type": "Dropout", "p": float(dropout)})
+    flat = prev * h * w
+    if fc_hidden:
+        layers += [{"type": "Linear", "in_features": flat, "out_features": int(fc_hidden)}, _activation(activation)]
+        if dropout > 0:
+            layers.append({"type": "Dropout", "p": float(dropout)})
+        flat = int(fc_hidden)
+    layers.append({"type": "Linear", "in_features": flat, "out_features": int(out_features)})
+    return layers
+
+
+BUILDERS = {"mlp": mlp_layers, "cnn": cnn_layers, "sequential": lambda layers: layers}
+
+
+def layers_of(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The resolved layer list a spec describes."""
+    builder = spec.get("builder")
+    if builder not in BUILDERS:
+        raise ValueError(f"model spec has unknown builder {builder!r}; known: {', '.join(BUILDERS)}")
+    return BUILDERS[builder](**spec.get("kwargs", {}))
+
+
+def build_model(spec: dict[str, Any], seed: int | None = None) -> Any:
+    """Rebuild a model from its ``xpu_spec`` (weights freshly initialised; seeded when ``seed`` is given)."""
+    import torch
+
+    if not isinstance(spec, dict) or spec.get("format", SPEC_FORMAT) > SPEC_FORMAT:
+        raise ValueError(f"unsupported model spec {spec!r:.200}")
+    layers = layers_of(spec)
+    if seed is None:
+        model = build_sequential(layers)
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(seed))
+            model = build_sequential(layers)
+    setattr(model, SPEC_ATTR, copy.deepcopy(spec))
+    return model
+
+
+def spec_of(model: Any) -> dict[str, Any] | None:
+    """A model's ``xpu_spec`` (unwrapping DDP/compile wrappers), or None for a foreign module."""
+    for candidate in (model, getattr(model, "module", None), getattr(model, "_orig_mod", None)):
+        spec = getattr(candidate, SPEC_ATTR, None) if candidate is not None else None
+        if isinstance(spec, dict):
+            return spec
+    return None
+
+
+def make_spec(builder: str, kwargs: dict[str, Any], info: dict[str, Any] | None,
+              input_shape: list[int] | None) -> dict[str, Any]:
+    """The ``xpu_spec`` dict a builder node attaches (JSON-serialisable)."""
+    info = info or {}
+    return {
+        "format": SPEC_FORMAT,
+        "builder": builder,
+        "kwargs": kwargs,
+        "input_shape": list(input_shape) if input_shape else None,
+        "task": info.get("task"),
+        "num_classes": int(info.get("num_classes") or 0),
+        "classes": info.get("classes"),
+    }
+
+
+def resolve_seed(node_seed: int | None) -> int | None:
+    """The run's seed when the run has one (sweeps vary it), else the node's (-1 = unseeded)."""
+    ctx = runtime.current()
+    if ctx is not None and ctx.seed is not None:
+        return int(ctx.seed)
+    if node_seed is None or int(node_seed) < 0:
+        return None
+    return int(node_seed)
+
+
+def _finish(builder: str, kwargs: dict[str, Any], info: dict[str, Any] | None, input_shape: list[int] | None,
+            seed: int, label: str) -> tuple[Any]:
+    spec = make_spec(builder, kwargs, info, input_shape)
+    model = build_model(spec, resolve_seed(seed))
+    n_params = sum(p.numel() for p in model.parameters())
+    runtime.info(f"{label}: {n_params:,} parameters", parameters=n_params)
+    return (model,)
+
+
+_SEED_INPUT = ("INT", {"default": 0, "min": -1, "max": 2**31 - 1,
+                       "tooltip": "weight init seed (-1 = unseeded); a run's seed overrides it"})
+
+
+class XPUMLP:
+    """MLP builder node."""
+
+    DESCRIPTION = ("A multi-layer perceptron. in/out features 0 = taken from the Dataset's info (inputs are "
+                   "flattened, outputs = number of classes or target size).")
+    CATEGORY = T.CATEGORY_MODELS
+    FUNCTION = "build"
+    RETURN_TYPES = (T.MODEL,)
+    RETURN_NAMES = ("model",)
+    OUTPUT_NODE = False
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict[str, Any]:
+        return {
+            "required": {
+                "hidden": ("STRING", {"default": "64,32", "tooltip": "hidden layer sizes, e.g. 128,64"}),
+                "activation": (T.ACTIVATION_CHOICES, {"default": "relu"}),
+                "dropout": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 0.95, "step": 0.05}),
+                "seed": _SEED_INPUT,
+            },
+            "optional": {
+                "dataset_info": (T.DATASET_INFO,),
+                "in_features": ("INT", {"default": 0, "min": 0, "max": 1 << 30, "tooltip": "0 = from info"}),
+                "out_features": ("INT", {"default": 0, "min": 0, "max": 1 << 30, "tooltip": "0 = from info"}),
+                "batch_norm": ("BOOLEAN", {"default": False}),
+            },
+        }
+
+    def build(self, hidden: str = "64,32", activation: str = "relu", dropout: float = 0.0, seed: int = 0,
+              dataset_info: dict[str, Any] | None = None, in_features: int = 0, out_features: int = 0,
+              batch_norm: bool = False) -> tuple[Any]:
+        info = dataset_info or {}
+        fin = int(in_features) or int(info.get("num_features") or 0)
+        fout = int(out_features) or int(info.get("out_features") or 0)
+        if not fin:
+            raise ValueError("MLP: in_features is 0 and no dataset_info is connected; connect the Dataset's "
+                             "info output or set in_features")
+        if not fout:
+            raise ValueError("MLP: out_features is 0 and no dataset_info is connected; connect the Dataset's "
+                             "info output or set out_features")
+        kwargs = {"in_features": fin, "out_features": fout, "hidden": parse_sizes(hidden, "MLP hidden"),
+                  "activation": activation, "dropout": float(dropout), "batch_norm": bool(batch_norm)}
+        mlp_layers(**kwargs)  # validate before recording
+        shape = info.get("input_shape") if int(info.get("num_features") or 0) == fin else [fin]
+        return _finish("mlp", kwargs, info, shape, seed, "MLP")
+
+
+class XPUCNN:
+    """Small CNN builder node (image inputs C x H x W)."""
+
+    DESCRIPTION = ("A small convolutional network for images (C x H x W): conv blocks with 2x2 max-pooling, "
+                   "then a linear head. in_channels/image_size/out_features 0 = from the Dataset's info.")
+    CATEGORY = T.CATEGORY_MODELS
+    FUNCTION = "build"
+    RETURN_TYPES = (T.MODEL,)
+    RETURN_NAMES = ("model",)
+    OUTPUT_NODE = False
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict[str, Any]:
+        return {
+            "required": {
+                "channels": ("STRING", {"default": "16,32", "tooltip": "output channels of each conv block"}),
+                "kernel_size": ("INT", {"default": 3, "min": 1, "max": 15, "step": 2}),
+                "activation": (T.ACTIVATION_CHOICES, {"default": "relu"}),
+                "dropout": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 0.95, "step": 0.05}),
+                "seed": _SEED_INPUT,
+            },
+            "optional": {
+                "dataset_info": (T.DATASET_INFO,),
+                "in_channels": ("INT", {"default": 0, "min": 0, "max": 4096, "tooltip": "0 = from info"}),
+                "image_size": ("INT", {"default": 0, "min": 0, "max": 8192, "tooltip": "0 = from info"}),
+                "out_features": ("INT", {"default": 0, "min": 0, "max": 1 << 30, "tooltip": "0 = from info"}),
+                "batch_norm": ("BOOLEAN", {"default": True}),
+                "fc_hidden": ("INT", {"default": 0, "min": 0, "max": 1 << 20,
+                                      "tooltip": "size of a hidden linear layer in the head (0 = none)"}),
+            },
+        }
+
+    def build(self, channels: str = "16,32", kernel_size: int = 3, activation: str = "relu",
+              dropout: float = 0.0, seed: int = 0, dataset_info: dict[str, Any] | None = None,
+              in_channels: int = 0, image_size: int = 0, out_features: int = 0, batch_norm: bool = True,
+              fc_hidden: int = 0) -> tuple[Any]:
+        info = dataset_info or {}
+        shape = list(info.get("input_shape") or [])
+        if info and len(shape) != 3:
+            raise ValueError(f"CNN: the dataset's samples have shape {shape}, not C x H x W images; use an image "
+                             f"dataset (digits with as_image, synthetic_images) or the MLP")
+        cin = int(in_channels) or (shape[0] if shape else 0)
+        hw = [int(image_size)] * 2 if image_size else (shape[1:] if shape else [])
+        fout = int(out_features) or int(info.get("out_features") or 0)
+        if not cin or not hw or not fout:
+            raise ValueError("CNN: connect the Dataset's info or set in_channels, image_size and out_features")
+        kwargs = {"in_channels": cin, "image_size": [int(hw[0]), int(hw[1])], "out_features": fout,
+                  "channels": parse_sizes(channels, "CNN channels"), "kernel_size": int(kernel_size),
+                  "activation": activation, "dropout": float(dropout), "batch_norm": bool(batch_norm),
+                  "fc_hidden": int(fc_hidden)}
+        cnn_layers(**kwargs)
+        return _finish("cnn", kwargs, info, [cin, int(hw[0]), int(hw[1])], seed, "CNN")
+
+
+_SEQUENTIAL_EXAMPLE = (
+    '[{"type": "Flatten"},\n {"type": "Linear", "in": "auto", "out": 64},\n {"type": "ReLU"},\n'
+    ' {"type": "Linear", "in": 64, "out": 10}]'
+)
+
+
+class XPUSequential:
+    """Sequential builder node: a model from a JSON/YAML layer list."""
+
+    DESCRIPTION = ("A torch nn.Sequential from a layer list (JSON or YAML), e.g. "
+                   '[{"type":"Linear","in":64,"out":32},{"type":"ReLU"}]. Sizes may be "auto" (from the '
+                   "previous layer's output, given the Dataset's info). Every layer is checked with errors "
+                   "that name it.")
+    CATEGORY = T.CATEGORY_MODELS
+    FUNCTION = "build"
+    RETURN_TYPES = (T.MODEL,)
+    RETURN_NAMES = ("model",)
+    OUTPUT_NODE = False
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict[str, Any]:
+        return {
+            "required": {
+                "layers": ("STRING", {"default": _SEQUENTIAL_EXAMPLE, "multiline": True}),
+                "seed": _SEED_INPUT,
+            },
+            "optional": {"dataset_info": (T.DATASET_INFO,)},
+        }
+
+    def build(self, layers: str, seed: int = 0, dataset_info: dict[str, Any] | None = None) -> tuple[Any]:
+        info = dataset_info or {}
+        shape = info.get("input_shape") or None
+        try:
+            resolved = resolve_layers(layers, shape)
+        except LayerSpecError as exc:
+            raise ValueError(f"Sequential: {exc}") from None
+        if shape and info.get("out_features"):
+            out = output_shape(resolved, shape)
+            want = int(info["out_features"])
+            if out and out[-1] != want:
+                runtime.warn("model_shape", f"Sequential: the last layer gives {out[-1]} outputs per sample but the "
+                             f"dataset has {want} {'classes' if info.get('task') == 'classification' else 'targets'}")
+        return _finish("sequential", {"layers": resolved}, info, shape, seed, "Sequential")
+
+
+NODE_CLASS_MAPPINGS: dict[str, type] = {
+    T.MLP_NODE: XPUMLP,
+    T.CNN_NODE: XPUCNN,
+    T.SEQUENTIAL_NODE: XPUSequential,
+}
+NODE_DISPLAY_NAME_MAPPINGS: dict[str, str] = {
+    T.MLP_NODE: "MLP",
+    T.CNN_NODE: "CNN (small)",
+    T.SEQUENTIAL_NODE: "Sequential (layer spec)",
+}
