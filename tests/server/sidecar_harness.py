@@ -1,0 +1,141 @@
+"""A real sidecar for end-to-end tests: started with the real CLI (`python -m xpufleet.server start
+--port 0`) as a subprocess on loopback, with XPUFLEET_HOME in a temporary folder.
+
+Test files load this module by path (tests have no packages under --import-mode=importlib):
+
+    harness = load_harness()  # see the bottom of this file for the snippet the tests use
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from xpufleet.server.client import Client
+from xpufleet.server.runtime_file import read_runtime
+
+CLI = [sys.executable, "-m", "xpufleet.server"]
+
+# A trivial but real graph: iris, a small MLP, a TrainingLoop and an Evaluate (output node).
+IRIS_GRAPH: dict[str, Any] = {
+    "1": {"class_type": "XPUDataset", "inputs": {"name": "iris", "val_split": 0.2, "seed": 0, "normalize": "standard"}},
+    "2": {"class_type": "XPUDataLoader", "inputs": {"dataset": ["1", 0], "batch_size": 16, "shuffle": True,
+                                                    "num_workers": 0, "drop_last": False}},
+    "3": {"class_type": "XPUDataLoader", "inputs": {"dataset": ["1", 1], "batch_size": 64, "shuffle": False,
+                                                    "num_workers": 0, "drop_last": False}},
+    "4": {"class_type": "XPUMLP", "inputs": {"hidden": "16", "activation": "relu", "dropout": 0.0, "seed": 0,
+                                             "dataset_info": ["1", 2]}},
+    "5": {"class_type": "XPUOptimizer", "inputs": {"name": "adam", "lr": 0.01, "weight_decay": 0.0, "momentum": 0.9}},
+    "6": {"class_type": "XPULoss", "inputs": {"name": "cross_entropy"}},
+    "7": {"class_type": "XPUTrainingLoop", "inputs": {
+        "model": ["4", 0], "dataloader": ["2", 0], "optimizer": ["5", 0], "loss": ["6", 0], "epochs": 1,
+        "max_steps": 0, "device": "auto", "precision": "fp32", "val_dataloader": ["3", 0], "tensorboard": False,
+        "strategy": "single"}},
+    "8": {"class_type": "XPUEvaluate", "inputs": {"model": ["7", 0], "dataloader": ["3", 0], "device": "auto",
+                                                  "precision": "fp32"}},
+}
+
+
+def iris_graph(epochs: int = 1, **loop_inputs: Any) -> dict[str, Any]:
+    """The iris graph with ``epochs`` (a huge number = a run that lasts until cancelled)."""
+    g = copy.deepcopy(IRIS_GRAPH)
+    g["7"]["inputs"]["epochs"] = epochs
+    g["7"]["inputs"].update(loop_inputs)
+    return g
+
+
+class Sidecar:
+    """One sidecar process for one XPUFLEET_HOME."""
+
+    def __init__(self, home: Path, env: dict[str, str] | None = None) -> None:
+        self.home = Path(home)
+        self.env = {**os.environ, "XPUFLEET_HOME": str(self.home), **(env or {})}
+        self.env.pop("CUDA_VISIBLE_DEVICES", None)
+        self.info: dict[str, Any] | None = None
+        self.client: Client | None = None
+
+    def cli(self, *args: str, timeout: float = 120.0, check: bool = False) -> subprocess.CompletedProcess:
+        """Run ``xpufleet ARGS`` against this home."""
+        proc = subprocess.run([*CLI, *args], env=self.env, capture_output=True, text=True, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"xpufleet {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    def start(self) -> Sidecar:
+        self.cli("start", "--port", "0", check=True, timeout=90)
+        self.info = read_runtime(self.home)
+        assert self.info is not None, "start returned but wrote no runtime file"
+        self.client = Client(self.info["url"], self.info["token"], timeout=30)
+        return self
+
+    @property
+    def url(self) -> str:
+        assert self.info is not None
+        return self.info["url"]
+
+    @property
+    def pid(self) -> int:
+        assert self.info is not None
+        return int(self.info["pid"])
+
+    def kill9(self) -> None:
+        """SIGKILL the sidecar (its run children survive as orphans, as after a crash)."""
+        os.kill(self.pid, signal.SIGKILL)
+        psutil.Process(self.pid).wait(10) if psutil.pid_exists(self.pid) else None
+
+    def stop(self) -> None:
+        if self.info is None:
+            return
+        proc = self.cli("stop", timeout=120)
+        if proc.returncode != 0 and psutil.pid_exists(self.pid):
+            os.kill(self.pid, signal.SIGKILL)
+        self.info = None
+
+    def submit(self, graph: dict[str, Any], **options: Any) -> str:
+        assert self.client is not None
+        return self.client.submit(graph, options)["run_id"]
+
+    def wait_for(self, run_id: str, event_type: str, timeout: float = 60.0) -> dict[str, Any]:
+        """The first event of ``event_type`` (long-polls; bounded by ``timeout``)."""
+        import time
+
+        assert self.client is not None
+        cursor, deadline = 0, time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            page = self.client.events(run_id, cursor=cursor, wait=min(10.0, max(0.1, deadline - time.monotonic())))
+            for ev in page["events"]:
+                if ev["type"] == event_type:
+                    return ev
+            cursor = page["cursor"]
+            if page["done"]:
+                break
+        raise AssertionError(f"no {event_type} event for run {run_id} within {timeout} s")
+
+    def finish(self, run_id: str, timeout: float = 90.0) -> dict[str, Any]:
+        """Wait for the run's run_finished event; return the run."""
+        self.wait_for(run_id, "run_finished", timeout)
+        assert self.client is not None
+        return self.client.run(run_id)
+
+
+def write_graph(path: Path, graph: dict[str, Any]) -> Path:
+    path.write_text(json.dumps(graph))
+    return path
+
+
+# Snippet for test files:
+#
+#   import importlib.util, sys
+#   def _load_harness():
+#       path = Path(__file__).with_name("sidecar_harness.py")
+#       spec = importlib.util.spec_from_file_location("xpufleet_sidecar_harness", path)
+#       mod = importlib.util.module_from_spec(spec); sys.modules[spec.name] = mod; spec.loader.exec_module(mod)
+#       return mod
