@@ -412,7 +412,7 @@ class Plan:
         are made here, on demand, from the pass's end state (the hot path makes no strings)."""
         out = dict(self.waiting)
         for run, table, held, refusals in self.blocked:
-            out.setdefault(run.run_id, self._pass.text_for(table, held, refusals))
+            out.setdefault(run.run_id, self._pass.text_for(table, held, refusals, run.run_id))
         return out
 
     def explain(self, run: QueuedRun) -> str:
@@ -421,11 +421,12 @@ class Plan:
             return self.waiting[run.run_id]
         for blocked_run, table, held, refusals in self.blocked:
             if blocked_run.run_id == run.run_id:
-                return self._pass.text_for(table, held, refusals)
+                return self._pass.text_for(table, held, refusals, run.run_id)
         if self._pass is None:
             return "waiting for a free slot"
         p = _Pass(self._pass.state, None, True)
         p.free = dict(self._pass.free)
+        p.free_set = set(self._pass.free_set)
         p.result.reserved = dict(self.reserved)
         p.examine(run)
         if p.result.placements:
@@ -528,12 +529,12 @@ class _Pass:
                         self.result.reserved.setdefault(key, run.run_id)  # type: ignore[arg-type]
                         held.append(dev)
         if explain:
-            self.result.waiting[run.run_id] = self.text_for(table, held, reasons)
+            self.result.waiting[run.run_id] = self.text_for(table, held, reasons, run.run_id)
         else:
             self.result.blocked.append((run, table, tuple(held), reasons))
         return len(held)
 
-    def text_for(self, table: CandTable, held: Sequence[str], reasons: list[str]) -> str:
+    def text_for(self, table: CandTable, held: Sequence[str], reasons: list[str], run_id: str = "") -> str:
         """The waiting_reason of a run this pass did not place (``reasons``: admission refusals)."""
         reasons = list(reasons)
         extra = 0
@@ -541,19 +542,22 @@ class _Pass:
             if len(reasons) >= MAX_REASONS:
                 extra += 1
                 continue
-            reason = self._why(cand, prov, keys)
+            reason = self._why(cand, prov, keys, run_id)
             if reason is not None and reason not in reasons:
                 reasons.append(reason)
         return _waiting_text(reasons, list(held), extra)
 
-    def _why(self, cand: Candidate, prov: ProviderInfo | None, keys: tuple[str | None, ...]) -> str | None:
+    def _why(self, cand: Candidate, prov: ProviderInfo | None, keys: tuple[str | None, ...],
+             run_id: str = "") -> str | None:
         if prov is None or not prov.online or prov.draining:
             return _provider_reason(cand.provider, prov)
         for dev, key in zip(cand.devices, keys, strict=True):
             if key is None:
                 return f"{prov.label} no longer offers {dev}"
-        busy = [_busy_reason(self.state, prov, dev, key, self.result.reserved)
-                for dev, key in zip(cand.devices, keys, strict=True) if key is not None and self.free.get(key, 0) <= 0]
+        reserved = self.result.reserved
+        busy = [_busy_reason(self.state, prov, dev, key, reserved)
+                for dev, key in zip(cand.devices, keys, strict=True)
+                if key is not None and self.free.get(key, 0) <= 0 and reserved.get(key) != run_id]
         return "; ".join(busy) if busy else None
 
 
@@ -655,14 +659,18 @@ class SlotQueue:
             raise ValueError(f"run {run.run_id} is queued already")
         self._seq += 1
         seq = self._seq
-        self._by_id[run.run_id] = seq
-        self._by_seq[seq] = run
         group = self._groups.get(run.candidates)
         if group is None:
             self._gid += 1
             group = self._groups[run.candidates] = self._group_ids[self._gid] = _Group(self._gid, run.candidates)
             for pair in group.pairs:
                 self._by_pair.setdefault(pair, set()).add(group.gid)
+        elif run.candidates is not group.cands:
+            # Share one candidates tuple per group: 2,000 "any card" runs on a 512-card fleet would
+            # otherwise hold a million Candidate objects (memory, and garbage-collector pauses).
+            run = QueuedRun(run.run_id, group.cands)
+        self._by_id[run.run_id] = seq
+        self._by_seq[seq] = run
         group.members.append(seq)
         group.alive += 1
         self._group_of[seq] = group

@@ -377,3 +377,18 @@ def test_live_event_stream_ends_with_run_finished(sidecar):
     tail = conn.getresponse().read().decode()
     conn.close()
     assert [int(line[4:]) for line in tail.splitlines() if line.startswith("id: ")] == [ids[-1]]
+
+
+def test_a_run_process_that_dies_fails_that_run_only(sidecar):
+    rid = sidecar.submit(harness.iris_graph(LONG), name="crash")
+    started = sidecar.wait_for(rid, "run_started")
+    sidecar.wait_for(rid, "progress")
+    pid = started["payload"]["pid"]
+    assert sidecar.client.run(rid)["execution_facts"]["pid"] == pid  # known while it runs
+    os.kill(pid, 9)  # what the kernel's OOM killer does
+    run = sidecar.finish(rid)
+    assert run["status"] == "failed"
+    assert run["error"] == "the run's process was killed by SIGKILL (out of memory?); see its log"
+    assert sidecar.client.health()["status"] == "ok"  # the sidecar is not affected
+    after = sidecar.submit(harness.iris_graph(1), name="after-crash")
+    assert sidecar.finish(after)["status"] == "succeeded"

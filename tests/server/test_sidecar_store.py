@@ -5,7 +5,6 @@ from __future__ import annotations
 import sqlite3
 
 import pytest
-
 from xpufleet.server.store import NewEvent, Store, StoreError
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 
 import pytest
-
 from xpufleet.server.slots import (
     Candidate,
     DeviceOffer,
@@ -404,8 +403,8 @@ def test_slot_queue_places_exactly_like_the_reference_rule(seed):
         state = build_state(providers, overrides, holdings)
         admit_set = {r.run_id for r in queue if rng.random() < 0.2}
 
-        def admit(r, c):
-            return "not now" if r.run_id in admit_set and c.provider != "local" else True
+        def admit(r, c, refused=admit_set):
+            return "not now" if r.run_id in refused and c.provider != "local" else True
 
         ref = plan(list(q), state, admit=admit)
         fast = q.plan(state, admit=admit)
@@ -432,3 +431,23 @@ def test_slot_queue_places_exactly_like_the_reference_rule(seed):
             p = providers[i]
             if not p.is_local:
                 providers[i] = ProviderInfo(p.name, p.devices, online=not p.online, draining=p.draining)
+
+
+def test_without_explain_the_hot_path_makes_no_texts_but_can_say_why_later():
+    providers = [worker("a-box", "cpu", "cuda:0", online=False), worker("c-box", "cpu", "cuda:0", "cuda:1")]
+    q = SlotQueue()
+    q.add(run("first", on("c-box", "cuda:0")))
+    q.add(run("second", on("a-box", "cuda:0"), on("c-box", "cuda:0")))
+    q.add(run("set", on("c-box", "cuda:0", "cuda:1")))
+    state = build_state(providers)
+    slow = q.plan(state, explain=True)
+    fast = q.plan(state, explain=False)
+    assert placed_ids(fast) == placed_ids(slow) == ["first"]
+    # "second" wants nothing free after "first" started: the pass does not even look at it.
+    assert fast.waiting == {} and [r[0].run_id for r in fast.blocked] == ["set"]
+    assert fast.reasons() == slow.waiting
+    assert fast.reasons()["set"] == ("holding cuda:1 for this device-set run; waiting for a free slot: "
+                                     "cuda:0 on c-box is busy (1 of 1 slot used)")
+    assert fast.explain(q.get("set")) == fast.reasons()["set"]
+    assert fast.explain(q.get("second")) == ("waiting for a free slot: worker a-box is disconnected; the run waits "
+                                             "for it to reconnect; cuda:0 on c-box is busy (1 of 1 slot used)")
