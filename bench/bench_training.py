@@ -77,6 +77,7 @@ def main() -> int:
     args = ap.parse_args()
 
     import torch
+
     from xpufleet.nodes import NODE_CLASS_MAPPINGS as N
     from xpufleet.nodes import runtime
     from xpufleet.nodes.trainer import resolve_precision

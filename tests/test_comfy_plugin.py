@@ -19,7 +19,7 @@ def test_loads_as_custom_node_and_finds_nodes_and_web(comfy_host):
     for name in ("XPUDataset", "XPUDataLoader", "XPUMLP", "XPUCNN", "XPUSequential", "XPUOptimizer", "XPULRScheduler", "XPULoss", "XPUTrainingLoop", "XPUEvaluate", "XPUModelSaver", "XPUModelLoader", "XPUPredict"):
         assert name in mappings, name
         cls = mappings[name]
-        assert callable(getattr(cls, "INPUT_TYPES")) and hasattr(cls, "RETURN_TYPES") and hasattr(cls, "FUNCTION")
+        assert callable(cls.INPUT_TYPES) and hasattr(cls, "RETURN_TYPES") and hasattr(cls, "FUNCTION")
         assert getattr(cls(), cls.FUNCTION)
         assert name in mod.NODE_DISPLAY_NAME_MAPPINGS
     # Routes are registered under the plugin's prefix on ComfyUI's route table.

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from xpufleet.nodes import NODE_CLASS_MAPPINGS as N
 from xpufleet.nodes import runtime
 

@@ -7,6 +7,7 @@ import os
 import numpy as np
 import pytest
 import torch
+
 from xpufleet.nodes import NODE_CLASS_MAPPINGS as N
 from xpufleet.nodes.tensordata import XpuTensorDataset, collate
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from xpufleet.nodes import NODE_CLASS_MAPPINGS, runtime
 from xpufleet.server.executor import execute_graph, validate_graph
 

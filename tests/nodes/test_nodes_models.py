@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+
 from xpufleet.nodes import NODE_CLASS_MAPPINGS as N
 from xpufleet.nodes import runtime
 from xpufleet.nodes.models import build_model, parse_sizes, spec_of

@@ -7,6 +7,7 @@ import threading
 
 import pytest
 import torch
+
 from xpufleet.nodes import NODE_CLASS_MAPPINGS as N
 from xpufleet.nodes import runtime
 from xpufleet.nodes.specs import LossSpec, OptimizerSpec, SchedulerSpec

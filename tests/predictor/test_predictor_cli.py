@@ -13,6 +13,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+
 from xpufleet.predictor.cli import EXIT_BAD_INPUT, EXIT_UNREACHABLE, load_workflow, main
 
 GiB = 1024**3

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from xpufleet.predictor import predict as P
 
 # Seed 001 §5.2, Intel Arc (gamma 1.0): D_peak as a share of V_eff -> P_peak in whole percent

@@ -9,6 +9,7 @@ import struct
 
 import numpy as np
 import pytest
+
 from xpufleet.predictor import weights as W
 from xpufleet.predictor.calibration import calibration_factor, load_samples, record_run_peak
 from xpufleet.predictor.predict import p_load, p_peak

@@ -10,6 +10,7 @@ import sys
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+
 from xpufleet.constants import MAX_REQUEST_BODY_BYTES
 from xpufleet.predictor.routes import add_sidecar_routes
 from xpufleet.predictor.scan import DirsResolver

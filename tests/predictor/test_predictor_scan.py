@@ -6,6 +6,7 @@ import json
 import os
 
 import pytest
+
 from xpufleet.predictor.scan import (
     DirsResolver,
     FolderPathsResolver,

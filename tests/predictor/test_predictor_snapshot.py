@@ -8,6 +8,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+
 from xpufleet.predictor import snapshot as S
 
 GiB = 1024**3

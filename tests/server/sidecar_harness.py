@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
 from xpufleet.server.client import Client
 from xpufleet.server.runtime_file import read_runtime
 

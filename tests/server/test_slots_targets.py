@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from xpufleet.server.slots import (
     Candidate,
     DeviceOffer,

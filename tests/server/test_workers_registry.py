@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
+
 from xpufleet.constants import AGENT_PROTOCOL, VERSION
 from xpufleet.server.app import SidecarConfig, create_app
 
