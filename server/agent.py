@@ -40,6 +40,7 @@ from ..constants import (
 )
 from . import devices as devmod
 from . import protocol
+from .runner import parse_event_line
 
 log = logging.getLogger("xpufleet.agent")
 
@@ -546,12 +547,10 @@ class Agent:
                 line = await reader.readline()
                 if not line:
                     break
-                try:
-                    ev = json.loads(line)
-                    if not isinstance(ev, dict) or not isinstance(ev.get("seq"), int) or "type" not in ev:
-                        raise ValueError("not an event")
-                except ValueError:
-                    log.warning("run %s: ignoring a malformed event line %r", rs.run_id, line[:200])
+                ev = parse_event_line(line)
+                if ev is None:
+                    if line.strip():
+                        log.warning("run %s: ignoring a malformed event line %r", rs.run_id, line[:200])
                     continue
                 if ev["type"] == "run_finished":
                     ev = self._finish_payload(rs, ev, renum)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from ..constants import LOCAL_PROVIDER, RUN_STOP_GRACE_S, RUNS_DIR_NAME
+from .runner import parse_event_line
 from .slots import DeviceOffer, ProviderInfo
 
 log = logging.getLogger("xpufleet.providers")
@@ -124,14 +125,10 @@ class _EventPipe(asyncio.Protocol):
     def _deliver(self, lines: list[bytes]) -> None:
         events = []
         for line in lines:
-            if not line.strip():
-                continue
-            try:
-                ev = json.loads(line)
-                if not isinstance(ev, dict) or not isinstance(ev.get("seq"), int) or "type" not in ev:
-                    raise ValueError("not an event")
-            except ValueError:
-                log.warning("run %s: ignoring a malformed event line %r", self.run_id, line[:200])
+            ev = parse_event_line(line)
+            if ev is None:
+                if line.strip():
+                    log.warning("run %s: ignoring a malformed event line %r", self.run_id, line[:200])
                 continue
             events.append(ev)
         if events:

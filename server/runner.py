@@ -104,6 +104,20 @@ class EventSink:
             self._pipe = self._log = None
 
 
+def parse_event_line(line: bytes | str) -> dict[str, Any] | None:
+    """One event line from a run child, or ``None`` for a blank or malformed line (the parents,
+    sidecar and agent, log and skip those rather than fail the run)."""
+    if not line.strip():
+        return None
+    try:
+        ev = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(ev, dict) or not isinstance(ev.get("seq"), int) or "type" not in ev:
+        return None
+    return ev
+
+
 def _json_line(obj: Any) -> str:
     try:
         return json.dumps(obj, separators=(",", ":"), allow_nan=False, default=_default)

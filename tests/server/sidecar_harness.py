@@ -130,12 +130,4 @@ def write_graph(path: Path, graph: dict[str, Any]) -> Path:
     path.write_text(json.dumps(graph))
     return path
 
-
-# Snippet for test files:
-#
-#   import importlib.util, sys
-#   def _load_harness():
-#       path = Path(__file__).with_name("sidecar_harness.py")
-#       spec = importlib.util.spec_from_file_location("xpufleet_sidecar_harness", path)
-#       mod = importlib.util.module_from_spec(spec); sys.modules[spec.name] = mod; spec.loader.exec_module(mod)
-#       return mod
+# Test files use it as `import sidecar_harness as harness` (tests/server/conftest.py registers it).

@@ -2,29 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import psutil
 import pytest
+import sidecar_harness as harness  # registered by tests/server/conftest.py
 
 pytestmark = pytest.mark.e2e
-
-
-def _load_harness():
-    path = Path(__file__).with_name("sidecar_harness.py")
-    spec = importlib.util.spec_from_file_location("xpufleet_sidecar_harness", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-harness = _load_harness()
 
 
 def test_without_a_sidecar_commands_say_so_with_exit_code_3(tmp_path):

@@ -5,30 +5,19 @@ from __future__ import annotations
 
 import csv
 import http.client
-import importlib.util
 import io
 import json
 import os
 import stat
-import sys
 import time
 from pathlib import Path
 
 import pytest
+import sidecar_harness as harness  # registered by tests/server/conftest.py
 
 pytestmark = pytest.mark.e2e
 
 
-def _load_harness():
-    path = Path(__file__).with_name("sidecar_harness.py")
-    spec = importlib.util.spec_from_file_location("xpufleet_sidecar_harness", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-harness = _load_harness()
 LONG = 10**6  # epochs: a run that lasts until it is cancelled
 
 

@@ -6,26 +6,11 @@ finished runs and their event logs are untouched (SPEC Q1: nothing is lost on a 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import psutil
 import pytest
+import sidecar_harness as harness  # registered by tests/server/conftest.py
 
 pytestmark = pytest.mark.e2e
-
-
-def _load_harness():
-    path = Path(__file__).with_name("sidecar_harness.py")
-    spec = importlib.util.spec_from_file_location("xpufleet_sidecar_harness", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-harness = _load_harness()
 
 
 def test_kill_9_then_start_keeps_queued_runs_and_interrupts_executing_ones(tmp_path):

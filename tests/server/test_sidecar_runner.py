@@ -3,7 +3,6 @@ and the worker agent start it: spec.json in, JSON-line events out, stdin stop, a
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,18 +11,7 @@ import threading
 from pathlib import Path
 
 import pytest
-
-
-def _load_harness():
-    path = Path(__file__).with_name("sidecar_harness.py")
-    spec = importlib.util.spec_from_file_location("xpufleet_sidecar_harness", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-harness = _load_harness()
+import sidecar_harness as harness  # registered by tests/server/conftest.py
 
 
 def write_spec(run_dir: Path, graph: dict, **extra) -> Path:

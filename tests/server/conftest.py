@@ -1,0 +1,13 @@
+"""Makes tests/server/sidecar_harness.py importable as ``sidecar_harness`` (test dirs are not packages)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+if "sidecar_harness" not in sys.modules:
+    _spec = importlib.util.spec_from_file_location("sidecar_harness", Path(__file__).with_name("sidecar_harness.py"))
+    _module = importlib.util.module_from_spec(_spec)
+    sys.modules["sidecar_harness"] = _module
+    _spec.loader.exec_module(_module)
