@@ -4,7 +4,8 @@ Seed 001's alpha and model-size figures are rules of thumb (its limitations 3 an
 measured peak (the run record's ``peak_memory``) against the M_peak the scan gave for the same
 workflow yields a ratio; the median ratio over recent runs, clamped to PREDICTOR_CALIBRATION_RANGE,
 scales M_peak and M_total. Samples are appended to ``$XPUFLEET_HOME/predictor_calibration.jsonl`` by
-``record_run_peak`` (the run executor calls it) or passed in a predict request.
+``record_run_peak`` (a caller that knows both figures calls it; the sidecar does not record any on its
+own yet) or passed in a predict request (``{"calibration": {"samples": [...]}}``).
 """
 
 from __future__ import annotations

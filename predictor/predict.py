@@ -85,6 +85,12 @@ def p_load(d_load: float, c_ram: float, svirt: float) -> float:
     return max(0.0, 0.05 - 0.1 * (d_load - c_ram - svirt))
 
 
+def round_percent(p_success_raw: float) -> int:
+    """Seed 001 §7's ``round(P_peak x P_load x 100)`` as its implementation (JavaScript's
+    ``Math.round``) does it: halves go up (Python's ``round`` would send 94.5 to 94, a level lower)."""
+    return int(math.floor(p_success_raw * 100.0 + 0.5))
+
+
 @dataclass(frozen=True)
 class Level:
     """A pressure level: key, colour and the zh/en labels of seed 001's table."""
@@ -174,7 +180,7 @@ def predict(
     d_load = max(0.0, m_total - veff)
     pp = p_peak(m_peak, veff, g)
     pl = p_load(d_load, c_ram, svirt)
-    percent = int(round(pp * pl * 100.0))
+    percent = round_percent(pp * pl)
     lv = level_for(percent)
     explanation = {
         "inputs": {

@@ -11,7 +11,9 @@
 
 torch is never imported here unless the caller allows it (``import_torch=True``: the CLI); inside
 ComfyUI it is already imported and its allocator figures are the ComfyUI process's own. CUDA is
-never initialised by a snapshot in a process that has not initialised it. Reads are cached for
+never initialised by a snapshot in a long-lived process that has not initialised it (the sidecar,
+ComfyUI before its first model); the short-lived CLI (``import_torch=True``) does initialise it to
+name devices by torch index, after NVML's free figures have been read. Reads are cached for
 SNAPSHOT_TTL_S. All ``*_gb`` figures are GiB.
 
 ``vram_reserved_gb`` is seed 001's "PyTorch cache pool": reserved but not allocated
@@ -461,7 +463,16 @@ def snapshot_from_card(card: dict[str, Any]) -> Snapshot:
     simulated = bool(card.get("simulated"))
     if simulated:
         notes.append("SIMULATED card: these are not measured figures")
+    # say so (reason -> a warning in the answer) rather than predict silently on a 0 or stale figure
+    worker = card.get("worker")
+    reasons = []
+    if card.get("free_gib") is None:
+        reasons.append(f"the heartbeat has no free-memory figure for {worker}/{card.get('device')} "
+                       "(the agent could not read it): V_free counted as 0")
+    if card.get("online") is False:
+        reasons.append(f"worker {worker} is offline: figures from its last heartbeat")
     return Snapshot(
+        reason="; ".join(reasons) or None,
         vram_free_gb=float(card.get("free_gib") or 0.0),
         vram_total_gb=float(card.get("total_gib") or 0.0),
         device=str(card.get("device") or ""),

@@ -87,7 +87,7 @@ CREATE TABLE IF NOT EXISTS worker_device_modes (
 """
 
 WORKER_NAME_RE = protocol.WORKER_NAME_RE
-RESERVED_NAMES = frozenset({LOCAL_PROVIDER, "any"})
+RESERVED_NAMES = protocol.RESERVED_NAMES
 MODES = ("exclusive", "shared")
 SHAREABLE_KINDS = ("cuda", "mps")  # seed 000: only CUDA and MPS cards, only on workers
 REJECTIONS_KEPT = 200
@@ -356,6 +356,10 @@ class WorkerRegistry:
         """Remember a refused connection (shown under "Rejected connections")."""
         log.warning("refused agent %s from %s: %s", name or "?", address or "?", reason)
         with self.store.transaction() as db:
+            # An agent that keeps retrying (every <= 10 s) shows once, at its latest attempt, and
+            # cannot push other refusals out of the kept list.
+            db.execute("DELETE FROM worker_rejections WHERE name IS ? AND address IS ? AND version IS ? AND reason=?",
+                       (name, address, version, reason))
             db.execute("INSERT INTO worker_rejections(ts, name, address, version, reason) VALUES (?,?,?,?,?)",
                        (time.time(), name, address, version, reason))
             db.execute("DELETE FROM worker_rejections WHERE id <= (SELECT MAX(id) FROM worker_rejections) - ?",
@@ -379,9 +383,9 @@ class WorkerRegistry:
         if hello["protocol"] != AGENT_PROTOCOL:
             return (f"protocol mismatch: the agent speaks protocol {hello['protocol']}, the server "
                     f"{AGENT_PROTOCOL}; install the same xpufleet version on both machines"), None, None
-        if not WORKER_NAME_RE.match(name) or name.lower() in RESERVED_NAMES:
-            return (f"invalid worker name {name!r}: letters, digits, '.', '_', '-' (up to 64), "
-                    f"not 'local' or 'any'"), None, None
+        bad_name = protocol.worker_name_problem(name)
+        if bad_name:
+            return bad_name, None, None
         auth = hello["auth"]
         kind, token = auth["kind"], auth["token"]
         join_hash = None
@@ -711,9 +715,9 @@ class WorkerRegistry:
     def join_token(self, name: str | None = None, ttl_s: float | None = None,
                    server_url: str | None = None) -> dict[str, Any]:
         """A one-time join token (only its hash is stored) and the command a remote machine runs."""
-        if name is not None and (not WORKER_NAME_RE.match(name) or name.lower() in RESERVED_NAMES):
-            raise WorkerError(f"invalid worker name {name!r}: letters, digits, '.', '_', '-' (up to 64), "
-                              f"not 'local' or 'any'")
+        bad_name = None if name is None else protocol.worker_name_problem(name)
+        if bad_name:
+            raise WorkerError(bad_name)
         ttl = JOIN_TOKEN_TTL_S if ttl_s is None else float(ttl_s)
         if not 60 <= ttl <= 30 * 24 * 3600:
             raise WorkerError("ttl_s must be between 60 and 2592000 seconds")
@@ -822,6 +826,11 @@ def _clean_devices(devices: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "name": name, "kind": d["kind"], "label": d.get("label"), "uuid": d.get("uuid") or None,
             "total_gib": d.get("total_gib"), "free_gib": d.get("free_gib"), "simulated": bool(d.get("simulated")),
         })
+        # the CPU entry's commit charge: the predictor's P_load (S_virt) for this worker's cards
+        for key in ("commit_used_gib", "commit_limit_gib"):
+            v = d.get(key)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                out[-1][key] = v
     return out
 
 

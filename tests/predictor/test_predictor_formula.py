@@ -155,3 +155,15 @@ def test_peak_above_total_is_refused():
     with pytest.raises(ValueError, match="m_peak"):
         P.predict(m_total=1.0, m_peak=2.0, vram_free_gb=1, vram_allocated_gb=0, vram_reserved_gb=0,
                   ram_free_gb=1, commit_used_gb=0, commit_limit_gb=1)
+
+
+def test_rounding_sends_halves_up_as_the_seed_implementation_does():
+    """Seed 001's round() is its JavaScript's Math.round: x.5 goes up (Python's round() goes to even)."""
+    assert [P.round_percent(x) for x in (0.025, 0.945 + 1e-12, 0.795 + 1e-12, 0.395 + 1e-12)] == [3, 95, 80, 40]
+    assert [P.round_percent(x) for x in (0.0, 0.004999, 0.005, 0.994999, 1.0)] == [0, 0, 1, 99, 100]
+    # end to end: V_eff = 0.9 x 10/9 = 1, D_load = 0.25 on the last piece: P_load = 0.025 -> 2.5 %
+    pred = P.predict(m_total=1.25, m_peak=0.05, vram_free_gb=10 / 9, vram_allocated_gb=0, vram_reserved_gb=0,
+                     ram_free_gb=0, commit_used_gb=0, commit_limit_gb=0, platform="nvidia")
+    it = pred.explanation["intermediates"]
+    assert it["p_load_branch"] == "beyond" and it["p_success_raw"] * 100 == 2.5
+    assert pred.p_success == 3  # round(2.5) would give 2

@@ -223,6 +223,24 @@ def test_snapshot_from_heartbeat_card():
     assert sim.simulated and sim.platform == "intel"
     assert any("SIMULATED" in n for n in sim.notes)
     assert any("ram_free_gb" in n for n in sim.notes)
+    assert s.reason is None and sim.reason is None
+
+
+def test_card_without_free_figure_or_offline_says_so(template):
+    """A 0 that is really 'unknown', or a stale heartbeat, turns into a warning in the answer."""
+    from xpufleet.predictor.scan import DirsResolver
+    from xpufleet.predictor.service import predict_workflow
+
+    card = {"worker": "gpu-box", "device": "cuda:0", "total_gib": 24.0, "free_gib": None, "kind": "cuda",
+            "online": False}
+    s = S.snapshot_from_card(card)
+    assert s.vram_free_gb == 0.0
+    assert "no free-memory figure for gpu-box/cuda:0" in s.reason and "gpu-box is offline" in s.reason
+    a = predict_workflow(template("sd3.5_large_canny_controlnet_example.json"), s, resolver=DirsResolver([]),
+                         gamma_overrides={})
+    assert any("no free-memory figure" in w for w in a["warnings"])
+    assert any("offline" in w for w in a["warnings"])
+    assert S.snapshot_from_card({**card, "free_gib": 20.0, "online": True}).reason is None
 
 
 def test_cached_for_the_ttl():
