@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import functools
 import heapq
+import itertools
 import re
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -217,6 +219,9 @@ def provider_limit(
 
 # --- slot state -----------------------------------------------------------------------------------------
 
+_STATE_SERIALS = itertools.count(1)
+_LOG_KEEP = 4096  # hold/release changes a SlotState remembers for SlotQueue (it starts over past that)
+
 
 @dataclass(frozen=True)
 class SlotOffer:
@@ -256,6 +261,32 @@ class SlotState:
     held: dict[str, tuple[str, ...]] = field(default_factory=dict)  # run id -> slot keys it holds
     free_keys: set[str] = field(default_factory=set)  # placeable slots with a free unit (kept by hold/release)
     pairs_of: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # slot key -> (provider, device)s
+    # One provider naming one physical card twice (two device names, one UUID): a candidate may then
+    # list one slot twice; SlotQueue plans such a state with full passes only.
+    repeated_keys: bool = False
+    # Identity of this state object for caches (``id()`` values are reused after garbage collection).
+    serial: int = field(default_factory=lambda: next(_STATE_SERIALS))
+    # Change log of hold/release: ``version`` counts changes; ``_log`` holds the slot keys of the most
+    # recent ones, the first of them being change number ``_log_base``. SlotQueue reads it to see which
+    # slots changed since its last pass.
+    version: int = 0
+    _log: list[str] = field(default_factory=list, repr=False)
+    _log_base: int = 0
+
+    def changes_since(self, version: int) -> list[str] | None:
+        """Slot keys whose usage changed after change number ``version``; None when the log no longer
+        reaches back that far (the reader then starts over)."""
+        if version < self._log_base or version > self.version:
+            return None
+        return self._log[version - self._log_base:]
+
+    def _changed(self, key: str) -> None:
+        self._log.append(key)
+        self.version += 1
+        if len(self._log) > _LOG_KEEP:
+            drop = len(self._log) // 2
+            del self._log[:drop]
+            self._log_base += drop
 
     def slot_for(self, provider: str, device: str) -> Slot | None:
         key = self.index.get((provider, device))
@@ -272,6 +303,7 @@ class SlotState:
             slot.used += 1
             slot.holders.append(run_id)
             self._update_free(slot)
+            self._changed(key)
         self.held[run_id] = keys
 
     def release(self, run_id: str) -> None:
@@ -280,6 +312,7 @@ class SlotState:
             slot.used -= 1
             slot.holders.remove(run_id)
             self._update_free(slot)
+            self._changed(key)
 
     def _update_free(self, slot: Slot) -> None:
         if slot.placeable and slot.used < slot.limit:
@@ -347,6 +380,7 @@ def build_state(
         state._update_free(slot)
     for pair, key in index.items():
         state.pairs_of.setdefault(key, []).append(pair)
+    state.repeated_keys = any(len({prov for prov, _ in pairs}) < len(pairs) for pairs in state.pairs_of.values())
     for run_id, (provider, devices) in (holdings or {}).items():
         state.hold(run_id, provider, devices)
     return state
@@ -463,13 +497,18 @@ class _Pass:
     """The bookkeeping of one planning pass: free units per slot, reservations, the result.
     ``examine`` applies the rule to one run."""
 
-    def __init__(self, state: SlotState, admit: AdmitFn | None, explain: bool) -> None:
+    def __init__(self, state: SlotState, admit: AdmitFn | None, explain: bool,
+                 free: dict[str, int] | None = None) -> None:
         self.state = state
         self.admit = admit
         self.explain = explain
-        # Free units of every placeable slot that has some; other slots have none.
-        self.free: dict[str, int] = {k: state.slots[k].limit - state.slots[k].used for k in state.free_keys}
-        self.free_set: set[str] = set(self.free)  # keys with a free unit left in this pass
+        # Free units of every placeable slot that has some; other slots have none. ``free`` (owned by
+        # the pass from then on) starts the pass from another point, e.g. after the runs before it.
+        if free is None:
+            free = {k: state.slots[k].limit - state.slots[k].used for k in state.free_keys}
+        self.free: dict[str, int] = free
+        self.free_set: set[str] = {k for k, n in free.items() if n > 0}  # keys with a free unit left
+        self.reservations: list[tuple[str, tuple[str, ...]]] = []  # (run id, slot keys) of held units
         self.result = Plan()
         self.result._pass = self
 
@@ -523,11 +562,15 @@ class _Pass:
             # It holds what is free of the first candidate that could ever start (see the module doc).
             entry = next((e for e in table if e[3]), None)
             if entry is not None:
+                taken: list[str] = []
                 for dev, key in zip(entry[0].devices, entry[2], strict=True):
                     if key in free_set:
                         self._take(key)  # type: ignore[arg-type]
                         self.result.reserved.setdefault(key, run.run_id)  # type: ignore[arg-type]
                         held.append(dev)
+                        taken.append(key)  # type: ignore[arg-type]
+                if taken:
+                    self.reservations.append((run.run_id, tuple(taken)))
         if explain:
             self.result.waiting[run.run_id] = self.text_for(table, held, reasons, run.run_id)
         else:
@@ -591,7 +634,7 @@ def plan(
 class _Group:
     """Queued runs with identical candidates, in submission order (they wait for the same slots)."""
 
-    __slots__ = ("gid", "cands", "members", "alive", "pairs", "keys_for", "keys", "table")
+    __slots__ = ("gid", "cands", "members", "alive", "pairs", "keys_for", "keys", "table", "pos_of")
 
     def __init__(self, gid: int, cands: tuple[Candidate, ...]) -> None:
         self.gid = gid
@@ -599,19 +642,30 @@ class _Group:
         self.members: list[int] = []  # seqs, ascending; removed runs are skipped (and trimmed)
         self.alive = 0
         self.pairs = tuple(dict.fromkeys((c.provider, d) for c in cands for d in c.devices))
-        self.keys_for: int | None = None  # id of the SlotState ``keys``/``table`` were computed for
+        self.keys_for: int | None = None  # serial of the SlotState ``keys``/``table``/``pos_of`` are for
         self.keys: frozenset[str] = frozenset()
         self.table: CandTable = []
+        self.pos_of: dict[str, tuple[int, ...]] = {}  # slot key -> startable table rows that take it
 
     def resolve(self, state: SlotState) -> None:
         """Cache the slots it could take through providers that can start runs, per state object
         (the dispatcher rebuilds the state, never edits its providers, when they change)."""
-        if self.keys_for != id(state):
+        if self.keys_for != state.serial:
             index, providers = state.index, state.providers
             self.keys = frozenset(k for pair in self.pairs
                                   if (k := index.get(pair)) is not None and _usable(providers.get(pair[0])))
             self.table = _cand_table(self.cands, state)
-            self.keys_for = id(state)
+            pos: dict[str, list[int]] = {}
+            for i, (_, _, keys, startable) in enumerate(self.table):
+                if startable:
+                    for key in keys:
+                        pos.setdefault(key, []).append(i)  # type: ignore[arg-type]
+            self.pos_of = {k: tuple(v) for k, v in pos.items()}
+            self.keys_for = state.serial
+
+
+SMALL_TABLE = 8  # a run with at most this many candidates is re-checked candidate by candidate
+FEW_NEW = 32  # up to this many runs submitted since the last pass are looked at one by one
 
 
 class SlotQueue:
@@ -622,6 +676,17 @@ class SlotQueue:
 
     :meth:`plan` gives the same placements and reservations as :func:`plan` over the runs in order
     (the tests check this on random worlds); ``waiting`` explains the runs it looked at.
+
+    The steady state (one run ends, one decision) is incremental. After a pass whose placements are
+    applied (the runs removed, their slots held), planning again changes nothing: the same device-set
+    runs hold the same free units, so the queue keeps that outcome per slot (which runs hold a unit of
+    it, in submission order). The next pass starts from what changed since: slots whose free units
+    differ (read from the state's change log), holders removed from the queue, runs submitted since.
+    It walks forward in submission order from the first run that wants a changed slot, re-deciding
+    only runs that want a slot whose free units at their turn differ from last time, and stops when
+    no difference is left; then it looks at the new runs. The previous outcome is only reused for
+    the same state object, without ``admit`` (an outside predicate may change its mind at any time)
+    and without ``explain``; otherwise, or when a placement was not applied, a full pass runs.
     """
 
     def __init__(self) -> None:
@@ -633,6 +698,19 @@ class SlotQueue:
         self._by_pair: dict[tuple[str, str], set[int]] = {}  # -> group ids
         self._seq = 0
         self._gid = 0
+        # The outcome of the last pass, for the incremental one (see the class doc). It is valid for
+        # the SlotState with serial ``_serial`` as of its change number ``_version``.
+        self._serial: int | None = None
+        self._version = 0
+        self._upto = 0  # runs with seq <= _upto were in the queue at the last pass
+        self._new: list[int] = []  # seqs submitted since the last pass
+        self._units: dict[str, int] = {}  # slot key -> free units in the state once placements are held
+        self._takers: dict[str, list[int]] = {}  # slot key -> seqs of waiting runs holding a unit, ascending
+        self._takes: dict[int, tuple[str, ...]] = {}  # seq of a waiting device-set run -> slot keys it holds
+        self._spare: dict[str, int] = {}  # slot key -> units still free after every queued run
+        self._reserved: dict[str, str] = {}  # slot key -> first run holding a unit of it (Plan.reserved)
+        self._removed: list[tuple[int, tuple[str, ...]]] = []  # holders removed since: (seq, slot keys)
+        self._placed: dict[int, tuple[str, ...]] = {}  # runs the last pass placed -> their slot keys
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -674,12 +752,16 @@ class SlotQueue:
         group.members.append(seq)
         group.alive += 1
         self._group_of[seq] = group
+        self._new.append(seq)
 
     def remove(self, run_id: str) -> QueuedRun | None:
         seq = self._by_id.pop(run_id, None)
         if seq is None:
             return None
         run = self._by_seq.pop(seq)
+        keys = self._takes.pop(seq, None)
+        if keys:  # a waiting device-set run that held free units: the next pass hands them on
+            self._removed.append((seq, keys))
         group = self._group_of.pop(seq)
         group.alive -= 1
         if group.alive == 0:
@@ -699,20 +781,252 @@ class SlotQueue:
             group.members = [m for m in group.members if m in self._by_seq]
         return run
 
+    # --- planning -------------------------------------------------------------------------------
+
     def plan(self, state: SlotState, admit: AdmitFn | None = None, explain: bool = True) -> Plan:
-        p = _Pass(state, admit, explain)
+        """The pass of :func:`plan` over the queued runs in ``state`` (``state`` is not modified).
+
+        Without ``admit`` and ``explain`` (the dispatcher's hot path) it continues from the previous
+        pass (see the class doc); the caller applies the placements (``remove`` the runs, ``hold``
+        their slots on ``state``) as before."""
+        known: list[Placement] = []
+        blocked: list[Any] = []
+        examined = 0
+        if admit is None and not explain and self._can_continue(state):
+            examined = self._replan_known(state, known, blocked)
+        else:
+            self._restart(state)
+        p = _Pass(state, admit, explain, free=dict(self._spare))
+        p.result.reserved = dict(self._reserved)
+        p.result.placements = known  # the new runs' placements follow
+        p.result.blocked = blocked
+        n_known = len(known)
+        examined += self._plan_new(p, state)
+        p.result.examined = examined
+        self._record(p, n_known, state, reusable=admit is None)
+        return p.result
+
+    def _can_continue(self, state: SlotState) -> bool:
+        """Whether the last pass's outcome describes ``state`` and this queue (but for the changes
+        that the log and ``remove``/``add`` tell)."""
+        if self._serial != state.serial or state.repeated_keys or state.changes_since(self._version) is None:
+            return False
+        alive = self._by_seq
+        return not any(seq in alive for seq in self._placed)  # a placement left queued: start over
+
+    def _restart(self, state: SlotState) -> None:
+        """Forget the last pass: the next one looks at every run, from the state's free units."""
+        self._units = {k: state.slots[k].limit - state.slots[k].used for k in state.free_keys}
+        self._spare = dict(self._units)
+        self._takers, self._takes, self._reserved = {}, {}, {}
+        self._removed, self._placed = [], {}
+        self._upto = 0
+
+    def _replan_known(self, state: SlotState, placements: list[Placement], blocked: list[Any]) -> int:
+        """Re-decide the runs queued at the last pass whose slots' free units at their turn changed.
+
+        ``dirty`` maps a slot key to (free units at the current point of the walk) minus (the same
+        in the last pass): a run that wants no dirty slot decides as last time, so the walk goes from
+        one run that wants a dirty slot to the next, in submission order, until nothing is dirty.
+        Returns the number of runs re-decided; ``placements``/``blocked`` receive their outcome."""
+        units, takers = self._units, self._takers
+        touched: set[str] = set()
+        dirty: dict[str, int] = {}
+        check = set(state.changes_since(self._version) or ())
+        for keys in self._placed.values():  # expected to be held now; a failed start leaves them free
+            check.update(keys)
+        slots, free_keys = state.slots, state.free_keys
+        for key in check:
+            actual = slots[key].limit - slots[key].used if key in free_keys else 0
+            delta = actual - units.get(key, 0)
+            if delta:
+                if actual > 0:
+                    units[key] = actual
+                else:
+                    units.pop(key, None)
+                dirty[key] = delta
+                touched.add(key)
+        # Events in submission order: (seq, 0, keys) a removed holder gives its units back at its
+        # turn; (seq, 1, key) the run ``seq`` is the next one that wants the dirty slot ``key``.
+        heap: list[tuple[int, int, Any]] = []
+        for seq, keys in self._removed:
+            for key in keys:
+                held = takers[key]
+                del held[bisect_left(held, seq)]
+                touched.add(key)
+            heap.append((seq, 0, keys))
+        self._removed = []
+        upto = self._upto
+        sched: dict[str, int] = {}  # dirty key -> the run its pending event names
+
+        def follow(key: str, after: int) -> None:
+            seq = self._next_wanting(state, key, after, upto)
+            if seq is not None:
+                sched[key] = seq
+                heapq.heappush(heap, (seq, 1, key))
+
+        heapq.heapify(heap)
+        for key in list(dirty):
+            follow(key, 0)
+        placed: dict[int, tuple[str, ...]] = {}
+        last = examined = 0
+        while heap:
+            seq, kind, payload = heapq.heappop(heap)
+            if kind == 0:
+                for key in payload:
+                    diff = dirty.get(key, 0) + 1
+                    if diff:
+                        dirty[key] = diff
+                        if key not in sched:
+                            follow(key, seq)
+                    else:
+                        del dirty[key]
+                continue
+            key = payload
+            if sched.get(key) != seq:
+                continue  # stale: the key was rescheduled
+            del sched[key]
+            if key not in dirty:
+                continue
+            if seq != last:
+                last = seq
+                examined += 1
+                for changed in self._redecide(seq, state, dirty, placements, blocked, placed):
+                    touched.add(changed)
+                    if changed in dirty and changed not in sched:
+                        follow(changed, seq)
+            if key in dirty and key not in sched:
+                follow(key, seq)
+        for seq, keys in placed.items():  # the caller holds them: units go, the run leaves the queue
+            for key in keys:
+                touched.add(key)
+                held = takers[key]
+                del held[bisect_left(held, seq)]
+                left = units[key] - 1
+                if left > 0:
+                    units[key] = left
+                else:
+                    del units[key]
+        self._placed = placed
+        self._refresh(touched)
+        return examined
+
+    def _next_wanting(self, state: SlotState, key: str, after: int, upto: int) -> int | None:
+        """The first queued run with ``after < seq <= upto`` that could take ``key`` (through a
+        provider that can start runs), or None."""
+        best: int | None = None
+        providers, alive, groups = state.providers, self._by_seq, self._group_ids
+        for pair in state.pairs_of.get(key, ()):
+            gids = self._by_pair.get(pair)
+            if not gids or not _usable(providers.get(pair[0])):
+                continue
+            for gid in gids:
+                members = groups[gid].members
+                for i in range(bisect_right(members, after), len(members)):
+                    m = members[i]
+                    if m > upto or (best is not None and m >= best):
+                        break
+                    if m in alive:
+                        best = m
+                        break
+        return best
+
+    def _redecide(self, seq: int, state: SlotState, dirty: dict[str, int], placements: list[Placement],
+                  blocked: list[Any], placed: dict[int, tuple[str, ...]]) -> list[str]:
+        """Decide run ``seq`` again with the free units at its turn; update the holders and ``dirty``;
+        return the slot keys whose holders changed."""
+        run = self._by_seq[seq]
+        group = self._group_of[seq]
+        group.resolve(state)
+        table = group.table
+        units, takers = self._units, self._takers
+
+        def free_at(key: str) -> int:  # free units of ``key`` when this run's turn comes
+            held = takers.get(key)
+            return units.get(key, 0) - (bisect_left(held, seq) if held else 0)
+
+        if len(table) <= SMALL_TABLE:
+            rows: Iterable[int] = range(len(table))
+        else:
+            # Last time no candidate had every slot free, so one that has now takes a dirty slot.
+            pos_of = group.pos_of
+            rows = sorted({i for key in dirty if (found := pos_of.get(key)) for i in found})
+        chosen = None
+        for i in rows:
+            entry = table[i]
+            if entry[3] and all(free_at(k) > 0 for k in entry[2]):  # type: ignore[arg-type]
+                chosen = entry
+                break
+        old = self._takes.pop(seq, ())
+        new: tuple[str, ...] = ()
+        if chosen is not None:
+            cand, _, keys, _ = chosen
+            new = keys  # type: ignore[assignment]
+            placements.append(Placement(run.run_id, cand.provider, cand.devices, new))
+            placed[seq] = new
+        else:
+            held_devices: list[str] = []
+            if run.is_device_set:  # it holds what is free of its first candidate that could start
+                entry = next((e for e in table if e[3]), None)
+                if entry is not None:
+                    new = tuple(k for k in entry[2] if free_at(k) > 0)  # type: ignore[arg-type]
+                    held_devices = [d for d, k in zip(entry[0].devices, entry[2], strict=True) if k in new]
+                    if new:
+                        self._takes[seq] = new
+            blocked.append((run, table, tuple(held_devices), []))
+        changed: list[str] = []
+        for key in old:
+            if key not in new:
+                held = takers[key]
+                del held[bisect_left(held, seq)]
+                _bump(dirty, key, 1)
+                changed.append(key)
+        for key in new:
+            if key not in old:
+                held = takers.setdefault(key, [])
+                held.insert(bisect_left(held, seq), seq)
+                _bump(dirty, key, -1)
+                changed.append(key)
+        return changed
+
+    def _plan_new(self, p: _Pass, state: SlotState) -> int:
+        """Look at the runs submitted since the last pass (every run after a restart), in order."""
+        alive = self._by_seq
+        if not self._upto or len(self._new) > FEW_NEW:
+            return self._heap_pass(p, state, self._upto)
+        examined = 0
+        free_set = p.free_set
+        for seq in self._new:
+            if not free_set:
+                break
+            run = alive.get(seq)
+            if run is None:
+                continue
+            group = self._group_of[seq]
+            group.resolve(state)
+            if free_set.isdisjoint(group.keys):
+                continue
+            examined += 1
+            p.examine(run, group.table, group.keys)
+        return examined
+
+    def _heap_pass(self, p: _Pass, state: SlotState, after: int) -> int:
+        """The pass over runs with seq > ``after``: groups that want a free slot, merged by their
+        earliest queued run, each dropped once every slot it could use is taken."""
         alive = self._by_seq
         providers = state.providers
         # Groups that want a slot with a free unit, through a provider that can start runs.
         wanted: set[int] = set()
-        for key in state.free_keys:
+        for key in p.free_set:
             for pair in state.pairs_of.get(key, ()):
                 groups = self._by_pair.get(pair)
                 if groups and _usable(providers.get(pair[0])):
                     wanted |= groups
-        groups = self._group_ids
-        # remove() trims dead runs off the front of a group: members[0] is its earliest queued run.
-        heap = [(g.members[0], 0, g) for g in map(groups.__getitem__, wanted)]
+        heap: list[tuple[int, int, _Group]] = []
+        for group in map(self._group_ids.__getitem__, wanted):
+            i = _next_alive(group.members, bisect_right(group.members, after) if after else 0, alive)
+            if i is not None:
+                heap.append((group.members[i], i, group))
         heapq.heapify(heap)
         examined = 0
         free_set = p.free_set
@@ -726,8 +1040,62 @@ class SlotQueue:
             j = _next_alive(group.members, i + 1, alive)
             if j is not None:
                 heapq.heappush(heap, (group.members[j], j, group))
-        p.result.examined = examined
-        return p.result
+        return examined
+
+    def _record(self, p: _Pass, known: int, state: SlotState, reusable: bool) -> None:
+        """Keep the outcome of pass ``p`` (placements after the first ``known`` came from new runs)
+        for the next one, as it will be once the caller has applied the placements."""
+        units, takers, by_id = self._units, self._takers, self._by_id
+        touched: set[str] = set()
+        for run_id, keys in p.reservations:
+            seq = by_id[run_id]
+            self._takes[seq] = keys
+            for key in keys:
+                takers.setdefault(key, []).append(seq)  # the latest seq so far: the lists stay sorted
+                touched.add(key)
+        for placement in p.result.placements[known:]:
+            self._placed[by_id[placement.run_id]] = placement.slot_keys
+            for key in placement.slot_keys:
+                left = units[key] - 1
+                if left > 0:
+                    units[key] = left
+                else:
+                    del units[key]
+                touched.add(key)
+        self._refresh(touched, reserved=False)
+        self._reserved = dict(p.result.reserved)
+        self._upto = self._seq
+        self._new = []
+        self._serial = state.serial if reusable and not state.repeated_keys else None
+        self._version = state.version
+
+    def _refresh(self, keys: Iterable[str], reserved: bool = True) -> None:
+        """Recompute the spare units (and with ``reserved`` the first holder) of ``keys``."""
+        units, takers, spare = self._units, self._takers, self._spare
+        for key in keys:
+            held = takers.get(key)
+            if held is not None and not held:
+                del takers[key]
+                held = None
+            left = units.get(key, 0) - (len(held) if held else 0)
+            if left > 0:
+                spare[key] = left
+            else:
+                spare.pop(key, None)
+            if reserved:
+                if held:
+                    self._reserved[key] = self._by_seq[held[0]].run_id
+                else:
+                    self._reserved.pop(key, None)
+
+
+def _bump(counts: dict[str, int], key: str, by: int) -> None:
+    """Add ``by`` to ``counts[key]``, dropping the entry at zero."""
+    value = counts.get(key, 0) + by
+    if value:
+        counts[key] = value
+    else:
+        del counts[key]
 
 
 def _next_alive(members: list[int], start: int, alive: Mapping[int, Any]) -> int | None:

@@ -452,3 +452,142 @@ def test_without_explain_the_hot_path_makes_no_texts_but_can_say_why_later():
     assert fast.explain(q.get("set")) == fast.reasons()["set"]
     assert fast.explain(q.get("second")) == ("waiting for a free slot: worker a-box is disconnected; the run waits "
                                              "for it to reconnect; cuda:0 on c-box is busy (1 of 1 slot used)")
+
+
+def _any_card(providers, run_id: str, rng: random.Random) -> QueuedRun:
+    """A run for "any card": one candidate per device of every provider (a big candidate table)."""
+    cands = [Candidate(p.name, (d.name,)) for p in providers for d in p.devices]
+    rng.shuffle(cands)
+    return QueuedRun(run_id, tuple(cands))
+
+
+def _incremental_world(rng: random.Random):
+    """Workers with 2-5 cards (some shared with this server by UUID), limits above 1 on some slots."""
+    providers = [local("cpu", "cuda:0", "cuda:1", uuids={"cuda:0": "GPU-shared"})]
+    for w in range(rng.randint(1, 4)):
+        uuids = {"cuda:0": "GPU-shared"} if rng.random() < 0.3 else {}
+        providers.append(worker(f"w{w}", "cpu", *[f"cuda:{i}" for i in range(rng.randint(2, 5))], uuids=uuids,
+                                online=rng.random() < 0.9, draining=rng.random() < 0.1))
+    overrides, _ = parse_limits(",".join(rng.sample(["cuda:1=2", "w0/cuda:1=3", "cpu=3", "w1/cpu=1"], 2)))
+    return providers, overrides
+
+
+def _incremental_run(providers, run_id: str, rng: random.Random) -> QueuedRun:
+    r = rng.random()
+    if r < 0.2:
+        return _any_card(providers, run_id, rng)
+    p = rng.choice(providers)
+    names = [d.name for d in p.devices]
+    if r < 0.45:  # a device set, sometimes with a second way to run
+        cands = [Candidate(p.name, tuple(rng.sample(names, rng.randint(2, min(3, len(names))))))]
+        if rng.random() < 0.3:
+            q = rng.choice(providers)
+            cands.append(Candidate(q.name, (rng.choice([d.name for d in q.devices]),)))
+        return QueuedRun(run_id, tuple(cands))
+    return QueuedRun(run_id, tuple(Candidate(q.name, (rng.choice([d.name for d in q.devices]),))
+                                   for q in rng.sample(providers, rng.randint(1, min(2, len(providers))))))
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_slot_queue_decides_incrementally_exactly_like_the_reference_rule(seed):
+    """The dispatcher's hot path (no admit, no texts, one state kept up to date with hold/release):
+    decision after decision, SlotQueue.plan continues from its previous pass and must give the same
+    placements, reservations and waiting reasons as plan() over the whole queue. Runs end, queued
+    runs (device-set holders too) are cancelled, new ones come, a start fails (the run leaves the queue
+    but its slots are not held), a placement is left queued, and providers change."""
+    rng = random.Random(5000 + seed)
+    providers, overrides = _incremental_world(rng)
+    q = SlotQueue()
+    n = 0
+    for _ in range(rng.randint(5, 60)):
+        n += 1
+        q.add(_incremental_run(providers, f"r{n}", rng))
+    holdings: dict[str, tuple[str, tuple[str, ...]]] = {}
+    state = build_state(providers, overrides, holdings)
+    incremental = 0
+    for step in range(60):
+        ref = plan(list(q), state, explain=False)
+        before = q._serial is not None
+        fast = q.plan(state, explain=False)
+        incremental += before and q._upto > 0
+        assert [(p.run_id, p.provider, p.devices) for p in fast.placements] == \
+            [(p.run_id, p.provider, p.devices) for p in ref.placements], step
+        assert fast.reserved == ref.reserved, step
+        ref_reasons = ref.reasons()
+        for run_id, reason in fast.reasons().items():
+            if run_id in ref_reasons:
+                assert reason == ref_reasons[run_id], (step, run_id)
+        placements = list(fast.placements)
+        if placements and rng.random() < 0.1:
+            placements.pop()  # left queued: the dispatcher did not apply it; the next pass starts over
+        for p in placements:
+            q.remove(p.run_id)
+            if rng.random() < 0.05:
+                continue  # the start failed before the slots were held: they are free again
+            holdings[p.run_id] = (p.provider, p.devices)
+            state.hold(p.run_id, p.provider, p.devices)
+        for _ in range(rng.randint(0, 3)):
+            if holdings and rng.random() < 0.7:
+                run_id = rng.choice(sorted(holdings))
+                del holdings[run_id]
+                state.release(run_id)
+            if len(q) and rng.random() < 0.3:  # cancelled, often a waiting device-set run
+                waiting = [r.run_id for r in q]
+                sets = [r.run_id for r in q if r.is_device_set]
+                q.remove(rng.choice(sets if sets and rng.random() < 0.6 else waiting))
+            if rng.random() < 0.6:
+                n += 1
+                q.add(_incremental_run(providers, f"r{n}", rng))
+        if rng.random() < 0.05:  # a provider leaves or comes back: the dispatcher builds a new state
+            i = rng.randrange(1, len(providers))
+            p = providers[i]
+            providers[i] = ProviderInfo(p.name, p.devices, online=not p.online, draining=p.draining)
+            state = build_state(providers, overrides, holdings)
+    assert incremental > 20  # most decisions did continue from the previous pass
+
+
+def test_slot_queue_hands_on_the_slots_of_a_cancelled_device_set_run():
+    providers = [worker("box", "cpu", "cuda:0", "cuda:1", "cuda:2")]
+    q = SlotQueue()
+    q.add(run("busy", on("box", "cuda:0")))
+    q.add(run("set", on("box", "cuda:0", "cuda:1")))
+    q.add(run("one", on("box", "cuda:1")))
+    q.add(run("two", on("box", "cuda:2")))
+    state = build_state(providers)
+    first = q.plan(state, explain=False)
+    assert placed_ids(first) == ["busy", "two"] and first.reserved == {"box/cuda:1": "set"}
+    for p in first.placements:
+        q.remove(p.run_id)
+        state.hold(p.run_id, p.provider, p.devices)
+    again = q.plan(state, explain=False)  # nothing changed: nothing placed, nobody looked at
+    assert placed_ids(again) == [] and again.examined == 0 and again.reserved == {"box/cuda:1": "set"}
+    q.remove("set")  # cancelled: cuda:1 goes to the next run that wants it
+    after = q.plan(state, explain=False)
+    assert placed_ids(after) == ["one"] and after.reserved == {} and after.examined == 1
+    for p in after.placements:
+        q.remove(p.run_id)
+        state.hold(p.run_id, p.provider, p.devices)
+    state.release("busy")
+    q.add(run("late", on("box", "cuda:0")))
+    assert placed_ids(q.plan(state, explain=False)) == ["late"]
+
+
+def test_slot_queue_starts_over_when_the_state_change_log_no_longer_reaches_back():
+    providers = [worker("box", "cpu", "cuda:0", "cuda:1")]
+    q = SlotQueue()
+    for i in range(4):
+        q.add(run(f"r{i}", on("box", "cuda:0")))
+    q.add(run("set", on("box", "cuda:0", "cuda:1")))
+    state = build_state(providers)
+    version = state.version
+    for p in q.plan(state, explain=False).placements:
+        q.remove(p.run_id)
+        state.hold(p.run_id, p.provider, p.devices)
+    for i in range(3000):  # other runs come and go on the CPU: more changes than the log keeps
+        state.hold(f"x{i}", "box", ("cpu",))
+        state.release(f"x{i}")
+    assert state.changes_since(version) is None and state.changes_since(state.version) == []
+    state.release("r0")
+    ref = plan(list(q), state, explain=False)
+    fast = q.plan(state, explain=False)
+    assert placed_ids(fast) == placed_ids(ref) == ["r1"] and fast.reserved == ref.reserved == {"box/cuda:1": "set"}
