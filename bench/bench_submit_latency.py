@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -88,6 +89,7 @@ def main() -> None:
                          "first_node": first["node_started"] - t0, "finished": first["run_finished"] - t0})
     finally:
         subprocess.run([*cli, "stop"], env=env, capture_output=True)
+        shutil.rmtree(home, ignore_errors=True)
     bare = spawn_time("pass", 5)
     imports = spawn_time(CHILD_IMPORTS, 5)
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}

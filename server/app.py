@@ -66,6 +66,7 @@ LOCAL_PROVIDER_KEY = web.AppKey("xpufleet_local_provider", object)
 STARTED_KEY = web.AppKey("xpufleet_started_at", float)
 
 METRICS_MAX = 100_000
+METRICS_CSV_PAGE = 10_000
 LOG_CHUNK_MAX = 4 * 1024 * 1024
 SSE_KEEPALIVE_S = 15.0
 ARTIFACTS_MAX = 10_000
@@ -159,7 +160,11 @@ async def read_json(request: web.Request, *, optional: bool = False) -> Any:
         raise ApiError(400, f"the body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
 
 
+INT_PARAM_MAX = 2**63 - 1  # SQLite's INTEGER and a file offset: a larger value is a 400, not a 500
+
+
 def int_param(request: web.Request, name: str, default: int, lo: int, hi: int | None = None) -> int:
+    """The integer query parameter ``name`` in ``[lo, hi]`` (``hi`` None: up to 2^63-1); 400 otherwise."""
     raw = request.query.get(name)
     if raw is None or raw == "":
         return default
@@ -167,8 +172,8 @@ def int_param(request: web.Request, name: str, default: int, lo: int, hi: int | 
         value = int(raw)
     except ValueError:
         value = None
-    if value is None or value < lo or (hi is not None and value > hi):
-        rng = f"between {lo} and {hi}" if hi is not None else f">= {lo}"
+    if value is None or value < lo or value > (INT_PARAM_MAX if hi is None else hi):
+        rng = f"between {lo} and {hi}" if hi is not None else f">= {lo} (at most 2^63-1)"
         raise ApiError(400, f"{name}: must be an integer {rng}, got {raw!r}")
     return value
 
@@ -314,9 +319,12 @@ async def run_events_stream(request: web.Request) -> web.StreamResponse:
     last_id = request.headers.get("Last-Event-ID")
     if last_id:
         try:
-            cursor = max(cursor, int(last_id))
+            given = int(last_id)
         except ValueError:
-            raise ApiError(400, f"Last-Event-ID: must be an event cursor (an integer), got {last_id!r}") from None
+            given = -1
+        if not 0 <= given <= INT_PARAM_MAX:
+            raise ApiError(400, f"Last-Event-ID: must be an event cursor (an integer >= 0), got {last_id!r}")
+        cursor = max(cursor, given)
     d = _dispatcher(request)
     store = request.app[STORE_KEY]
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
@@ -342,15 +350,13 @@ async def run_events_stream(request: web.Request) -> web.StreamResponse:
     return resp
 
 
-def _metric_points(request: web.Request, run_id: str) -> list[dict[str, Any]]:
-    return request.app[STORE_KEY].events_after(run_id, 0, METRICS_MAX, ["metric"])
-
-
 async def run_metrics(request: web.Request) -> web.Response:
     run = _run_or_404(request)
     series: dict[str, list[dict[str, Any]]] = {}
     latest: dict[str, Any] = {}
-    for ev in _metric_points(request, run["id"]):
+    points = request.app[STORE_KEY].events_after(run["id"], 0, METRICS_MAX + 1, ["metric"])
+    truncated = len(points) > METRICS_MAX
+    for ev in points[:METRICS_MAX]:
         p = ev["payload"]
         name = str(p.get("name"))
         point = {"value": p.get("value"), "cursor": ev["cursor"], "ts": ev["ts"]}
@@ -359,21 +365,36 @@ async def run_metrics(request: web.Request) -> web.Response:
                 point[k] = p[k]
         series.setdefault(name, []).append(point)
         latest[name] = p.get("value")
+    # "truncated": the series stop after METRICS_MAX points (metrics.csv has them all); "latest" too.
     return web.json_response({"run_id": run["id"], "status": run["status"], "metrics": series,
-                              "latest": latest, "final": run["final_metrics"]})
+                              "latest": latest, "final": run["final_metrics"], "truncated": truncated})
 
 
-async def run_metrics_csv(request: web.Request) -> web.Response:
+async def run_metrics_csv(request: web.Request) -> web.StreamResponse:
+    """Every metric point as CSV, streamed page by page (no cap: a long run's file is complete)."""
     run = _run_or_404(request)
+    store: Store = request.app[STORE_KEY]
+    resp = web.StreamResponse(headers={"Content-Type": "text/csv; charset=utf-8",
+                                       "Content-Disposition": f'attachment; filename="{run["id"]}-metrics.csv"'})
+    await resp.prepare(request)
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["cursor", "ts", "node", "name", "value", "step", "epoch"])
-    for ev in _metric_points(request, run["id"]):
-        p = ev["payload"]
-        w.writerow([ev["cursor"], ev["ts"], p.get("node", ""), p.get("name", ""), p.get("value", ""),
-                    p.get("step", ""), p.get("epoch", "")])
-    return web.Response(text=buf.getvalue(), content_type="text/csv", headers={
-        "Content-Disposition": f'attachment; filename="{run["id"]}-metrics.csv"'})
+    cursor = 0
+    while True:  # ends: each page moves the cursor forward over a finite log
+        page = store.events_after(run["id"], cursor, METRICS_CSV_PAGE, ["metric"])
+        for ev in page:
+            p = ev["payload"]
+            w.writerow([ev["cursor"], ev["ts"], p.get("node", ""), p.get("name", ""), p.get("value", ""),
+                        p.get("step", ""), p.get("epoch", "")])
+        await resp.write(buf.getvalue().encode("utf-8"))
+        buf.seek(0)
+        buf.truncate()
+        if len(page) < METRICS_CSV_PAGE:
+            break
+        cursor = page[-1]["cursor"]
+    await resp.write_eof()
+    return resp
 
 
 def _run_dir(request: web.Request, run: dict[str, Any]) -> Path | None:
@@ -424,6 +445,8 @@ async def run_artifacts(request: web.Request) -> web.Response:
 async def run_artifact_file(request: web.Request) -> web.StreamResponse:
     run = _run_or_404(request)
     rel = request.match_info["path"]
+    if "\x00" in rel:
+        raise ApiError(400, f"path: {rel!r} holds a NUL character; name a file inside the run directory")
     if rel.startswith("/") or any(part in ("..", "") for part in rel.split("/")):
         raise ApiError(400, f"path: {rel!r} must be a relative path inside the run directory (no '..')")
     run_dir = _run_dir(request, run)
@@ -454,9 +477,10 @@ async def run_logs(request: web.Request) -> web.Response:
         size = path.stat().st_size
         if tail:
             offset = max(0, size - tail)
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read(limit)
+        if offset < size:  # past the end: nothing yet (a seek that far is EINVAL on some systems)
+            with open(path, "rb") as f:
+                f.seek(offset)
+                data = f.read(limit)
     text = data.decode("utf-8", errors="replace")
     if fmt == "text":
         return web.Response(text=text, content_type="text/plain", headers={"X-Next-Offset": str(offset + len(data))})

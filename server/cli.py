@@ -319,6 +319,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             devs = ", ".join(payload.get("devices") or [])
             if payload.get("status") == "assigned":
                 print(f"assigned to {where}" + (f" ({devs})" if devs else ""), file=sys.stderr)
+        if etype == "metric" and payload.get("value") is None:
+            # NaN/inf (a diverged loss) are stored as JSON null: show them as nan, never crash.
+            payload = {**payload, "value": float("nan")}
         if args.mode == "follow" or etype in ("run_warning", "node_error"):
             view.handle(etype, payload)
 
@@ -330,8 +333,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 130
     view.close()
     for name, value in (run.get("final_metrics") or {}).items():
-        if isinstance(value, int | float):
-            view.metrics[name] = float(value)
+        if isinstance(value, int | float) or value is None:  # None: NaN/inf stored as JSON null
+            view.metrics[name] = float("nan") if value is None else float(value)
     seconds = None
     if run.get("started_at") and run.get("finished_at"):
         seconds = run["finished_at"] - run["started_at"]

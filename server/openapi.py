@@ -173,7 +173,12 @@ RUN_OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     },
     ("get", "/api/runs/{run_id}/metrics"): {
         "summary": "Metric series by name, and the final values", "parameters": [RUN_ID],
-        "responses": {"200": {"description": "metrics", **_json({"type": "object"})}, **_errors(401, 403, 404)},
+        "responses": {"200": {"description": "metrics", **_json({"type": "object", "properties": {
+            "run_id": {"type": "string"}, "status": {"type": "string"},
+            "metrics": {"type": "object", "description": "name -> [{value, cursor, ts, step?, epoch?, node?}]"},
+            "latest": {"type": "object"}, "final": {"type": ["object", "null"]},
+            "truncated": {"type": "boolean", "description": "series stop after 100,000 points (the CSV has all)"},
+        }})}, **_errors(401, 403, 404)},
     },
     ("get", "/api/runs/{run_id}/metrics.csv"): {
         "summary": "Metric points as CSV (cursor, ts, node, name, value, step, epoch)", "parameters": [RUN_ID],

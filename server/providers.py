@@ -227,6 +227,7 @@ class LocalProvider:
         except BaseException:
             os.close(read_fd)
             self.runs.pop(run_id, None)
+            self._cancel_before_start.discard(run_id)
             raise
         finally:
             os.close(write_fd)
@@ -287,7 +288,8 @@ class LocalProvider:
 
     async def cancel(self, run_id: str) -> bool:
         lr = self.runs.get(run_id)
-        if lr is None:
+        if lr is None or lr.proc is None:
+            # Not spawned yet (or spawning right now): start_run applies the stop once the child exists.
             self._cancel_before_start.add(run_id)
             return False
         self._stop(lr, "cancel")

@@ -51,6 +51,14 @@ def test_start_status_run_modes_cancel_and_stop(tmp_path):
         assert proc.returncode == 0, proc.stderr
         assert "run succeeded" in proc.stdout and "queued run" in proc.stderr
 
+        diverging = harness.iris_graph(2)  # sgd at lr 10 on an MSE loss: the loss becomes NaN
+        diverging["5"]["inputs"].update({"name": "sgd", "lr": 10.0})
+        diverging["6"]["inputs"]["name"] = "mse"
+        proc = sc.cli("run", str(harness.write_graph(tmp_path / "nan.json", diverging)), "--follow", "--seed", "1")
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        assert "run succeeded" in proc.stdout
+        assert any(line.split()[:2] == ["train_loss", "nan"] for line in proc.stdout.splitlines()), proc.stdout
+
         failing = harness.iris_graph(1)
         failing["1"]["inputs"].update({"name": "csv", "path": str(tmp_path / "missing.csv")})
         proc = sc.cli("run", str(harness.write_graph(tmp_path / "fail.json", failing)))
@@ -87,7 +95,7 @@ def test_start_status_run_modes_cancel_and_stop(tmp_path):
         listing = json.loads(sc.cli("runs", "--json", "--status", "cancelled,failed", check=True).stdout)
         assert {r["status"] for r in listing["runs"]} == {"cancelled", "failed"} and listing["total"] == 2
         table = sc.cli("runs", "--limit", "2", check=True).stdout.splitlines()
-        assert table[0].split()[:2] == ["ID", "STATUS"] and len(table) == 4 and "(2 of 3 runs" in table[-1]
+        assert table[0].split()[:2] == ["ID", "STATUS"] and len(table) == 4 and "(2 of 4 runs" in table[-1]
         assert sc.cli("cancel", "0000").returncode == 2
     finally:
         pid = sc.pid

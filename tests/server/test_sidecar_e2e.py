@@ -104,19 +104,22 @@ def test_submit_follow_list_and_read_a_run(sidecar, tmp_path):
     assert time.monotonic() - t0 < 5
 
     metrics = c.metrics(run_id)
-    assert [p["epoch"] for p in metrics["metrics"]["train_loss"]] == [1, 2]
+    assert [p["epoch"] for p in metrics["metrics"]["train_loss"]] == [1, 2] and metrics["truncated"] is False
     assert metrics["final"]["train_loss"] == metrics["latest"]["train_loss"]
     status, headers, text = raw(sidecar, "GET", f"/api/runs/{run_id}/metrics.csv")
     assert status == 200 and headers["content-type"].startswith("text/csv")
     rows = list(csv.DictReader(io.StringIO(text)))
     assert [r["epoch"] for r in rows if r["name"] == "train_loss"] == ["1", "2"]
+    metric_cursors = [p["cursor"] for points in metrics["metrics"].values() for p in points]
+    assert sorted(int(r["cursor"]) for r in rows) == sorted(metric_cursors)  # the same points as the JSON
 
     arts = c.request("GET", f"/api/runs/{run_id}/artifacts")["artifacts"]
     paths = {a["path"]: a for a in arts}
     assert {"spec.json", "events.jsonl", "output.log"} <= set(paths)
     spec = json.loads(c.request("GET", f"/api/runs/{run_id}/artifacts/spec.json", raw=True))
     assert spec["run_id"] == run_id and spec["placement"] == "local"
-    for bad in ("../state.db", "..%2Fstate.db", "%2e%2e/runtime.json", "nope.txt"):
+    for bad in ("../state.db", "..%2Fstate.db", "%2e%2e/runtime.json", "%2E%2E%2F%2E%2E%2Fruntime.json",
+                "%2Fetc%2Fpasswd", "spec.json/..%2F..%2Fruntime.json", "%00", "spec.json%00.txt", "nope.txt"):
         status, _, body = raw(sidecar, "GET", f"/api/runs/{run_id}/artifacts/{bad}")
         assert 400 <= status < 500 and "error" in body, bad
     logs = c.request("GET", f"/api/runs/{run_id}/logs")
@@ -269,6 +272,9 @@ def test_bad_bodies_get_4xx_with_a_message_naming_the_field(sidecar, body, statu
         ("/api/runs/{id}/events?wait=1000", "wait: must be a number between 0 and 60"),
         ("/api/runs/{id}/events?limit=100000", "limit: must be an integer between 1 and 1000"),
         ("/api/runs/{id}/logs?format=xml", "format: use json or text"),
+        ("/api/runs?offset=99999999999999999999", "offset: must be an integer >= 0 (at most 2^63-1)"),
+        ("/api/runs/{id}/events?cursor=99999999999999999999", "cursor: must be an integer >= 0"),
+        ("/api/runs/{id}/logs?offset=99999999999999999999", "offset: must be an integer >= 0"),
         ("/api/runs/nope", "no run 'nope'"),
         ("/api/nothing-here", "no route GET /api/nothing-here"),
     ],
@@ -381,3 +387,38 @@ def test_a_run_process_that_dies_fails_that_run_only(sidecar):
     assert sidecar.client.health()["status"] == "ok"  # the sidecar is not affected
     after = sidecar.submit(harness.iris_graph(1), name="after-crash")
     assert sidecar.finish(after)["status"] == "succeeded"
+
+
+def test_two_runs_at_once_long_polled_get_gapless_cursors(sidecar):
+    """Events of two concurrent runs, read by long-polls (with wait) in small pages from several
+    threads at once: every reader sees 1, 2, 3, ... up to the run's last cursor, nothing twice."""
+    import threading
+
+    runs = [sidecar.submit(harness.iris_graph(4), name=f"concurrent-{i}") for i in range(2)]
+    seen: dict[tuple[str, int], list[int]] = {}
+
+    def read(run_id: str, limit: int) -> None:
+        c = harness.Client(sidecar.info["url"], sidecar.info["token"], timeout=30)
+        got, cursor = [], 0
+        for _ in range(2000):  # bounded: each page moves on or waits up to 5 s for the next event
+            page = c.events(run_id, cursor=cursor, wait=5, limit=limit)
+            got += [e["cursor"] for e in page["events"]]
+            cursor = page["cursor"]
+            if page["done"]:
+                break
+        seen[(run_id, limit)] = got
+
+    threads = [threading.Thread(target=read, args=(rid, limit)) for rid in runs for limit in (1, 5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for rid in runs:
+        run = sidecar.client.run(rid)
+        assert run["status"] == "succeeded"
+        for limit in (1, 5):
+            assert seen[(rid, limit)] == list(range(1, run["cursor"] + 1)), (rid, limit)
+    first = [sidecar.client.events(rid, limit=1000)["events"] for rid in runs]
+    starts = [next(e["ts"] for e in evs if e["type"] == "run_started") for evs in first]
+    ends = [next(e["ts"] for e in evs if e["type"] == "run_finished") for evs in first]
+    assert starts[1] < ends[0] and starts[0] < ends[1]  # they really ran at the same time (CPU: 2 slots)
