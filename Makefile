@@ -2,12 +2,15 @@
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 TORCH_CPU ?= torch==2.13.0
+# Where pip finds the CPU build. Empty = pip's configured sources (this project's machines keep the
+# CPU wheel on local disk); elsewhere: make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
 
 .PHONY: install test test-unit test-e2e lint demo bench clean
 
 # CPU torch first: a bare `torch` requirement would otherwise pull a multi-GB CUDA build.
 install:
-	$(PIP) install -q "$(TORCH_CPU)"
+	$(PIP) install -q "$(TORCH_CPU)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PIP) install -q -e ".[test]"
 
 lint:

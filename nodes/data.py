@@ -397,30 +397,36 @@ class XPUDataset:
     def INPUT_TYPES(cls) -> dict[str, Any]:
         return {
             "required": {
-                "name": (T.DATASET_CHOICES, {"default": "digits"}),
+                "name": (T.DATASET_CHOICES, {"default": "digits", "tooltip": "bundled (no download), synthetic, or a csv / "
+                                                                          "safetensors file (set path)"}),
                 "val_split": ("FLOAT", {"default": 0.2, "min": 0.0, "max": 0.9, "step": 0.05,
                                         "tooltip": "fraction of samples held out for validation"}),
                 "seed": ("INT", {"default": 0, "min": 0, "max": 2**31 - 1,
                                  "tooltip": "seed of the split and of synthetic data"}),
-                "normalize": (T.NORMALIZE_CHOICES, {"default": "standard"}),
+                "normalize": (T.NORMALIZE_CHOICES, {"default": "standard",
+                                                    "tooltip": "scale inputs with statistics of the train split"}),
             },
             "optional": {
                 "as_image": ("BOOLEAN", {"default": False, "tooltip": "digits as 1x8x8 images (for the CNN)"}),
                 "n_samples": ("INT", {"default": 1000, "min": 2, "max": 10_000_000,
                                       "tooltip": "synthetic datasets only"}),
-                "n_features": ("INT", {"default": 20, "min": 1, "max": 100_000}),
-                "num_classes": ("INT", {"default": 2, "min": 2, "max": 100_000}),
+                "n_features": ("INT", {"default": 20, "min": 1, "max": 100_000,
+                                       "tooltip": "synthetic datasets: features per sample (per step for sequences)"}),
+                "num_classes": ("INT", {"default": 2, "min": 2, "max": 100_000,
+                                        "tooltip": "synthetic classification, images and sequences"}),
                 "image_size": ("INT", {"default": 0, "min": 0, "max": 4096,
                                        "tooltip": "side of square images; 0 = the dataset's own"}),
-                "channels": ("INT", {"default": 1, "min": 1, "max": 64}),
+                "channels": ("INT", {"default": 1, "min": 1, "max": 64, "tooltip": "synthetic_images: channels per image"}),
                 "seq_len": ("INT", {"default": 0, "min": 0, "max": 1_000_000,
                                     "tooltip": "synthetic_sequences length; 0 = 32"}),
-                "noise": ("FLOAT", {"default": 0.1, "min": 0.0, "max": 10.0, "step": 0.01}),
+                "noise": ("FLOAT", {"default": 0.1, "min": 0.0, "max": 10.0, "step": 0.01,
+                                    "tooltip": "synthetic datasets: how noisy the samples are"}),
                 "path": ("STRING", {"default": "", "tooltip": "CSV or safetensors file"}),
                 "target_column": ("STRING", {"default": "target", "tooltip": "CSV column holding the target"}),
                 "x_key": ("STRING", {"default": "x", "tooltip": "safetensors tensor with the inputs"}),
                 "y_key": ("STRING", {"default": "y", "tooltip": "safetensors tensor with the targets"}),
-                "task": (T.TASK_CHOICES, {"default": "auto"}),
+                "task": (T.TASK_CHOICES, {"default": "auto",
+                                          "tooltip": "csv / safetensors: auto = integer labels are classes"}),
             },
         }
 
@@ -461,11 +467,12 @@ class XPUDataLoader:
     def INPUT_TYPES(cls) -> dict[str, Any]:
         return {
             "required": {
-                "dataset": (T.DATASET,),
-                "batch_size": ("INT", {"default": 32, "min": 1, "max": 65536}),
-                "shuffle": ("BOOLEAN", {"default": True}),
-                "num_workers": ("INT", {"default": 0, "min": 0, "max": 64}),
-                "drop_last": ("BOOLEAN", {"default": False}),
+                "dataset": (T.DATASET, {"tooltip": "a Dataset node's train or val output"}),
+                "batch_size": ("INT", {"default": 32, "min": 1, "max": 65536, "tooltip": "samples per batch (per device)"}),
+                "shuffle": ("BOOLEAN", {"default": True, "tooltip": "a new order every epoch (train); off for val"}),
+                "num_workers": ("INT", {"default": 0, "min": 0, "max": 64,
+                                        "tooltip": "loader worker processes (0 = load in the training process)"}),
+                "drop_last": ("BOOLEAN", {"default": False, "tooltip": "skip a last batch smaller than batch_size"}),
             },
             "optional": {
                 "pin_memory": ("BOOLEAN", {"default": False,

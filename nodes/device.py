@@ -12,7 +12,9 @@ from typing import Any
 
 from . import runtime
 
-DEVICE_CHOICES = ["auto", "cpu", "cuda", "cuda:0", "cuda:1", "cuda:2", "cuda:3", "xpu", "xpu:0", "xpu:1", "mps"]
+# A combo (the canvas shows a list): the indices an 8-card machine needs.
+DEVICE_CHOICES = (["auto", "cpu", "cuda", *(f"cuda:{i}" for i in range(8)), "xpu", *(f"xpu:{i}" for i in range(8))]
+                  + ["mps"])
 _DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda|xpu)(?::(\d+))?$")
 
 

@@ -115,12 +115,15 @@ class XPUModelSaver:
     def INPUT_TYPES(cls) -> dict[str, Any]:
         return {
             "required": {
-                "model": (T.MODEL,),
-                "filename": ("STRING", {"default": "models/model.safetensors"}),
-                "format": (T.MODEL_FORMATS, {"default": "safetensors"}),
-                "location": (T.SAVE_LOCATIONS, {"default": "outputs"}),
+                "model": (T.MODEL, {"tooltip": "the model to save (from a builder, TrainingLoop or ModelLoader)"}),
+                "filename": ("STRING", {"default": "models/model.safetensors",
+                                        "tooltip": "relative to the location below, or an absolute path"}),
+                "format": (T.MODEL_FORMATS, {"default": "safetensors",
+                                             "tooltip": "safetensors (.safetensors) or PyTorch (.pt / .pth)"}),
+                "location": (T.SAVE_LOCATIONS, {"default": "outputs",
+                                                "tooltip": "the outputs folder, or this run's directory"}),
             },
-            "optional": {"overwrite": ("BOOLEAN", {"default": True})},
+            "optional": {"overwrite": ("BOOLEAN", {"default": True, "tooltip": "replace an existing file"})},
         }
 
     def save(self, model: Any, filename: str, format: str = "safetensors", location: str = "outputs",
@@ -151,7 +154,9 @@ class XPUModelLoader:
 
     @classmethod
     def INPUT_TYPES(cls) -> dict[str, Any]:
-        return {"required": {"path": ("STRING", {"default": "models/model.safetensors"})}}
+        return {"required": {"path": ("STRING", {"default": "models/model.safetensors",
+                                                 "tooltip": "a file ModelSaver wrote (relative: outputs folder, "
+                                                            "then the run directory, then the current directory)"})}}
 
     @classmethod
     def IS_CHANGED(cls, path: str = "", **_: Any) -> Any:
@@ -188,15 +193,16 @@ class XPUPredict:
     def INPUT_TYPES(cls) -> dict[str, Any]:
         return {
             "required": {
-                "model": (T.MODEL,),
-                "output": (T.PREDICT_OUTPUTS, {"default": "auto"}),
-                "device": (devmod.DEVICE_CHOICES, {"default": "auto"}),
-                "batch_size": ("INT", {"default": 256, "min": 1, "max": 65536}),
+                "model": (T.MODEL, {"tooltip": "the model to run"}),
+                "output": (T.PREDICT_OUTPUTS, {"default": "auto",
+                                               "tooltip": "auto = class indices for classifiers, raw outputs otherwise"}),
+                "device": (devmod.DEVICE_CHOICES, {"default": "auto", "tooltip": "auto follows the run's first device"}),
+                "batch_size": ("INT", {"default": 256, "min": 1, "max": 65536, "tooltip": "samples per forward pass"}),
             },
             "optional": {
-                "dataset": (T.DATASET,),
-                "dataloader": (T.DATALOADER,),
-                "precision": (T.PRECISION_CHOICES, {"default": "fp32"}),
+                "dataset": (T.DATASET, {"tooltip": "the inputs (connect this or a dataloader)"}),
+                "dataloader": (T.DATALOADER, {"tooltip": "the inputs as batches (used when connected)"}),
+                "precision": (T.PRECISION_CHOICES, {"default": "fp32", "tooltip": "autocast precision"}),
                 "show": ("INT", {"default": 20, "min": 0, "max": 10_000, "tooltip": "predictions shown in the UI"}),
             },
         }

@@ -178,6 +178,10 @@ def _finish(builder: str, kwargs: dict[str, Any], info: dict[str, Any] | None, i
 
 _SEED_INPUT = ("INT", {"default": 0, "min": -1, "max": 2**31 - 1,
                        "tooltip": "weight init seed (-1 = unseeded); a run's seed overrides it"})
+_ACTIVATION_INPUT = (T.ACTIVATION_CHOICES, {"default": "relu", "tooltip": "activation after each hidden layer"})
+_DROPOUT_INPUT = ("FLOAT", {"default": 0.0, "min": 0.0, "max": 0.95, "step": 0.05,
+                            "tooltip": "dropout probability (0 = none)"})
+_INFO_INPUT = (T.DATASET_INFO, {"tooltip": "the Dataset's info: sizes left at 0 / auto come from it"})
 
 
 class XPUMLP:
@@ -196,15 +200,15 @@ class XPUMLP:
         return {
             "required": {
                 "hidden": ("STRING", {"default": "64,32", "tooltip": "hidden layer sizes, e.g. 128,64"}),
-                "activation": (T.ACTIVATION_CHOICES, {"default": "relu"}),
-                "dropout": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 0.95, "step": 0.05}),
+                "activation": _ACTIVATION_INPUT,
+                "dropout": _DROPOUT_INPUT,
                 "seed": _SEED_INPUT,
             },
             "optional": {
-                "dataset_info": (T.DATASET_INFO,),
+                "dataset_info": _INFO_INPUT,
                 "in_features": ("INT", {"default": 0, "min": 0, "max": 1 << 30, "tooltip": "0 = from info"}),
                 "out_features": ("INT", {"default": 0, "min": 0, "max": 1 << 30, "tooltip": "0 = from info"}),
-                "batch_norm": ("BOOLEAN", {"default": False}),
+                "batch_norm": ("BOOLEAN", {"default": False, "tooltip": "BatchNorm after each hidden layer"}),
             },
         }
 
@@ -243,17 +247,18 @@ class XPUCNN:
         return {
             "required": {
                 "channels": ("STRING", {"default": "16,32", "tooltip": "output channels of each conv block"}),
-                "kernel_size": ("INT", {"default": 3, "min": 1, "max": 15, "step": 2}),
-                "activation": (T.ACTIVATION_CHOICES, {"default": "relu"}),
-                "dropout": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 0.95, "step": 0.05}),
+                "kernel_size": ("INT", {"default": 3, "min": 1, "max": 15, "step": 2,
+                                        "tooltip": "odd convolution size (padding keeps the image size)"}),
+                "activation": _ACTIVATION_INPUT,
+                "dropout": _DROPOUT_INPUT,
                 "seed": _SEED_INPUT,
             },
             "optional": {
-                "dataset_info": (T.DATASET_INFO,),
+                "dataset_info": _INFO_INPUT,
                 "in_channels": ("INT", {"default": 0, "min": 0, "max": 4096, "tooltip": "0 = from info"}),
                 "image_size": ("INT", {"default": 0, "min": 0, "max": 8192, "tooltip": "0 = from info"}),
                 "out_features": ("INT", {"default": 0, "min": 0, "max": 1 << 30, "tooltip": "0 = from info"}),
-                "batch_norm": ("BOOLEAN", {"default": True}),
+                "batch_norm": ("BOOLEAN", {"default": True, "tooltip": "BatchNorm after each convolution"}),
                 "fc_hidden": ("INT", {"default": 0, "min": 0, "max": 1 << 20,
                                       "tooltip": "size of a hidden linear layer in the head (0 = none)"}),
             },
@@ -304,10 +309,11 @@ class XPUSequential:
     def INPUT_TYPES(cls) -> dict[str, Any]:
         return {
             "required": {
-                "layers": ("STRING", {"default": _SEQUENTIAL_EXAMPLE, "multiline": True}),
+                "layers": ("STRING", {"default": _SEQUENTIAL_EXAMPLE, "multiline": True,
+                                      "tooltip": "a JSON or YAML list of layers; sizes may be \"auto\""}),
                 "seed": _SEED_INPUT,
             },
-            "optional": {"dataset_info": (T.DATASET_INFO,)},
+            "optional": {"dataset_info": _INFO_INPUT},
         }
 
     def build(self, layers: str, seed: int = 0, dataset_info: dict[str, Any] | None = None) -> tuple[Any]:

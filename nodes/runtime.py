@@ -156,6 +156,23 @@ def should_stop() -> bool:
         return False
 
 
+def stopped(message: str) -> Exception:
+    """The exception a node raises when it stops on request.
+
+    Hosted in ComfyUI, that is ComfyUI's own ``InterruptProcessingException`` (its executor then reports
+    the prompt as interrupted, not as a node error) and the interrupt flag is cleared, as ComfyUI's
+    ``throw_exception_if_processing_interrupted`` does; everywhere else :class:`RunStopped`.
+    """
+    if current() is None:
+        mm = sys.modules.get("comfy.model_management")
+        exc_type = getattr(mm, "InterruptProcessingException", None)
+        if isinstance(exc_type, type) and issubclass(exc_type, Exception):
+            with contextlib.suppress(Exception):
+                mm.interrupt_current_processing(False)
+            return exc_type(message)
+    return RunStopped(message)
+
+
 def run_dir() -> Path | None:
     ctx = current()
     return ctx.run_dir if ctx is not None else None

@@ -668,7 +668,7 @@ class Trainer:
         runtime.info(f"{self.cfg.node_label}: stopped at {where}" + (f"; interrupt checkpoint {path}" if path else ""))
         if self.board is not None:
             self.board.close()
-        raise runtime.RunStopped(f"stopped at {where}" + (f"; interrupt checkpoint written to {path}" if path else ""))
+        raise runtime.stopped(f"stopped at {where}" + (f"; interrupt checkpoint written to {path}" if path else ""))
 
     def _metrics(self, duration: float, samples: int) -> dict[str, Any]:
         h = self.history
@@ -747,7 +747,7 @@ def predict_outputs(model: Any, source: Any, device: Any, precision: Precision, 
         with torch.no_grad():
             for x, y in iter_inputs(source, batch_size):
                 if stop is not None and stop():
-                    raise runtime.RunStopped("stopped during prediction")
+                    raise runtime.stopped("stopped during prediction")
                 with autocast(device, precision):
                     out = model(x.to(device, non_blocking=True))
                 outs.append(out.float().cpu())

@@ -11,6 +11,7 @@ from .models import resolve_seed, spec_of
 from .specs import LossSpec, OptimizerSpec, SchedulerSpec
 
 _DEVICE_INPUT = (devmod.DEVICE_CHOICES, {"default": "auto", "tooltip": "auto follows the run's first device"})
+_PRECISION_INPUT = (T.PRECISION_CHOICES, {"default": "fp32", "tooltip": "autocast precision (fp16 on a CPU runs bf16)"})
 
 
 def node_label(name: str, class_type: str) -> str:
@@ -49,18 +50,22 @@ class XPUOptimizer:
     def INPUT_TYPES(cls) -> dict[str, Any]:
         return {
             "required": {
-                "name": (T.OPTIMIZER_CHOICES, {"default": "adam"}),
-                "lr": ("FLOAT", {"default": 1e-3, "min": 1e-8, "max": 10.0, "step": 1e-4, "round": False}),
-                "weight_decay": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 1.0, "step": 1e-4, "round": False}),
+                "name": (T.OPTIMIZER_CHOICES, {"default": "adam", "tooltip": "sgd_momentum = SGD with momentum"}),
+                "lr": ("FLOAT", {"default": 1e-3, "min": 1e-8, "max": 10.0, "step": 1e-4, "round": False,
+                                 "tooltip": "learning rate"}),
+                "weight_decay": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 1.0, "step": 1e-4, "round": False,
+                                           "tooltip": "L2 penalty (decoupled for adamw)"}),
                 "momentum": ("FLOAT", {"default": 0.9, "min": 0.0, "max": 0.999, "step": 0.01,
                                        "tooltip": "sgd_momentum and rmsprop"}),
             },
             "optional": {
                 "nesterov": ("BOOLEAN", {"default": False, "tooltip": "sgd_momentum only"}),
-                "beta1": ("FLOAT", {"default": 0.9, "min": 0.0, "max": 0.9999, "step": 0.01, "advanced": True}),
+                "beta1": ("FLOAT", {"default": 0.9, "min": 0.0, "max": 0.9999, "step": 0.01, "advanced": True,
+                                    "tooltip": "adam / adamw"}),
                 "beta2": ("FLOAT", {"default": 0.999, "min": 0.0, "max": 0.99999, "step": 0.001,
-                                    "advanced": True}),
-                "eps": ("FLOAT", {"default": 1e-8, "min": 1e-12, "max": 1.0, "round": False, "advanced": True}),
+                                    "advanced": True, "tooltip": "adam / adamw"}),
+                "eps": ("FLOAT", {"default": 1e-8, "min": 1e-12, "max": 1.0, "step": 1e-9, "round": False,
+                                  "advanced": True, "tooltip": "adam / adamw / rmsprop numerical stability term"}),
             },
         }
 
@@ -86,16 +91,23 @@ class XPULRScheduler:
     def INPUT_TYPES(cls) -> dict[str, Any]:
         return {
             "required": {
-                "name": (T.SCHEDULER_CHOICES, {"default": "cosine"}),
-                "interval": (T.SCHEDULER_INTERVALS, {"default": "epoch"}),
+                "name": (T.SCHEDULER_CHOICES, {"default": "cosine", "tooltip": "the schedule (none = constant lr)"}),
+                "interval": (T.SCHEDULER_INTERVALS, {"default": "epoch",
+                                                     "tooltip": "step the schedule per epoch or per optimizer step"}),
             },
             "optional": {
-                "step_size": ("INT", {"default": 10, "min": 1, "max": 1 << 30}),
-                "gamma": ("FLOAT", {"default": 0.1, "min": 1e-6, "max": 1.0, "step": 0.01}),
-                "t_max": ("INT", {"default": 0, "min": 0, "max": 1 << 30}),
-                "eta_min": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 10.0, "round": False}),
-                "max_lr": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 10.0, "round": False}),
-                "pct_start": ("FLOAT", {"default": 0.3, "min": 0.01, "max": 0.99, "step": 0.01}),
+                "step_size": ("INT", {"default": 10, "min": 1, "max": 1 << 30,
+                                      "tooltip": "step: decay every step_size intervals"}),
+                "gamma": ("FLOAT", {"default": 0.1, "min": 1e-6, "max": 1.0, "step": 0.01,
+                                    "tooltip": "step / exponential: decay factor"}),
+                "t_max": ("INT", {"default": 0, "min": 0, "max": 1 << 30,
+                                  "tooltip": "cosine: period in intervals (0 = the whole run)"}),
+                "eta_min": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 10.0, "step": 1e-5, "round": False,
+                                      "tooltip": "cosine: lowest lr"}),
+                "max_lr": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 10.0, "step": 1e-4, "round": False,
+                                     "tooltip": "onecycle: peak lr (0 = 10 x the optimizer's lr)"}),
+                "pct_start": ("FLOAT", {"default": 0.3, "min": 0.01, "max": 0.99, "step": 0.01,
+                                        "tooltip": "onecycle: fraction of the run spent warming up"}),
             },
         }
 
@@ -120,7 +132,9 @@ class XPULoss:
     @classmethod
     def INPUT_TYPES(cls) -> dict[str, Any]:
         return {
-            "required": {"name": (T.LOSS_CHOICES, {"default": "cross_entropy"})},
+            "required": {"name": (T.LOSS_CHOICES, {"default": "cross_entropy",
+                                                   "tooltip": "cross_entropy / bce_with_logits for classes; "
+                                                              "mse / l1 / smooth_l1 for regression"})},
             "optional": {"label_smoothing": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 0.99, "step": 0.01,
                                                        "tooltip": "cross_entropy only"})},
         }
@@ -142,26 +156,29 @@ class XPUTrainingLoop:
     FUNCTION = "train"
     RETURN_TYPES = (T.MODEL, T.METRICS)
     RETURN_NAMES = ("model", "metrics")
-    OUTPUT_NODE = False
+    # An output node: training is the job (checkpoints, TensorBoard, metrics), so a graph that ends at
+    # the TrainingLoop runs, in ComfyUI's executor as in ours.
+    OUTPUT_NODE = True
 
     @classmethod
     def INPUT_TYPES(cls) -> dict[str, Any]:
         return {
             "required": {
-                "model": (T.MODEL,),
-                "dataloader": (T.DATALOADER,),
-                "optimizer": (T.OPTIMIZER,),
-                "loss": (T.LOSS,),
-                "epochs": ("INT", {"default": 10, "min": 1, "max": 1_000_000}),
+                "model": (T.MODEL, {"tooltip": "the model to train (a copy is trained; the input stays as built)"}),
+                "dataloader": (T.DATALOADER, {"tooltip": "training batches"}),
+                "optimizer": (T.OPTIMIZER, {"tooltip": "an Optimizer node"}),
+                "loss": (T.LOSS, {"tooltip": "a Loss node"}),
+                "epochs": ("INT", {"default": 10, "min": 1, "max": 1_000_000, "tooltip": "passes over the dataloader"}),
                 "max_steps": ("INT", {"default": 0, "min": 0, "max": 1 << 40,
                                       "tooltip": "stop after this many optimizer steps (0 = no limit)"}),
                 "device": _DEVICE_INPUT,
-                "precision": (T.PRECISION_CHOICES, {"default": "fp32"}),
+                "precision": _PRECISION_INPUT,
             },
             "optional": {
-                "val_dataloader": (T.DATALOADER,),
-                "lr_scheduler": (T.LR_SCHEDULER,),
-                "accumulate_steps": ("INT", {"default": 1, "min": 1, "max": 4096}),
+                "val_dataloader": (T.DATALOADER, {"tooltip": "validated after every epoch: val_loss, val_accuracy"}),
+                "lr_scheduler": (T.LR_SCHEDULER, {"tooltip": "an LR Scheduler node"}),
+                "accumulate_steps": ("INT", {"default": 1, "min": 1, "max": 4096,
+                                             "tooltip": "batches whose gradients make one optimizer step"}),
                 "grad_clip_norm": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 1e6, "step": 0.1,
                                              "tooltip": "clip the gradient norm (0 = off)"}),
                 "checkpoint_every": ("INT", {"default": 0, "min": 0, "max": 1_000_000,
@@ -226,12 +243,12 @@ class XPUEvaluate:
     def INPUT_TYPES(cls) -> dict[str, Any]:
         return {
             "required": {
-                "model": (T.MODEL,),
-                "dataloader": (T.DATALOADER,),
+                "model": (T.MODEL, {"tooltip": "the model to evaluate"}),
+                "dataloader": (T.DATALOADER, {"tooltip": "the data to evaluate on (e.g. the val split)"}),
                 "device": _DEVICE_INPUT,
-                "precision": (T.PRECISION_CHOICES, {"default": "fp32"}),
+                "precision": _PRECISION_INPUT,
             },
-            "optional": {"loss": (T.LOSS,)},
+            "optional": {"loss": (T.LOSS, {"tooltip": "default: cross_entropy for classifiers, else mse"})},
         }
 
     def evaluate(self, model: Any, dataloader: Any, device: str = "auto", precision: str = "fp32",

@@ -11,6 +11,14 @@ import time
 from typing import Any, TextIO
 
 
+def _number(value: Any) -> float:
+    """A metric value for display; JSON has no NaN, so a stored NaN comes back as null."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
 class ProgressView:
     """Feed it events with :meth:`handle`; it draws at most every ``min_interval`` seconds."""
 
@@ -21,6 +29,7 @@ class ProgressView:
         self.last_draw = 0.0
         self.metrics: dict[str, float] = {}
         self.warnings: list[str] = []
+        self.saved: list[str] = []  # files the run saved (ModelSaver), listed in the summary
         self.node = ""
         self._line_open = False
 
@@ -31,13 +40,15 @@ class ProgressView:
         elif type_ == "progress":
             self._draw(self._bar(payload))
         elif type_ == "metric":
-            self.metrics[str(payload.get("name"))] = float(payload.get("value", 0.0))
+            self.metrics[str(payload.get("name"))] = _number(payload.get("value"))
         elif type_ == "run_warning":
             msg = f"warning ({payload.get('kind')}): {payload.get('message')}"
             self.warnings.append(msg)
             self._print(msg)
         elif type_ in ("node_error", "run_error"):
             self._print(f"error: {payload.get('message')}")
+        elif type_ == "artifact" and payload.get("kind") == "model":
+            self.saved.append(str(payload.get("path")))
         elif type_ == "log" and payload.get("level") in ("warning", "error"):
             self._print(str(payload.get("message")))
 
@@ -46,11 +57,11 @@ class ProgressView:
         width = 24
         filled = int(width * min(1.0, value / total))
         extra = []
-        if p.get("epoch") is not None:
+        text = p.get("text") or ""
+        if p.get("epoch") is not None and "epoch" not in text:  # the TrainingLoop's text already says it
             extra.append(f"epoch {p['epoch']}")
         if p.get("loss") is not None:
-            extra.append(f"loss {float(p['loss']):.4f}")
-        text = p.get("text") or ""
+            extra.append(f"loss {_number(p['loss']):.4f}")
         return f"{self.node} [{'#' * filled}{'.' * (width - filled)}] {value}/{total} {text} {' '.join(extra)}".rstrip()
 
     def _draw(self, line: str, force: bool = False) -> None:
@@ -78,11 +89,15 @@ class ProgressView:
             self._line_open = False
             self.stream.flush()
 
-    def summary(self, status: str, seconds: float | None = None, error: str | None = None) -> str:
-        """The closing block: status, duration and the last value of every metric."""
+    def summary(self, status: str, seconds: float | None = None, error: str | None = None,
+                outputs: list[str] | None = None) -> str:
+        """The closing block: status, duration, the last value of every metric, saved models and
+        (``outputs``) what the output nodes showed."""
         lines = [f"run {status}" + (f" in {seconds:.1f}s" if seconds is not None else "")]
         if error:
             lines.append(f"error: {error}")
         for name in sorted(self.metrics):
             lines.append(f"  {name:<20} {self.metrics[name]:.6g}")
+        lines += [f"  saved model: {path}" for path in self.saved]
+        lines += [f"  {line}" for line in outputs or []]
         return "\n".join(lines)

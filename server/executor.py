@@ -9,9 +9,11 @@ nodes (and inside long nodes through ``nodes.runtime.should_stop``).
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 import traceback
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,20 +40,25 @@ class NodeError:
     message: str
     details: str = ""
     input_name: str | None = None
+    # ComfyUI's extra_info also carries the offending value and, for links, the linked node.
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def as_comfy(self) -> dict[str, Any]:
+        """This error as one item of ComfyUI's ``node_errors[id]["errors"]`` list."""
         extra: dict[str, Any] = {}
         if self.input_name is not None:
             extra["input_name"] = self.input_name
+        extra.update(self.extra)
         return {"type": self.type, "message": self.message, "details": self.details, "extra_info": extra}
 
 
 class GraphValidationError(Exception):
     """The graph failed validation; ``response`` is ComfyUI-shaped (``error`` + ``node_errors``)."""
 
-    def __init__(self, errors: list[NodeError], graph_error: dict[str, Any] | None = None) -> None:
+    def __init__(self, errors: list[NodeError], graph_error: dict[str, Any] | None = None,
+                 dependents: Mapping[str, list[str]] | None = None) -> None:
         self.errors = errors
-        self.response = validation_response(errors, graph_error)
+        self.response = validation_response(errors, graph_error, dependents)
         super().__init__(format_errors(self.response))
 
 
@@ -66,22 +73,35 @@ class NodeExecutionError(Exception):
         super().__init__(f"Node {node_id} ({class_type}) failed: {type(exc).__name__}: {exc}")
 
 
-def validation_response(errors: list[NodeError], graph_error: dict[str, Any] | None = None) -> dict[str, Any]:
+def validation_response(errors: list[NodeError], graph_error: dict[str, Any] | None = None,
+                        dependents: Mapping[str, list[str]] | None = None) -> dict[str, Any]:
     """ComfyUI's answer shape: ``{"error": {...}, "node_errors": {id: {"errors", "dependent_outputs",
-    "class_type"}}}``."""
+    "class_type"}}}``. ``dependents`` maps a node id to the output nodes that need it (see
+    :func:`dependent_outputs`); as in ComfyUI, the top-level ``details`` lists every problem."""
     node_errors: dict[str, Any] = {}
     for e in errors:
         entry = node_errors.setdefault(
-            e.node_id, {"errors": [], "dependent_outputs": [], "class_type": e.class_type}
+            e.node_id,
+            {"errors": [], "dependent_outputs": list((dependents or {}).get(e.node_id, [])), "class_type": e.class_type},
         )
         entry["errors"].append(e.as_comfy())
     error = graph_error or {
         "type": "prompt_outputs_failed_validation",
         "message": "Prompt outputs failed validation",
-        "details": "",
+        "details": "\n".join(f"{e.message}: {e.details}" if e.details else e.message for e in errors),
         "extra_info": {},
     }
     return {"error": error, "node_errors": node_errors}
+
+
+def _adds_to_message(err: Mapping[str, Any]) -> bool:
+    # ComfyUI's `details` often repeats the input name or value the message already names; a terminal
+    # line shows it only when it says something more (a hint).
+    details = str(err.get("details") or "")
+    name = str((err.get("extra_info") or {}).get("input_name") or "")
+    if not details or details in str(err.get("message", "")):
+        return False
+    return not (name and (details == name or details.startswith(f"{name}, ")))
 
 
 def format_errors(response: Mapping[str, Any]) -> str:
@@ -89,7 +109,7 @@ def format_errors(response: Mapping[str, Any]) -> str:
     lines = [str(response.get("error", {}).get("message", "Graph failed validation"))]
     for entry in response.get("node_errors", {}).values():
         for err in entry["errors"]:
-            lines.append(f"  - {err['message']}" + (f" ({err['details']})" if err.get("details") else ""))
+            lines.append(f"  - {err['message']}" + (f" ({err['details']})" if _adds_to_message(err) else ""))
     return "\n".join(lines)
 
 
@@ -139,7 +159,7 @@ def _check_widget(node_id: str, class_type: str, name: str, spec: Any, value: An
     where = f"input '{name}' of {_node_label(node_id, class_type)}"
 
     def err(type_: str, message: str, details: str = "") -> list[NodeError]:
-        return [NodeError(node_id, class_type, type_, message, details, name)]
+        return [NodeError(node_id, class_type, type_, message, details or name, name, {"received_value": value})]
 
     if isinstance(kind, (list, tuple)):  # combo
         if value not in kind:
@@ -194,7 +214,7 @@ def output_nodes(graph: Mapping[str, Any], node_classes: Mapping[str, type]) -> 
     return [
         nid
         for nid, node in graph.items()
-        if getattr(node_classes.get(node.get("class_type")), "OUTPUT_NODE", False)
+        if isinstance(node, Mapping) and getattr(node_classes.get(node.get("class_type")), "OUTPUT_NODE", False)
     ]
 
 
@@ -203,22 +223,23 @@ def _upstream(graph: Mapping[str, Any], roots: list[str]) -> set[str]:
     stack = list(roots)
     while stack:
         nid = stack.pop()
-        if nid in seen or nid not in graph:
+        if nid in seen or nid not in graph or not isinstance(graph[nid], Mapping):
             continue
         seen.add(nid)
-        for v in (graph[nid].get("inputs") or {}).values():
+        for v in _inputs(graph[nid]).values():
             if is_link(v):
                 stack.append(str(v[0]))
     return seen
 
 
 def topological_order(graph: Mapping[str, Any], nodes: set[str]) -> tuple[list[str], list[str]]:
-    """Kahn's algorithm over ``nodes``; returns (order, nodes on a cycle). Ties break by id."""
+    """Kahn's algorithm over ``nodes``; returns (order, nodes that cannot be ordered: those on a
+    dependency cycle and those downstream of one). Ties break by id."""
 
     def key(n: str) -> tuple[int, Any]:
         return (0, int(n)) if n.isdigit() else (1, n)
 
-    deps = {n: {str(v[0]) for v in (graph[n].get("inputs") or {}).values() if is_link(v)} & nodes for n in nodes}
+    deps = {n: {str(v[0]) for v in _inputs(graph[n]).values() if is_link(v)} & nodes for n in nodes}
     users: dict[str, set[str]] = {n: set() for n in nodes}
     for n, ds in deps.items():
         for d in ds:
@@ -236,6 +257,90 @@ def topological_order(graph: Mapping[str, Any], nodes: set[str]) -> tuple[list[s
         ready.sort(key=key)
     cyclic = sorted((n for n, c in remaining.items() if c > 0), key=key)
     return order, cyclic
+
+
+def _inputs(node: Any) -> Mapping[str, Any]:
+    """A node's inputs, or nothing for a malformed node (reported by validation, skipped here)."""
+    inputs = node.get("inputs") if isinstance(node, Mapping) else None
+    return inputs if isinstance(inputs, Mapping) else {}
+
+
+def _deps(graph: Mapping[str, Any], nid: str) -> set[str]:
+    return {str(v[0]) for v in _inputs(graph[nid]).values() if is_link(v)}
+
+
+def _id_key(n: str) -> tuple[int, Any]:
+    return (0, int(n)) if n.isdigit() else (1, n)
+
+
+def dependency_cycles(graph: Mapping[str, Any], nodes: set[str]) -> list[list[str]]:
+    """For every node that lies ON a dependency cycle, the shortest cycle through it as a path
+    ``[node, dep, dep-of-dep, ..., node]``. Nodes merely downstream of a cycle are not reported: their
+    own inputs are fine."""
+    _, stuck = topological_order(graph, nodes)
+    within = set(stuck)
+    found: list[list[str]] = []
+    for start in stuck:
+        # Breadth-first over dependencies from `start`; `via[d]` is the node that takes input from d.
+        via: dict[str, str] = {}
+        queue = deque()
+        for d in sorted(_deps(graph, start) & within, key=_id_key):
+            via.setdefault(d, start)
+            queue.append(d)
+        while queue and start not in via:
+            cur = queue.popleft()
+            for d in sorted(_deps(graph, cur) & within, key=_id_key):
+                if d not in via:
+                    via[d] = cur
+                    queue.append(d)
+        if start not in via:
+            continue  # downstream of a cycle, not on one
+        users = [start]  # walk back: start is used by via[start], which is used by ...
+        cur = via[start]
+        while cur != start:
+            users.append(cur)
+            cur = via[cur]
+        found.append([start, *reversed(users[1:]), start])
+    return found
+
+
+def dependent_outputs(graph: Mapping[str, Any], node_classes: Mapping[str, type]) -> dict[str, list[str]]:
+    """Node id -> the output nodes that need it (itself included), ComfyUI's ``dependent_outputs``."""
+    out: dict[str, list[str]] = {}
+    for oid in output_nodes(graph, node_classes):
+        for nid in sorted(_upstream(graph, [oid]), key=_id_key):
+            out.setdefault(nid, []).append(oid)
+    return out
+
+
+def _custom_validation(cls: type, nid: str, ct: str, inputs: Mapping[str, Any]) -> NodeError | None:
+    """A class's own ``VALIDATE_INPUTS``, called (as ComfyUI does) with the inputs its signature names."""
+    validate = getattr(cls, "VALIDATE_INPUTS", None)
+    if validate is None:
+        return None
+    literal = {k: v for k, v in inputs.items() if not is_link(v)}
+    try:
+        params = inspect.signature(validate).parameters
+    except (TypeError, ValueError):
+        return None
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        literal = {k: v for k, v in literal.items() if k in params}
+        needs = [n for n, p in params.items()
+                 if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        if any(n not in literal for n in needs):
+            return None  # it asks for a linked input, whose value exists only at run time
+    try:
+        verdict = validate(**literal)
+    except Exception as exc:  # noqa: BLE001 - the node's own check failed: report it, never a traceback
+        verdict = f"{type(exc).__name__}: {exc}"
+    if verdict is True:
+        return None
+    reason = "" if verdict is False else str(verdict)
+    name = next(iter(literal)) if len(literal) == 1 else None
+    label = _node_label(nid, ct)
+    return NodeError(nid, ct, "custom_validation_failed",
+                     f"Custom validation failed for {label}" + (f": {reason}" if reason else ""),
+                     f"{name} - {reason}" if name and reason else reason, name)
 
 
 # --- validation -------------------------------------------------------------------------------
@@ -256,6 +361,8 @@ def validate_graph(graph: Any, node_classes: Mapping[str, type] | None = None) -
     :class:`GraphValidationError` directly, since no node can be named."""
     classes = node_classes if node_classes is not None else default_node_classes()
     errors: list[NodeError] = []
+    if isinstance(graph, Mapping):
+        graph = {str(k): v for k, v in graph.items()}
     if not isinstance(graph, Mapping) or not graph:
         raise GraphValidationError(
             [],
@@ -302,7 +409,7 @@ def validate_graph(graph: Any, node_classes: Mapping[str, type] | None = None) -
                 src_cls = classes.get(src.get("class_type")) if isinstance(src, Mapping) else None
                 if src is None:
                     errors.append(
-                        NodeError(nid, ct, "bad_linked_input", f"Bad linked input: '{name}' of {_node_label(nid, ct)} links to node {src_id}, which is not in the graph", str(value), name)
+                        NodeError(nid, ct, "bad_linked_input", f"Bad linked input: '{name}' of {_node_label(nid, ct)} links to node {src_id}, which is not in the graph", str(value), name, {"received_value": list(value)})
                     )
                     continue
                 if src_cls is None:
@@ -311,39 +418,31 @@ def validate_graph(graph: Any, node_classes: Mapping[str, type] | None = None) -
                 idx = value[1]
                 if idx < 0 or idx >= len(rtypes):
                     errors.append(
-                        NodeError(nid, ct, "bad_linked_input", f"Bad linked input: '{name}' of {_node_label(nid, ct)} links to output {idx} of node {src_id} ({src['class_type']}), which has {len(rtypes)} outputs", str(value), name)
+                        NodeError(nid, ct, "bad_linked_input", f"Bad linked input: '{name}' of {_node_label(nid, ct)} links to output {idx} of node {src_id} ({src['class_type']}), which has {len(rtypes)} outputs", str(value), name, {"received_value": list(value)})
                     )
                     continue
                 if not _types_match(rtypes[idx], kind):
                     errors.append(
-                        NodeError(nid, ct, "return_type_mismatch", f"Return type mismatch between linked nodes: '{name}' of {_node_label(nid, ct)} expects {kind} but node {src_id} ({src['class_type']}) output {idx} is {rtypes[idx]}", f"{name}, received_type({rtypes[idx]}) mismatch input_type({kind})", name)
+                        NodeError(nid, ct, "return_type_mismatch", f"Return type mismatch between linked nodes: '{name}' of {_node_label(nid, ct)} expects {kind} but node {src_id} ({src['class_type']}) output {idx} is {rtypes[idx]}", f"{name}, received_type({rtypes[idx]}) mismatch input_type({kind})", name, {"received_type": rtypes[idx], "linked_node": [src_id, idx]})
                     )
                 continue
             if _looks_like_link(value):
                 errors.append(
-                    NodeError(nid, ct, "bad_linked_input", f"Bad linked input, must be a length-2 list of [node_id, slot_index]: '{name}' of {_node_label(nid, ct)} is {value!r}", str(value), name)
+                    NodeError(nid, ct, "bad_linked_input", f"Bad linked input, must be a length-2 list of [node_id, slot_index]: '{name}' of {_node_label(nid, ct)} is {value!r}", str(value), name, {"received_value": value})
                 )
                 continue
             errors.extend(_check_widget(nid, ct, name, spec, value))
-        validate = getattr(cls, "VALIDATE_INPUTS", None)
-        if validate is not None and not any(e.node_id == nid for e in errors):
-            literal = {k: v for k, v in inputs.items() if not is_link(v)}
-            try:
-                verdict = validate(**literal)
-            except TypeError:
-                verdict = True  # its signature asks for linked inputs too; nothing to check statically
-            except Exception as exc:  # noqa: BLE001 - the node's own check failed: report it
-                verdict = str(exc)
-            if verdict is not True:
-                errors.append(
-                    NodeError(nid, ct, "custom_validation_failed", f"{_node_label(nid, ct)[0].upper()}{_node_label(nid, ct)[1:]}: {verdict}")
-                )
-    ids = {str(k) for k in graph}
-    _, cyclic = topological_order(graph, ids)
-    for nid in cyclic:
-        node = graph[nid]
+        if not any(e.node_id == nid for e in errors):  # as in ComfyUI: only after the static checks pass
+            custom = _custom_validation(cls, nid, ct, inputs)
+            if custom is not None:
+                errors.append(custom)
+    well_formed = {nid for nid, node in graph.items() if isinstance(node, Mapping) and isinstance(node.get("inputs", {}), Mapping)}
+    for path in dependency_cycles(graph, well_formed):
+        nid = path[0]
+        ct = str(graph[nid].get("class_type", ""))
+        chain = " <- ".join(path)
         errors.append(
-            NodeError(nid, str(node.get("class_type", "")), "dependency_cycle", f"Dependency cycle detected: node {nid} ({node.get('class_type')}) depends on itself through its inputs")
+            NodeError(nid, ct, "dependency_cycle", f"Dependency cycle detected: {_node_label(nid, ct)} depends on itself through its inputs: {chain}", chain)
         )
     if not errors and not output_nodes(graph, classes):
         raise GraphValidationError(
@@ -360,9 +459,11 @@ def validate_graph(graph: Any, node_classes: Mapping[str, type] | None = None) -
 
 def check_graph(graph: Any, node_classes: Mapping[str, type] | None = None) -> None:
     """Raise :class:`GraphValidationError` unless ``graph`` is valid."""
-    errors = validate_graph(graph, node_classes)
+    classes = node_classes if node_classes is not None else default_node_classes()
+    errors = validate_graph(graph, classes)
     if errors:
-        raise GraphValidationError(errors)
+        graph = {str(k): v for k, v in graph.items()}
+        raise GraphValidationError(errors, None, dependent_outputs(graph, classes))
 
 
 # --- execution --------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import sys
@@ -12,6 +13,7 @@ from typing import Any
 
 from ..nodes import runtime
 from ..nodes.device import available_devices, parse_device
+from ..nodes.types import MODEL_SAVER_NODE
 from .console import ProgressView
 
 EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE = 0, 1, 2
@@ -57,8 +59,16 @@ def run_local(graph_path: str, args: Any) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    chosen = getattr(args, "output_dir", None)
+    out_dir = Path(chosen or Path.cwd() / "runs" / time.strftime("local-%Y%m%d-%H%M%S"))
+    made_parent = not chosen and not out_dir.parent.exists()
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"error: cannot create the run folder {str(out_dir)!r} ({exc.strerror or exc}); "
+              f"choose another --output-dir", file=sys.stderr)
+        return EXIT_USAGE
     view = ProgressView()
-    out_dir = Path(getattr(args, "output_dir", None) or Path.cwd() / "runs" / time.strftime("local-%Y%m%d-%H%M%S"))
     ctx = runtime.RunContext(
         emit=view.handle,
         run_dir=out_dir,
@@ -79,15 +89,17 @@ def run_local(graph_path: str, args: Any) -> int:
         previous = signal.signal(signal.SIGINT, on_sigint)
     started = time.perf_counter()
     status, error, code = "succeeded", None, EXIT_OK
+    shown: list[str] = []
     with runtime.use(ctx):
         if fallback:
             runtime.warn("device_fallback", fallback)
         try:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            execute_graph(graph, ctx)
+            result = execute_graph(graph, ctx)
+            shown = output_lines(graph, result.ui)
         except GraphValidationError as exc:
             view.close()
             print(format_errors(exc.response), file=sys.stderr)
+            _remove_if_empty(out_dir, made_parent)
             return EXIT_USAGE
         except NodeExecutionError as exc:
             status, error, code = "failed", str(exc), EXIT_RUN_FAILED
@@ -99,5 +111,33 @@ def run_local(graph_path: str, args: Any) -> int:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
     view.close()
-    print(view.summary(status, time.perf_counter() - started, error))
+    print(view.summary(status, time.perf_counter() - started, error, shown))
+    if not _remove_if_empty(out_dir, made_parent):  # checkpoints, TensorBoard files
+        print(f"  run files: {out_dir}")
     return code
+
+
+def _remove_if_empty(folder: Path, with_parent: bool = False) -> bool:
+    """Remove ``folder`` (and the ``runs/`` folder made for it) when nothing was written there, so a
+    run leaves no empty folders behind; True if removed."""
+    try:
+        folder.rmdir()
+    except OSError:
+        return False
+    if with_parent:
+        with contextlib.suppress(OSError):
+            folder.parent.rmdir()
+    return True
+
+
+def output_lines(graph: dict[str, Any], ui: dict[str, Any]) -> list[str]:
+    """What the output nodes showed (their ``ui`` text, as the canvas would), one line per text line."""
+    lines: list[str] = []
+    for nid, shown in ui.items():
+        texts = shown.get("text") if isinstance(shown, dict) else None
+        if not texts or graph[nid].get("class_type") == MODEL_SAVER_NODE:  # the path is in "saved model"
+            continue
+        head = f"node {nid} ({graph[nid].get('class_type')}): "
+        for i, line in enumerate("\n".join(map(str, texts)).splitlines()):
+            lines.append((head if i == 0 else " " * len(head)) + line)
+    return lines

@@ -164,9 +164,17 @@ def test_stop_from_comfyui_interrupt_flag(comfy_host, digits, loaders, build_mlp
 
     monkeypatch.setattr(mm, "interrupt_processing", True)
     tl, _ = loaders
-    with pytest.raises(runtime.RunStopped, match="epoch 1, batch 1"):
+    # ComfyUI's own exception, so its executor reports the prompt as interrupted rather than failed
+    with pytest.raises(mm.InterruptProcessingException, match="epoch 1, batch 1"):
         train_node(build_mlp(digits[2]), tl, epochs=2, checkpoint_dir=str(tmp_path / "ck"))
     assert (tmp_path / "ck" / "interrupt.pt").is_file()
+    assert mm.interrupt_processing is False  # cleared, as ComfyUI clears it when it raises
+    # our own runs keep RunStopped even when ComfyUI's modules are loaded
+    mm.interrupt_processing = False
+    run = runtime.RunContext(emit=lambda t, p: None, run_dir=tmp_path / "run")
+    run.stop_event.set()
+    with runtime.use(run), pytest.raises(runtime.RunStopped):
+        train_node(build_mlp(digits[2]), tl, epochs=2, checkpoint_dir=str(tmp_path / "ck2"))
 
 
 def test_lr_schedulers(digits, loaders, build_mlp):

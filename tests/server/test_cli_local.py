@@ -31,7 +31,15 @@ def test_mlp_example_trains_and_prints_a_summary(tmp_path):
     acc = float(re.search(r"val_accuracy\s+([0-9.]+)", out.stdout).group(1))
     assert acc >= 0.90
     assert "XPUTrainingLoop" in out.stderr  # the live view names the nodes as they start
-    assert (tmp_path / "home" / "outputs" / "models" / "mlp_digits.safetensors").is_file()
+    saved = tmp_path / "home" / "outputs" / "models" / "mlp_digits.safetensors"
+    assert saved.is_file() and f"saved model: {saved}" in out.stdout
+    assert f"run files: {tmp_path / 'run'}" in out.stdout
+    # the saved model, reloaded by the predict example: the Predict node's output is printed too
+    out = xpufleet(tmp_path, "run", str(REPO / "examples/predict_saved.json"), "--local")
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"node 4 \(XPUPredict\): 359 predictions \(classes\)", out.stdout)
+    assert f"accuracy vs labels {acc:.4f}" in out.stdout
+    assert not (tmp_path / "runs").exists()  # nothing written: no empty run folder left behind
 
 
 def test_validation_errors_exit_2_and_name_node_and_input(tmp_path):
@@ -71,3 +79,37 @@ def test_missing_device_falls_back_to_cpu_with_a_warning(tmp_path):
                    "--output-dir", str(tmp_path / "run"))
     assert out.returncode == 0, out.stderr
     assert "warning (device_fallback): --device xpu:3: this machine offers" in out.stderr
+
+
+def test_ctrl_c_stops_after_the_batch_with_an_interrupt_checkpoint(tmp_path):
+    import signal
+    import threading
+
+    graph = json.loads((REPO / "examples/mlp_digits.json").read_text())
+    graph["8"]["inputs"]["epochs"] = 100_000  # cannot finish before the Ctrl-C
+    long_run = tmp_path / "long.json"
+    long_run.write_text(json.dumps(graph))
+    env = {**os.environ, "XPUFLEET_HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "xpufleet.server.cli", "run", str(long_run), "--local", "--output-dir",
+         str(tmp_path / "run")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    watchdog = threading.Timer(180, proc.kill)  # bounds the line reads below
+    watchdog.start()
+    try:
+        seen = []
+        for line in proc.stderr:  # the live view names each node as it starts
+            seen.append(line)
+            if "XPUTrainingLoop [" in line:  # a progress line: training has begun
+                proc.send_signal(signal.SIGINT)
+                break
+        rest_err = proc.stderr.read()
+        out = proc.stdout.read()
+        code = proc.wait(timeout=120)
+    finally:
+        watchdog.cancel()
+    assert code == 1, "".join(seen) + rest_err + out
+    assert "stopping after the current batch" in rest_err
+    assert "run cancelled" in out and "Traceback" not in rest_err
+    assert (tmp_path / "run" / "checkpoints" / "interrupt.pt").is_file()
+    assert f"run files: {tmp_path / 'run'}" in out
+

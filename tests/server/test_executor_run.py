@@ -131,3 +131,16 @@ def test_hosted_interrupt_is_a_stop(comfy_host):
             execute_graph({"1": {"class_type": "Counter", "inputs": {"steps": 2}}}, None, CLASSES)
     finally:
         mm.interrupt_current_processing(False)
+
+
+def test_console_view_survives_null_and_text_metrics():
+    import io
+
+    from xpufleet.server.console import ProgressView
+
+    view = ProgressView(io.StringIO())
+    view.handle("metric", {"name": "train_loss", "value": None})
+    view.handle("metric", {"name": "odd", "value": "n/a"})
+    view.handle("progress", {"value": 1, "max": 2, "loss": None})
+    text = view.summary("succeeded")
+    assert "train_loss" in text and "nan" in text

@@ -210,3 +210,87 @@ def test_topological_order_is_deterministic():
     g = {str(i): {"class_type": "Text", "inputs": {}} for i in (10, 2, 1)}
     order, cyclic = topological_order(g, set(g))
     assert order == ["1", "2", "10"] and cyclic == []
+
+
+def test_nodes_downstream_of_a_cycle_are_not_reported_as_cyclic():
+    g = good_graph()
+    g["4"] = {"class_type": "Sink", "inputs": {"x": ["5", 0], "y": ["1", 0]}}
+    g["5"] = {"class_type": "Sink", "inputs": {"x": ["4", 0], "y": ["2", 0]}}
+    g["6"] = {"class_type": "Sink", "inputs": {"x": ["4", 0], "y": ["4", 0]}}  # uses the cycle, is not on it
+    g["7"] = {"class_type": "Sink", "inputs": {"x": ["7", 0], "y": ["1", 0]}}  # a self-loop
+    errors = validate_graph(g, CLASSES)
+    assert {e.node_id for e in errors} == {"4", "5", "7"}
+    by_id = {e.node_id: e for e in errors}
+    assert "node 4 (Sink) depends on itself through its inputs: 4 <- 5 <- 4" in by_id["4"].message
+    assert by_id["7"].message.endswith("7 <- 7")
+
+
+def test_malformed_nodes_are_errors_not_tracebacks():
+    g = good_graph()
+    g["4"] = 5
+    g["5"] = {"class_type": "Sink", "inputs": ["1", 0]}
+    with pytest.raises(GraphValidationError) as info:
+        execute_graph(g, node_classes=CLASSES)
+    errors = info.value.response["node_errors"]
+    assert set(errors) == {"4", "5"}
+    assert "Node 4 has no class_type" in errors["4"]["errors"][0]["message"]
+    assert "Node 5 (Sink): inputs must be an object" in errors["5"]["errors"][0]["message"]
+
+
+def test_response_matches_comfyui_extra_info_details_and_dependent_outputs():
+    g = good_graph()
+    g["1"]["inputs"]["value"] = 99
+    g["4"] = {"class_type": "Text", "inputs": {"text": "hi"}}
+    g["3"]["inputs"]["y"] = ["4", 0]
+    with pytest.raises(GraphValidationError) as info:
+        check_graph(g, CLASSES)
+    resp = info.value.response
+    (too_big,) = resp["node_errors"]["1"]["errors"]
+    assert too_big["extra_info"] == {"input_name": "value", "received_value": 99}
+    assert too_big["details"] == "value"  # ComfyUI puts the input name there
+    (mismatch,) = resp["node_errors"]["3"]["errors"]
+    assert mismatch["extra_info"] == {"input_name": "y", "received_type": "TEXT", "linked_node": ["4", 0]}
+    assert mismatch["details"] == "y, received_type(TEXT) mismatch input_type(NUMBER)"
+    # the output nodes each failing node would have fed, as ComfyUI reports them
+    assert resp["node_errors"]["1"]["dependent_outputs"] == ["3"]
+    assert resp["node_errors"]["3"]["dependent_outputs"] == ["3"]
+    # the top-level error lists every problem, one per line
+    assert resp["error"]["details"].splitlines() == [too_big["message"] + ": value", mismatch["message"] + ": "
+                                                     + mismatch["details"]]
+    # the terminal form leaves out details that only repeat the message
+    text = format_errors(resp)
+    assert "received_type(TEXT)" not in text and "(value)" not in text
+
+
+class Checked(Source):
+    """A node with its own VALIDATE_INPUTS, which names only some inputs (as ComfyUI allows)."""
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, value, mode):
+        if mode == "mul" and value == 0:
+            return "multiplying by 0 gives nothing"
+        return True
+
+
+class NeedsLinked(Sink):
+    @classmethod
+    def VALIDATE_INPUTS(cls, x):
+        raise AssertionError("never called: 'x' is a link, known only at run time")
+
+
+def test_custom_validate_inputs_gets_the_inputs_it_names():
+    classes = {**CLASSES, "Checked": Checked, "NeedsLinked": NeedsLinked}
+    g = good_graph()
+    g["1"]["class_type"] = "Checked"
+    g["3"]["class_type"] = "NeedsLinked"
+    assert validate_graph(g, classes) == []
+    g["1"]["inputs"].update({"value": 0, "mode": "mul"})
+    e = only_error_of(g, classes)
+    assert e.type == "custom_validation_failed" and e.node_id == "1"
+    assert e.message == "Custom validation failed for node 1 (Checked): multiplying by 0 gives nothing"
+
+
+def only_error_of(graph, classes):
+    errors = validate_graph(graph, classes)
+    assert len(errors) == 1, errors
+    return errors[0]
