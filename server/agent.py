@@ -9,9 +9,9 @@ ends that run only: the agent reports it ``failed``.
 
 Events of a run carry the child's ``seq``; the agent keeps each run's events until the sidecar acks
 them, so after a lost connection (sidecar restart, network cut) it reconnects with backoff and
-replays what the sidecar does not hold. Runs keep running while disconnected for
-``XPUFLEET_WORKER_RESUME_GRACE_S`` (300 s); after that the agent stops them and they end
-``interrupted``.
+replays what the sidecar does not hold. Runs keep running while disconnected for the server's
+``XPUFLEET_WORKER_RESUME_GRACE_S`` (300 s; sent in ``welcome``, as is the heartbeat period); after that
+the agent stops them and they end ``interrupted``.
 """
 
 from __future__ import annotations
@@ -196,6 +196,17 @@ class Agent:
         self._send_lock = asyncio.Lock()
         self._node_types: list[str] | None = None
         self.removed = False
+        # The server's settings, from its last welcome: a remote agent does not share its environment.
+        self.server_heartbeat_s: float | None = None
+        self.server_grace_s: float | None = None
+
+    def heartbeat_s(self) -> float:
+        """Heartbeat period: the server's (from welcome), else this process's own setting."""
+        return self.server_heartbeat_s or protocol.heartbeat_interval_s()
+
+    def resume_grace_s(self) -> float:
+        """How long runs keep going while disconnected: the server's grace, else this process's own."""
+        return self.server_grace_s or protocol.resume_grace_s()
 
     # --- state file ---------------------------------------------------------------------------
     def _write_state(self, state: str, reason: str = "", **extra: Any) -> None:
@@ -315,7 +326,7 @@ class Agent:
         self._write_state("connecting", f"connecting to {auth.url}", server=auth.url)
         async with session.ws_connect(
             ws_url(auth.url), headers=headers, max_msg_size=protocol.MAX_MESSAGE_BYTES,
-            heartbeat=max(5.0, protocol.heartbeat_interval_s() * 2), autoping=True,
+            heartbeat=max(5.0, self.heartbeat_s() * 2), autoping=True,
         ) as ws:
             self._last_devices = await asyncio.to_thread(self.inventory.snapshot)
             hello = protocol.encode(
@@ -339,6 +350,8 @@ class Agent:
                 write_private_json(credential_file(self.cfg.home, self.cfg.name),
                                    {"server": auth.url, "name": self.cfg.name, "credential": msg["credential"]})
                 self.cfg.join_token = None  # one-time: spent
+            self.server_heartbeat_s = msg.get("heartbeat_interval_s") or self.server_heartbeat_s
+            self.server_grace_s = msg.get("resume_grace_s") or self.server_grace_s
             self.ws = ws
             self.connected.set()
             self._write_state("connected", "", server=auth.url)
@@ -362,7 +375,7 @@ class Agent:
             return True
 
     async def _heartbeat_loop(self, ws: Any) -> None:
-        interval = protocol.heartbeat_interval_s()
+        interval = self.heartbeat_s()
         while not ws.closed:
             await asyncio.sleep(interval)
             try:
@@ -580,7 +593,7 @@ class Agent:
     def _interrupt_reason(self, why: str) -> str:
         if why == "grace":
             return (f"worker {self.cfg.name} lost its connection to the server for more than "
-                    f"{protocol.resume_grace_s():g} s (XPUFLEET_WORKER_RESUME_GRACE_S)")
+                    f"{self.resume_grace_s():g} s (XPUFLEET_WORKER_RESUME_GRACE_S)")
         return f"the agent on worker {self.cfg.name} was stopped"
 
     def _death_status(self, rs: RunState, rc: int) -> tuple[str, str]:
@@ -622,10 +635,10 @@ class Agent:
     async def grace_loop(self) -> None:
         """While disconnected longer than the resume grace, stop the runs: they end interrupted."""
         while not self.stopping.is_set():
-            await self._sleep(min(1.0, protocol.resume_grace_s() / 4))
+            await self._sleep(min(1.0, self.resume_grace_s() / 4))
             if self.connected.is_set():
                 continue
-            if time.monotonic() - self.disconnected_since >= protocol.resume_grace_s():
+            if time.monotonic() - self.disconnected_since >= self.resume_grace_s():
                 for rs in list(self.runs.values()):
                     if not rs.finished and rs.stop_reason is None:
                         log.warning("run %s: disconnected longer than the grace; stopping it", rs.run_id)
@@ -666,7 +679,7 @@ def default_name() -> str:
     """The worker name when ``--name`` is not given: this machine's hostname (no domain)."""
     host = socket.gethostname().split(".")[0]
     name = "".join(c if (c.isascii() and c.isalnum()) or c in "-_" else "-" for c in host).lstrip("-_")[:64]
-    return name if protocol.WORKER_NAME_RE.match(name) and name.lower() not in ("local", "any") else "worker"
+    return name if protocol.worker_name_problem(name) is None else "worker"
 
 
 def run_agent(cfg: AgentConfig) -> int:

@@ -25,6 +25,7 @@ from typing import Any
 from ..constants import RUN_STOP_GRACE_S
 from . import agent as agentmod
 from . import devices as devmod
+from . import protocol
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 ENV_JOIN_TOKEN = "XPUFLEET_AGENT_JOIN_TOKEN"  # the background child gets --join this way, not in argv
@@ -67,15 +68,19 @@ def _add_workers_parser(subparsers: Any) -> None:
                               description="Workers known to the running sidecar (default: list them).")
     w.add_argument("--json", action="store_true", help="machine-readable output")
     wsub = w.add_subparsers(dest="workers_command", metavar="{list,drain,undrain,remove,reissue,join-token,rejected}")
-    wsub.add_parser("list", help="every worker with status, devices and runs")
+    # --json also after the subcommand (`xpufleet workers list --json`); SUPPRESS keeps the outer value
+    json_opt = argparse.ArgumentParser(add_help=False)
+    json_opt.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
+    wsub.add_parser("list", help="every worker with status, devices and runs", parents=[json_opt])
     for cmd, text in (("drain", "no new runs on this worker"), ("undrain", "take new runs again"),
                       ("remove", "revoke, disconnect, fail the runs waiting for it"),
                       ("reissue", "a new credential for a joined worker")):
-        c = wsub.add_parser(cmd, help=text)
+        c = wsub.add_parser(cmd, help=text, parents=[json_opt])
         c.add_argument("name", help="worker name")
-    j = wsub.add_parser("join-token", help="a one-time join token and the command for a remote machine")
+    j = wsub.add_parser("join-token", help="a one-time join token and the command for a remote machine",
+                        parents=[json_opt])
     j.add_argument("--name", help="bind the token to this worker name")
-    wsub.add_parser("rejected", help="refused agent connections with their reason")
+    wsub.add_parser("rejected", help="refused agent connections with their reason", parents=[json_opt])
     w.set_defaults(func=run_workers)
 
 
@@ -129,8 +134,19 @@ def _print_workers(workers: list[dict[str, Any]]) -> None:
         version = w["version"] or "?"
         if w["version_match"] is False:
             version += f" (server {w['server_version']})"
-        print(f"{w['name']}: {w['status']}{reason}, version {version}, "
-              f"heartbeat {w['heartbeat_age_s'] if w['heartbeat_age_s'] is not None else '-'} s ago")
+        if w["heartbeat_age_s"] is not None:
+            seen = f"heartbeat {w['heartbeat_age_s']} s ago"
+        elif w.get("last_seen_age_s") is not None:
+            seen = f"last seen {w['last_seen_age_s']} s ago"
+        else:
+            seen = "never seen"
+        print(f"{w['name']}: {w['status']}{reason}, version {version}, {seen}")
+        env = w.get("environment") or {}
+        if env:
+            parts = [env.get("hostname"), env.get("os"), env.get("python") and f"Python {env['python']}",
+                     env.get("torch") and f"torch {env['torch']}",
+                     "simulated cards" if env.get("simulated") else None]
+            print("  environment: " + ", ".join(str(x) for x in parts if x))
         for d in w["devices"]:
             mem = ""
             if d["total_gib"] is not None:
@@ -194,19 +210,29 @@ def _states(home: Path) -> list[dict[str, Any]]:
     return out
 
 
+class _Ambiguous(Exception):
+    """Several agents run here and no --name says which one."""
+
+
 def _pick_name(args: argparse.Namespace, home: Path) -> str:
     if args.name:
         return args.name
-    running = [s for s in _states(home) if s["alive"]]
-    return running[0]["name"] if len(running) == 1 else agentmod.default_name()
+    running = sorted(s["name"] for s in _states(home) if s["alive"])
+    if len(running) == 1:
+        return running[0]
+    default = agentmod.default_name()
+    if len(running) > 1 and default not in running:
+        raise _Ambiguous(f"{len(running)} worker agents run here ({', '.join(running)}): pass --name NAME")
+    return default
 
 
 # --- start ------------------------------------------------------------------------------------------
 
 def _config(args: argparse.Namespace, home: Path) -> agentmod.AgentConfig:
     name = args.name or agentmod.default_name()
-    if not name or len(name) > 64 or any(c in name for c in "/ \t\n"):
-        raise devmod.DeviceSpecError(f"invalid --name {name!r}: 1-64 characters without '/' or spaces")
+    bad_name = protocol.worker_name_problem(name)
+    if bad_name:  # the server would refuse it; say so before starting anything
+        raise devmod.DeviceSpecError(f"--name: {bad_name}")
     return agentmod.AgentConfig(
         name=name,
         home=home,
@@ -308,7 +334,10 @@ def _terminate(pid: int, wait_s: float = RUN_STOP_GRACE_S + 10) -> bool:
 
 def _stop(args: argparse.Namespace) -> int:
     home = _home()
-    name = _pick_name(args, home)
+    try:
+        name = _pick_name(args, home)
+    except _Ambiguous as exc:
+        return _err(str(exc), EXIT_USAGE)
     path = agentmod.state_file(home, name)
     state = agentmod.read_json(path)
     if not state or not _alive(state.get("pid")):

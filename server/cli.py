@@ -500,6 +500,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE if 400 <= exc.status < 500 else EXIT_RUN_FAILED
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `xpufleet runs | head`: the reader left; say nothing more (Python would print a traceback).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -35,11 +35,13 @@ from ..constants import (
     ENV_HEARTBEAT_INTERVAL_S,
     ENV_WORKER_RESUME_GRACE_S,
     HEARTBEAT_INTERVAL_S,
+    LOCAL_PROVIDER,
     WORKER_RESUME_GRACE_S,
 )
 
 AUTH_KINDS = ("session", "credential", "join")
 WORKER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+RESERVED_NAMES = frozenset({LOCAL_PROVIDER, "any"})  # run targets, never worker names
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # a graph can be large; a frame beyond this is refused
 
 
@@ -71,6 +73,14 @@ def heartbeat_late_s() -> float:
 def resume_grace_s() -> float:
     """How long a disconnected worker keeps running its runs: ``XPUFLEET_WORKER_RESUME_GRACE_S``."""
     return _env_seconds(ENV_WORKER_RESUME_GRACE_S, WORKER_RESUME_GRACE_S)
+
+
+def worker_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a worker's name (None when it can): the text says what to use."""
+    if not WORKER_NAME_RE.match(name) or name.lower() in RESERVED_NAMES:
+        return (f"invalid worker name {name!r}: letters, digits, '.', '_', '-' (up to 64, starting with a "
+                f"letter or digit), not 'local' or 'any'")
+    return None
 
 
 # --- field checks -------------------------------------------------------------------------------
@@ -169,6 +179,10 @@ def _welcome(msg: dict[str, Any]) -> None:
     if not all(isinstance(v, int) for v in runs.values()):
         raise ProtocolError("welcome: every value of 'runs' must be an integer seq")
     _opt(msg, "credential", str, "the worker's new credential")
+    for key in ("heartbeat_interval_s", "resume_grace_s"):  # the server's settings; the agent follows them
+        value = _opt(msg, key, (int, float), "a number of seconds")
+        if value is not None and value <= 0:
+            raise ProtocolError(f"welcome: {key!r} must be more than 0 seconds")
 
 
 def _reject(msg: dict[str, Any]) -> None:

@@ -66,3 +66,22 @@ def test_intervals_come_from_the_environment(monkeypatch):
     assert protocol.heartbeat_interval_s() == 0.5
     assert protocol.heartbeat_late_s() == 1.5
     assert protocol.resume_grace_s() == 300.0
+
+
+def test_welcome_carries_the_servers_intervals_which_must_be_positive():
+    ok = {"type": "welcome", "name": "a", "server_version": "0.1.0", "runs": {},
+          "heartbeat_interval_s": 10.0, "resume_grace_s": 300}
+    assert protocol.validate(ok)["resume_grace_s"] == 300
+    with pytest.raises(protocol.ProtocolError, match="'resume_grace_s' must be more than 0"):
+        protocol.validate({**ok, "resume_grace_s": 0})
+    with pytest.raises(protocol.ProtocolError, match="heartbeat_interval_s"):
+        protocol.validate({**ok, "heartbeat_interval_s": "10"})
+
+
+@pytest.mark.parametrize("name", ["local", "ANY", "a!b", "-x", "x" * 65, ""])
+def test_worker_names_that_cannot_be_used(name):
+    assert "invalid worker name" in protocol.worker_name_problem(name)
+
+
+def test_worker_names_that_can_be_used():
+    assert [protocol.worker_name_problem(n) for n in ("gpu-box", "a.b_c", "x" * 64, "localhost")] == [None] * 4

@@ -113,3 +113,14 @@ def test_ctrl_c_stops_after_the_batch_with_an_interrupt_checkpoint(tmp_path):
     assert (tmp_path / "run" / "checkpoints" / "interrupt.pt").is_file()
     assert f"run files: {tmp_path / 'run'}" in out
 
+
+
+def test_output_into_a_closed_pipe_is_quiet(tmp_path):
+    # `xpufleet ... | head`: the reader goes away; the command must not print a traceback.
+    env = {**os.environ, "XPUFLEET_HOME": str(tmp_path / "home")}
+    cmd = [sys.executable, "-m", "xpufleet.server.cli", "predict", str(REPO / "examples/mlp_digits.json"), "--json"]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) as proc:
+        proc.stdout.close()  # nobody reads: the first write fails with EPIPE
+        err = proc.stderr.read().decode()
+        proc.wait(timeout=60)
+    assert "Traceback" not in err and "BrokenPipeError" not in err

@@ -23,9 +23,12 @@ from typing import Any
 
 import pytest
 
+from xpufleet.server.agent import default_name
+from xpufleet.server.devices import set_simulated_free
+
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
-HEARTBEAT_S = "0.5"
+HEARTBEAT_S = "1"  # Degraded after 3 s without one: room for a loaded 2-core machine
 
 
 def iris_graph(epochs: int, device: str = "auto", max_steps: int = 0) -> dict[str, Any]:
@@ -382,13 +385,29 @@ def test_run_lands_on_the_named_worker_and_card_renumbered(fleet):
     w = sc.worker("box")
     assert w["simulated"] is True and all(d["simulated"] for d in w["devices"] if d["kind"] == "cuda")
     assert w["runs"] == [] and w["status"] == "Online"
+    # a test changes a simulated card's free figure while the agent runs: the next heartbeat carries it
+    set_simulated_free(fleet.home, "box", "cuda:2", 5.5)
+    deadline = time.monotonic() + 10 * float(HEARTBEAT_S)
+    card: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        card = next(d for d in sc.worker("box")["devices"] if d["name"] == "cuda:2")
+        if card["free_gib"] == 5.5:
+            break
+        time.sleep(float(HEARTBEAT_S) / 5)  # heartbeats have no push channel to the test: bounded poll
+    assert card["free_gib"] == 5.5 and card["total_gib"] == 24.0 and card["simulated"] is True, card
     # the CLI shows the same (the Workers panel's fields), and drains
     cli = [sys.executable, "-m", "xpufleet.server.cli", "workers"]
     shown = subprocess.run(cli, env=fleet.env(), capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0 and "box: Online" in shown.stdout, shown.stdout + shown.stderr
-    assert "cuda:2 [simulated]: 24.0/24.0 GiB free, slots 0/1, exclusive" in shown.stdout
+    assert "cuda:2 [simulated]: 5.5/24.0 GiB free, slots 0/1, exclusive" in shown.stdout
+    assert "cuda:0 [simulated]: 24.0/24.0 GiB free" in shown.stdout and "simulated cards" in shown.stdout
+    listed = subprocess.run([*cli, "list", "--json"], env=fleet.env(), capture_output=True, text=True, timeout=60)
+    assert json.loads(listed.stdout)["workers"][0]["devices"][3]["simulated"] is True
     drained = subprocess.run([*cli, "drain", "box"], env=fleet.env(), capture_output=True, text=True, timeout=60)
     assert drained.returncode == 0 and "box: Draining" in drained.stdout
+    assert sc.worker("box")["status"] == "Draining"
+    undrained = subprocess.run([*cli, "undrain", "box"], env=fleet.env(), capture_output=True, text=True, timeout=60)
+    assert undrained.returncode == 0 and "worker box: Online" in undrained.stdout
     missing = subprocess.run([*cli, "drain", "nobody"], env=fleet.env(), capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "no worker named 'nobody'" in missing.stderr
 
@@ -432,7 +451,7 @@ def test_kill9_of_one_run_fails_that_run_only(fleet):
     assert run["status"] == "failed" and "SIGKILL" in run["error"] and "box" in run["error"]
     run = sc.wait_run(other, {"succeeded", "failed", "interrupted"})
     assert run["status"] == "succeeded", run["error"]
-    assert sc.worker("box")["status"] == "Online"
+    assert sc.worker("box")["connected"] is True  # the agent and its connection survived
     assert agent.proc.poll() is None
     # stopping the agent stops its runs; they end interrupted and the server hears it before it goes
     last = sc.submit(iris_graph(2000), target={"worker": "box", "devices": ["cuda:0"]})
@@ -479,9 +498,9 @@ def test_cut_shorter_than_the_grace_loses_nothing(fleet):
 
 
 def test_cut_longer_than_the_grace_interrupts(fleet):
-    env = fleet.env(XPUFLEET_WORKER_RESUME_GRACE_S="3")
     sc = fleet.sidecar(XPUFLEET_WORKER_RESUME_GRACE_S="3")
-    proxy, agent = _joined_agent_through_proxy(fleet, sc, "remote", "cuda:0=16", env)
+    # the remote agent's environment does not set the grace: it follows the server's (sent in welcome)
+    proxy, agent = _joined_agent_through_proxy(fleet, sc, "remote", "cuda:0=16", fleet.env())
     run_id = sc.submit(iris_graph(5000), target={"worker": "remote", "devices": ["cuda:0"]})
     sc.wait_run(run_id, {"running"})
     proxy.cut()
@@ -494,6 +513,30 @@ def test_cut_longer_than_the_grace_interrupts(fleet):
     agent.wait_connected(start=mark)
     w = sc.wait_worker("remote", "Online")
     assert w["runs"] == [] and sc.run(run_id)["status"] == "interrupted"
+
+
+def test_agent_start_with_zero_arguments_next_to_the_sidecar_then_status_and_stop(fleet):
+    sc = fleet.sidecar()
+    cli = [sys.executable, "-m", "xpufleet.server.cli", "agent"]
+    name = default_name()
+    start = subprocess.run([*cli, "start"], env=fleet.env(), capture_output=True, text=True, timeout=90)
+    try:
+        assert start.returncode == 0, start.stdout + start.stderr
+        assert f"worker agent {name} connected to {sc.url}" in start.stdout
+        w = sc.wait_worker(name, "Online", timeout=10)
+        assert w["auth"] == "session" and w["version_match"] is True and w["simulated"] is False
+        assert w["devices"][0]["name"] == "cpu" and not any(d["simulated"] for d in w["devices"])
+        again = subprocess.run([*cli, "start"], env=fleet.env(), capture_output=True, text=True, timeout=60)
+        assert again.returncode == 0 and "already running" in again.stdout
+        status = subprocess.run([*cli, "status"], env=fleet.env(), capture_output=True, text=True, timeout=30)
+        assert status.returncode == 0 and f"{name}: connected" in status.stdout, status.stdout
+        assert "[simulated cards]" not in status.stdout
+    finally:
+        stop = subprocess.run([*cli, "stop"], env=fleet.env(), capture_output=True, text=True, timeout=90)
+    assert stop.returncode == 0 and f"worker agent {name} stopped" in stop.stdout, stop.stdout + stop.stderr
+    status = subprocess.run([*cli, "status"], env=fleet.env(), capture_output=True, text=True, timeout=30)
+    assert status.returncode == 1 and f"{name}: not running" in status.stdout
+    assert sc.wait_worker(name, "Disconnected", timeout=10)["connected"] is False
 
 
 def test_sidecar_kill9_mid_run_is_taken_over(fleet):
@@ -525,16 +568,33 @@ def test_sidecar_kill9_mid_run_is_taken_over(fleet):
     assert stop.returncode == 0 and "stopped" in stop.stdout
 
 
+def _workers_cli(fleet: Any, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "xpufleet.server.cli", "workers", *args], env=fleet.env(),
+                          capture_output=True, text=True, timeout=60)
+
+
 def test_revoked_and_wrong_credentials_are_refused(fleet, tmp_path):
     sc = fleet.sidecar()
-    status, tok = sc.call("POST", "/api/workers/join-tokens", {"name": "remote"})
+    shown = _workers_cli(fleet, "join-token", "--name", "remote")
+    assert shown.returncode == 0 and "on the worker machine, run:" in shown.stdout, shown.stdout + shown.stderr
+    assert f"xpufleet agent start --server {sc.url} --join " in shown.stdout and "--name remote" in shown.stdout
+    tok = json.loads(_workers_cli(fleet, "join-token", "--name", "remote", "--json").stdout)
     remote_home = tmp_path / "remote-machine"  # a remote worker keeps its own state
     agent = fleet.agent("remote", "cuda:0=16", "--server", sc.url, "--join", tok["join_token"],
                         env=base_env(remote_home))
     agent.wait_connected()
     cred_file = remote_home / "agents" / "remote.credential.json"
     assert oct(cred_file.stat().st_mode & 0o777) == "0o600"
-    cred = json.loads(cred_file.read_text())["credential"]
+    joined = json.loads(cred_file.read_text())["credential"]
+    # reissue: the connected worker gets (and stores) a new credential
+    reissued = _workers_cli(fleet, "reissue", "remote")
+    assert reissued.returncode == 0 and "new credential delivered" in reissued.stdout, reissued.stdout
+    cred = joined
+    deadline = time.monotonic() + 30
+    while cred == joined and time.monotonic() < deadline:
+        time.sleep(0.1)  # a file another process writes: bounded poll
+        cred = json.loads(cred_file.read_text())["credential"]
+    assert cred != joined
     # another machine presenting a wrong credential for this name: refused, under "Rejected connections"
     other_home = tmp_path / "impostor-machine"
     (other_home / "agents").mkdir(parents=True)
@@ -546,10 +606,10 @@ def test_revoked_and_wrong_credentials_are_refused(fleet, tmp_path):
     rejected = sc.call("GET", "/api/workers/rejected")[1]["rejected"]
     assert rejected[0]["name"] == "remote" and "bad credential" in rejected[0]["reason"]
     w = sc.worker("remote")
-    assert w["last_rejection"]["reason"].startswith("bad credential") and w["status"] == "Online"
+    assert w["last_rejection"]["reason"].startswith("bad credential") and w["connected"] is True
     # remove: the credential is revoked and the agent is told so (it exits)
-    status, _ = sc.call("DELETE", "/api/workers/remote")
-    assert status == 200
+    removed = _workers_cli(fleet, "remove", "remote")
+    assert removed.returncode == 0 and "worker remote removed (0 waiting run(s) failed" in removed.stdout
     assert agent.proc.wait(timeout=60) == 0 and agent.out.count("was removed") >= 1
     forged.write_text(json.dumps({"server": sc.url, "credential": cred}))  # the revoked credential
     again = fleet.agent("remote", "cuda:0=16", "--server", sc.url, env=base_env(other_home))
@@ -557,6 +617,27 @@ def test_revoked_and_wrong_credentials_are_refused(fleet, tmp_path):
     again.stop()
     assert "no credential is valid" in sc.call("GET", "/api/workers/rejected")[1]["rejected"][0]["reason"]
     assert sc.call("GET", "/api/workers/remote")[0] == 404
+    # an agent of another xpufleet version: refused at every retry, listed once with its version
+    old_agent = subprocess.Popen(
+        [sys.executable, "-c", "import sys, xpufleet.constants as c; c.VERSION = '0.0.9'; "
+         "from xpufleet.server import agent_cli; sys.exit(agent_cli.main(sys.argv[1:]))",
+         "start", "--foreground", "--name", "old-box"],
+        env=fleet.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    out = LineWatcher(old_agent.stdout, fleet.home / "test-agent-old-box.log")
+    out.start()
+    try:
+        first = out.wait_for("refused this agent: version mismatch")
+        out.wait_for("refused this agent: version mismatch", first + 1)  # it retried
+    finally:
+        old_agent.terminate()
+        old_agent.wait(timeout=60)
+    rows = [r for r in sc.call("GET", "/api/workers/rejected")[1]["rejected"] if r["name"] == "old-box"]
+    assert len(rows) == 1 and rows[0]["version"] == "0.0.9", rows
+    assert rows[0]["reason"].startswith("version mismatch: the agent runs xpufleet 0.0.9, the server ")
+    assert sc.call("GET", "/api/workers/old-box")[0] == 404  # refused agents get no worker card
+    shown = subprocess.run([sys.executable, "-m", "xpufleet.server.cli", "workers", "rejected"], env=fleet.env(),
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and "old-box from 127.0.0.1: version mismatch" in shown.stdout, shown.stdout
 
 
 def test_two_agents_simulating_one_uuid_are_one_card(fleet):
