@@ -32,9 +32,16 @@ EXEMPTIONS_KEY = web.AppKey("xpufleet_auth_exemptions", list)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+def new_secret(prefix: str, nbytes: int = 32) -> str:
+    """A fresh secret, ``<prefix>_<urlsafe base64>``. The prefix says what kind of secret a leaked
+    string is, and keeps it from starting with ``-``, which a command line (``--join TOKEN``) would
+    take for an option."""
+    return f"{prefix}_{secrets.token_urlsafe(nbytes)}"
+
+
 def new_token() -> str:
     """A fresh session token (256 bits)."""
-    return secrets.token_urlsafe(32)
+    return new_secret("xfs")
 
 
 def token_matches(given: str | None, expected: str) -> bool:

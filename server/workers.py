@@ -25,7 +25,6 @@ import hashlib
 import hmac
 import json
 import logging
-import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from ..constants import (
     VERSION,
 )
 from . import protocol
+from .auth import new_secret
 from .slots import DeviceOffer, build_state
 
 log = logging.getLogger("xpufleet.workers")
@@ -417,7 +417,7 @@ class WorkerRegistry:
                 return (f"this join token is for worker {row['name']!r}, not {name!r}: start the agent with "
                         f"--name {row['name']}"), None, None
             join_hash = row["token_hash"]
-            credential = secrets.token_urlsafe(32)
+            credential = new_secret("xfc")
         if hello["version"] != VERSION:
             return (f"version mismatch: the agent runs xpufleet {hello['version']}, the server {VERSION}; "
                     f"install the same version on both machines"), None, None
@@ -702,7 +702,7 @@ class WorkerRegistry:
             raise WorkerError(
                 f"worker {name} connects with this server's session token (same machine): it has no "
                 f"credential to reissue", 409)
-        credential = secrets.token_urlsafe(32)
+        credential = new_secret("xfc")
         with self.store.transaction() as db:
             db.execute("UPDATE workers SET credential_hash=? WHERE name=?", (hash_secret(credential), name))
         out: dict[str, Any] = {"name": name, "delivered": False}
@@ -721,7 +721,7 @@ class WorkerRegistry:
         ttl = JOIN_TOKEN_TTL_S if ttl_s is None else float(ttl_s)
         if not 60 <= ttl <= 30 * 24 * 3600:
             raise WorkerError("ttl_s must be between 60 and 2592000 seconds")
-        token = secrets.token_urlsafe(24)
+        token = new_secret("xfj", 24)
         now = time.time()
         with self.store.transaction() as db:
             db.execute("INSERT INTO worker_join_tokens(token_hash, name, created_at, expires_at) VALUES (?,?,?,?)",
