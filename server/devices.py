@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..constants import SIMULATED_UUID_PREFIX
+from ..constants import BYTES_PER_GB, SIMULATED_UUID_PREFIX
 
 log = logging.getLogger("xpufleet.devices")
 
-GIB = 1024**3
+GIB = BYTES_PER_GB  # one definition of a GiB: constants.py
 _DEVICE_RE = re.compile(r"^(cpu|mps|cuda|xpu)(?::(\d+))?$")
 _SIM_RE = re.compile(r"^cuda:(\d+)=(\d+(?:\.\d+)?)(?:@([A-Za-z0-9][A-Za-z0-9-]{0,63}))?$")
 

@@ -35,9 +35,9 @@ import traceback
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ..constants import PROGRESS_EVENT_MIN_INTERVAL_S, VERSION
+from ..constants import BYTES_PER_GB, PROGRESS_EVENT_MIN_INTERVAL_S, VERSION
 
-GIB = 1024**3
+GIB = BYTES_PER_GB  # one definition of a GiB: constants.py
 
 
 class EventSink:
