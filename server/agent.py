@@ -40,7 +40,7 @@ from ..constants import (
 )
 from . import devices as devmod
 from . import protocol
-from .runner import parse_event_line
+from .runner import describe_exit, parse_event_line
 
 log = logging.getLogger("xpufleet.agent")
 
@@ -601,15 +601,8 @@ class Agent:
             return "interrupted", self._interrupt_reason(rs.stop_reason)
         if rs.stop_reason in ("cancel", "forget"):
             return "cancelled", "cancelled"
-        if rc < 0:
-            try:
-                signame = signal.Signals(-rc).name
-            except ValueError:
-                signame = f"signal {-rc}"
-            hint = " (out of memory?)" if -rc == signal.SIGKILL else ""
-            return "failed", f"the run's process on worker {self.cfg.name} was killed by {signame}{hint}"
-        return "failed", (f"the run's process on worker {self.cfg.name} exited with code {rc} "
-                          f"without reporting a result (see output.log)")
+        verb = "was " if rc < 0 else ""
+        return "failed", f"the run's process on worker {self.cfg.name} {verb}{describe_exit(rc)} (see output.log)"
 
     def stop_run(self, rs: RunState, reason: str) -> None:
         """Ask the run's process to stop (a line on its stdin), killing it after a grace period."""

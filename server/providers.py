@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from ..constants import LOCAL_PROVIDER, RUN_STOP_GRACE_S, RUNS_DIR_NAME
-from .runner import parse_event_line
+from .runner import describe_exit, parse_event_line
 from .slots import DeviceOffer, ProviderInfo
 
 log = logging.getLogger("xpufleet.providers")
@@ -259,14 +259,8 @@ class LocalProvider:
             return "interrupted", "the server was stopped while this run was executing"
         if lr.stop_reason == "cancel":
             return "cancelled", f"cancelled; the run did not stop within {self.stop_grace_s:g} s and was killed"
-        if rc < 0:
-            try:
-                name = signal.Signals(-rc).name
-            except ValueError:
-                name = f"signal {-rc}"
-            hint = " (out of memory?)" if -rc == signal.SIGKILL else ""
-            return "failed", f"the run's process was killed by {name}{hint}; see its log"
-        return "failed", f"the run's process exited with code {rc} without reporting a result; see its log"
+        verb = "was " if rc < 0 else ""
+        return "failed", f"the run's process {verb}{describe_exit(rc)}; see its log"
 
     def _stop(self, lr: _LocalRun, reason: str) -> None:
         proc = lr.proc

@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import socket
 import sys
 import threading
@@ -102,6 +103,19 @@ class EventSink:
                     except OSError:
                         pass
             self._pipe = self._log = None
+
+
+def describe_exit(rc: int) -> str:
+    """How a run process ended without reporting a result, from its exit code: ``killed by SIGKILL
+    (out of memory?)`` or ``exited with code 3``. Shared by the sidecar and the agent."""
+    if rc < 0:
+        try:
+            name = signal.Signals(-rc).name
+        except ValueError:
+            name = f"signal {-rc}"
+        hint = " (out of memory?)" if -rc == signal.SIGKILL else ""
+        return f"killed by {name}{hint}"
+    return f"exited with code {rc} without reporting a result"
 
 
 def parse_event_line(line: bytes | str) -> dict[str, Any] | None:
