@@ -98,15 +98,26 @@ def add_comfy_routes(routes: Any, prefix: str) -> None:
         if body.get("worker") is not None:
             return _error(400, "worker cards are predicted by the sidecar (POST /api/predict); "
                                "here only this ComfyUI's own devices")
-        try:
-            snap = await asyncio.to_thread(_own_snapshot, device)
-        except ValueError as exc:
-            return _error(404, str(exc))
-        try:
-            answer = await asyncio.to_thread(_predict_sync, body, snap)
-        except ValueError as exc:
-            return _error(400, str(exc))
-        return web.json_response(answer)
+        return await _answer_own_device(body, device)
+
+
+async def _answer(body: dict[str, Any], snap: Any) -> Any:
+    """The prediction for ``body`` on ``snap`` (400 for a workflow or option the scan refuses)."""
+    web = _web()
+    try:
+        answer = await asyncio.to_thread(_predict_sync, body, snap)
+    except ValueError as exc:
+        return _error(400, str(exc))
+    return web.json_response(answer)
+
+
+async def _answer_own_device(body: dict[str, Any], device: str | None) -> Any:
+    """The prediction on one of this process's own devices (404 for a device it does not have)."""
+    try:
+        snap = await asyncio.to_thread(_own_snapshot, device)
+    except ValueError as exc:
+        return _error(404, str(exc))
+    return await _answer(body, snap)
 
 
 def _find_card(cards: list[dict[str, Any]], worker: str, device: str) -> dict[str, Any] | None:
@@ -163,18 +174,10 @@ def add_sidecar_routes(app: Any, card_snapshots: Callable[[], list[dict[str, Any
             snap, err = _card(worker, device)
             if err is not None:
                 return err
-        else:
-            if device is not None and not isinstance(device, str):
-                return _error(400, "device must be a string such as cuda:0")
-            try:
-                snap = await asyncio.to_thread(_own_snapshot, device)
-            except ValueError as exc:
-                return _error(404, str(exc))
-        try:
-            answer = await asyncio.to_thread(_predict_sync, body, snap)
-        except ValueError as exc:
-            return _error(400, str(exc))
-        return web.json_response(answer)
+            return await _answer(body, snap)
+        if device is not None and not isinstance(device, str):
+            return _error(400, "device must be a string such as cuda:0")
+        return await _answer_own_device(body, device)
 
     app.router.add_get("/api/snapshot", snapshot)
     app.router.add_post("/api/predict", predict)
