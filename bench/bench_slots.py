@@ -22,12 +22,9 @@ import random
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # noqa: E402 - run from a checkout
-
-from xpufleet.server.slots import (  # noqa: E402
+from xpufleet.server.slots import (
     Candidate,
     DeviceOffer,
     LimitOverrides,

@@ -28,10 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # noqa: E402 - run from a checkout
-
-from xpufleet.server.client import Client  # noqa: E402
-from xpufleet.server.runtime_file import read_runtime  # noqa: E402
+from xpufleet.server.client import Client
+from xpufleet.server.runtime_file import read_runtime
 
 GRAPH = {
     "1": {"class_type": "XPUDataset", "inputs": {"name": "iris", "val_split": 0.2, "seed": 0, "normalize": "standard"}},
