@@ -2,7 +2,7 @@
 
 ComfyUI imports this package from ``custom_nodes/``; it must never raise. Node classes import torch
 lazily inside their functions, so loading the plugin costs ComfyUI almost nothing. Routes under
-``/xpufleet/`` are registered on ComfyUI's server when it is there (see ``server/comfy_routes.py``).
+``/xpufleet/`` are registered on ComfyUI's server when it is there (see ``server/comfy/routes.py``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ except Exception as exc:  # a broken optional dependency must not take ComfyUI d
     log.error("xpufleet: nodes disabled: %s", exc)
 
 try:
-    from .server.comfy_routes import register as _register_routes
+    from .server.comfy.routes import register as _register_routes
 
     _register_routes()
 except Exception as exc:

@@ -5,6 +5,10 @@ Every other module imports from here; nothing re-states these numbers.
 
 from __future__ import annotations
 
+import os
+import re
+from pathlib import Path
+
 VERSION = "0.1.0"
 PLUGIN_NAME = "xpufleet"
 
@@ -39,6 +43,7 @@ DEVICE_KINDS = ("cpu", "cuda", "xpu", "mps")
 ACCELERATOR_KINDS = frozenset({"cuda", "xpu", "mps"})
 
 # --- worker agents (SPEC W1-W6) ------------------------------------------------------------------
+WORKER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # worker and pool names
 ENV_HEARTBEAT_INTERVAL_S = "XPUFLEET_HEARTBEAT_INTERVAL_S"  # tests shorten the 10 s heartbeat
 AGENT_WS_PATH = "/api/agents/ws"
 AGENT_PROTOCOL = 1  # bumped when agent<->sidecar messages change incompatibly
@@ -92,3 +97,11 @@ EVENTS_PAGE_MAX = 1000  # events per GET /api/runs/{id}/events answer
 RUNS_PAGE_MAX = 1000  # runs per GET /api/runs answer
 PROGRESS_EVENT_MIN_INTERVAL_S = 0.05  # a run child sends at most ~20 progress events/s per node
 MAX_DEVICE_SET = 64  # devices in one target.devices
+
+
+def home_dir(env: dict[str, str] | None = None) -> Path:
+    """``$XPUFLEET_HOME`` (``~`` expanded), else ``~/.xpufleet``: the one place the state folder is
+    derived, for the sidecar, the agent, the CLI, the nodes and the predictor alike."""
+    env = os.environ if env is None else env
+    raw = env.get(ENV_HOME, "").strip()
+    return Path(os.path.expanduser(raw or DEFAULT_HOME)).resolve()

@@ -24,7 +24,7 @@ import sys
 import time
 from typing import Any
 
-from xpufleet.server.slots import (
+from xpufleet.server.scheduling import (
     Candidate,
     DeviceOffer,
     LimitOverrides,

@@ -28,8 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from xpufleet.server.client import Client
-from xpufleet.server.runtime_file import read_runtime
+from xpufleet.server.cli.client import Client
+from xpufleet.server.sidecar.runtime_file import read_runtime
 
 GRAPH = {
     "1": {"class_type": "XPUDataset", "inputs": {"name": "iris", "val_split": 0.2, "seed": 0, "normalize": "standard"}},
@@ -46,7 +46,7 @@ GRAPH = {
                                                   "precision": "fp32"}},
 }
 
-CHILD_IMPORTS = "import xpufleet.server.runner, xpufleet.server.executor, xpufleet.nodes"
+CHILD_IMPORTS = "import xpufleet.server.run.runner, xpufleet.server.run.executor, xpufleet.nodes"
 
 
 def spawn_time(code: str, repeat: int) -> float:

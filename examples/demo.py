@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-XPUFLEET = [sys.executable, "-m", "xpufleet.server.cli"]
+XPUFLEET = [sys.executable, "-m", "xpufleet.server"]
 
 
 def step(title: str) -> None:

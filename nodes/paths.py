@@ -16,13 +16,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ..constants import DEFAULT_HOME, ENV_HOME, OUTPUTS_DIRNAME
+from ..constants import OUTPUTS_DIRNAME, home_dir
 from . import runtime
-
-
-def home_dir() -> Path:
-    """``$XPUFLEET_HOME`` (default ``~/.xpufleet``), read at call time."""
-    return Path(os.environ.get(ENV_HOME) or DEFAULT_HOME).expanduser()
 
 
 def outputs_dir() -> Path:

@@ -17,13 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..constants import CONFIG_FILENAME, DEFAULT_HOME, ENV_HOME, ENV_MODEL_DIRS, ENV_PREDICTOR_GAMMA
-
-
-def home_dir() -> Path:
-    """``$XPUFLEET_HOME`` or ``~/.xpufleet`` (not created here)."""
-    return Path(os.environ.get(ENV_HOME) or os.path.expanduser(DEFAULT_HOME))
-
+from ..constants import CONFIG_FILENAME, ENV_MODEL_DIRS, ENV_PREDICTOR_GAMMA, home_dir
 
 _CONFIG_CACHE: dict[str, tuple[tuple[int, int], dict[str, Any]]] = {}
 

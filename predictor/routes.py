@@ -12,46 +12,42 @@ disk never stalls the event loop.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable
 from typing import Any
 
 from ..constants import MAX_REQUEST_BODY_BYTES
+from ..server.sidecar.errors import ApiError
 
 log = logging.getLogger("xpufleet")
 
 
-def _web():
-    from aiohttp import web  # lazy: the predictor package itself needs no aiohttp
+PREDICT_FIELDS = ("workflow", "platform", "options", "snapshot", "worker", "device")
+
+
+def _web() -> Any:
+    from aiohttp import web  # lazy: importing the predictor costs no aiohttp (ComfyUI start-up)
 
     return web
 
 
-def _error(status: int, message: str):
-    return _web().json_response({"error": message}, status=status)
+def _json_errors() -> Any:
+    from ..server.sidecar.http import json_errors
+
+    return json_errors
 
 
-async def _read_body(request) -> tuple[dict[str, Any] | None, Any]:
-    """(body, None) or (None, error response)."""
-    if request.content_length is not None and request.content_length > MAX_REQUEST_BODY_BYTES:
-        return None, _error(413, f"request body over {MAX_REQUEST_BODY_BYTES} bytes")
-    raw = await request.content.read(MAX_REQUEST_BODY_BYTES + 1)
-    if len(raw) > MAX_REQUEST_BODY_BYTES:
-        return None, _error(413, f"request body over {MAX_REQUEST_BODY_BYTES} bytes")
-    try:
-        body = json.loads(raw or b"null")
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return None, _error(400, f"request body is not JSON: {exc}")
-    if not isinstance(body, dict):
-        return None, _error(400, "request body must be an object {\"workflow\": ...}")
+async def _read_body(request: Any) -> dict[str, Any]:
+    """The ``POST .../predict`` body (ApiError 400/413 naming what to fix)."""
+    from ..server.sidecar.http import read_object
+
+    body = await read_object(request, PREDICT_FIELDS, max_bytes=MAX_REQUEST_BODY_BYTES)
     if "workflow" not in body:
-        return None, _error(400, "request body needs \"workflow\": a ComfyUI workflow (UI or API format)")
-    unknown = sorted(set(body) - {"workflow", "platform", "options", "snapshot", "worker", "device"})
-    if unknown:
-        return None, _error(400, f"unknown field(s) {', '.join(unknown)}; "
-                                 "fields: workflow, platform, options, snapshot, worker, device")
-    return body, None
+        raise ApiError(400, "request body needs \"workflow\": a ComfyUI workflow (UI or API format)")
+    device = body.get("device")
+    if device is not None and not isinstance(device, str):
+        raise ApiError(400, "device must be a string such as cuda:0")
+    return body
 
 
 def _predict_sync(body: dict[str, Any], snapshot) -> dict[str, Any]:
@@ -77,38 +73,37 @@ def _snapshots_payload(device: str | None) -> dict[str, Any]:
 
 def add_comfy_routes(routes: Any, prefix: str) -> None:
     """Register ``GET {prefix}/snapshot`` and ``POST {prefix}/predict`` on ComfyUI's RouteTableDef."""
-    web = _web()
+    json_errors = _json_errors()
 
     @routes.get(f"{prefix}/snapshot")
-    async def _snapshot(request: web.Request) -> web.Response:
-        try:
-            payload = await asyncio.to_thread(_snapshots_payload, request.query.get("device"))
-        except ValueError as exc:
-            return _error(404, str(exc))
-        return web.json_response(payload)
+    @json_errors
+    async def _snapshot(request: Any) -> Any:
+        return _web().json_response(await _own_snapshots(request.query.get("device")))
 
     @routes.post(f"{prefix}/predict")
-    async def _predict(request: web.Request) -> web.Response:
-        body, err = await _read_body(request)
-        if err is not None:
-            return err
-        device = body.get("device")
-        if device is not None and not isinstance(device, str):
-            return _error(400, "device must be a string such as cuda:0")
+    @json_errors
+    async def _predict(request: Any) -> Any:
+        body = await _read_body(request)
         if body.get("worker") is not None:
-            return _error(400, "worker cards are predicted by the sidecar (POST /api/predict); "
-                               "here only this ComfyUI's own devices")
-        return await _answer_own_device(body, device)
+            raise ApiError(400, "worker cards are predicted by the sidecar (POST /api/predict); "
+                                "here only this ComfyUI's own devices")
+        return await _answer_own_device(body, body.get("device"))
+
+
+async def _own_snapshots(device: str | None) -> dict[str, Any]:
+    try:
+        return await asyncio.to_thread(_snapshots_payload, device)
+    except ValueError as exc:
+        raise ApiError(404, str(exc)) from None
 
 
 async def _answer(body: dict[str, Any], snap: Any) -> Any:
     """The prediction for ``body`` on ``snap`` (400 for a workflow or option the scan refuses)."""
-    web = _web()
     try:
         answer = await asyncio.to_thread(_predict_sync, body, snap)
     except ValueError as exc:
-        return _error(400, str(exc))
-    return web.json_response(answer)
+        raise ApiError(400, str(exc)) from None
+    return _web().json_response(answer)
 
 
 async def _answer_own_device(body: dict[str, Any], device: str | None) -> Any:
@@ -116,7 +111,7 @@ async def _answer_own_device(body: dict[str, Any], device: str | None) -> Any:
     try:
         snap = await asyncio.to_thread(_own_snapshot, device)
     except ValueError as exc:
-        return _error(404, str(exc))
+        raise ApiError(404, str(exc)) from None
     return await _answer(body, snap)
 
 
@@ -134,58 +129,44 @@ def add_sidecar_routes(app: Any, card_snapshots: Callable[[], list[dict[str, Any
     ``device``, ``total_gib``, ``free_gib``, ``kind``, ``uuid``, ``simulated`` (and optionally
     ``ram_free_gib``, ``commit_used_gib``, ``commit_limit_gib``, ``name``, ``platform``).
     """
-    web = _web()
+    json_errors = _json_errors()
 
-    def _card(worker: Any, device: Any):
+    def _card(worker: Any, device: Any) -> Any:
         if not isinstance(worker, str) or not isinstance(device, str) or not worker or not device:
-            return None, _error(400, "name both worker and device (strings), e.g. {\"worker\": \"gpu-box\", "
-                                     "\"device\": \"cuda:0\"}")
+            raise ApiError(400, "name both worker and device (strings), e.g. {\"worker\": \"gpu-box\", "
+                                "\"device\": \"cuda:0\"}")
         cards = card_snapshots() or []
         card = _find_card(cards, worker, device)
         if card is None:
             known = ", ".join(f"{c.get('worker')}/{c.get('device')}" for c in cards) or "none"
-            return None, _error(404, f"no card {worker}/{device}; known cards: {known}")
+            raise ApiError(404, f"no card {worker}/{device}; known cards: {known}")
         from .snapshot import snapshot_from_card
 
-        return snapshot_from_card(card), None
+        return snapshot_from_card(card)
 
-    async def snapshot(request: web.Request) -> web.Response:
+    @json_errors
+    async def snapshot(request: Any) -> Any:
         q = request.query
         if "worker" in q:
-            snap, err = _card(q.get("worker"), q.get("device"))
-            if err is not None:
-                return err
-            return web.json_response({"snapshot": snap.to_dict()})
-        try:
-            payload = await asyncio.to_thread(_snapshots_payload, q.get("device"))
-        except ValueError as exc:
-            return _error(404, str(exc))
+            return _web().json_response({"snapshot": _card(q.get("worker"), q.get("device")).to_dict()})
+        payload = await _own_snapshots(q.get("device"))
         from .snapshot import snapshot_from_card
 
         payload["cards"] = [snapshot_from_card(c).to_dict() for c in (card_snapshots() or [])]
-        return web.json_response(payload)
+        return _web().json_response(payload)
 
-    async def predict(request: web.Request) -> web.Response:
-        body, err = await _read_body(request)
-        if err is not None:
-            return err
-        worker, device = body.get("worker"), body.get("device")
-        if worker is not None:
-            snap, err = _card(worker, device)
-            if err is not None:
-                return err
-            return await _answer(body, snap)
-        if device is not None and not isinstance(device, str):
-            return _error(400, "device must be a string such as cuda:0")
-        return await _answer_own_device(body, device)
+    @json_errors
+    async def predict(request: Any) -> Any:
+        body = await _read_body(request)
+        if body.get("worker") is not None:
+            return await _answer(body, _card(body["worker"], body.get("device")))
+        return await _answer_own_device(body, body.get("device"))
 
     app.router.add_get("/api/snapshot", snapshot)
     app.router.add_post("/api/predict", predict)
-    try:  # describe the routes in the sidecar's OpenAPI document when it keeps one
-        from ..server import openapi
-    except ImportError:
-        openapi = None
-    if openapi is not None and openapi.OPENAPI_KEY in app:
+    from ..server.sidecar import openapi
+
+    if openapi.OPENAPI_KEY in app:  # describe the routes in the sidecar's OpenAPI document
         for path, item in OPENAPI_PATHS.items():
             for method, op in item.items():
                 openapi.describe(app, method, path, op)

@@ -60,7 +60,7 @@ def test_import_is_cheap_and_never_imports_torch():
 def test_import_without_host_registers_nothing():
     # A fresh interpreter outside the repo: no ComfyUI `server` module, so no routes, but the nodes load.
     code = (
-        "import sys, xpufleet; from xpufleet.server import comfy_routes; "
+        "import sys, xpufleet; from xpufleet.server.comfy import routes as comfy_routes; "
         "print(comfy_routes.register(), 'XPUTrainingLoop' in xpufleet.NODE_CLASS_MAPPINGS, 'server' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")

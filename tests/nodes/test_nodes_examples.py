@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from xpufleet.nodes import NODE_CLASS_MAPPINGS, runtime
-from xpufleet.server.executor import execute_graph, validate_graph
+from xpufleet.server.run.executor import execute_graph, validate_graph
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 NODE_EXAMPLES = ["mlp_digits", "cnn_digits", "predict_saved", "ddp_digits"]

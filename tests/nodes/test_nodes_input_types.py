@@ -8,7 +8,7 @@ import pytest
 
 from xpufleet.nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
 from xpufleet.nodes import types as T
-from xpufleet.server.executor import output_nodes, validate_graph
+from xpufleet.server.run.executor import output_nodes, validate_graph
 
 WIDGETS = {"INT", "FLOAT", "STRING", "BOOLEAN"}
 LINK_TYPES = {T.DATASET, T.DATASET_INFO, T.DATALOADER, T.MODEL, T.OPTIMIZER, T.LR_SCHEDULER, T.LOSS, T.METRICS,

@@ -100,8 +100,8 @@ def test_comfy_predict_bad_input(comfy_app, template):
 
     async def go(client):
         cases = [
-            (b"{not json", 400, "not JSON"),
-            (json.dumps([1, 2]).encode(), 400, "must be an object"),
+            (b"{not json", 400, "not valid JSON"),
+            (json.dumps([1, 2]).encode(), 400, "must be a JSON object"),
             (json.dumps({"platform": "nvidia"}).encode(), 400, "needs \"workflow\""),
             (json.dumps({"workflow": {"a": 1}}).encode(), 400, "not a ComfyUI workflow"),
             (json.dumps({"workflow": evil}).encode(), 400, "climbs out"),

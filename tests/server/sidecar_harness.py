@@ -19,8 +19,8 @@ from typing import Any
 
 import psutil
 
-from xpufleet.server.client import Client
-from xpufleet.server.runtime_file import read_runtime
+from xpufleet.server.cli.client import Client
+from xpufleet.server.sidecar.runtime_file import read_runtime
 
 CLI = [sys.executable, "-m", "xpufleet.server"]
 

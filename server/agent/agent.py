@@ -1,0 +1,586 @@
+"""The worker agent (SPEC W1-W4, W6): a WebSocket client of the sidecar that runs runs.
+
+The agent dials ``/api/agents/ws``, says ``hello`` (name, version, node types, devices, the runs it
+still holds) and heartbeats every ``HEARTBEAT_INTERVAL_S`` with per-device total/free memory. Each
+run it is given runs in its own subprocess (``python -m xpufleet.server.runner RUN_DIR``, the same
+runner the sidecar uses for local runs), with its cards renumbered from 0 in the order the run
+lists them (``CUDA_VISIBLE_DEVICES`` / ``ZE_AFFINITY_MASK``). A crash or OOM kill of that process
+ends that run only: the agent reports it ``failed``.
+
+Events of a run carry the child's ``seq``; the agent keeps each run's events until the sidecar acks
+them, so after a lost connection (sidecar restart, network cut) it reconnects with backoff and
+replays what the sidecar does not hold. Runs keep running while disconnected for the server's
+``XPUFLEET_WORKER_RESUME_GRACE_S`` (300 s; sent in ``welcome``, as is the heartbeat period); after that
+the agent stops them and they end ``interrupted``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ...constants import (
+    AGENT_HELLO_TIMEOUT_S,
+    AGENT_PROTOCOL,
+    AGENT_RECONNECT_MAX_S,
+    RUN_STOP_GRACE_S,
+    VERSION,
+)
+from ..devices import inventory as devinv
+from ..devices import names as devnames
+from ..devices import renumbering as devren
+from ..run.events import describe_exit, parse_event_line
+from ..workers import protocol
+from .config import (
+    AgentConfig,
+    AuthChoice,
+    AuthError,
+    agents_dir,
+    credential_file,
+    resolve_auth,
+    state_file,
+    write_private_json,
+    ws_url,
+)
+
+log = logging.getLogger("xpufleet.agent")
+
+RUNNER_MODULE = "xpufleet.server.run.runner"
+MAX_BUFFERED_EVENTS = 200_000  # per run; beyond this the oldest progress events are dropped
+
+
+# --- runs ---------------------------------------------------------------------------------------
+
+@dataclass
+class RunState:
+    """One run on this agent: its process, and its events not yet acked by the sidecar."""
+
+    run_id: str
+    run_dir: Path
+    machine_devices: list[str]
+    proc: asyncio.subprocess.Process | None = None
+    events: list[dict[str, Any]] = field(default_factory=list)
+    last_seq: int = 0
+    acked_seq: int = 0
+    finished_seq: int | None = None  # seq of run_finished once it exists
+    stop_reason: str | None = None  # "cancel" | "grace" | "forget" | "shutdown"
+    forgotten: bool = False
+    task: asyncio.Task | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_seq is not None
+
+    def status(self) -> str:
+        return "finished" if self.finished else "running"
+
+
+class Agent:
+    """The agent process's state and loops (one asyncio event loop)."""
+
+    def __init__(self, cfg: AgentConfig) -> None:
+        self.cfg = cfg
+        self.inventory = devinv.Inventory(cfg.name, cfg.home, cfg.devices, cfg.simulate)
+        self.runs: dict[str, RunState] = {}
+        self.ws: Any = None
+        self.stopping = asyncio.Event()
+        self.connected = asyncio.Event()
+        self.disconnected_since: float = time.monotonic()
+        self.state: dict[str, Any] = {"state": "starting"}
+        self._send_lock = asyncio.Lock()
+        self._node_types: list[str] | None = None
+        self.removed = False
+        # The server's settings, from its last welcome: a remote agent does not share its environment.
+        self.server_heartbeat_s: float | None = None
+        self.server_grace_s: float | None = None
+
+    def heartbeat_s(self) -> float:
+        """Heartbeat period: the server's (from welcome), else this process's own setting."""
+        return self.server_heartbeat_s or protocol.heartbeat_interval_s()
+
+    def resume_grace_s(self) -> float:
+        """How long runs keep going while disconnected: the server's grace, else this process's own."""
+        return self.server_grace_s or protocol.resume_grace_s()
+
+    # --- state file ---------------------------------------------------------------------------
+    def _write_state(self, state: str, reason: str = "", **extra: Any) -> None:
+        self.state = {
+            "name": self.cfg.name,
+            "pid": os.getpid(),
+            "state": state,
+            "reason": reason,
+            "server": extra.pop("server", self.state.get("server")),
+            "devices": [d["name"] for d in self._last_devices] if hasattr(self, "_last_devices") else None,
+            "simulated": self.inventory.simulated,
+            "runs": sorted(r for r, s in self.runs.items() if not s.finished),
+            "started_at": self.state.get("started_at", time.time()),
+            "updated_at": time.time(),
+            **extra,
+        }
+        try:
+            write_private_json(state_file(self.cfg.home, self.cfg.name), self.state)
+        except OSError as exc:
+            log.warning("cannot write the agent state file: %s", exc)
+
+    # --- messages -----------------------------------------------------------------------------
+    def node_types(self) -> list[str]:
+        """Node classes this agent's runner can execute (compared with the sidecar's)."""
+        if self._node_types is None:
+            try:
+                from ...nodes import NODE_CLASS_MAPPINGS
+
+                self._node_types = sorted(NODE_CLASS_MAPPINGS)
+            except Exception as exc:  # a broken optional dependency: report no node types
+                log.error("node classes unavailable: %s", exc)
+                self._node_types = []
+        return self._node_types
+
+    def _runs_summary(self) -> list[dict[str, Any]]:
+        return [
+            {"run_id": r.run_id, "last_seq": r.last_seq, "status": r.status()}
+            for r in self.runs.values()
+            if not r.forgotten
+        ]
+
+    async def _send(self, text: str) -> bool:
+        ws = self.ws
+        if ws is None or ws.closed:
+            return False
+        try:
+            async with self._send_lock:
+                await ws.send_str(text)
+            return True
+        except (ConnectionError, RuntimeError, OSError) as exc:
+            log.info("send failed (%s); events stay buffered until the next connection", exc)
+            return False
+
+    @staticmethod
+    def _event_frame(rs: RunState, ev: dict[str, Any]) -> str:
+        return protocol.encode("event", run_id=rs.run_id, seq=ev["seq"], event_type=ev["type"],
+                               payload=ev.get("payload") or {}, ts=ev.get("ts", time.time()))
+
+    async def _send_event(self, rs: RunState, ev: dict[str, Any]) -> None:
+        if not rs.forgotten:
+            await self._send(self._event_frame(rs, ev))
+
+    # --- connection -----------------------------------------------------------------------------
+    async def connection_loop(self) -> None:
+        """Connect, serve, and reconnect with backoff until the agent stops."""
+        import aiohttp
+
+        backoff = 0.5
+        timeout = aiohttp.ClientTimeout(total=None, connect=10, sock_connect=10)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while not self.stopping.is_set():
+                try:
+                    auth = resolve_auth(self.cfg)
+                except AuthError as exc:
+                    self._write_state("waiting", str(exc))
+                    log.warning("%s", exc)
+                    await self._sleep(backoff)
+                    backoff = min(backoff * 2, AGENT_RECONNECT_MAX_S)
+                    continue
+                welcomed = False
+                try:
+                    welcomed = await self._session(session, auth)
+                except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+                    self._write_state("disconnected", f"cannot reach {auth.url}: {exc}", server=auth.url)
+                    log.info("connection to %s failed: %s", auth.url, exc)
+                except protocol.ProtocolError as exc:
+                    self._write_state("disconnected", f"protocol error: {exc}", server=auth.url)
+                    log.warning("protocol error from the server: %s", exc)
+                except Exception as exc:  # a bug must not end the agent's reconnect loop
+                    log.exception("connection to %s failed", auth.url)
+                    self._write_state("disconnected", f"internal error: {exc}", server=auth.url)
+                finally:
+                    if self.ws is not None:
+                        with contextlib.suppress(Exception):
+                            await self.ws.close()
+                    self.ws = None
+                    if self.connected.is_set():
+                        self.connected.clear()
+                        self.disconnected_since = time.monotonic()
+                        if not self.stopping.is_set():
+                            self._write_state("disconnected", "connection lost; reconnecting", server=auth.url)
+                if welcomed:
+                    backoff = 0.5
+                else:
+                    backoff = min(backoff * 2, AGENT_RECONNECT_MAX_S)
+                await self._sleep(backoff)
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.stopping.wait(), timeout=seconds)
+
+    async def _session(self, session: Any, auth: AuthChoice) -> bool:
+        """One connection: hello, welcome, then serve until it closes. True when welcomed."""
+        import aiohttp
+
+        headers = {"X-Xpufleet-Agent": self.cfg.name}  # the credential itself goes in the hello only
+        self._write_state("connecting", f"connecting to {auth.url}", server=auth.url)
+        async with session.ws_connect(
+            ws_url(auth.url), headers=headers, max_msg_size=protocol.MAX_MESSAGE_BYTES,
+            heartbeat=max(5.0, self.heartbeat_s() * 2), autoping=True,
+        ) as ws:
+            self._last_devices = await asyncio.to_thread(self.inventory.snapshot)
+            hello = protocol.encode(
+                "hello", name=self.cfg.name, version=VERSION, protocol=AGENT_PROTOCOL,
+                auth={"kind": auth.kind, "token": auth.token}, node_types=self.node_types(),
+                devices=self._last_devices, env=devinv.environment_summary(self.inventory),
+                runs=self._runs_summary(), pid=os.getpid(),
+            )
+            await ws.send_str(hello)
+            first = await asyncio.wait_for(ws.receive(), timeout=AGENT_HELLO_TIMEOUT_S)
+            if first.type != aiohttp.WSMsgType.TEXT:
+                raise ConnectionError(f"the server closed the connection before welcome ({first.type.name})")
+            msg = protocol.decode(first.data, protocol.SIDECAR_TO_AGENT)
+            if msg["type"] == "reject":
+                self._write_state("rejected", msg["reason"], server=auth.url)
+                log.error("the server refused this agent: %s", msg["reason"])
+                return False
+            if msg["type"] != "welcome":
+                raise protocol.ProtocolError(f"expected welcome, got {msg['type']}")
+            if msg.get("credential"):
+                write_private_json(credential_file(self.cfg.home, self.cfg.name),
+                                   {"server": auth.url, "name": self.cfg.name, "credential": msg["credential"]})
+                self.cfg.join_token = None  # one-time: spent
+            self.server_heartbeat_s = msg.get("heartbeat_interval_s") or self.server_heartbeat_s
+            self.server_grace_s = msg.get("resume_grace_s") or self.server_grace_s
+            self.ws = ws
+            self.connected.set()
+            self._write_state("connected", "", server=auth.url)
+            log.info("connected to %s as %s", auth.url, self.cfg.name)
+            await self._reconcile(msg["runs"])
+            hb = asyncio.create_task(self._heartbeat_loop(ws))
+            try:
+                async for frame in ws:
+                    if frame.type != aiohttp.WSMsgType.TEXT:
+                        break
+                    try:
+                        m = protocol.decode(frame.data, protocol.SIDECAR_TO_AGENT)
+                    except protocol.ProtocolError as exc:
+                        log.warning("ignoring a bad message from the server: %s", exc)
+                        continue
+                    await self._handle(m)
+            finally:
+                hb.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await hb
+            return True
+
+    async def _heartbeat_loop(self, ws: Any) -> None:
+        interval = self.heartbeat_s()
+        while not ws.closed:
+            await asyncio.sleep(interval)
+            try:
+                self._last_devices = await asyncio.to_thread(self.inventory.snapshot)
+            except Exception as exc:
+                log.warning("device probe failed: %s", exc)
+            ok = await self._send(protocol.encode(
+                "heartbeat", devices=self._last_devices, runs=self._runs_summary(), ts=time.time()))
+            if not ok:
+                return
+
+    async def _reconcile(self, known: dict[str, int]) -> None:
+        """After welcome: replay what the sidecar lacks; stop runs it no longer expects."""
+        # Under the send lock: replays go out before any live event recorded meanwhile (in seq order).
+        async with self._send_lock:
+            for run_id, rs in list(self.runs.items()):
+                if run_id not in known:
+                    await self._forget(rs, "the server no longer expects this run")
+                    continue
+                self._ack(rs, known[run_id])
+                for ev in list(rs.events):
+                    if ev["seq"] > known[run_id] and self.ws is not None:
+                        await self.ws.send_str(self._event_frame(rs, ev))
+
+    async def _handle(self, msg: dict[str, Any]) -> None:
+        mtype = msg["type"]
+        if mtype == "start_run":
+            await self.start_run(msg)
+        elif mtype == "cancel_run":
+            rs = self.runs.get(msg["run_id"])
+            if rs is not None:
+                self.stop_run(rs, "cancel")
+        elif mtype == "ack":
+            rs = self.runs.get(msg["run_id"])
+            if rs is not None:
+                self._ack(rs, msg["seq"])
+        elif mtype == "forget_run":
+            rs = self.runs.get(msg["run_id"])
+            if rs is not None:
+                await self._forget(rs, msg.get("reason") or "forgotten by the server")
+        elif mtype == "credential":  # reissued: the old credential no longer works
+            server = self.state.get("server")
+            write_private_json(credential_file(self.cfg.home, self.cfg.name),
+                               {"server": server, "name": self.cfg.name, "credential": msg["credential"]})
+            log.info("the server reissued this worker's credential; the new one is stored")
+        elif mtype == "reject":
+            self._write_state("removed" if msg.get("removed") else "rejected", msg["reason"])
+            log.error("the server dropped this agent: %s", msg["reason"])
+            if msg.get("removed"):
+                self.removed = True
+                self.stopping.set()
+
+    def _ack(self, rs: RunState, seq: int) -> None:
+        rs.acked_seq = max(rs.acked_seq, seq)
+        rs.events = [e for e in rs.events if e["seq"] > rs.acked_seq]
+        if rs.finished and rs.acked_seq >= (rs.finished_seq or 0):
+            self.runs.pop(rs.run_id, None)
+
+    async def _forget(self, rs: RunState, reason: str) -> None:
+        rs.forgotten = True
+        rs.events.clear()
+        if rs.finished:
+            self.runs.pop(rs.run_id, None)
+        else:
+            log.info("run %s: %s; stopping it", rs.run_id, reason)
+            self.stop_run(rs, "forget")
+
+    # --- runs ----------------------------------------------------------------------------------
+    def _run_dir(self, run_id: str) -> Path:
+        safe = "".join(c for c in run_id if c.isalnum() or c in "-_") or "run"
+        return agents_dir(self.cfg.home) / self.cfg.name / "runs" / safe
+
+    async def _record(self, rs: RunState, ev: dict[str, Any]) -> None:
+        """Keep one event (for replay) and send it when connected."""
+        if ev.get("type") == "run_finished":
+            rs.finished_seq = ev["seq"]
+        rs.last_seq = max(rs.last_seq, ev["seq"])
+        if not rs.forgotten:
+            rs.events.append(ev)
+            if len(rs.events) > MAX_BUFFERED_EVENTS:  # a very long disconnect: drop old progress
+                for i, old in enumerate(rs.events):
+                    if old["type"] == "progress":
+                        del rs.events[i]
+                        break
+            await self._send_event(rs, ev)
+        if rs.forgotten and rs.finished:
+            self.runs.pop(rs.run_id, None)
+
+    async def start_run(self, msg: dict[str, Any]) -> None:
+        """Start one run in its own subprocess (duplicates of a known run id are ignored)."""
+        run_id = msg["run_id"]
+        if run_id in self.runs:
+            return
+        rs = RunState(run_id, self._run_dir(run_id), list(msg["devices"]))
+        self.runs[run_id] = rs
+        offered = {d["name"] for d in (getattr(self, "_last_devices", None) or self.inventory.snapshot())}
+        try:
+            machine = [devnames.normalize_device(d) for d in msg["devices"]]
+            missing = [d for d in machine if d not in offered]
+            if missing:
+                raise devnames.DeviceSpecError(
+                    f"worker {self.cfg.name} does not offer {', '.join(missing)} (it offers {', '.join(sorted(offered))})"
+                )
+            renum = devren.renumber(machine)
+        except devnames.DeviceSpecError as exc:
+            await self._finish_without_child(rs, "failed", str(exc))
+            return
+        rs.task = asyncio.create_task(self._guarded_child(rs, msg, machine, renum))
+
+    async def _guarded_child(self, rs: RunState, msg: dict[str, Any], machine: list[str],
+                             renum: devren.Renumbering) -> None:
+        try:
+            await self._run_child(rs, msg, machine, renum)
+        except Exception as exc:  # the run must still end with a result the server sees
+            log.exception("run %s: the agent failed to run it", rs.run_id)
+            if not rs.finished:
+                if rs.proc is not None and rs.proc.returncode is None:
+                    self._kill(rs.proc)
+                await self._finish_without_child(rs, "failed", f"the agent on worker {self.cfg.name} "
+                                                 f"failed to run it: {type(exc).__name__}: {exc}")
+
+    async def _finish_without_child(self, rs: RunState, status: str, error: str) -> None:
+        ev = {"seq": rs.last_seq + 1, "type": "run_finished", "ts": time.time(),
+              "payload": {"status": status, "error": error, "final_metrics": {}, "peak_memory": {},
+                          "execution_facts": {"worker": self.cfg.name}}}
+        await self._record(rs, ev)
+        self._write_state("connected" if self.connected.is_set() else "disconnected")
+
+    def _spec(self, rs: RunState, msg: dict[str, Any], renum: devren.Renumbering) -> dict[str, Any]:
+        simulated = self.inventory.simulated and any(devnames.device_kind(d) == "cuda" for d in rs.machine_devices)
+        return {
+            "run_id": rs.run_id,
+            "graph": msg["graph"],
+            "options": msg.get("options") or {},
+            "devices": renum.run_devices,
+            "device_aliases": renum.aliases,
+            "placement": "worker",
+            "simulated": simulated,
+            "worker": self.cfg.name,
+            "budget_gib": msg.get("budget_gib"),
+            "env": renum.env,
+            "execution_facts": {
+                "placement": "worker",
+                "worker": self.cfg.name,
+                "slot_devices": list(rs.machine_devices),
+                "visible_devices": renum.run_devices,
+                "device_aliases": renum.aliases,
+                **({"simulated_devices": True} if simulated else {}),
+            },
+        }
+
+    async def _run_child(self, rs: RunState, msg: dict[str, Any], machine: list[str],
+                         renum: devren.Renumbering) -> None:
+        spec = self._spec(rs, msg, renum)
+        rs.run_dir.mkdir(parents=True, exist_ok=True)
+        (rs.run_dir / "spec.json").write_text(json.dumps(spec, indent=2))
+        env = {**os.environ, **self.cfg.extra_env, **renum.env, "PYTHONUNBUFFERED": "1"}
+        read_fd, write_fd = os.pipe()
+        try:
+            with open(rs.run_dir / "output.log", "ab") as out:
+                rs.proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", RUNNER_MODULE, str(rs.run_dir), "--events-fd", str(write_fd),
+                    stdin=asyncio.subprocess.PIPE, stdout=out, stderr=asyncio.subprocess.STDOUT,
+                    pass_fds=(write_fd,), env=env, cwd=str(rs.run_dir), start_new_session=True,
+                )
+        except OSError as exc:
+            os.close(read_fd)
+            os.close(write_fd)
+            await self._finish_without_child(rs, "failed", f"cannot start the run process: {exc}")
+            return
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(write_fd)
+        self._write_state("connected" if self.connected.is_set() else "disconnected")
+        log.info("run %s started (pid %s) on %s", rs.run_id, rs.proc.pid, ", ".join(machine))
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=protocol.MAX_MESSAGE_BYTES)
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb", buffering=0))
+        try:
+            while True:
+                line = await reader.readline()
+                if not line:
+                    break
+                ev = parse_event_line(line)
+                if ev is None:
+                    if line.strip():
+                        log.warning("run %s: ignoring a malformed event line %r", rs.run_id, line[:200])
+                    continue
+                if ev["type"] == "run_finished":
+                    ev = self._finish_payload(rs, ev, renum)
+                await self._record(rs, ev)
+        finally:
+            transport.close()
+        rc = await rs.proc.wait()
+        if not rs.finished:
+            await self._finish_without_child(rs, *self._death_status(rs, rc))
+        else:
+            self._write_state("connected" if self.connected.is_set() else "disconnected")
+        log.info("run %s ended (exit code %s)", rs.run_id, rc)
+
+    def _finish_payload(self, rs: RunState, ev: dict[str, Any], renum: devren.Renumbering) -> dict[str, Any]:
+        """Complete the child's run_finished: worker facts, and ``interrupted`` when the agent stopped it."""
+        payload = dict(ev.get("payload") or {})
+        facts = dict(payload.get("execution_facts") or {})
+        facts.setdefault("worker", self.cfg.name)
+        facts.setdefault("visible_devices", renum.run_devices)
+        facts.setdefault("device_aliases", renum.aliases)
+        payload["execution_facts"] = facts
+        if rs.stop_reason in ("grace", "shutdown") and payload.get("status") in ("cancelled", "interrupted"):
+            payload["status"] = "interrupted"
+            payload["error"] = self._interrupt_reason(rs.stop_reason)
+        return {**ev, "payload": payload}
+
+    def _interrupt_reason(self, why: str) -> str:
+        if why == "grace":
+            return (f"worker {self.cfg.name} lost its connection to the server for more than "
+                    f"{self.resume_grace_s():g} s (XPUFLEET_WORKER_RESUME_GRACE_S)")
+        return f"the agent on worker {self.cfg.name} was stopped"
+
+    def _death_status(self, rs: RunState, rc: int) -> tuple[str, str]:
+        if rs.stop_reason in ("grace", "shutdown"):
+            return "interrupted", self._interrupt_reason(rs.stop_reason)
+        if rs.stop_reason in ("cancel", "forget"):
+            return "cancelled", "cancelled"
+        verb = "was " if rc < 0 else ""
+        return "failed", f"the run's process on worker {self.cfg.name} {verb}{describe_exit(rc)} (see output.log)"
+
+    def stop_run(self, rs: RunState, reason: str) -> None:
+        """Ask the run's process to stop (a line on its stdin), killing it after a grace period."""
+        if rs.finished or rs.stop_reason is not None and reason != "shutdown":
+            return
+        rs.stop_reason = reason
+        proc = rs.proc
+        if proc is None or proc.returncode is not None:
+            return
+        # "interrupt": the run ends interrupted (grace, agent stopping); "stop": cancelled
+        command = b"interrupt\n" if reason in ("grace", "shutdown") else b"stop\n"
+        with contextlib.suppress(Exception):
+            proc.stdin.write(command)
+        asyncio.get_running_loop().call_later(RUN_STOP_GRACE_S, self._kill, proc)
+
+    @staticmethod
+    def _kill(proc: asyncio.subprocess.Process) -> None:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+    # --- grace ------------------------------------------------------------------------------------
+    async def grace_loop(self) -> None:
+        """While disconnected longer than the resume grace, stop the runs: they end interrupted."""
+        while not self.stopping.is_set():
+            await self._sleep(min(1.0, self.resume_grace_s() / 4))
+            if self.connected.is_set():
+                continue
+            if time.monotonic() - self.disconnected_since >= self.resume_grace_s():
+                for rs in list(self.runs.values()):
+                    if not rs.finished and rs.stop_reason is None:
+                        log.warning("run %s: disconnected longer than the grace; stopping it", rs.run_id)
+                        self.stop_run(rs, "grace")
+
+    # --- lifecycle --------------------------------------------------------------------------------
+    async def main(self) -> int:
+        """Run until SIGTERM/SIGINT; then stop the runs (interrupted) and report them if connected."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self.stopping.set)
+        self._write_state("starting")
+        conn = asyncio.create_task(self.connection_loop())
+        grace = asyncio.create_task(self.grace_loop())
+        await self.stopping.wait()
+        active = [rs for rs in self.runs.values() if not rs.finished]
+        for rs in active:
+            self.stop_run(rs, "shutdown")
+        tasks = [rs.task for rs in active if rs.task is not None]
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=RUN_STOP_GRACE_S + 5)
+            for rs in active:
+                if rs.proc is not None:
+                    self._kill(rs.proc)
+        if self.connected.is_set():
+            await asyncio.sleep(0.2)  # let the last events reach the server
+        grace.cancel()
+        conn.cancel()
+        for t in (grace, conn):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._write_state("removed" if self.removed else "stopped")
+        return 0
+
+
+def default_name() -> str:
+    """The worker name when ``--name`` is not given: this machine's hostname (no domain)."""
+    host = socket.gethostname().split(".")[0]
+    name = "".join(c if (c.isascii() and c.isalnum()) or c in "-_" else "-" for c in host).lstrip("-_")[:64]
+    return name if protocol.worker_name_problem(name) is None else "worker"
+
+
+def run_agent(cfg: AgentConfig) -> int:
+    """Run an agent in the foreground until it is stopped; the exit code."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    agent = Agent(cfg)
+    return asyncio.run(agent.main())

@@ -1,0 +1,120 @@
+"""How an agent reaches its sidecar and what it offers; the files it keeps under ``$XPUFLEET_HOME/agents``."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ...constants import AGENT_WS_PATH, RUNTIME_FILENAME
+from ..devices.simulated import SimulatedCard
+from ..sidecar.runtime_file import read_runtime
+
+
+def agents_dir(home: Path) -> Path:
+    """``$XPUFLEET_HOME/agents``: pid/state files, credentials, simulated cards, run dirs."""
+    return Path(home) / "agents"
+
+
+def state_file(home: Path, name: str) -> Path:
+    """The agent's own pid/state file (``agent stop`` / ``agent status`` read it)."""
+    return agents_dir(home) / f"{name}.json"
+
+
+def credential_file(home: Path, name: str) -> Path:
+    """Where a joined worker keeps its credential (mode 0600)."""
+    return agents_dir(home) / f"{name}.credential.json"
+
+
+def write_private_json(path: Path, data: dict[str, Any]) -> None:
+    """Write JSON atomically with mode 0600 (credentials, state)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=2)
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from ``path``, or None when missing or unreadable."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_runtime_file(home: Path) -> dict[str, Any] | None:
+    """The running sidecar's ``{"url", "token", ...}`` (``$XPUFLEET_HOME/runtime.json``), or None."""
+    return read_runtime(Path(home))
+
+
+def ws_url(server_url: str) -> str:
+    """``http://host:port`` -> ``ws://host:port/api/agents/ws`` (https -> wss)."""
+    url = server_url.rstrip("/")
+    if url.startswith("https://"):
+        url = "wss://" + url[len("https://"):]
+    elif url.startswith("http://"):
+        url = "ws://" + url[len("http://"):]
+    elif not url.startswith(("ws://", "wss://")):
+        url = "ws://" + url
+    return url + AGENT_WS_PATH
+
+
+@dataclass
+class AgentConfig:
+    """How an agent reaches its sidecar and what it offers."""
+
+    name: str
+    home: Path
+    server: str | None = None  # URL; None: the runtime file's
+    join_token: str | None = None
+    devices: list[str] | None = None  # --devices filter (None: every card found)
+    simulate: list[SimulatedCard] = field(default_factory=list)
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+class AuthError(RuntimeError):
+    """No way to authenticate to the sidecar (the message says what to pass)."""
+
+
+@dataclass
+class AuthChoice:
+    url: str
+    kind: str
+    token: str
+
+
+def resolve_auth(cfg: AgentConfig) -> AuthChoice:
+    """Pick the server URL and credential: join token, stored credential, or the runtime file.
+
+    Re-read at every connection attempt, so a restarted sidecar (new port, new session token) is
+    found again without restarting the agent.
+    """
+    runtime = read_runtime_file(cfg.home)
+    cred = read_json(credential_file(cfg.home, cfg.name))
+    url = cfg.server or (cred or {}).get("server") or (runtime or {}).get("url")
+    if not url:
+        raise AuthError(
+            f"no server to connect to: start the sidecar on this machine (xpufleet start) so "
+            f"{Path(cfg.home) / RUNTIME_FILENAME} exists, or pass --server URL"
+        )
+    if cfg.join_token:  # an explicit --join wins: joining (again) replaces any stored credential
+        return AuthChoice(url, "join", cfg.join_token)
+    if cred and cred.get("credential") and (cfg.server is None or cred.get("server") == url):
+        return AuthChoice(url, "credential", cred["credential"])
+    if runtime and runtime.get("token") and (cfg.server is None or _same_server(runtime.get("url"), url)):
+        return AuthChoice(runtime.get("url") or url, "session", runtime["token"])
+    raise AuthError(
+        f"no credential for {url}: get a join token from the server (Workers panel -> Add worker, or "
+        f"POST /api/workers/join-tokens) and pass --join TOKEN"
+    )
+
+
+def _same_server(a: str | None, b: str | None) -> bool:
+    return bool(a and b) and a.rstrip("/") == b.rstrip("/")
+
+

@@ -1,0 +1,268 @@
+"""``xpufleet agent start|stop|status`` (SPEC W1, §9).
+
+``xpufleet agent start`` on the sidecar's machine needs no arguments: the agent reads the sidecar's
+address and session token from ``$XPUFLEET_HOME/runtime.json`` (re-read at every reconnect, so it
+follows a restarted sidecar). It runs in the background by default, with its pid/state file at
+``$XPUFLEET_HOME/agents/<name>.json`` and its log beside it; ``--foreground`` keeps it attached
+(for systemd). A remote machine joins once with ``--server URL --join TOKEN``; the credential it gets
+is kept in ``$XPUFLEET_HOME/agents/<name>.credential.json`` (mode 0600) for later starts.
+
+Exit codes: 0 done, 1 failed (not running, refused, did not connect), 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ...constants import RUN_STOP_GRACE_S, home_dir
+from ..agent import agent as agentmod
+from ..agent import config as agentcfg
+from ..devices.inventory import Inventory
+from ..devices.names import DeviceSpecError, parse_device_list
+from ..devices.simulated import parse_simulate
+from ..workers import protocol
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+ENV_JOIN_TOKEN = "XPUFLEET_AGENT_JOIN_TOKEN"  # the background child gets --join this way, not in argv
+START_WAIT_S = 30.0  # how long `agent start` waits for the first connection before it reports
+
+
+def _home() -> Path:
+    return home_dir()
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``agent start|stop|status`` to the ``xpufleet`` command's subparsers."""
+    p = subparsers.add_parser("agent", help="run a worker agent on this machine (start, stop, status)",
+                              description="Run a worker agent that takes queued runs from the sidecar.")
+    sub = p.add_subparsers(dest="agent_command", metavar="{start,stop,status}")
+    sub.required = True
+    s = sub.add_parser("start", help="start a worker agent (background unless --foreground)")
+    s.add_argument("--name", help="worker name (default: this machine's hostname)")
+    s.add_argument("--devices", help="cards to offer, e.g. cuda:0,cuda:1 (CPU is always offered; default: all)")
+    s.add_argument("--foreground", action="store_true", help="stay attached (for systemd); logs to stderr")
+    s.add_argument("--server", help="sidecar URL, e.g. http://gpu-host:8288 (default: this machine's sidecar)")
+    s.add_argument("--join", metavar="TOKEN", help="one-time join token from the server (remote workers)")
+    s.add_argument("--simulate", metavar="SPEC",
+                   help='simulated CUDA cards for tests/demos, e.g. "cuda:0=24,cuda:1=24" (GiB; @UUID optional)')
+    t = sub.add_parser("stop", help="stop a worker agent started with `agent start`")
+    t.add_argument("--name", help="worker name (default: the only running agent, else the hostname)")
+    u = sub.add_parser("status", help="show this machine's worker agents")
+    u.add_argument("--name", help="only this worker")
+    u.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Dispatch ``xpufleet agent ...``; returns the exit code."""
+    cmd = getattr(args, "agent_command", None)
+    if cmd == "start":
+        return _start(args)
+    if cmd == "stop":
+        return _stop(args)
+    if cmd == "status":
+        return _status(args)
+    print("usage: xpufleet agent {start,stop,status}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _err(msg: str, code: int = EXIT_FAILED) -> int:
+    print(f"xpufleet agent: {msg}", file=sys.stderr)
+    return code
+
+
+# --- pid/state files ------------------------------------------------------------------------------
+
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        import psutil
+
+        proc = psutil.Process(int(pid))
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        cmd = " ".join(proc.cmdline())
+    except Exception:
+        return False
+    return "agent" in cmd  # a recycled pid of an unrelated process is not our agent
+
+
+def _states(home: Path) -> list[dict[str, Any]]:
+    out = []
+    folder = agentcfg.agents_dir(home)
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        if path.name.endswith((".credential.json", "-simulated.json")):
+            continue
+        data = agentcfg.read_json(path)
+        if data and "pid" in data and "name" in data:
+            data["alive"] = _alive(data.get("pid"))
+            out.append(data)
+    return out
+
+
+class _Ambiguous(Exception):
+    """Several agents run here and no --name says which one."""
+
+
+def _pick_name(args: argparse.Namespace, home: Path) -> str:
+    if args.name:
+        return args.name
+    running = sorted(s["name"] for s in _states(home) if s["alive"])
+    if len(running) == 1:
+        return running[0]
+    default = agentmod.default_name()
+    if len(running) > 1 and default not in running:
+        raise _Ambiguous(f"{len(running)} worker agents run here ({', '.join(running)}): pass --name NAME")
+    return default
+
+
+# --- start ------------------------------------------------------------------------------------------
+
+def _config(args: argparse.Namespace, home: Path) -> agentcfg.AgentConfig:
+    name = args.name or agentmod.default_name()
+    bad_name = protocol.worker_name_problem(name)
+    if bad_name:  # the server would refuse it; say so before starting anything
+        raise DeviceSpecError(f"--name: {bad_name}")
+    return agentcfg.AgentConfig(
+        name=name,
+        home=home,
+        server=args.server,
+        join_token=args.join or os.environ.pop(ENV_JOIN_TOKEN, None) or None,  # not passed on to runs
+        devices=parse_device_list(args.devices),
+        simulate=parse_simulate(args.simulate, name),
+    )
+
+
+def _start(args: argparse.Namespace) -> int:
+    home = _home()
+    try:
+        cfg = _config(args, home)
+        if cfg.simulate and cfg.devices:
+            unknown = [d for d in cfg.devices if d != "cpu" and d not in {c.name for c in cfg.simulate}]
+            if unknown:
+                raise DeviceSpecError(f"--devices names {', '.join(unknown)}, which --simulate does not")
+    except DeviceSpecError as exc:
+        return _err(str(exc), EXIT_USAGE)
+    current = agentcfg.read_json(agentcfg.state_file(home, cfg.name))
+    if current and _alive(current.get("pid")) and current.get("pid") != os.getpid():
+        print(f"worker agent {cfg.name} is already running (pid {current['pid']}, {current.get('state')})")
+        return EXIT_OK
+    if not cfg.simulate and cfg.devices:
+        inv = Inventory(cfg.name, home, cfg.devices)
+        missing = inv.check_requested()
+        if missing:
+            offered = ", ".join(d["name"] for d in Inventory(cfg.name, home).snapshot())
+            return _err(f"this machine does not offer {', '.join(missing)} (it offers {offered})", EXIT_USAGE)
+    if args.foreground:
+        return agentmod.run_agent(cfg)
+    try:
+        agentcfg.resolve_auth(cfg)
+    except agentcfg.AuthError as exc:
+        return _err(str(exc))
+    return _spawn(args, cfg, home)
+
+
+def _spawn(args: argparse.Namespace, cfg: agentcfg.AgentConfig, home: Path) -> int:
+    argv = [sys.executable, "-m", "xpufleet.server", "agent", "start", "--foreground", "--name", cfg.name]
+    if args.devices:
+        argv += ["--devices", args.devices]
+    if args.server:
+        argv += ["--server", args.server]
+    if args.simulate:
+        argv += ["--simulate", args.simulate]
+    env = dict(os.environ)
+    if cfg.join_token:
+        env[ENV_JOIN_TOKEN] = cfg.join_token
+    log_path = agentcfg.agents_dir(home) / f"{cfg.name}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    with open(log_path, "ab") as logf:
+        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                                 env=env, start_new_session=True)
+    deadline = time.monotonic() + START_WAIT_S
+    state: dict[str, Any] | None = None
+    while time.monotonic() < deadline:
+        if child.poll() is not None:
+            return _err(f"the agent exited with code {child.returncode}; see {log_path}")
+        state = agentcfg.read_json(agentcfg.state_file(home, cfg.name))
+        if state and state.get("pid") == child.pid and state.get("updated_at", 0) >= started:
+            if state.get("state") == "connected":
+                print(f"worker agent {cfg.name} connected to {state.get('server')} (pid {child.pid}); "
+                      f"log: {log_path}")
+                return EXIT_OK
+            if state.get("state") == "rejected":
+                _terminate(child.pid)
+                return _err(f"the server refused worker {cfg.name}: {state.get('reason')}")
+        time.sleep(0.1)
+    reason = (state or {}).get("reason") or "no connection yet"
+    print(f"worker agent {cfg.name} started (pid {child.pid}) but is not connected yet: {reason}; "
+          f"it keeps trying (log: {log_path})")
+    return EXIT_OK
+
+
+def _terminate(pid: int, wait_s: float = RUN_STOP_GRACE_S + 10) -> bool:
+    """SIGTERM, then SIGKILL after ``wait_s``; True when the process is gone."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=wait_s)
+        return True
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.TimeoutExpired:
+        proc.kill()
+        try:
+            proc.wait(timeout=5)
+        except psutil.TimeoutExpired:
+            return False
+        return True
+
+
+# --- stop / status ------------------------------------------------------------------------------------
+
+def _stop(args: argparse.Namespace) -> int:
+    home = _home()
+    try:
+        name = _pick_name(args, home)
+    except _Ambiguous as exc:
+        return _err(str(exc), EXIT_USAGE)
+    path = agentcfg.state_file(home, name)
+    state = agentcfg.read_json(path)
+    if not state or not _alive(state.get("pid")):
+        print(f"worker agent {name} is not running")
+        return EXIT_OK
+    if not _terminate(int(state["pid"])):
+        return _err(f"worker agent {name} (pid {state['pid']}) did not stop")
+    print(f"worker agent {name} stopped")
+    return EXIT_OK
+
+
+def _status(args: argparse.Namespace) -> int:
+    home = _home()
+    states = _states(home)
+    if args.name:
+        states = [s for s in states if s["name"] == args.name]
+    if args.json:
+        print(json.dumps({"agents": states}, indent=2))
+    elif not states:
+        print("no worker agents on this machine" + (f" named {args.name}" if args.name else ""))
+    else:
+        for s in states:
+            run_state = s.get("state") if s["alive"] else "not running"
+            reason = f" ({s['reason']})" if s.get("reason") and s["alive"] else ""
+            sim = " [simulated cards]" if s.get("simulated") else ""
+            print(f"{s['name']}: {run_state}{reason}, pid {s.get('pid')}, server {s.get('server')}, "
+                  f"devices {', '.join(s.get('devices') or []) or '-'}{sim}, runs {len(s.get('runs') or [])}")
+    return EXIT_OK if any(s["alive"] for s in states) else EXIT_FAILED

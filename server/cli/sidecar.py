@@ -1,0 +1,227 @@
+"""``xpufleet start | stop | status``: the sidecar's life cycle."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ...constants import (
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    SIDECAR_LOG_NAME,
+    SIDECAR_START_TIMEOUT_S,
+    SIDECAR_STOP_TIMEOUT_S,
+    home_dir,
+)
+from ..sidecar.runtime_file import ensure_home, pid_alive, read_runtime, remove_runtime
+from .client import ApiError, SidecarUnreachable
+from .common import EXIT_OK, EXIT_RUN_FAILED, EXIT_UNREACHABLE, err, running_client
+
+SERVER_MODULE = "xpufleet.server"
+
+
+def add_parser(sub: Any) -> None:
+    """The ``start``, ``stop`` and ``status`` commands."""
+    p = sub.add_parser("start", help="start the sidecar (background unless --foreground)")
+    p.add_argument("--foreground", action="store_true", help="stay attached (for systemd); logs to stderr")
+    p.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST}: this machine only)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = any free)")
+    p.add_argument("--allowed-host", action="append", metavar="NAME",
+                   help="another Host header name to answer to (e.g. behind a proxy); repeatable")
+    p.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_start)
+
+    p = sub.add_parser("stop", help="stop the sidecar (started runs end interrupted; queued runs stay)")
+    p.add_argument("--timeout", type=float, default=SIDECAR_STOP_TIMEOUT_S, help="seconds to wait before killing it")
+    p.set_defaults(func=cmd_stop)
+
+    p = sub.add_parser("status", help="is the sidecar running; runs and slots")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_status)
+
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    home = ensure_home(home_dir())
+    if args.foreground:
+        return _start_foreground(args, home)
+    running = running_client(home)
+    if running is not None:
+        print(f"XPU Fleet sidecar already running at {running[1]['url']} (pid {running[1]['pid']})")
+        return EXIT_OK
+    read_fd, write_fd = os.pipe()
+    cmd = [sys.executable, "-m", SERVER_MODULE, "start", "--foreground", "--host", args.host,
+           "--port", str(args.port), "--ready-fd", str(write_fd)]
+    for name in args.allowed_host or ():
+        cmd += ["--allowed-host", name]
+    log_path = home / SIDECAR_LOG_NAME
+    with open(log_path, "ab") as log_file:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                                pass_fds=(write_fd,), start_new_session=True, close_fds=True)
+    os.close(write_fd)
+    message = _read_ready(read_fd, SIDECAR_START_TIMEOUT_S)
+    if message.startswith("http"):
+        print(f"XPU Fleet sidecar running at {message} (pid {proc.pid}, home {home})")
+        return EXIT_OK
+    if proc.poll() is None and not message:
+        err(f"the sidecar did not get ready within {SIDECAR_START_TIMEOUT_S:g} s; see {log_path}")
+        return EXIT_RUN_FAILED
+    if message.startswith("error:"):
+        err(message[len("error:"):].strip())
+    else:
+        err(f"the sidecar exited during start-up (code {proc.wait(timeout=5)}); see {log_path}")
+        print(_tail(log_path), file=sys.stderr)
+    return EXIT_RUN_FAILED
+
+
+def _read_ready(fd: int, timeout: float) -> str:
+    """What the starting sidecar writes on its ready pipe ('' on EOF or timeout). No polling: select."""
+    deadline = time.monotonic() + timeout
+    chunks = b""
+    try:
+        while b"\n" not in chunks:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                break
+            data = os.read(fd, 4096)
+            if not data:
+                break
+            chunks += data
+    finally:
+        os.close(fd)
+    return chunks.decode("utf-8", "replace").strip()
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _start_foreground(args: argparse.Namespace, home: Path) -> int:
+    from ..sidecar.app import AlreadyRunning, SidecarConfig, run_foreground
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    ready_fd = args.ready_fd
+
+    def report(text: str) -> None:
+        nonlocal ready_fd
+        if ready_fd is not None:
+            with contextlib.suppress(OSError):
+                os.write(ready_fd, (text + "\n").encode())
+                os.close(ready_fd)
+            ready_fd = None
+
+    running = running_client(home)
+    if running is not None:
+        report(f"error: a sidecar is already running at {running[1]['url']} (pid {running[1]['pid']})")
+        err(f"a sidecar is already running at {running[1]['url']} (pid {running[1]['pid']})")
+        return EXIT_RUN_FAILED
+    config = SidecarConfig.from_env(home, host=args.host, port=args.port,
+                                    allowed_hosts=tuple(args.allowed_host or ()))
+    try:
+        return run_foreground(config, ready=report)
+    except AlreadyRunning as exc:
+        report(f"error: {exc}")
+        err(str(exc))
+        return EXIT_RUN_FAILED
+    except OSError as exc:
+        report(f"error: {exc}")
+        err(str(exc))
+        return EXIT_RUN_FAILED
+
+
+def _is_sidecar_process(pid: int) -> bool:
+    try:
+        import psutil
+
+        cmd = psutil.Process(pid).cmdline()
+    except Exception:  # noqa: BLE001 - cannot tell: trust the runtime file
+        return True
+    return "start" in cmd and "--foreground" in cmd
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    home = home_dir()
+    info = read_runtime(home)
+    if info is None or not pid_alive(info.get("pid")):
+        if info is not None:
+            remove_runtime(home)
+        print("XPU Fleet sidecar is not running")
+        return EXIT_OK
+    pid = int(info["pid"])
+    if not _is_sidecar_process(pid):
+        remove_runtime(home)
+        print(f"XPU Fleet sidecar is not running (pid {pid} in the runtime file is another program)")
+        return EXIT_OK
+    os.kill(pid, signal.SIGTERM)
+    print(f"stopping the sidecar (pid {pid}); started runs are asked to stop and end interrupted", file=sys.stderr)
+    if not _wait_exit(pid, args.timeout):
+        err(f"the sidecar did not stop within {args.timeout:g} s; killing it")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        _wait_exit(pid, 10.0)
+        remove_runtime(home, pid)
+    print("XPU Fleet sidecar stopped")
+    return EXIT_OK
+
+
+def _wait_exit(pid: int, timeout: float) -> bool:
+    """Wait for a process that is not our child to exit (True when it did). Linux: a pidfd becomes
+    readable when the process exits (a zombie counts: it has exited), no polling."""
+    try:
+        fd = os.pidfd_open(pid)  # type: ignore[attr-defined]
+    except ProcessLookupError:
+        return True
+    except (AttributeError, OSError):
+        fd = None
+    if fd is not None:
+        try:
+            ready, _, _ = select.select([fd], [], [], timeout)
+            return bool(ready)
+        finally:
+            os.close(fd)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:  # elsewhere: bounded polling
+        if not pid_alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    home = home_dir()
+    running = running_client(home)
+    if running is None:
+        print(f"XPU Fleet sidecar is not running (XPUFLEET_HOME={home})")
+        return EXIT_UNREACHABLE
+    client, info = running
+    try:
+        st = client.status()
+    except (ApiError, SidecarUnreachable) as exc:
+        err(f"the sidecar at {info['url']} does not answer its status: {exc}")
+        return EXIT_UNREACHABLE
+    if args.json:
+        print(json.dumps({**st, "url": info["url"]}, indent=2))
+        return EXIT_OK
+    runs = ", ".join(f"{n} {s}" for s, n in st["runs"].items() if n) or "none"
+    print(f"XPU Fleet sidecar {st['version']} running at {info['url']} (pid {st['pid']}, home {st['home']})")
+    print(f"runs: {runs}")
+    for s in st["slots"]:
+        shared = f" (shared by {', '.join(s['providers'])})" if len(s["providers"]) > 1 else ""
+        print(f"  {s['label']:<28} {s['used']}/{s['limit']} slots{shared}")
+    return EXIT_OK

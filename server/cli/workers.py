@@ -1,0 +1,113 @@
+"""``xpufleet workers ...``: the Workers panel on the command line (list, drain, remove, join tokens)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import urllib.parse
+from typing import Any
+
+from .client import Client
+from .common import EXIT_OK
+
+
+def add_parser(subparsers: Any) -> None:
+    """Add ``workers ...`` to the ``xpufleet`` command's subparsers."""
+    _add_workers_parser(subparsers)
+
+
+def _add_workers_parser(subparsers: Any) -> None:
+    """``xpufleet workers [list|drain|undrain|remove|reissue|join-token|rejected]`` (SPEC §9)."""
+    w = subparsers.add_parser("workers", help="list and manage the sidecar's workers",
+                              description="Workers known to the running sidecar (default: list them).")
+    w.add_argument("--json", action="store_true", help="machine-readable output")
+    wsub = w.add_subparsers(dest="workers_command", metavar="{list,drain,undrain,remove,reissue,join-token,rejected}")
+    # --json also after the subcommand (`xpufleet workers list --json`); SUPPRESS keeps the outer value
+    json_opt = argparse.ArgumentParser(add_help=False)
+    json_opt.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
+    wsub.add_parser("list", help="every worker with status, devices and runs", parents=[json_opt])
+    for cmd, text in (("drain", "no new runs on this worker"), ("undrain", "take new runs again"),
+                      ("remove", "revoke, disconnect, fail the runs waiting for it"),
+                      ("reissue", "a new credential for a joined worker")):
+        c = wsub.add_parser(cmd, help=text, parents=[json_opt])
+        c.add_argument("name", help="worker name")
+    j = wsub.add_parser("join-token", help="a one-time join token and the command for a remote machine",
+                        parents=[json_opt])
+    j.add_argument("--name", help="bind the token to this worker name")
+    wsub.add_parser("rejected", help="refused agent connections with their reason", parents=[json_opt])
+    w.set_defaults(func=run_workers)
+
+
+def run_workers(args: argparse.Namespace) -> int:
+    """``xpufleet workers ...`` through the running sidecar's API (errors: the CLI's exit codes)."""
+    client = Client.from_home()
+    cmd = getattr(args, "workers_command", None) or "list"
+    if cmd == "list":
+        out = client.request("GET", "/api/workers")
+    elif cmd in ("drain", "undrain", "reissue"):
+        out = client.request("POST", f"/api/workers/{urllib.parse.quote(args.name)}/{cmd}")
+    elif cmd == "remove":
+        out = client.request("DELETE", f"/api/workers/{urllib.parse.quote(args.name)}")
+    elif cmd == "join-token":
+        out = client.request("POST", "/api/workers/join-tokens", {"name": args.name} if args.name else {})
+    else:
+        out = client.request("GET", "/api/workers/rejected")
+    if args.json:
+        print(json.dumps(out, indent=2))
+    elif cmd == "list":
+        _print_workers(out["workers"])
+    elif cmd == "join-token" or (cmd == "reissue" and out.get("command")):
+        print(f"on the worker machine, run:\n  {out['command']}\n(one-time; expires "
+              f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(out['expires_at']))})")
+    elif cmd == "reissue":
+        print(f"worker {out['name']}: new credential delivered; the old one no longer works")
+    elif cmd == "rejected":
+        for r in out["rejected"] or []:
+            print(f"{time.strftime('%H:%M:%S', time.localtime(r['ts']))} {r.get('name') or '?'} "
+                  f"from {r.get('address') or '?'}: {r['reason']}")
+        if not out["rejected"]:
+            print("no rejected connections")
+    elif cmd == "remove":
+        print(f"worker {out['removed']} removed ({len(out['failed_runs'])} waiting run(s) failed, "
+              f"{len(out['interrupted_runs'])} running run(s) interrupted)")
+    else:
+        print(f"worker {out['name']}: {out['status']}" + (f" ({out['status_reason']})" if out["status_reason"] else ""))
+    return EXIT_OK
+
+
+def _print_workers(workers: list[dict[str, Any]]) -> None:
+    if not workers:
+        print("no workers yet: `xpufleet agent start` on this machine, or `xpufleet workers join-token`")
+        return
+    for w in workers:
+        reason = f" ({w['status_reason']})" if w["status_reason"] else ""
+        version = w["version"] or "?"
+        if w["version_match"] is False:
+            version += f" (server {w['server_version']})"
+        if w["heartbeat_age_s"] is not None:
+            seen = f"heartbeat {w['heartbeat_age_s']} s ago"
+        elif w.get("last_seen_age_s") is not None:
+            seen = f"last seen {w['last_seen_age_s']} s ago"
+        else:
+            seen = "never seen"
+        print(f"{w['name']}: {w['status']}{reason}, version {version}, {seen}")
+        env = w.get("environment") or {}
+        if env:
+            parts = [env.get("hostname"), env.get("os"), env.get("python") and f"Python {env['python']}",
+                     env.get("torch") and f"torch {env['torch']}",
+                     "simulated cards" if env.get("simulated") else None]
+            print("  environment: " + ", ".join(str(x) for x in parts if x))
+        for d in w["devices"]:
+            mem = ""
+            if d["total_gib"] is not None:
+                free = "?" if d["free_gib"] is None else f"{d['free_gib']:.1f}"
+                mem = f" {free}/{d['total_gib']:.1f} GiB free" + (" (last reported)" if d["last_reported"] else "")
+            sim = " [simulated]" if d["simulated"] else ""
+            same = "".join(f", same card as {s['device']} on {s['provider']}" for s in d["same_card_as"])
+            print(f"  {d['name']}{sim}:{mem}, slots {d['slots_used']}/{d['slot_limit'] if d['slot_limit'] is not None else '-'}"
+                  f", {d['mode']}{same}")
+        for r in w["runs"]:
+            print(f"  run {r['id'][:8]} {r['status']} on {', '.join(r['devices'])}")
+        if w.get("last_rejection"):
+            print(f"  last rejected: {w['last_rejection']['reason']}")

@@ -1,0 +1,42 @@
+"""Thin ComfyUI glue: registers the plugin's ``/xpufleet/...`` routes on ComfyUI's PromptServer.
+
+Does nothing when ComfyUI's ``server`` module is not importable (plain Python, tests, the sidecar).
+"""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger("xpufleet")
+
+ROUTE_PREFIX = "/xpufleet"
+
+
+def _prompt_server():
+    try:
+        import server as comfy_server  # type: ignore[import-not-found]  # ComfyUI's server.py
+    except Exception:
+        return None
+    ps = getattr(comfy_server, "PromptServer", None)
+    return getattr(ps, "instance", None) if ps is not None else None
+
+
+def register() -> bool:
+    """Add the plugin's routes to ComfyUI's route table; False when not hosted."""
+    instance = _prompt_server()
+    if instance is None:
+        return False
+    routes = instance.routes
+    from aiohttp import web
+
+    from ...constants import VERSION
+
+    @routes.get(f"{ROUTE_PREFIX}/version")
+    async def _version(request: web.Request) -> web.Response:
+        return web.json_response({"name": "xpufleet", "version": VERSION})
+
+    # Predictor routes (snapshot of the ComfyUI process itself, predict) are added here too.
+    from ...predictor.routes import add_comfy_routes
+
+    add_comfy_routes(routes, ROUTE_PREFIX)
+    return True

@@ -1,0 +1,195 @@
+"""The run child: ``python -m xpufleet.server.runner RUN_DIR [--events-fd N]``.
+
+One queued run = one process (SPEC Q2, W2), started by the sidecar (target ``local``) or by a worker
+agent, so a crash or an out-of-memory kill ends that run only. The parent writes
+``RUN_DIR/spec.json``::
+
+    {"run_id", "graph", "options", "devices": [in-run names], "device_aliases": {in-run: machine},
+     "placement": "local"|"worker", "simulated": bool, "env": {...}, "execution_facts": {...}}
+
+and starts this module with the run's environment (``CUDA_VISIBLE_DEVICES`` for a worker run), stdin a
+pipe, stdout and stderr going to ``RUN_DIR/output.log``, and the write end of a pipe as ``--events-fd``.
+
+Events are JSON lines ``{"seq", "type", "payload", "ts"}`` (``seq`` from 1, per run) written to the
+events fd and appended to ``RUN_DIR/events.jsonl`` (so a parent that died can recover what the run
+reported). The last event is always ``run_finished`` ``{"status", "error", "final_metrics",
+"peak_memory", "execution_facts"}`` (plus ``validation`` for a graph that failed validation).
+
+stdin commands: ``stop`` = cancel (cooperative: TrainingLoop writes its interrupt checkpoint; the run
+ends ``cancelled``); ``interrupt`` = the parent is shutting down (same stop; the run ends
+``interrupted``). End of file on stdin means the parent is gone: the run stops and ends ``interrupted``.
+The exit code is 0 when the run succeeded, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import sys
+import threading
+import traceback
+from pathlib import Path
+from typing import Any
+
+from ...constants import VERSION
+from .events import EventSink
+from .memory import apply_memory_budget, peak_memory
+
+
+class StopWatcher(threading.Thread):
+    """Reads stdin: ``stop`` -> cancel, ``interrupt`` -> interrupted, EOF -> parent gone (interrupted)."""
+
+    def __init__(self, stop_event: threading.Event, stream: Any = None) -> None:
+        super().__init__(name="xpufleet-stop-watcher", daemon=True)
+        self.stop_event = stop_event
+        self.stream = stream if stream is not None else sys.stdin
+        self.reason: str | None = None
+
+    def run(self) -> None:
+        try:
+            for line in self.stream:
+                cmd = line.strip().lower()
+                if cmd == "stop":
+                    self._stop("cancel")
+                elif cmd == "interrupt":
+                    self._stop("interrupt")
+        except (OSError, ValueError):
+            pass
+        self._stop("parent_gone")
+
+    def _stop(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+        self.stop_event.set()
+
+
+STOP_ERRORS = {
+    "cancel": None,
+    "interrupt": "the server was stopped while this run was executing",
+    "parent_gone": "the process that started this run went away (server or agent stopped)",
+}
+
+
+def base_facts(spec: dict[str, Any]) -> dict[str, Any]:
+    """Facts recorded for every run (SPEC Q4: visible_devices, device_aliases)."""
+    facts: dict[str, Any] = dict(spec.get("execution_facts") or {})
+    devices = list(spec.get("devices") or ["cpu"])
+    facts.setdefault("visible_devices", devices)
+    facts.setdefault("device_aliases", dict(spec.get("device_aliases") or {d: d for d in devices}))
+    facts.setdefault("placement", spec.get("placement", "local"))
+    if spec.get("simulated"):
+        facts.setdefault("simulated_devices", True)
+    facts.update({
+        "pid": os.getpid(),
+        "hostname": socket.gethostname(),
+        "python": platform.python_version(),
+        "xpufleet": VERSION,
+    })
+    for var in ("CUDA_VISIBLE_DEVICES", "ZE_AFFINITY_MASK"):
+        if var in os.environ:
+            facts.setdefault("env", {})[var] = os.environ[var]
+    return facts
+
+
+def run(run_dir: Path, events_fd: int | None = None, stdin: Any = None) -> int:
+    """Execute the run described by ``run_dir/spec.json``; return the exit code."""
+    run_dir = Path(run_dir)
+    pipe = os.fdopen(events_fd, "wb", buffering=0) if events_fd is not None else None
+    sink = EventSink(pipe, run_dir / "events.jsonl")
+    status, error, extra = "failed", None, {}
+    facts: dict[str, Any] = {}
+    try:
+        spec = json.loads((run_dir / "spec.json").read_text(encoding="utf-8"))
+        for key, value in (spec.get("env") or {}).items():
+            os.environ.setdefault(str(key), str(value))
+        facts = base_facts(spec)
+        apply_memory_budget(spec, facts)
+        status, error, extra = _execute(spec, run_dir, sink, facts, stdin)
+    except Exception as exc:  # noqa: BLE001 - spec unreadable: still end with run_finished
+        traceback.print_exc()
+        status, error = "failed", f"the run could not start: {type(exc).__name__}: {exc}"
+    finally:
+        payload = {"status": status, "error": error, "final_metrics": dict(sink.final_metrics),
+                   "peak_memory": peak_memory(), "execution_facts": facts, **extra}
+        sink.emit("run_finished", payload)
+        sink.close()
+    return 0 if status == "succeeded" else 1
+
+
+def _execute(spec: dict[str, Any], run_dir: Path, sink: EventSink, facts: dict[str, Any],
+             stdin: Any) -> tuple[str, str | None, dict[str, Any]]:
+    from ...nodes import runtime
+    from .executor import GraphValidationError, NodeExecutionError, execute_graph, format_errors
+
+    options = dict(spec.get("options") or {})
+    devices = list(spec.get("devices") or ["cpu"])
+    aliases = dict(spec.get("device_aliases") or {d: d for d in devices})
+    placement = spec.get("placement", "local")
+    accel = [d for d in devices if d.split(":")[0] in ("cuda", "xpu")]
+    stop_event = threading.Event()
+    watcher = StopWatcher(stop_event, stdin)
+    watcher.start()
+    seed = options.get("seed")
+    if seed is not None:
+        import random
+
+        random.seed(int(seed))
+    ctx = runtime.RunContext(
+        emit=sink.emit,
+        stop_event=stop_event,
+        run_dir=run_dir,
+        run_id=spec.get("run_id"),
+        seed=None if seed is None else int(seed),
+        deterministic=bool(options.get("deterministic", False)),
+        devices=devices,
+        device_aliases=aliases,
+        placement=placement,
+        ddp_allowed=placement == "worker" and len(accel) >= 2,
+        execution_facts=facts,
+    )
+    sink.emit("run_started", {"run_id": spec.get("run_id"), "pid": os.getpid(), "devices": devices,
+                              "device_aliases": aliases, "placement": placement})
+    try:
+        with runtime.use(ctx):
+            execute_graph(spec["graph"], ctx)
+    except GraphValidationError as exc:
+        return "failed", "the graph failed validation: " + format_errors(exc.response), {"validation": exc.response}
+    except NodeExecutionError as exc:
+        if exc.node_id not in sink.node_errors:
+            sink.emit("node_error", {"node": exc.node_id, "class_type": exc.class_type, "message": str(exc),
+                                     "traceback": exc.traceback})
+        if isinstance(exc.original, runtime.RunStopped):
+            return _stopped(watcher)
+        return "failed", str(exc), {}
+    except runtime.RunStopped:
+        return _stopped(watcher)
+    except Exception as exc:  # noqa: BLE001 - anything else is still reported, never a silent death
+        traceback.print_exc()
+        return "failed", f"{type(exc).__name__}: {exc}", {}
+    # A stop that came after the last stop check changes nothing: the graph finished, it succeeded.
+    return "succeeded", None, {}
+
+
+def _stopped(watcher: StopWatcher) -> tuple[str, str | None, dict[str, Any]]:
+    reason = watcher.reason or "cancel"
+    if reason == "cancel":
+        return "cancelled", "cancelled by request", {}
+    return "interrupted", STOP_ERRORS[reason], {}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m xpufleet.server.run.runner",
+                                     description="Execute one queued run (started by the sidecar or an agent).")
+    parser.add_argument("run_dir", type=Path, help="the run directory holding spec.json")
+    parser.add_argument("--events-fd", type=int, default=None, help="file descriptor to write events to")
+    args = parser.parse_args(argv)
+    if not (args.run_dir / "spec.json").is_file():
+        parser.error(f"{args.run_dir / 'spec.json'} does not exist")
+    return run(args.run_dir, args.events_fd)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""The sidecar's application (SPEC §12) and its serving loop.
+
+:func:`create_app` builds the aiohttp application: the security middleware (auth.py), JSON errors
+(http.py), the route modules (routes/: status, runs, run files, workers; the predictor's own routes),
+the OpenAPI document, and start/stop through ``cleanup_ctx``. The shared objects are found under the
+app keys of keys.py.
+
+:func:`serve` runs it in the foreground (``xpufleet start --foreground``): one sidecar per
+``XPUFLEET_HOME`` (a lock file), the runtime file written once it listens, SIGTERM/SIGINT stop it
+gracefully (started runs are asked to stop and end ``interrupted``; queued runs stay queued).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+from aiohttp import web
+
+from ...constants import ENV_RUN_QUEUE_MAX_CONCURRENT, SIDECAR_LOCK_NAME, STATE_DB_NAME, VERSION
+from ...predictor.routes import add_sidecar_routes as add_predictor_routes
+from ..scheduling import parse_limits
+from . import auth, openapi
+from .config import SidecarConfig
+from .dispatcher import Dispatcher
+from .http import errors_middleware
+from .keys import CONFIG_KEY, DISPATCHER_KEY, LOCAL_PROVIDER_KEY, STARTED_KEY, STORE_KEY
+from .local import LocalProvider, probe_local_devices
+from .routes import run_files as run_files_routes
+from .routes import runs as runs_routes
+from .routes import status as status_routes
+from .routes import workers as workers_routes
+from .runtime_file import ensure_home, remove_runtime, url_for, write_runtime
+from .store import Store
+
+log = logging.getLogger("xpufleet.sidecar")
+
+__all__ = ["SidecarConfig", "create_app", "serve", "run_foreground", "AlreadyRunning", "home_lock"]
+
+
+# --- the app --------------------------------------------------------------------------------------------
+
+
+def create_app(config: SidecarConfig) -> web.Application:
+    """The sidecar application (not started). State lives under ``config.home``.
+
+    The route modules are listed here, in one place; start-up and shutdown run through aiohttp's
+    ``cleanup_ctx`` (the store opens first and closes last; the dispatcher starts after the local
+    provider is registered and stops before the store closes).
+    """
+    ensure_home(config.home)
+    policy = auth.host_policy(config.host, config.allowed_hosts)
+    app = web.Application(
+        client_max_size=config.max_body_bytes,
+        middlewares=[errors_middleware, auth.security_middleware(config.token, policy)],
+    )
+    app[auth.EXEMPTIONS_KEY] = []
+    overrides, warnings = parse_limits(config.limits)
+    for w in warnings:
+        log.warning("%s: %s", ENV_RUN_QUEUE_MAX_CONCURRENT, w)
+    store = Store(config.home / STATE_DB_NAME)
+    dispatcher = Dispatcher(store, config.home, overrides, validate_local_graphs=config.validate_local_graphs,
+                            stop_grace_s=config.stop_grace_s)
+    app[STORE_KEY] = store
+    app[DISPATCHER_KEY] = dispatcher
+    app[CONFIG_KEY] = config
+    app[STARTED_KEY] = time.time()
+    openapi.setup(app)
+    for routes in (status_routes, runs_routes, run_files_routes, workers_routes):
+        routes.setup(app)
+    add_predictor_routes(app, dispatcher.card_snapshots)
+    app.cleanup_ctx.append(_store_ctx)
+    app.cleanup_ctx.append(_dispatcher_ctx)
+    return app
+
+
+async def _store_ctx(app: web.Application) -> AsyncIterator[None]:
+    yield
+    app[STORE_KEY].close()
+
+
+async def _dispatcher_ctx(app: web.Application) -> AsyncIterator[None]:
+    config = app[CONFIG_KEY]
+    dispatcher = app[DISPATCHER_KEY]
+    devices = config.local_devices
+    if devices is None:
+        devices = await asyncio.to_thread(probe_local_devices, config.home)
+    local = LocalProvider(config.home, dispatcher, devices, stop_grace_s=config.stop_grace_s)
+    app[LOCAL_PROVIDER_KEY] = local
+    dispatcher.register_provider(local)
+    await dispatcher.start()
+    yield
+    await dispatcher.shutdown()
+
+
+# --- serving ------------------------------------------------------------------------------------------
+
+
+class AlreadyRunning(RuntimeError):
+    """Another sidecar holds this XPUFLEET_HOME."""
+
+
+@contextlib.contextmanager
+def home_lock(home: Path):
+    """One sidecar per XPUFLEET_HOME (an advisory lock held while it runs)."""
+    ensure_home(home)
+    fh = open(home / SIDECAR_LOCK_NAME, "a+")  # noqa: SIM115 - held for the server's lifetime
+    try:
+        try:
+            import fcntl
+
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except ImportError:  # Windows: no flock; the runtime file check in the CLI still applies
+            pass
+        except OSError:
+            raise AlreadyRunning(f"another sidecar is running with XPUFLEET_HOME={home}") from None
+        yield
+    finally:
+        fh.close()
+
+
+async def serve(config: SidecarConfig, ready: Callable[[str], None] | None = None) -> int:
+    """Run the sidecar until SIGTERM/SIGINT; ``ready(url)`` is called once it listens."""
+    app = create_app(config)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise OSError(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc} "
+                      f"(choose another port with --port)") from None
+    gc.freeze()  # start-up objects never die: keep them out of the collector's full passes
+    port = int(runner.addresses[0][1])
+    url = url_for(config.host, port)
+    write_runtime(config.home, {"url": url, "host": config.host, "port": port, "pid": os.getpid(),
+                                "token": config.token, "version": VERSION, "home": str(config.home),
+                                "started_at": app[STARTED_KEY]})
+    log.info("XPU Fleet sidecar %s listening on %s (home %s)", VERSION, url, config.home)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    if ready is not None:
+        ready(url)
+    try:
+        await stop.wait()
+        log.info("stopping: asking started runs to stop (they end interrupted)")
+    finally:
+        await runner.cleanup()
+        remove_runtime(config.home, os.getpid())
+    return 0
+
+
+def run_foreground(config: SidecarConfig, ready: Callable[[str], None] | None = None) -> int:
+    """``xpufleet start --foreground``: hold the home lock and serve until stopped."""
+    with home_lock(config.home):
+        return asyncio.run(serve(config, ready))

@@ -1,0 +1,20 @@
+"""The one error type a sidecar route answers with: ``{"error": message, ...extra}`` and ``status``.
+
+Request validation (requests.py), the store, the worker registry and the route handlers raise
+subclasses; ``http.errors_middleware`` turns any of them into the JSON answer (SPEC §12, S2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+class ApiError(Exception):
+    """An answer with a 4xx/5xx ``status``; the message says what to fix."""
+
+    def __init__(self, status: int, message: str, extra: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.extra = dict(extra or {})

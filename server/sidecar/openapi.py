@@ -1,0 +1,257 @@
+"""The OpenAPI 3.1 description of the sidecar's HTTP API, served at ``GET /api/openapi.json`` (SPEC S2).
+
+Routes describe themselves with :func:`describe` (other modules too: workers, predictor); any route of
+the app without a description still appears, with its path parameters, so the document lists every
+route the server answers. The tests read this document and fuzz every POST route with bad bodies.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from aiohttp import web
+
+from ...constants import VERSION
+
+OPENAPI_KEY = web.AppKey("xpufleet_openapi", dict)
+
+ERROR = {"$ref": "#/components/schemas/Error"}
+
+
+def _json(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"content": {"application/json": {"schema": schema}}}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    text = {400: "bad input (the message names the field)", 401: "missing token", 403: "wrong token or Host",
+            404: "no such run", 409: "conflict with the run's status", 413: "body too large",
+            503: "the server is stopping"}
+    return {str(c): {"description": text.get(c, "error"), **_json(ERROR)} for c in codes}
+
+
+SCHEMAS: dict[str, Any] = {
+    "Error": {
+        "type": "object", "required": ["error"],
+        "properties": {"error": {"type": "string", "description": "what is wrong and what to fix"},
+                       "node_errors": {"type": "object", "description": "ComfyUI-shaped, for graph errors"}},
+    },
+    "Target": {
+        "type": "object", "additionalProperties": False,
+        "properties": {
+            "worker": {"type": "string", "description": "\"local\" (default), \"any\" or a worker name"},
+            "devices": {"type": "array", "items": {"type": "string"}, "minItems": 1,
+                        "description": "a device set: the run takes every slot at once"},
+            "memory_gib": {"type": "number", "exclusiveMinimum": 0, "description": "budget per card (GiB)"},
+            "memory_source": {"type": "string", "enum": ["user", "estimate", "measured"]},
+            "wait": {"type": "boolean"},
+            "pool": {"type": "string", "description": "a one-shot worker pool"},
+        },
+    },
+    "RunOptions": {
+        "type": "object", "additionalProperties": False,
+        "properties": {
+            "name": {"type": "string"},
+            "seed": {"type": "integer", "minimum": 0},
+            "deterministic": {"type": "boolean"},
+            "record_outputs": {"type": "boolean"},
+            "device": {"type": "string", "description": "auto, cpu, cuda, cuda:N, xpu:N, mps (no set)"},
+            "target": {"oneOf": [{"type": "string"}, {"$ref": "#/components/schemas/Target"}]},
+        },
+    },
+    "RunSubmit": {
+        "type": "object", "required": ["graph"], "additionalProperties": False,
+        "properties": {
+            "graph": {"type": "object", "minProperties": 1, "description": "ComfyUI API-format graph",
+                      "additionalProperties": {
+                          "type": "object", "required": ["class_type"],
+                          "properties": {"class_type": {"type": "string"}, "inputs": {"type": "object"}}}},
+            "options": {"$ref": "#/components/schemas/RunOptions"},
+        },
+    },
+    "Run": {
+        "type": "object",
+        "required": ["id", "status", "error", "worker_id", "devices", "queue_key", "budget_gib", "budget_source",
+                     "execution_facts", "peak_memory", "warnings", "waiting_reason", "final_metrics"],
+        "properties": {
+            "id": {"type": "string"}, "name": {"type": ["string", "null"]},
+            "status": {"type": "string", "enum": ["queued", "assigned", "running", "succeeded", "failed",
+                                                  "cancelled", "interrupted"]},
+            "target": {"type": "string"}, "placement": {"type": ["string", "null"]},
+            "worker_id": {"type": ["string", "null"]}, "devices": {"type": "array", "items": {"type": "string"}},
+            "requested": {"type": "array", "items": {"type": "string"}},
+            "queue_key": {"type": ["string", "null"]}, "budget_gib": {"type": ["number", "null"]},
+            "budget_source": {"type": ["string", "null"]}, "error": {"type": ["string", "null"]},
+            "waiting_reason": {"type": ["string", "null"]}, "warnings": {"type": "array"},
+            "execution_facts": {"type": "object"}, "peak_memory": {"type": ["object", "null"]},
+            "final_metrics": {"type": ["object", "null"]}, "cursor": {"type": "integer"},
+            "created_at": {"type": "number"}, "started_at": {"type": ["number", "null"]},
+            "finished_at": {"type": ["number", "null"]}, "graph": {"type": "object"},
+        },
+    },
+    "Event": {
+        "type": "object", "required": ["cursor", "type", "payload", "ts"],
+        "properties": {"cursor": {"type": "integer", "minimum": 1}, "type": {"type": "string"},
+                       "payload": {"type": "object"}, "ts": {"type": "number"}},
+    },
+    "Cancel": {"type": "object", "additionalProperties": False,
+               "properties": {"reason": {"type": "string", "maxLength": 500}}},
+}
+
+RUN_ID = {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string"}}
+
+
+def _q(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "schema": schema, "description": description}
+
+
+# (method, path) -> operation; the run routes of this module's app.
+RUN_OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
+    ("get", "/api/health"): {
+        "summary": "Liveness (no token needed)", "security": [],
+        "responses": {"200": {"description": "ok", **_json({"type": "object"})}},
+    },
+    ("get", "/api/status"): {
+        "summary": "Server status: version, pid, run counts, providers and slots",
+        "responses": {"200": {"description": "status", **_json({"type": "object"})}, **_errors(401, 403)},
+    },
+    ("get", "/api/openapi.json"): {
+        "summary": "This document (no token needed)", "security": [],
+        "responses": {"200": {"description": "OpenAPI 3.1", **_json({"type": "object"})}},
+    },
+    ("post", "/api/runs"): {
+        "summary": "Queue a run", "requestBody": {"required": True, **_json({"$ref": "#/components/schemas/RunSubmit"})},
+        "responses": {"201": {"description": "queued", **_json({"type": "object", "properties": {
+            "run_id": {"type": "string"}, "status": {"type": "string"}}})}, **_errors(400, 401, 403, 413, 503)},
+    },
+    ("get", "/api/runs"): {
+        "summary": "List runs, newest first",
+        "parameters": [
+            _q("status", {"type": "string"}, "comma-separated statuses"),
+            _q("name", {"type": "string"}, "substring of the run name"),
+            _q("worker", {"type": "string"}, "worker name, or local"),
+            _q("limit", {"type": "integer", "minimum": 1, "maximum": 1000, "default": 50}, "page size"),
+            _q("offset", {"type": "integer", "minimum": 0, "default": 0}, "page start"),
+        ],
+        "responses": {"200": {"description": "runs", **_json({"type": "object", "properties": {
+            "runs": {"type": "array", "items": {"$ref": "#/components/schemas/Run"}},
+            "total": {"type": "integer"}}})}, **_errors(400, 401, 403)},
+    },
+    ("get", "/api/runs/{run_id}"): {
+        "summary": "One run (with its graph)", "parameters": [RUN_ID],
+        "responses": {"200": {"description": "the run", **_json({"$ref": "#/components/schemas/Run"})},
+                      **_errors(401, 403, 404)},
+    },
+    ("delete", "/api/runs/{run_id}"): {
+        "summary": "Delete a finished run (record, events, run directory)", "parameters": [RUN_ID],
+        "responses": {"200": {"description": "deleted", **_json({"type": "object"})}, **_errors(401, 403, 404, 409)},
+    },
+    ("post", "/api/runs/{run_id}/cancel"): {
+        "summary": "Cancel: a queued run ends now; a started run stops cooperatively (interrupt checkpoint)",
+        "parameters": [RUN_ID],
+        "requestBody": {"required": False, **_json({"$ref": "#/components/schemas/Cancel"})},
+        "responses": {"200": {"description": "the run", **_json({"$ref": "#/components/schemas/Run"})},
+                      **_errors(400, 401, 403, 404, 409)},
+    },
+    ("get", "/api/runs/{run_id}/events"): {
+        "summary": "Events after a cursor (gapless per run); long-poll with wait",
+        "parameters": [RUN_ID,
+                       _q("cursor", {"type": "integer", "minimum": 0, "default": 0}, "last cursor seen"),
+                       _q("wait", {"type": "number", "minimum": 0, "maximum": 60, "default": 0},
+                          "seconds to wait for an event when none is there"),
+                       _q("limit", {"type": "integer", "minimum": 1, "maximum": 1000, "default": 500}, "max events"),
+                       _q("type", {"type": "string"}, "comma-separated event types")],
+        "responses": {"200": {"description": "events", **_json({"type": "object", "properties": {
+            "events": {"type": "array", "items": {"$ref": "#/components/schemas/Event"}},
+            "cursor": {"type": "integer"}, "status": {"type": "string"}, "done": {"type": "boolean"}}})},
+            **_errors(400, 401, 403, 404)},
+    },
+    ("get", "/api/runs/{run_id}/events/stream"): {
+        "summary": "Live event stream (Server-Sent Events; id = cursor; Last-Event-ID resumes)",
+        "parameters": [RUN_ID, _q("cursor", {"type": "integer", "minimum": 0}, "start after this cursor")],
+        "responses": {"200": {"description": "text/event-stream"}, **_errors(400, 401, 403, 404)},
+    },
+    ("get", "/api/runs/{run_id}/metrics"): {
+        "summary": "Metric series by name, and the final values", "parameters": [RUN_ID],
+        "responses": {"200": {"description": "metrics", **_json({"type": "object", "properties": {
+            "run_id": {"type": "string"}, "status": {"type": "string"},
+            "metrics": {"type": "object", "description": "name -> [{value, cursor, ts, step?, epoch?, node?}]"},
+            "latest": {"type": "object"}, "final": {"type": ["object", "null"]},
+            "truncated": {"type": "boolean", "description": "series stop after 100,000 points (the CSV has all)"},
+        }})}, **_errors(401, 403, 404)},
+    },
+    ("get", "/api/runs/{run_id}/metrics.csv"): {
+        "summary": "Metric points as CSV (cursor, ts, node, name, value, step, epoch)", "parameters": [RUN_ID],
+        "responses": {"200": {"description": "text/csv"}, **_errors(401, 403, 404)},
+    },
+    ("get", "/api/runs/{run_id}/artifacts"): {
+        "summary": "Files of the run (checkpoints, saved models, TensorBoard, logs)", "parameters": [RUN_ID],
+        "responses": {"200": {"description": "artifacts", **_json({"type": "object"})}, **_errors(401, 403, 404)},
+    },
+    ("get", "/api/runs/{run_id}/artifacts/{path}"): {
+        "summary": "Download one file inside the run directory",
+        "parameters": [RUN_ID, {"name": "path", "in": "path", "required": True, "schema": {"type": "string"}}],
+        "responses": {"200": {"description": "the file"}, **_errors(400, 401, 403, 404)},
+    },
+    ("get", "/api/runs/{run_id}/logs"): {
+        "summary": "The run's output log (stdout and stderr of its process)",
+        "parameters": [RUN_ID, _q("offset", {"type": "integer", "minimum": 0}, "byte offset"),
+                       _q("limit", {"type": "integer", "minimum": 1}, "bytes"),
+                       _q("tail", {"type": "integer", "minimum": 1}, "last N bytes"),
+                       _q("format", {"type": "string", "enum": ["json", "text"]}, "answer shape")],
+        "responses": {"200": {"description": "log text"}, **_errors(400, 401, 403, 404)},
+    },
+}
+
+
+def setup(app: web.Application) -> None:
+    """Register this module's descriptions on ``app``."""
+    app[OPENAPI_KEY] = {k: dict(v) for k, v in RUN_OPERATIONS.items()}
+
+
+def describe(app: web.Application, method: str, path: str, operation: dict[str, Any]) -> None:
+    """Add or replace the description of one route (``path`` in OpenAPI form: ``/api/x/{name}``)."""
+    app[OPENAPI_KEY][(method.lower(), path)] = operation
+
+
+_PARAM_RE = re.compile(r"\{([^}:]+)(?::[^}]*)?\}")
+
+
+def document(app: web.Application) -> dict[str, Any]:
+    """The OpenAPI document for every route of ``app``."""
+    described: dict[tuple[str, str], dict[str, Any]] = dict(app.get(OPENAPI_KEY, {}))
+    for route in app.router.routes():
+        method = route.method.lower()
+        if method in ("head", "*", "options"):
+            continue
+        info = route.resource.get_info() if route.resource is not None else {}
+        raw = info.get("formatter") or info.get("path")
+        if not raw:
+            continue
+        path = _PARAM_RE.sub(lambda m: "{" + m.group(1) + "}", raw)
+        if (method, path) in described:
+            continue
+        params = [{"name": n, "in": "path", "required": True, "schema": {"type": "string"}}
+                  for n in _PARAM_RE.findall(raw)]
+        op: dict[str, Any] = {"summary": f"{method.upper()} {path}", "responses": {"200": {"description": "ok"}}}
+        if params:
+            op["parameters"] = params
+        if method in ("post", "put", "patch"):
+            op["requestBody"] = {"required": False, **_json({"type": "object"})}
+        described[(method, path)] = op
+    paths: dict[str, dict[str, Any]] = {}
+    for (method, path), op in sorted(described.items()):
+        paths.setdefault(path, {})[method] = op
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "XPU Fleet sidecar API", "version": VERSION,
+                 "description": "Runs, workers, predictor. Errors are {\"error\": message} with a 4xx status."},
+        "servers": [{"url": "/"}],
+        "security": [{"bearer": []}],
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
+                                           "description": "the session token from $XPUFLEET_HOME/runtime.json"}},
+            "schemas": SCHEMAS,
+        },
+        "paths": paths,
+    }

@@ -1,0 +1,202 @@
+"""What ``POST /api/runs`` accepts (SPEC §12, S2, S4): the body validated into a typed request.
+
+API validation, not the slot rule: every field is checked here with a 400 that names it and says what
+to fix, and an option that is not built yet is refused by name rather than accepted and ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ...constants import LOCAL_PROVIDER, MAX_DEVICE_SET, WORKER_NAME_RE
+from ..devices.names import device_kind, normalize_device
+from ..scheduling.routing import MEMORY_SOURCES, RunTarget, TargetError
+from .errors import ApiError
+
+LOCAL = LOCAL_PROVIDER
+
+
+def not_available(option: str, feature: str) -> str:
+    """The 400 text for an option whose feature is not built yet (SPEC S4: refused, never ignored)."""
+    return f"{option} is not available yet: {feature} is not built in this version; leave it out"
+
+MAX_NAME_CHARS = 200
+MAX_GRAPH_NODES = 10_000
+
+
+# --- the request (pure) ---------------------------------------------------------------------------
+
+
+class RequestError(ApiError):
+    """A submission the server rejects with 400; ``extra`` joins the answer (e.g. ``node_errors``)."""
+
+    def __init__(self, message: str, extra: Mapping[str, Any] | None = None, status: int = 400) -> None:
+        super().__init__(status, message, extra)
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """A validated ``POST /api/runs`` body."""
+
+    graph: dict[str, Any]
+    options: dict[str, Any]
+    target: RunTarget
+    name: str | None = None
+    seed: int | None = None
+
+
+OPTION_FIELDS = ("name", "seed", "deterministic", "record_outputs", "device", "target")
+
+
+def parse_run_request(body: Any) -> RunRequest:
+    """Validate ``{"graph": {...}, "options": {...}}``; raise RequestError naming the field to fix."""
+    if not isinstance(body, Mapping):
+        raise RequestError("the body must be a JSON object {\"graph\": {...}, \"options\": {...}}")
+    unknown = sorted(set(body) - {"graph", "options"})
+    if unknown:
+        raise RequestError(f"unknown field(s) {', '.join(unknown)}: the body has \"graph\" and \"options\"")
+    if "graph" not in body:
+        raise RequestError("graph: missing; send the graph in ComfyUI's API format as \"graph\"")
+    graph = body["graph"]
+    if not isinstance(graph, Mapping) or not graph:
+        raise RequestError("graph: must be a non-empty object {\"<node id>\": {\"class_type\", \"inputs\"}}")
+    if len(graph) > MAX_GRAPH_NODES:
+        raise RequestError(f"graph: {len(graph)} nodes; at most {MAX_GRAPH_NODES}")
+    for nid, node in graph.items():
+        if not isinstance(node, Mapping):
+            raise RequestError(f"graph[{nid!r}]: a node must be an object with class_type and inputs")
+        if not isinstance(node.get("class_type"), str) or not node["class_type"]:
+            raise RequestError(f"graph[{nid!r}].class_type: missing or not a string")
+        if "inputs" in node and not isinstance(node["inputs"], Mapping):
+            raise RequestError(f"graph[{nid!r}].inputs: must be an object")
+    options = body.get("options")
+    if options is None:
+        options = {}
+    if not isinstance(options, Mapping):
+        raise RequestError("options: must be an object")
+    unknown = sorted(set(options) - set(OPTION_FIELDS))
+    if unknown:
+        raise RequestError(f"options: unknown field(s) {', '.join(unknown)}; known: {', '.join(OPTION_FIELDS)}")
+    name = options.get("name")
+    if name is not None:
+        if not isinstance(name, str):
+            raise RequestError("options.name: must be a string")
+        name = name.strip()[:MAX_NAME_CHARS] or None
+    seed = options.get("seed")
+    if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+            raise RequestError("options.seed: must be an integer between 0 and 2^63-1")
+    for flag in ("deterministic", "record_outputs"):
+        if flag in options and options[flag] is not None and not isinstance(options[flag], bool):
+            raise RequestError(f"options.{flag}: must be true or false")
+    if options.get("record_outputs"):
+        raise RequestError(not_available("options.record_outputs", "recorded node outputs (SPEC W5)"))
+    try:
+        target = parse_target(options)
+    except TargetError as exc:
+        raise RequestError(str(exc)) from None
+    if target.pool is not None:
+        raise RequestError(not_available("options.target.pool", "one-shot worker pools (SPEC W8)"))
+    if target.wait is not None:
+        raise RequestError(not_available("options.target.wait", "waiting for memory on shared cards (SPEC M)"))
+    clean = {k: v for k, v in options.items() if v is not None}
+    if name is not None:
+        clean["name"] = name
+    graph_clean = {str(k): dict(v) for k, v in graph.items()}
+    try:
+        json.dumps(graph_clean, allow_nan=False)
+    except ValueError:
+        raise RequestError("graph: holds NaN or Infinity, which JSON does not allow") from None
+    return RunRequest(graph=graph_clean, options=clean, target=target, name=name, seed=seed)
+
+
+def parse_target(options: Mapping[str, Any]) -> RunTarget:
+    """Validate ``options.target`` and ``options.device``; raise TargetError naming the field.
+
+    ``target`` may be a string (``"local"``, ``"any"``, a worker name) or an object
+    ``{"worker", "devices", "memory_gib", "memory_source", "wait", "pool"}``.
+    """
+    raw = options.get("target")
+    device_raw = options.get("device")
+    if raw is None:
+        raw = {}
+    if isinstance(raw, str):
+        raw = {"worker": raw}
+    if not isinstance(raw, Mapping):
+        raise TargetError("options.target must be an object like {\"worker\": \"local\"} or a worker name string")
+    known = {"worker", "devices", "memory_gib", "memory_source", "wait", "pool"}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise TargetError(f"options.target has unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    worker = raw.get("worker", LOCAL)
+    if worker is None:
+        worker = LOCAL
+    if not isinstance(worker, str) or not worker.strip():
+        raise TargetError("options.target.worker must be \"local\", \"any\" or a worker name")
+    worker = worker.strip()
+    if worker not in (LOCAL, "any") and not WORKER_NAME_RE.match(worker):
+        raise TargetError(
+            f"options.target.worker {worker!r} is not a worker name (letters, digits, '.', '_', '-'; up to 64)"
+        )
+    pool = raw.get("pool")
+    if pool is not None:
+        if not isinstance(pool, str) or not WORKER_NAME_RE.match(pool.strip()):
+            raise TargetError("options.target.pool must be a pool name (letters, digits, '.', '_', '-')")
+        pool = pool.strip()
+        if worker not in (LOCAL, "any"):
+            raise TargetError("give options.target.worker or options.target.pool, not both")
+    devices: tuple[str, ...] | None = None
+    if raw.get("devices") is not None:
+        devs = raw["devices"]
+        if isinstance(devs, str):
+            devs = [d for d in devs.split(",") if d.strip()]
+        if not isinstance(devs, list) or not devs:
+            raise TargetError("options.target.devices must be a non-empty list of device names like [\"cuda:0\"]")
+        if len(devs) > MAX_DEVICE_SET:
+            raise TargetError(f"options.target.devices lists {len(devs)} devices; at most {MAX_DEVICE_SET}")
+        names: list[str] = []
+        for d in devs:
+            try:
+                names.append(normalize_device(d, allow_kind=False))
+            except ValueError as exc:
+                raise TargetError(f"options.target.devices: {exc}") from None
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise TargetError(f"options.target.devices lists {', '.join(dupes)} more than once")
+        kinds = {device_kind(n) for n in names}
+        if len(kinds) > 1:
+            raise TargetError(
+                f"options.target.devices mixes device kinds ({', '.join(names)}); a set is of one kind"
+            )
+        devices = tuple(names)
+    device: str | None = None
+    if device_raw is not None:
+        try:
+            device = normalize_device(device_raw, allow_kind=True, allow_auto=True)
+        except ValueError as exc:
+            raise TargetError(f"options.device: {exc}") from None
+        if devices is not None:
+            if device != devices[0]:
+                raise TargetError(
+                    "give options.device or options.target.devices, not both "
+                    f"(device {device} is not the first device of the set {', '.join(devices)})"
+                )
+            device = None
+    memory_gib = raw.get("memory_gib")
+    if memory_gib is not None:
+        if isinstance(memory_gib, bool) or not isinstance(memory_gib, int | float) or not memory_gib > 0 \
+                or memory_gib != memory_gib or memory_gib > 1e6:
+            raise TargetError("options.target.memory_gib must be a positive number of GiB per card, e.g. 6")
+        memory_gib = float(memory_gib)
+    memory_source = raw.get("memory_source")
+    if memory_source is not None and memory_source not in MEMORY_SOURCES:
+        raise TargetError(f"options.target.memory_source must be one of {', '.join(MEMORY_SOURCES)}")
+    if memory_source is not None and memory_gib is None:
+        raise TargetError("options.target.memory_source needs options.target.memory_gib")
+    wait = raw.get("wait")
+    if wait is not None and not isinstance(wait, bool):
+        raise TargetError("options.target.wait must be true or false")
+    return RunTarget(worker, devices, device, pool, memory_gib, memory_source, wait)

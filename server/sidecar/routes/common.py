@@ -1,0 +1,46 @@
+"""What the run routes share: the run a path names, its public form, its folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from ....constants import (
+    RUNS_DIR_NAME,
+)
+from ..dispatcher import Dispatcher
+from ..errors import ApiError
+from ..keys import CONFIG_KEY, DISPATCHER_KEY, STORE_KEY
+
+
+def dispatcher_of(request: web.Request) -> Dispatcher:
+    return request.app[DISPATCHER_KEY]
+
+
+def run_or_404(request: web.Request, with_graph: bool = False) -> dict[str, Any]:
+    run_id = request.match_info["run_id"]
+    run = request.app[STORE_KEY].get_run(run_id, with_graph=with_graph)
+    if run is None:
+        raise ApiError(404, f"no run {run_id!r}")
+    return run
+
+
+def public_run(run: dict[str, Any], dispatcher: Dispatcher | None = None) -> dict[str, Any]:
+    out = dict(run)
+    out.pop("pid", None)
+    if dispatcher is not None and run["status"] == "queued":
+        out["queue_position"] = dispatcher.queue_position(run["id"])
+    return out
+
+
+
+
+def run_dir_of(request: web.Request, run: dict[str, Any]) -> Path | None:
+    if not run.get("run_dir"):
+        return None
+    cfg = request.app[CONFIG_KEY]
+    root = (cfg.home / RUNS_DIR_NAME).resolve()
+    path = Path(run["run_dir"]).resolve()
+    return path if path.parent == root else None

@@ -1,0 +1,149 @@
+"""The run routes (SPEC §12): submit, list, one run, cancel, delete, events (long-poll and SSE)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+
+from aiohttp import web
+
+from ....constants import (
+    EVENTS_LONG_POLL_MAX_S,
+    EVENTS_PAGE_MAX,
+    RUN_STATUSES,
+    RUNS_PAGE_MAX,
+    TERMINAL_STATUSES,
+)
+from ..errors import ApiError
+from ..http import INT_PARAM_MAX, NO_BODY, float_param, int_param, read_json
+from ..keys import STORE_KEY
+from ..requests import parse_run_request
+from .common import dispatcher_of, public_run, run_or_404
+
+SSE_KEEPALIVE_S = 15.0
+
+
+async def submit_run(request: web.Request) -> web.Response:
+    body = await read_json(request)
+    req = parse_run_request(body)
+    result = dispatcher_of(request).submit(req)
+    return web.json_response(result, status=201)
+
+
+async def list_runs(request: web.Request) -> web.Response:
+    statuses = None
+    raw = request.query.get("status")
+    if raw:
+        statuses = [s.strip() for s in raw.split(",") if s.strip()]
+        bad = [s for s in statuses if s not in RUN_STATUSES]
+        if bad:
+            raise ApiError(400, f"status: unknown {', '.join(bad)}; use {', '.join(RUN_STATUSES)}")
+    limit = int_param(request, "limit", 50, 1, RUNS_PAGE_MAX)
+    offset = int_param(request, "offset", 0, 0)
+    runs, total = request.app[STORE_KEY].list_runs(
+        statuses=statuses, name=request.query.get("name") or None, worker=request.query.get("worker") or None,
+        limit=limit, offset=offset)
+    d = dispatcher_of(request)
+    return web.json_response({"runs": [public_run(r, d) for r in runs], "total": total,
+                              "limit": limit, "offset": offset})
+
+
+async def get_run(request: web.Request) -> web.Response:
+    return web.json_response(public_run(run_or_404(request, with_graph=True), dispatcher_of(request)))
+
+
+async def cancel_run(request: web.Request) -> web.Response:
+    body = await read_json(request, optional=True)
+    reason = None
+    if body is not NO_BODY:
+        if not isinstance(body, dict):
+            raise ApiError(400, "the body must be a JSON object like {\"reason\": \"...\"} (or empty)")
+        unknown = sorted(set(body) - {"reason"})
+        if unknown:
+            raise ApiError(400, f"unknown field(s) {', '.join(unknown)}: the body may have \"reason\"")
+        reason = body.get("reason")
+        if reason is not None and (not isinstance(reason, str) or len(reason) > 500):
+            raise ApiError(400, "reason: must be a string of at most 500 characters")
+    run = await dispatcher_of(request).cancel(request.match_info["run_id"], reason)
+    return web.json_response(public_run(run))
+
+
+async def delete_run(request: web.Request) -> web.Response:
+    run = dispatcher_of(request).delete(request.match_info["run_id"])
+    return web.json_response({"deleted": run["id"], "status": run["status"]})
+
+
+async def run_events(request: web.Request) -> web.Response:
+    run = run_or_404(request)
+    run_id = run["id"]
+    cursor = int_param(request, "cursor", 0, 0)
+    wait = float_param(request, "wait", 0.0, 0.0, EVENTS_LONG_POLL_MAX_S)
+    limit = int_param(request, "limit", 500, 1, EVENTS_PAGE_MAX)
+    types = [t.strip() for t in request.query.get("type", "").split(",") if t.strip()] or None
+    d = dispatcher_of(request)
+    store = request.app[STORE_KEY]
+    waiter = d.hub.waiter(run_id)  # before reading: a notification in between is not lost
+    events = store.events_after(run_id, cursor, limit, types)
+    if not events and wait > 0 and run["status"] not in TERMINAL_STATUSES and not d.shutting_down:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(waiter.wait(), wait)
+        events = store.events_after(run_id, cursor, limit, types)
+    run = store.get_run(run_id) or run
+    last = store.last_cursor(run_id) or 0
+    new_cursor = events[-1]["cursor"] if events else cursor
+    if types:  # filtered: skip past unmatched events too
+        new_cursor = max(new_cursor, last) if len(events) < limit else new_cursor
+    done = run["status"] in TERMINAL_STATUSES and new_cursor >= last
+    return web.json_response({"events": events, "cursor": new_cursor, "status": run["status"], "done": done})
+
+
+async def run_events_stream(request: web.Request) -> web.StreamResponse:
+    run = run_or_404(request)
+    run_id = run["id"]
+    cursor = int_param(request, "cursor", 0, 0)
+    last_id = request.headers.get("Last-Event-ID")
+    if last_id:
+        try:
+            given = int(last_id)
+        except ValueError:
+            given = -1
+        if not 0 <= given <= INT_PARAM_MAX:
+            raise ApiError(400, f"Last-Event-ID: must be an event cursor (an integer >= 0), got {last_id!r}")
+        cursor = max(cursor, given)
+    d = dispatcher_of(request)
+    store = request.app[STORE_KEY]
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                       "X-Accel-Buffering": "no"})
+    await resp.prepare(request)
+    while True:
+        waiter = d.hub.waiter(run_id)
+        events = store.events_after(run_id, cursor, EVENTS_PAGE_MAX)
+        for ev in events:
+            data = json.dumps({"cursor": ev["cursor"], "type": ev["type"], "payload": ev["payload"], "ts": ev["ts"]})
+            await resp.write(f"id: {ev['cursor']}\nevent: {ev['type']}\ndata: {data}\n\n".encode())
+            cursor = ev["cursor"]
+        if events:
+            continue
+        current = store.get_run(run_id)
+        if current is None or current["status"] in TERMINAL_STATUSES or d.shutting_down:
+            break
+        try:
+            await asyncio.wait_for(waiter.wait(), SSE_KEEPALIVE_S)
+        except asyncio.TimeoutError:
+            await resp.write(b": keepalive\n\n")
+    await resp.write_eof()
+    return resp
+
+
+
+
+def setup(app: web.Application) -> None:
+    r = app.router
+    r.add_post("/api/runs", submit_run)
+    r.add_get("/api/runs", list_runs)
+    r.add_get("/api/runs/{run_id}", get_run)
+    r.add_delete("/api/runs/{run_id}", delete_run)
+    r.add_post("/api/runs/{run_id}/cancel", cancel_run)
+    r.add_get("/api/runs/{run_id}/events", run_events)
+    r.add_get("/api/runs/{run_id}/events/stream", run_events_stream)

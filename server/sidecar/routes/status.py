@@ -1,0 +1,47 @@
+"""``GET /api/health``, ``GET /api/status``, ``GET /api/openapi.json``."""
+
+from __future__ import annotations
+
+import os
+
+from aiohttp import web
+
+from ....constants import (
+    VERSION,
+)
+from .. import openapi
+from ..keys import CONFIG_KEY, STARTED_KEY
+from .common import dispatcher_of
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok", "name": "xpufleet", "version": VERSION})
+
+
+async def status(request: web.Request) -> web.Response:
+    d = dispatcher_of(request)
+    state = d.slot_state()
+    slots = [{"key": s.key, "label": s.label, "kind": s.kind, "used": s.used, "limit": s.limit,
+              "limit_from": s.limit_from, "providers": s.shared_by(), "runs": s.holders}
+             for s in state.slots.values()]
+    providers = [{"name": p.name, "local": p.is_local, "online": p.online, "draining": p.draining,
+                  "devices": p.device_names()} for p in d.provider_infos()]
+    cfg = request.app[CONFIG_KEY]
+    return web.json_response({
+        "status": "ok", "version": VERSION, "pid": os.getpid(), "home": str(cfg.home),
+        "started_at": request.app[STARTED_KEY], "runs": d.store.counts(), "queue_length": d.queue_length(),
+        "providers": providers, "slots": slots, "plans": d.plans,
+    })
+
+
+async def openapi_doc(request: web.Request) -> web.Response:
+    return web.json_response(openapi.document(request.app))
+
+
+
+
+def setup(app: web.Application) -> None:
+    r = app.router
+    r.add_get("/api/health", health)
+    r.add_get("/api/status", status)
+    r.add_get("/api/openapi.json", openapi_doc)

@@ -1,0 +1,208 @@
+"""Worker routes of the sidecar (SPEC W1-W6, §12): the agents' WebSocket and the management API.
+
+``setup(app)`` (called by ``create_app``) adds:
+
+* ``GET /api/agents/ws``: the agent WebSocket. Exempt from the session-token middleware: the agent
+  authenticates in its ``hello`` (session token, worker credential or one-time join token).
+* ``GET /api/workers`` -> ``{"workers": [...]}`` (every field of seed 000's Workers panel),
+  ``GET /api/workers/{name}``, ``POST /api/workers/{name}/drain`` / ``/undrain``,
+  ``DELETE /api/workers/{name}`` (remove), ``POST /api/workers/{name}/reissue``,
+  ``POST /api/workers/join-tokens``, ``GET /api/workers/rejected``,
+  ``PUT /api/workers/{name}/devices/{device}/mode`` ``{"mode": "exclusive"|"shared"}``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from ....constants import AGENT_WS_PATH
+from ...workers import protocol
+from ...workers.registry import WorkerError, WorkerRegistry
+from .. import auth, openapi
+from ..http import json_error, read_object
+from ..keys import CONFIG_KEY, DISPATCHER_KEY, STORE_KEY
+
+log = logging.getLogger("xpufleet.workers")
+
+REGISTRY_KEY = web.AppKey("xpufleet_workers", WorkerRegistry)
+
+
+def _registry(request: web.Request) -> WorkerRegistry:
+    return request.app[REGISTRY_KEY]
+
+
+async def agent_ws(request: web.Request) -> web.StreamResponse:
+    """The agent's WebSocket; authentication happens in its hello."""
+    # Pings find a dead agent (power loss, half-open TCP) so its runs enter the resume grace.
+    ws = web.WebSocketResponse(max_msg_size=protocol.MAX_MESSAGE_BYTES,
+                               heartbeat=max(10.0, 3 * protocol.heartbeat_interval_s()))
+    if not ws.can_prepare(request).ok:
+        return json_error(400, f"{AGENT_WS_PATH} is a WebSocket endpoint for worker agents (xpufleet agent start)")
+    await ws.prepare(request)
+    await _registry(request).serve(ws, request.remote)
+    return ws
+
+
+async def list_workers(request: web.Request) -> web.Response:
+    return web.json_response({"workers": _registry(request).list()})
+
+
+async def get_worker(request: web.Request) -> web.Response:
+    return web.json_response(_registry(request).describe(request.match_info["name"]))
+
+
+async def drain(request: web.Request) -> web.Response:
+    await read_object(request, set(), optional=True)
+    return web.json_response(_registry(request).set_drained(request.match_info["name"], True))
+
+
+async def undrain(request: web.Request) -> web.Response:
+    await read_object(request, set(), optional=True)
+    return web.json_response(_registry(request).set_drained(request.match_info["name"], False))
+
+
+async def remove(request: web.Request) -> web.Response:
+    return web.json_response(await _registry(request).remove(request.match_info["name"]))
+
+
+async def reissue(request: web.Request) -> web.Response:
+    await read_object(request, set(), optional=True)
+    reg = _registry(request)
+    return web.json_response(await reg.reissue(request.match_info["name"], _server_url(request)))
+
+
+async def join_tokens(request: web.Request) -> web.Response:
+    body = await read_object(request, {"name", "ttl_s"}, optional=True)
+    name = body.get("name")
+    if name is not None and not isinstance(name, str):
+        raise WorkerError("name must be a string (the worker's name) or absent")
+    ttl = body.get("ttl_s")
+    if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float)):
+        raise WorkerError("ttl_s must be a number of seconds")
+    out = _registry(request).join_token(name, ttl, _server_url(request))
+    return web.json_response(out, status=201)
+
+
+async def rejected(request: web.Request) -> web.Response:
+    return web.json_response({"rejected": _registry(request).rejections()})
+
+
+async def set_mode(request: web.Request) -> web.Response:
+    body = await read_object(request, {"mode"}, optional=True)
+    if "mode" not in body:
+        raise WorkerError("send {\"mode\": \"exclusive\"} or {\"mode\": \"shared\"}")
+    out = _registry(request).set_mode(request.match_info["name"], request.match_info["device"], body["mode"])
+    return web.json_response(out)
+
+
+def _server_url(request: web.Request) -> str:
+    return f"{request.scheme}://{request.host}"
+
+
+def _card_snapshots(reg: WorkerRegistry) -> Any:
+    """Worker cards' latest heartbeat figures, for the predictor's ``/api/snapshot``."""
+
+    def source() -> list[dict[str, Any]]:
+        out = []
+        for st in reg.workers.values():
+            # The worker's host RAM and commit charge (its CPU entry) go with each of its cards.
+            host = next((d for d in st.devices if d["kind"] == "cpu"), {})
+            for d in st.devices:
+                if d["kind"] == "cpu":
+                    continue
+                out.append({"worker": st.name, "device": d["name"], "kind": d["kind"], "uuid": d.get("uuid"),
+                            "total_gib": d.get("total_gib"), "free_gib": d.get("free_gib"),
+                            "simulated": bool(d.get("simulated")), "name": d.get("label"),
+                            "online": st.online, "ram_free_gib": host.get("free_gib"),
+                            "commit_used_gib": host.get("commit_used_gib"),
+                            "commit_limit_gib": host.get("commit_limit_gib")})
+        return out
+
+    return source
+
+
+def setup(app: web.Application) -> None:
+    """Create the worker registry and add the worker routes to the sidecar ``app``."""
+    store = app[STORE_KEY]
+    dispatcher = app[DISPATCHER_KEY]
+    config = app[CONFIG_KEY]
+    registry = WorkerRegistry(store, dispatcher, session_token=lambda: getattr(config, "token", None))
+    app[REGISTRY_KEY] = registry
+    dispatcher.card_snapshot_sources.append(_card_snapshots(registry))
+    auth.add_exemption(app, AGENT_WS_PATH)
+    r = app.router
+    r.add_get(AGENT_WS_PATH, agent_ws)
+    r.add_get("/api/workers", list_workers)
+    r.add_get("/api/workers/rejected", rejected)
+    r.add_post("/api/workers/join-tokens", join_tokens)
+    r.add_get("/api/workers/{name}", get_worker)
+    r.add_delete("/api/workers/{name}", remove)
+    r.add_post("/api/workers/{name}/drain", drain)
+    r.add_post("/api/workers/{name}/undrain", undrain)
+    r.add_post("/api/workers/{name}/reissue", reissue)
+    r.add_put("/api/workers/{name}/devices/{device}/mode", set_mode)
+    _describe(app)
+
+    async def on_startup(app: web.Application) -> None:
+        registry.start()
+
+    async def on_shutdown(app: web.Application) -> None:
+        await registry.close()
+
+    app.on_startup.append(on_startup)
+    app.on_shutdown.insert(0, on_shutdown)
+
+
+def _describe(app: web.Application) -> None:
+    """OpenAPI descriptions of the worker routes."""
+    err = {"$ref": "#/components/schemas/Error"}
+
+    def resp(desc: str, *codes: int) -> dict[str, Any]:
+        out: dict[str, Any] = {"200": {"description": desc}}
+        for c in codes:
+            out[str(c)] = {"description": "error", "content": {"application/json": {"schema": err}}}
+        return out
+
+    name = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
+    device = {"name": "device", "in": "path", "required": True, "schema": {"type": "string"},
+              "description": "the worker's device name, e.g. cuda:0"}
+    ops = {
+        ("get", AGENT_WS_PATH): {"summary": "worker agents' WebSocket (auth in the hello message)",
+                                 "responses": {"101": {"description": "switching protocols"},
+                                               "400": {"description": "not a WebSocket request"}}},
+        ("get", "/api/workers"): {"summary": "every known worker with status, devices, slots and runs",
+                                  "responses": resp("{\"workers\": [...]}", 401, 403)},
+        ("get", "/api/workers/rejected"): {"summary": "refused agent connections with their reason",
+                                           "responses": resp("{\"rejected\": [...]}", 401, 403)},
+        ("post", "/api/workers/join-tokens"): {
+            "summary": "a one-time join token and the command a remote machine runs",
+            "requestBody": {"required": False, "content": {"application/json": {"schema": {
+                "type": "object", "additionalProperties": False,
+                "properties": {"name": {"type": "string"}, "ttl_s": {"type": "number"}}}}}},
+            "responses": {"201": {"description": "{\"join_token\", \"command\", \"expires_at\"}"},
+                          **{k: v for k, v in resp("", 400, 401, 403).items() if k != "200"}}},
+        ("get", "/api/workers/{name}"): {"summary": "one worker", "parameters": [name],
+                                         "responses": resp("the worker", 404)},
+        ("delete", "/api/workers/{name}"): {
+            "summary": "remove: revoke its credential, disconnect it, fail the runs waiting for it",
+            "parameters": [name], "responses": resp("what was removed", 404)},
+        ("post", "/api/workers/{name}/drain"): {"summary": "no new runs on this worker", "parameters": [name],
+                                                "responses": resp("the worker", 400, 404)},
+        ("post", "/api/workers/{name}/undrain"): {"summary": "take new runs again", "parameters": [name],
+                                                  "responses": resp("the worker", 400, 404)},
+        ("post", "/api/workers/{name}/reissue"): {
+            "summary": "a new credential for a joined worker (the old one stops working)",
+            "parameters": [name], "responses": resp("delivered, or a join token", 400, 404, 409)},
+        ("put", "/api/workers/{name}/devices/{device}/mode"): {
+            "summary": "a card's mode: exclusive (default) or shared by memory (CUDA/MPS on workers)",
+            "parameters": [name, device],
+            "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                "type": "object", "required": ["mode"], "additionalProperties": False,
+                "properties": {"mode": {"type": "string", "enum": ["exclusive", "shared"]}}}}}},
+            "responses": resp("the new mode", 400, 404)},
+    }
+    for (method, path), op in ops.items():
+        openapi.describe(app, method, path, op)

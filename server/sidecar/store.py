@@ -1,0 +1,506 @@
+"""Durable state of the sidecar: runs and their event logs in SQLite (SPEC Q1).
+
+One connection, owned by the sidecar's event-loop thread, is the only writer (WAL journal, so readers
+in other processes never block it). Every change is one transaction: a failure rolls back and leaves
+nothing half written. Each run's events get a gapless ``cursor`` (1, 2, 3, ...) allocated in the same
+transaction as the insert; events relayed from a run child carry the child's ``seq`` (``source_seq``)
+so a replay (a worker reconnecting) is stored once.
+
+Other modules add their own tables with :meth:`Store.ensure_schema` (workers, memory ledger, ...).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ...constants import RUN_STATUSES, TERMINAL_STATUSES
+from .errors import ApiError
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    name TEXT,
+    status TEXT NOT NULL,
+    target TEXT NOT NULL,
+    placement TEXT,
+    worker_id TEXT,
+    devices TEXT NOT NULL DEFAULT '[]',
+    requested TEXT NOT NULL DEFAULT '[]',
+    candidates TEXT NOT NULL DEFAULT '[]',
+    queue_key TEXT,
+    budget_gib REAL,
+    budget_source TEXT,
+    graph TEXT NOT NULL,
+    options TEXT NOT NULL,
+    seed INTEGER,
+    error TEXT,
+    waiting_reason TEXT,
+    warnings TEXT NOT NULL DEFAULT '[]',
+    execution_facts TEXT NOT NULL DEFAULT '{}',
+    peak_memory TEXT,
+    final_metrics TEXT,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    pid INTEGER,
+    run_dir TEXT,
+    last_cursor INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL,
+    assigned_at REAL,
+    started_at REAL,
+    finished_at REAL
+);
+CREATE INDEX IF NOT EXISTS runs_status ON runs(status, seq);
+CREATE INDEX IF NOT EXISTS runs_worker ON runs(worker_id, seq);
+CREATE TABLE IF NOT EXISTS events (
+    run_id TEXT NOT NULL,
+    cursor INTEGER NOT NULL,
+    type TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    ts REAL NOT NULL,
+    source_seq INTEGER,
+    PRIMARY KEY (run_id, cursor)
+) WITHOUT ROWID;
+CREATE UNIQUE INDEX IF NOT EXISTS events_source ON events(run_id, source_seq) WHERE source_seq IS NOT NULL;
+CREATE INDEX IF NOT EXISTS events_type ON events(run_id, type, cursor);
+"""
+
+ACTIVE_STATUSES = ("assigned", "running")
+_JSON_COLUMNS = ("devices", "requested", "candidates", "options", "warnings", "execution_facts")
+_JSON_NULLABLE = ("peak_memory", "final_metrics")
+
+
+class StoreError(ApiError):
+    """A store operation that cannot apply (unknown run, wrong status); ``status`` is the HTTP code."""
+
+    def __init__(self, message: str, status: int = 409) -> None:
+        super().__init__(status, message)
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=str)
+
+
+def _dumps_lenient(value: Any) -> str:
+    """Event payloads may hold NaN (a diverged loss): stored as JSON null instead of failing the insert."""
+    try:
+        return _dumps(value)
+    except ValueError:
+        return _dumps(_nan_to_none(value))
+
+
+def _nan_to_none(value: Any) -> Any:
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return None
+    if isinstance(value, dict):
+        return {k: _nan_to_none(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_nan_to_none(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class NewEvent:
+    """An event to append: ``source_seq`` is the run child's ``seq`` (None for the server's own)."""
+
+    type: str
+    payload: Mapping[str, Any]
+    ts: float | None = None
+    source_seq: int | None = None
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    stored: int  # events newly stored (duplicates of an earlier source_seq are skipped)
+    finished: str | None  # the terminal status, when a run_finished event ended the run here
+
+
+class Store:
+    """The sidecar's SQLite state under ``$XPUFLEET_HOME/state.db``."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT) below.
+        self._db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
+        self._lock = threading.RLock()
+        self._depth = 0
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        with self.transaction() as db:
+            for stmt in _statements(_SCHEMA):
+                db.execute(stmt)
+            db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema:core', ?)", (str(SCHEMA_VERSION),))
+
+    # --- plumbing ---------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One atomic write (nested calls join the outer transaction)."""
+        with self._lock:
+            if self._depth:
+                self._depth += 1
+                try:
+                    yield self._db
+                finally:
+                    self._depth -= 1
+                return
+            self._db.execute("BEGIN IMMEDIATE")
+            self._depth = 1
+            try:
+                yield self._db
+            except BaseException:
+                self._depth = 0
+                self._db.execute("ROLLBACK")
+                raise
+            else:
+                self._depth = 0
+                self._db.execute("COMMIT")
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._db.execute(sql, params).fetchall()
+
+    def ensure_schema(self, name: str, ddl: str, version: int = 1) -> None:
+        """Create another module's tables (idempotent). ``ddl``: ``CREATE ... IF NOT EXISTS`` statements.
+
+        The version is recorded under ``schema:<name>`` in ``meta`` so a module can migrate later.
+        """
+        with self.transaction() as db:
+            for stmt in _statements(ddl):
+                db.execute(stmt)
+            db.execute(
+                "INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                (f"schema:{name}", str(version)),
+            )
+
+    def schema_version(self, name: str) -> int | None:
+        rows = self.query("SELECT value FROM meta WHERE key=?", (f"schema:{name}",))
+        return int(rows[0]["value"]) if rows else None
+
+    # --- runs -------------------------------------------------------------------------------------
+
+    def create_run(
+        self,
+        *,
+        graph: Mapping[str, Any],
+        options: Mapping[str, Any],
+        target: str,
+        requested: Sequence[str],
+        candidates: Sequence[Mapping[str, Any]],
+        queue_key: str,
+        name: str | None = None,
+        seed: int | None = None,
+        budget_gib: float | None = None,
+        budget_source: str | None = None,
+        warnings: Sequence[Mapping[str, Any]] = (),
+        run_id: str | None = None,
+        now: float | None = None,
+    ) -> str:
+        """Insert a queued run with its first events (``status`` queued, then each warning)."""
+        run_id = run_id or new_run_id()
+        now = time.time() if now is None else now
+        with self.transaction() as db:
+            db.execute(
+                "INSERT INTO runs(id, name, status, target, requested, candidates, queue_key, budget_gib,"
+                " budget_source, graph, options, seed, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (run_id, name, "queued", target, _dumps(list(requested)), _dumps(list(candidates)), queue_key,
+                 budget_gib, budget_source, _dumps(graph), _dumps(options), seed, now),
+            )
+            events = [NewEvent("status", {"status": "queued", "target": target, "queue_key": queue_key}, now)]
+            events += [NewEvent("run_warning", dict(w), now) for w in warnings]
+            self._append(db, run_id, events)
+        return run_id
+
+    def get_run(self, run_id: str, *, with_graph: bool = False) -> dict[str, Any] | None:
+        rows = self.query("SELECT * FROM runs WHERE id=?", (run_id,))
+        return _row_to_run(rows[0], with_graph) if rows else None
+
+    def list_runs(
+        self,
+        *,
+        statuses: Iterable[str] | None = None,
+        name: str | None = None,
+        worker: str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> tuple[list[dict[str, Any]], int]:
+        """Runs newest first, filtered (status in ``statuses``, name substring, worker) and paged."""
+        where: list[str] = []
+        params: list[Any] = []
+        if statuses:
+            sts = list(statuses)
+            where.append(f"status IN ({','.join('?' * len(sts))})")
+            params += sts
+        if name:
+            where.append("name LIKE ? ESCAPE '\\'")
+            params.append("%" + name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%")
+        if worker:
+            if worker == "local":
+                where.append("(placement = 'local' OR (placement IS NULL AND target = 'local'))")
+            else:
+                where.append("(worker_id = ? OR (worker_id IS NULL AND target = ?))")
+                params += [worker, worker]
+        clause = (" WHERE " + " AND ".join(where)) if where else ""
+        with self._lock:
+            total = self._db.execute(f"SELECT COUNT(*) FROM runs{clause}", params).fetchone()[0]
+            rows = self._db.execute(
+                f"SELECT * FROM runs{clause} ORDER BY seq DESC LIMIT ? OFFSET ?", [*params, limit, offset]
+            ).fetchall()
+        return [_row_to_run(r, False) for r in rows], int(total)
+
+    def counts(self) -> dict[str, int]:
+        out = {s: 0 for s in RUN_STATUSES}
+        for r in self.query("SELECT status, COUNT(*) AS n FROM runs GROUP BY status"):
+            out[r["status"]] = int(r["n"])
+        return out
+
+    def queued(self) -> list[tuple[str, list[dict[str, Any]]]]:
+        """(run id, candidates) of every queued run, in submission order."""
+        rows = self.query("SELECT id, candidates FROM runs WHERE status='queued' ORDER BY seq")
+        return [(r["id"], json.loads(r["candidates"])) for r in rows]
+
+    def active(self) -> list[dict[str, Any]]:
+        """Assigned and running runs (they hold slots)."""
+        rows = self.query("SELECT * FROM runs WHERE status IN ('assigned','running') ORDER BY seq")
+        return [_row_to_run(r, False) for r in rows]
+
+    def assign(self, run_id: str, *, provider: str, placement: str, devices: Sequence[str], run_dir: str | None,
+               now: float | None = None) -> bool:
+        """queued -> assigned (False when the run is no longer queued, e.g. cancelled meanwhile)."""
+        now = time.time() if now is None else now
+        with self.transaction() as db:
+            cur = db.execute(
+                "UPDATE runs SET status='assigned', worker_id=?, placement=?, devices=?, run_dir=?, assigned_at=?,"
+                " waiting_reason=NULL WHERE id=? AND status='queued'",
+                (None if placement == "local" else provider, placement, _dumps(list(devices)), run_dir, now, run_id),
+            )
+            if cur.rowcount != 1:
+                return False
+            self._append(db, run_id, [NewEvent("status", {
+                "status": "assigned", "worker_id": None if placement == "local" else provider,
+                "placement": placement, "devices": list(devices)}, now)])
+        return True
+
+    def mark_running(self, run_id: str, *, pid: int | None = None, now: float | None = None) -> bool:
+        now = time.time() if now is None else now
+        with self.transaction() as db:
+            cur = db.execute(
+                "UPDATE runs SET status='running', pid=?, started_at=? WHERE id=? AND status='assigned'",
+                (pid, now, run_id),
+            )
+            if cur.rowcount != 1:
+                return False
+            self._append(db, run_id, [NewEvent("status", {"status": "running"}, now)])
+        return True
+
+    def request_cancel(self, run_id: str) -> None:
+        with self.transaction() as db:
+            db.execute("UPDATE runs SET cancel_requested=1 WHERE id=?", (run_id,))
+
+    def set_waiting_reasons(self, reasons: Mapping[str, str | None]) -> None:
+        """Update ``waiting_reason`` of queued runs in one transaction."""
+        if not reasons:
+            return
+        with self.transaction() as db:
+            db.executemany(
+                "UPDATE runs SET waiting_reason=? WHERE id=? AND status='queued'",
+                [(reason, run_id) for run_id, reason in reasons.items()],
+            )
+
+    def finish(
+        self,
+        run_id: str,
+        status: str,
+        *,
+        error: str | None = None,
+        final_metrics: Mapping[str, Any] | None = None,
+        peak_memory: Mapping[str, Any] | None = None,
+        execution_facts: Mapping[str, Any] | None = None,
+        now: float | None = None,
+    ) -> bool:
+        """End a run that has not ended yet, appending the server's own ``run_finished`` event.
+
+        For a run whose child reported ``run_finished``, use :meth:`append_events` instead (it ends
+        the run in the same transaction). False when the run had already ended.
+        """
+        if status not in TERMINAL_STATUSES:
+            raise ValueError(f"{status!r} is not a terminal status")
+        now = time.time() if now is None else now
+        with self.transaction() as db:
+            row = db.execute("SELECT status FROM runs WHERE id=?", (run_id,)).fetchone()
+            if row is None or row["status"] in TERMINAL_STATUSES:
+                return False
+            payload = {"status": status, "error": error, "final_metrics": dict(final_metrics or {}),
+                       "peak_memory": dict(peak_memory) if peak_memory is not None else None,
+                       "execution_facts": dict(execution_facts or {})}
+            self._append(db, run_id, [NewEvent("run_finished", payload, now)])
+        return True
+
+    def delete_run(self, run_id: str) -> dict[str, Any]:
+        """Delete a finished run's record and events; 404/409 via StoreError otherwise."""
+        with self.transaction() as db:
+            row = db.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
+            if row is None:
+                raise StoreError(f"no run {run_id!r}", 404)
+            if row["status"] not in TERMINAL_STATUSES:
+                raise StoreError(
+                    f"run {run_id} is {row['status']}: only a finished run can be deleted (cancel it first)", 409
+                )
+            db.execute("DELETE FROM events WHERE run_id=?", (run_id,))
+            db.execute("DELETE FROM runs WHERE id=?", (run_id,))
+            return _row_to_run(row, False)
+
+    # --- events -----------------------------------------------------------------------------------
+
+    def append_events(self, run_id: str, events: Sequence[NewEvent]) -> AppendResult:
+        """Append events atomically; a ``run_finished`` among them ends the run (once)."""
+        if not events:
+            return AppendResult(0, None)
+        with self.transaction() as db:
+            return self._append(db, run_id, events)
+
+    def _append(self, db: sqlite3.Connection, run_id: str, events: Sequence[NewEvent]) -> AppendResult:
+        row = db.execute("SELECT last_cursor, status, warnings FROM runs WHERE id=?", (run_id,)).fetchone()
+        if row is None:
+            raise StoreError(f"no run {run_id!r}", 404)
+        cursor = int(row["last_cursor"])
+        status = row["status"]
+        warnings: list[Any] | None = None
+        finished: str | None = None
+        stored = 0
+        now = time.time()
+        for ev in events:
+            if ev.source_seq is not None and db.execute(
+                "SELECT 1 FROM events WHERE run_id=? AND source_seq=?", (run_id, ev.source_seq)
+            ).fetchone():
+                continue  # a replay of an event stored before
+            if ev.type == "run_finished" and (status in TERMINAL_STATUSES or finished):
+                continue  # a run ends once; a late report of an already ended run is dropped
+            payload = dict(ev.payload)
+            cursor += 1
+            stored += 1
+            db.execute(
+                "INSERT INTO events(run_id, cursor, type, payload, ts, source_seq) VALUES (?,?,?,?,?,?)",
+                (run_id, cursor, ev.type, _dumps_lenient(payload), float(ev.ts if ev.ts is not None else now),
+                 ev.source_seq),
+            )
+            if ev.type == "run_warning":
+                if warnings is None:
+                    warnings = json.loads(row["warnings"])
+                warnings.append(payload)
+            elif ev.type == "run_finished":
+                finished = self._apply_finished(db, run_id, payload, ev.ts if ev.ts is not None else now)
+        db.execute(
+            "UPDATE runs SET last_cursor=?" + (", warnings=?" if warnings is not None else "") + " WHERE id=?",
+            (cursor, _dumps_lenient(warnings), run_id) if warnings is not None else (cursor, run_id),
+        )
+        return AppendResult(stored, finished)
+
+    @staticmethod
+    def _apply_finished(db: sqlite3.Connection, run_id: str, payload: Mapping[str, Any], ts: float) -> str:
+        status = payload.get("status")
+        if status not in TERMINAL_STATUSES:
+            status = "failed"
+        error = payload.get("error")
+        facts = payload.get("execution_facts")
+        sets = ["status=?", "error=?", "finished_at=?", "final_metrics=?", "peak_memory=?", "waiting_reason=NULL"]
+        params: list[Any] = [status, None if error is None else str(error), ts,
+                             _dumps_lenient(payload.get("final_metrics") or {}),
+                             _dumps_lenient(payload.get("peak_memory"))]
+        if isinstance(facts, Mapping) and facts:
+            row = db.execute("SELECT execution_facts FROM runs WHERE id=?", (run_id,)).fetchone()
+            merged = {**json.loads(row["execution_facts"]), **facts}
+            sets.append("execution_facts=?")
+            params.append(_dumps_lenient(merged))
+        db.execute(f"UPDATE runs SET {', '.join(sets)} WHERE id=?", [*params, run_id])
+        return str(status)
+
+    def set_execution_facts(self, run_id: str, facts: Mapping[str, Any]) -> None:
+        """Merge facts known before the child reports (placement, visible devices)."""
+        with self.transaction() as db:
+            row = db.execute("SELECT execution_facts FROM runs WHERE id=?", (run_id,)).fetchone()
+            if row is None:
+                return
+            merged = {**json.loads(row["execution_facts"]), **facts}
+            db.execute("UPDATE runs SET execution_facts=? WHERE id=?", (_dumps_lenient(merged), run_id))
+
+    def events_after(self, run_id: str, cursor: int = 0, limit: int = 1000,
+                     types: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """Events with ``cursor`` greater than the given one, oldest first."""
+        sql = "SELECT cursor, type, payload, ts FROM events WHERE run_id=? AND cursor>?"
+        params: list[Any] = [run_id, int(cursor)]
+        if types:
+            sql += f" AND type IN ({','.join('?' * len(types))})"
+            params += list(types)
+        sql += " ORDER BY cursor LIMIT ?"
+        params.append(int(limit))
+        return [
+            {"cursor": r["cursor"], "type": r["type"], "payload": json.loads(r["payload"]), "ts": r["ts"]}
+            for r in self.query(sql, params)
+        ]
+
+    def last_source_seq(self, run_id: str) -> int:
+        rows = self.query("SELECT MAX(source_seq) AS m FROM events WHERE run_id=?", (run_id,))
+        return int(rows[0]["m"] or 0) if rows else 0
+
+    def last_cursor(self, run_id: str) -> int | None:
+        rows = self.query("SELECT last_cursor FROM runs WHERE id=?", (run_id,))
+        return int(rows[0]["last_cursor"]) if rows else None
+
+
+def _statements(script: str) -> list[str]:
+    return [s.strip() for s in script.split(";") if s.strip()]
+
+
+def _row_to_run(row: sqlite3.Row, with_graph: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": row["id"],
+        "name": row["name"],
+        "status": row["status"],
+        "target": row["target"],
+        "placement": row["placement"],
+        "worker_id": row["worker_id"],
+        "queue_key": row["queue_key"],
+        "budget_gib": row["budget_gib"],
+        "budget_source": row["budget_source"],
+        "seed": row["seed"],
+        "error": row["error"],
+        "waiting_reason": row["waiting_reason"],
+        "cancel_requested": bool(row["cancel_requested"]),
+        "cursor": row["last_cursor"],
+        "created_at": row["created_at"],
+        "assigned_at": row["assigned_at"],
+        "started_at": row["started_at"],
+        "finished_at": row["finished_at"],
+        "run_dir": row["run_dir"],
+        "pid": row["pid"],
+    }
+    for col in _JSON_COLUMNS:
+        out[col] = json.loads(row[col])
+    for col in _JSON_NULLABLE:
+        out[col] = json.loads(row[col]) if row[col] is not None else None
+    if with_graph:
+        out["graph"] = json.loads(row["graph"])
+    return out

@@ -1,0 +1,59 @@
+"""A worker as the dispatcher sees it (the Provider protocol of sidecar/providers.py)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..scheduling import DeviceOffer
+
+if TYPE_CHECKING:
+    from .registry import WorkerRegistry, WorkerState
+
+
+class WorkerProvider:
+    """A worker as the dispatcher sees it (SPEC Q3-Q5): devices with UUIDs, start and cancel."""
+
+    is_local = False
+
+    def __init__(self, registry: WorkerRegistry, name: str) -> None:
+        self.registry = registry
+        self.name = name
+
+    @property
+    def _state(self) -> WorkerState | None:
+        return self.registry.workers.get(self.name)
+
+    @property
+    def online(self) -> bool:
+        st = self._state
+        return st is not None and st.online
+
+    @property
+    def draining(self) -> bool:
+        st = self._state
+        return st is None or st.drained
+
+    def devices(self) -> list[DeviceOffer]:
+        st = self._state
+        if st is None:
+            return []
+        return [DeviceOffer(name=str(d["name"]), kind=str(d["kind"]), uuid=d.get("uuid") or None,
+                            total_gib=d.get("total_gib")) for d in st.devices]
+
+    async def start_run(self, run: dict[str, Any], devices: list[str]) -> None:
+        """Send ``start_run``; the agent's events then arrive through the registry."""
+        st = self._state
+        if st is None or st.conn is None:
+            raise RuntimeError(f"worker {self.name} disconnected before the run could be sent to it")
+        if not await self.registry.send_start(st.conn, run, devices):
+            raise RuntimeError(f"worker {self.name} disconnected before the run could be sent to it")
+
+    async def cancel(self, run_id: str) -> bool:
+        """Ask the agent to stop the run (sent again after a reconnect if it is offline now)."""
+        st = self._state
+        if st is None or st.conn is None:
+            return False
+        return await st.conn.send("cancel_run", run_id=run_id, reason="cancelled by request")
+
+
+# --- the registry ------------------------------------------------------------------------------------

@@ -1,0 +1,139 @@
+"""The Workers panel (seed 000): a worker's status and reason, and every field ``GET /api/workers`` lists."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ...constants import LOCAL_PROVIDER, VERSION
+from ..scheduling import build_state
+from . import protocol
+
+
+def node_type_diff(server_types: list[str] | set[str], worker_types: list[str] | set[str]) -> dict[str, Any]:
+    """Which node types the worker lacks and which only it has (pure)."""
+    s, w = set(server_types), set(worker_types)
+    missing, extra = sorted(s - w), sorted(w - s)
+    return {"match": not missing and not extra, "missing_on_worker": missing, "only_on_worker": extra}
+
+
+def _names(items: list[str], n: int = 5) -> str:
+    return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
+
+
+def worker_status(
+    *, connected: bool, drained: bool, heartbeat_age_s: float | None, late_after_s: float,
+    node_types: dict[str, Any] | None, disconnected_for_s: float | None = None,
+    ever_connected: bool = True, runs_in_grace: int = 0, grace_s: float = 0.0,
+) -> tuple[str, str]:
+    """Online / Degraded / Draining / Disconnected and the reason shown beside it (pure)."""
+    if not connected:
+        if not ever_connected:
+            return "Disconnected", "has not connected since the server started"
+        why = "disconnected" + (f" {disconnected_for_s:.0f} s ago" if disconnected_for_s is not None else "")
+        if runs_in_grace:
+            left = max(0.0, grace_s - (disconnected_for_s or 0.0))
+            why += f"; its {runs_in_grace} run(s) keep running for up to {left:.0f} s more"
+        return "Disconnected", why + ("; draining" if drained else "")
+    if drained:
+        return "Draining", "draining: no new runs; running runs finish"
+    reasons = []
+    if heartbeat_age_s is not None and heartbeat_age_s > late_after_s:
+        reasons.append(f"late heartbeat: none for {heartbeat_age_s:.0f} s")
+    if node_types is not None and not node_types["match"]:
+        parts = []
+        if node_types["missing_on_worker"]:
+            parts.append(f"missing on the worker: {_names(node_types['missing_on_worker'])}")
+        if node_types["only_on_worker"]:
+            parts.append(f"only on the worker: {_names(node_types['only_on_worker'])}")
+        reasons.append("node types differ from the server's (" + "; ".join(parts) + ")")
+    if reasons:
+        return "Degraded", "; ".join(reasons)
+    return "Online", ""
+
+
+# --- live state ------------------------------------------------------------------------------------
+
+
+class WorkersPanel:
+    """The presentation part of :class:`~.registry.WorkerRegistry` (mixed in)."""
+
+    # --- slots view -------------------------------------------------------------------------------------
+    def _slot_state(self) -> Any:
+        holdings = {r["id"]: (r["worker_id"] or LOCAL_PROVIDER, tuple(r["devices"])) for r in self.store.active()}
+        return build_state(self.dispatcher.provider_infos(), self.dispatcher.overrides, holdings)
+
+    def limit_warnings(self, name: str | None = None, state: Any = None) -> list[str]:
+        """Overrides lowered by another provider of the same card (all, or those naming ``name``)."""
+        state = state if state is not None else self._slot_state()
+        return [w for w in state.warnings
+                if name is None or f" on {name} is lowered" in w or f"offered by {name} with" in w]
+
+
+    # --- the Workers panel -----------------------------------------------------------------------------
+    def describe(self, name: str, state: Any = None) -> dict[str, Any]:
+        """One worker as ``GET /api/workers`` lists it (every field of seed 000's Workers panel)."""
+        st = self.get(name)
+        state = state if state is not None else self._slot_state()
+        now_m = time.monotonic()
+        hb_age = None if st.last_heartbeat is None or not st.online else now_m - st.last_heartbeat
+        types = node_type_diff(self.server_node_types(), st.node_types) if st.version else None
+        active = self._active_runs(name)
+        disconnected_for = None if st.disconnected_at is None else now_m - st.disconnected_at
+        status, reason = worker_status(
+            connected=st.online, drained=st.drained, heartbeat_age_s=hb_age,
+            late_after_s=protocol.heartbeat_late_s(), node_types=types if st.online else None,
+            disconnected_for_s=disconnected_for, ever_connected=st.connected_since_start,
+            runs_in_grace=len(active) if st.grace_handle is not None else 0, grace_s=protocol.resume_grace_s(),
+        )
+        modes = self._modes(name)
+        devices = []
+        for d in st.devices:
+            slot = state.slot_for(name, d["name"]) if st.provider is not None else None
+            same = []
+            limit = None
+            if slot is not None:
+                same = [{"provider": o.provider, "device": o.device} for o in slot.offers if o.provider != name]
+                own = next((o.limit for o in slot.offers if o.provider == name), None)
+                limit = slot.limit if slot.limit > 0 else own  # offline: its own limit, not 0
+            devices.append({
+                "name": d["name"], "kind": d["kind"], "label": d.get("label"), "uuid": d.get("uuid"),
+                "total_gib": d.get("total_gib"), "free_gib": d.get("free_gib"),
+                "simulated": bool(d.get("simulated")),
+                "slots_used": slot.used if slot is not None else sum(1 for r in active if d["name"] in r["devices"]),
+                "slot_limit": limit,
+                "limit_from": slot.limit_from if slot is not None else None,
+                "mode": modes.get(d["name"], "exclusive"),
+                "same_card_as": same,
+                "last_reported": not st.online,
+            })
+        last_seen_age = None if st.last_seen is None else round(time.time() - st.last_seen, 1)
+        return {
+            "name": name,
+            "status": status,
+            "status_reason": reason,
+            "connected": st.online,
+            "connected_since_start": st.connected_since_start,
+            "auth": st.auth,
+            "drained": st.drained,
+            "version": st.version,
+            "server_version": VERSION,
+            "version_match": st.version == VERSION if st.version else None,
+            "environment": st.env,
+            "node_types": types,
+            "last_rejection": self._last_rejection(name),
+            "heartbeat_age_s": None if hb_age is None else round(hb_age, 1),
+            "last_seen_age_s": last_seen_age,
+            "simulated": any(d.get("simulated") for d in st.devices),
+            "devices": devices,
+            "runs": [{"id": r["id"], "name": r["name"], "status": r["status"], "devices": r["devices"]}
+                     for r in active],
+            "queued": len(self._queued_for(name)),
+            "warnings": self.limit_warnings(name, state),
+            "peer": st.conn.peer if st.conn is not None else None,
+        }
+
+    def list(self) -> list[dict[str, Any]]:
+        """Every known worker, by name."""
+        state = self._slot_state()
+        return [self.describe(n, state) for n in sorted(self.workers)]

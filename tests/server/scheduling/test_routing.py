@@ -1,0 +1,226 @@
+"""Target resolution (SPEC Q3) and options.target parsing: pure, every rule and wording."""
+
+from __future__ import annotations
+
+import pytest
+
+from xpufleet.server.devices.names import normalize_device
+from xpufleet.server.scheduling import (
+    Candidate,
+    DeviceOffer,
+    ProviderInfo,
+    RunTarget,
+    TargetError,
+    resolve_target,
+)
+from xpufleet.server.sidecar.requests import parse_target
+
+
+def prov(name: str, *devices: str, local: bool = False, online: bool = True, draining: bool = False) -> ProviderInfo:
+    return ProviderInfo(name, tuple(DeviceOffer(d) for d in devices), online=online, draining=draining,
+                        is_local=local)
+
+
+CPU_MPS = prov("local", "cpu", "mps:0", local=True)
+CPU_ONLY = prov("local", "cpu", local=True)
+TWO_CARDS = prov("local", "cpu", "cuda:0", "cuda:1", local=True)
+
+
+def resolve(options: dict, *providers: ProviderInfo, pools=None):
+    return resolve_target(parse_target(options), list(providers), pools)
+
+
+def cands(res) -> list[tuple[str, tuple[str, ...]]]:
+    return [(c.provider, c.devices) for c in res.candidates]
+
+
+# --- local ----------------------------------------------------------------------------------------------
+
+
+def test_local_device_set_the_server_lacks_is_rejected_with_the_exact_wording():
+    with pytest.raises(TargetError) as exc:
+        resolve({"target": {"devices": ["cuda:0"]}}, CPU_MPS)
+    assert str(exc.value) == "this server does not offer cuda:0 (it offers cpu, mps:0)"
+    with pytest.raises(TargetError) as exc:
+        resolve({"target": {"worker": "local", "devices": ["cuda:1", "cuda:2"]}}, TWO_CARDS)
+    assert str(exc.value) == "this server does not offer cuda:2 (it offers cpu, cuda:0, cuda:1)"
+
+
+def test_local_device_set_takes_every_slot_and_runs_on_the_first():
+    res = resolve({"target": {"devices": ["cuda:1", "cuda:0"]}}, TWO_CARDS)
+    assert cands(res) == [("local", ("cuda:1", "cuda:0"))]
+    assert res.device_set and res.target == "local" and res.warnings == ()
+    assert res.queue_key == "local/cuda:1,cuda:0"
+
+
+def test_local_device_without_a_set_falls_back_with_a_device_fallback_warning():
+    res = resolve({"device": "cuda"}, CPU_MPS)
+    assert cands(res) == [("local", ("cpu",))]
+    (w,) = res.warnings
+    assert w["kind"] == "device_fallback"
+    assert w["message"] == "The run is set to device cuda; this server offers cpu, mps:0, so the run runs on cpu."
+    assert (w["requested"], w["device"]) == ("cuda", "cpu")
+    # A missing index of a kind the machine has falls back to that kind's first card.
+    res = resolve({"device": "cuda:5"}, TWO_CARDS)
+    assert cands(res) == [("local", ("cuda:0",))] and res.warnings[0]["device"] == "cuda:0"
+
+
+def test_local_device_choices():
+    assert cands(resolve({}, CPU_ONLY)) == [("local", ("cpu",))]
+    assert resolve({}, CPU_ONLY).queue_key == "local/auto"
+    assert cands(resolve({}, TWO_CARDS)) == [("local", ("cuda:0",)), ("local", ("cuda:1",))]  # auto: any card
+    assert cands(resolve({"device": "cuda"}, TWO_CARDS)) == [("local", ("cuda:0",)), ("local", ("cuda:1",))]
+    assert cands(resolve({"device": "cuda:1"}, TWO_CARDS)) == [("local", ("cuda:1",))]
+    assert cands(resolve({"device": "cpu"}, TWO_CARDS)) == [("local", ("cpu",))]
+    assert cands(resolve({"device": "MPS"}, CPU_MPS)) == [("local", ("mps:0",))]
+    assert cands(resolve({"device": "auto"}, CPU_MPS)) == [("local", ("mps:0",))]
+    for res in (resolve({"device": "cuda:1"}, TWO_CARDS), resolve({}, CPU_ONLY)):
+        assert res.warnings == ()
+
+
+def test_device_and_a_set_together_must_agree():
+    res = resolve({"device": "cuda:0", "target": {"devices": ["cuda:0", "cuda:1"]}}, TWO_CARDS)
+    assert cands(res) == [("local", ("cuda:0", "cuda:1"))]
+    with pytest.raises(TargetError, match="give options.device or options.target.devices, not both"):
+        parse_target({"device": "cuda:1", "target": {"devices": ["cuda:0"]}})
+
+
+# --- workers --------------------------------------------------------------------------------------------
+
+
+def test_unknown_worker_is_rejected_with_the_exact_wording():
+    with pytest.raises(TargetError) as exc:
+        resolve({"target": {"worker": "x"}}, CPU_ONLY)
+    assert str(exc.value) == "unknown worker 'x': no worker with this name has connected since the server started"
+    with pytest.raises(TargetError, match="unknown worker 'gpu-box'"):
+        resolve({"target": "gpu-box"}, CPU_ONLY, prov("other", "cpu"))
+
+
+def test_worker_must_offer_the_devices():
+    box = prov("gpu-box", "cpu", "cuda:0", "cuda:1")
+    with pytest.raises(TargetError) as exc:
+        resolve({"target": {"worker": "gpu-box", "devices": ["cuda:1", "cuda:3"]}}, CPU_ONLY, box)
+    assert str(exc.value) == "worker 'gpu-box' does not offer cuda:3 (it offers cpu, cuda:0, cuda:1)"
+    with pytest.raises(TargetError, match="worker 'gpu-box' does not offer xpu"):
+        resolve({"target": "gpu-box", "device": "xpu"}, CPU_ONLY, box)
+    with pytest.raises(TargetError, match="does not offer cuda:7"):
+        resolve({"target": "gpu-box", "device": "cuda:7"}, CPU_ONLY, box)  # no fallback on a worker
+
+
+def test_worker_targets_resolve_even_while_offline_the_run_waits():
+    box = prov("gpu-box", "cpu", "cuda:0", "cuda:1", "cuda:2", "cuda:3", online=False)
+    res = resolve({"target": {"worker": "gpu-box", "devices": ["cuda:2", "cuda:3"]}}, CPU_ONLY, box)
+    assert cands(res) == [("gpu-box", ("cuda:2", "cuda:3"))]
+    assert res.queue_key == "gpu-box/cuda:2,cuda:3" and res.device_set
+    res = resolve({"target": "gpu-box", "device": "cuda:1"}, CPU_ONLY, box)
+    assert cands(res) == [("gpu-box", ("cuda:1",))] and not res.device_set
+    res = resolve({"target": "gpu-box"}, CPU_ONLY, box)  # auto: the worker's first accelerator kind
+    assert [c[1] for c in cands(res)] == [("cuda:0",), ("cuda:1",), ("cuda:2",), ("cuda:3",)]
+    res = resolve({"target": "gpu-box"}, CPU_ONLY, prov("gpu-box", "cpu"))
+    assert cands(res) == [("gpu-box", ("cpu",))]
+
+
+# --- any ------------------------------------------------------------------------------------------------
+
+
+def test_any_tries_workers_in_name_order_and_this_server_last():
+    res = resolve({"target": "any", "device": "cuda"}, TWO_CARDS, prov("zeta", "cpu", "cuda:0"),
+                  prov("alpha", "cpu", "cuda:0", "cuda:1"), prov("mid", "cpu"))
+    assert cands(res) == [("alpha", ("cuda:0",)), ("alpha", ("cuda:1",)), ("zeta", ("cuda:0",)),
+                          ("local", ("cuda:0",)), ("local", ("cuda:1",))]
+    assert res.target == "any" and res.queue_key == "any/cuda"
+
+
+def test_any_with_a_multi_card_cuda_set_or_a_card_other_than_cuda0_runs_on_workers_only():
+    box = prov("box", "cpu", "cuda:0", "cuda:1")
+    res = resolve({"target": {"worker": "any", "devices": ["cuda:0", "cuda:1"]}}, TWO_CARDS, box)
+    assert cands(res) == [("box", ("cuda:0", "cuda:1"))]
+    res = resolve({"target": "any", "device": "cuda:1"}, TWO_CARDS, box)
+    assert cands(res) == [("box", ("cuda:1",))]
+    res = resolve({"target": "any", "device": "cuda:0"}, TWO_CARDS, box)
+    assert cands(res) == [("box", ("cuda:0",)), ("local", ("cuda:0",))]
+    with pytest.raises(TargetError) as exc:
+        resolve({"target": {"worker": "any", "devices": ["cuda:0", "cuda:1"]}}, TWO_CARDS)
+    assert "no worker seen since the server started offers cuda:0, cuda:1" in str(exc.value)
+    assert "runs on workers only" in str(exc.value)
+
+
+def test_any_without_workers_runs_here_when_this_server_offers_the_devices():
+    assert cands(resolve({"target": "any"}, CPU_ONLY)) == [("local", ("cpu",))]
+    assert cands(resolve({"target": "any", "device": "cuda:0"}, TWO_CARDS)) == [("local", ("cuda:0",))]
+    with pytest.raises(TargetError) as exc:
+        resolve({"target": "any", "device": "cuda"}, CPU_ONLY)
+    assert str(exc.value) == ("no worker seen since the server started offers cuda and this server does not "
+                              "either (workers: none)")
+
+
+def test_any_counts_known_workers_that_are_offline_or_draining_as_candidates():
+    res = resolve({"target": "any", "device": "cuda:0"}, CPU_ONLY, prov("a", "cpu", "cuda:0", online=False),
+                  prov("b", "cpu", "cuda:0", draining=True))
+    assert cands(res) == [("a", ("cuda:0",)), ("b", ("cuda:0",))]
+
+
+def test_pools():
+    a, b = prov("a", "cpu", "cuda:0"), prov("b", "cpu", "cuda:0")
+    res = resolve({"target": {"pool": "spot"}}, CPU_ONLY, a, b, pools={"spot": ["b"]})
+    assert cands(res) == [("b", ("cuda:0",))] and res.target == "pool:spot"
+    with pytest.raises(TargetError, match="unknown pool 'nope'"):
+        resolve({"target": {"pool": "nope"}}, CPU_ONLY, a)
+    with pytest.raises(TargetError, match="not both"):
+        parse_target({"target": {"worker": "a", "pool": "spot"}})
+
+
+# --- parsing options.target ---------------------------------------------------------------------------
+
+
+def test_parse_target_accepts_a_string_or_an_object():
+    assert parse_target({}) == RunTarget()
+    assert parse_target({"target": "any"}).worker == "any"
+    assert parse_target({"target": {"worker": None}}).worker == "local"
+    t = parse_target({"target": {"worker": "gpu-box", "devices": "cuda:2, cuda:3", "memory_gib": 6,
+                                 "memory_source": "estimate", "wait": True}})
+    assert t == RunTarget("gpu-box", ("cuda:2", "cuda:3"), None, None, 6.0, "estimate", True)
+
+
+@pytest.mark.parametrize(
+    ("options", "fragment"),
+    [
+        ({"target": 5}, "options.target must be an object"),
+        ({"target": {"workers": "x"}}, "options.target has unknown field(s) workers"),
+        ({"target": {"worker": ""}}, "options.target.worker must be"),
+        ({"target": {"worker": "bad name!"}}, "is not a worker name"),
+        ({"target": {"devices": []}}, "options.target.devices must be a non-empty list"),
+        ({"target": {"devices": {"a": 1}}}, "options.target.devices must be a non-empty list"),
+        ({"target": {"devices": ["cuda"]}}, "options.target.devices: invalid device 'cuda': name one card"),
+        ({"target": {"devices": ["tpu:0"]}}, "options.target.devices: invalid device 'tpu:0'"),
+        ({"target": {"devices": [3]}}, "options.target.devices: a device name must be a string"),
+        ({"target": {"devices": ["cuda:0", "CUDA:0"]}}, "lists cuda:0 more than once"),
+        ({"target": {"devices": ["cuda:0", "xpu:0"]}}, "mixes device kinds"),
+        ({"target": {"devices": [f"cuda:{i}" for i in range(65)]}}, "at most 64"),
+        ({"target": {"memory_gib": 0}}, "options.target.memory_gib must be a positive number"),
+        ({"target": {"memory_gib": "6"}}, "options.target.memory_gib must be a positive number"),
+        ({"target": {"memory_gib": True}}, "options.target.memory_gib must be a positive number"),
+        ({"target": {"memory_gib": 2, "memory_source": "guess"}}, "options.target.memory_source must be one of"),
+        ({"target": {"memory_source": "user"}}, "needs options.target.memory_gib"),
+        ({"target": {"wait": "yes"}}, "options.target.wait must be true or false"),
+        ({"target": {"pool": 1}}, "options.target.pool must be a pool name"),
+        ({"device": "gpu"}, "options.device: invalid device 'gpu'"),
+        ({"device": 0}, "options.device: a device name must be a string"),
+        ({"device": "cpu:0"}, "cpu takes no index"),
+    ],
+)
+def test_parse_target_rejects_bad_input_naming_the_field(options, fragment):
+    with pytest.raises(TargetError) as exc:
+        parse_target(options)
+    assert fragment in str(exc.value)
+
+
+def test_normalize_device():
+    assert normalize_device(" CUDA:01 ") == "cuda:1"
+    assert normalize_device("mps") == normalize_device("mps:0") == "mps:0"
+    assert normalize_device("auto", allow_auto=True) == "auto"
+    with pytest.raises(ValueError, match="there is one MPS device"):
+        normalize_device("mps:1")
+    with pytest.raises(ValueError):
+        normalize_device("auto")
+    assert Candidate.from_json(Candidate("w", ("cuda:0",)).to_json()) == Candidate("w", ("cuda:0",))

@@ -1,0 +1,87 @@
+"""Agent <-> sidecar message validation (server/protocol.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from xpufleet.server.workers import protocol
+
+
+def _hello(**over):
+    msg = {
+        "type": "hello", "name": "gpu-box", "version": "0.1.0", "protocol": 1,
+        "auth": {"kind": "session", "token": "t"}, "node_types": ["Dataset"],
+        "devices": [{"name": "cpu", "kind": "cpu", "total_gib": 8.0, "free_gib": 4.0}],
+        "runs": [{"run_id": "r1", "last_seq": 3, "status": "running"}],
+    }
+    msg.update(over)
+    return msg
+
+
+def test_valid_messages_round_trip():
+    text = protocol.encode("event", run_id="r1", seq=1, event_type="progress", payload={"value": 1}, ts=1.0)
+    assert protocol.decode(text, protocol.AGENT_TO_SIDECAR)["seq"] == 1
+    assert protocol.validate(_hello())["name"] == "gpu-box"
+    assert protocol.decode(json.dumps({"type": "welcome", "name": "a", "server_version": "0.1.0",
+                                       "runs": {"r1": 2}}))["runs"] == {"r1": 2}
+
+
+@pytest.mark.parametrize(
+    ("msg", "needle"),
+    [
+        (_hello(name="a/b"), "letters, digits"),
+        (_hello(auth={"kind": "password", "token": "x"}), "auth.kind"),
+        (_hello(devices=[{"name": "cuda:0", "kind": "tpu"}]), "kind 'tpu'"),
+        (_hello(devices=[{"name": "cpu", "kind": "cpu"}, {"name": "cpu", "kind": "cpu"}]), "listed twice"),
+        (_hello(devices=[{"name": "cuda:0", "kind": "cuda", "free_gib": "lots"}]), "free_gib"),
+        ({"type": "event", "run_id": "r", "seq": 0, "event_type": "x", "payload": {}}, "starts at 1"),
+        ({"type": "event", "run_id": "r", "seq": True, "event_type": "x", "payload": {}}, "boolean"),
+        ({"type": "start_run", "run_id": "r", "graph": {}, "devices": []}, "at least one device"),
+        ({"type": "nope"}, "unknown message type"),
+        ([1, 2], "JSON object"),
+    ],
+)
+def test_bad_messages_name_the_field(msg, needle):
+    with pytest.raises(protocol.ProtocolError, match=needle):
+        protocol.validate(msg)
+
+
+def test_direction_is_enforced_and_garbage_is_refused():
+    with pytest.raises(protocol.ProtocolError, match="unknown message type 'start_run'"):
+        protocol.decode(json.dumps({"type": "start_run", "run_id": "r", "graph": {}, "devices": ["cpu"]}),
+                        protocol.AGENT_TO_SIDECAR)
+    with pytest.raises(protocol.ProtocolError, match="must be JSON"):
+        protocol.decode("{oops")
+
+
+def test_intervals_come_from_the_environment(monkeypatch):
+    monkeypatch.delenv("XPUFLEET_HEARTBEAT_INTERVAL_S", raising=False)
+    monkeypatch.delenv("XPUFLEET_WORKER_RESUME_GRACE_S", raising=False)
+    assert protocol.heartbeat_interval_s() == 10.0
+    assert protocol.resume_grace_s() == 300.0
+    monkeypatch.setenv("XPUFLEET_HEARTBEAT_INTERVAL_S", "0.5")
+    monkeypatch.setenv("XPUFLEET_WORKER_RESUME_GRACE_S", "garbage")
+    assert protocol.heartbeat_interval_s() == 0.5
+    assert protocol.heartbeat_late_s() == 1.5
+    assert protocol.resume_grace_s() == 300.0
+
+
+def test_welcome_carries_the_servers_intervals_which_must_be_positive():
+    ok = {"type": "welcome", "name": "a", "server_version": "0.1.0", "runs": {},
+          "heartbeat_interval_s": 10.0, "resume_grace_s": 300}
+    assert protocol.validate(ok)["resume_grace_s"] == 300
+    with pytest.raises(protocol.ProtocolError, match="'resume_grace_s' must be more than 0"):
+        protocol.validate({**ok, "resume_grace_s": 0})
+    with pytest.raises(protocol.ProtocolError, match="heartbeat_interval_s"):
+        protocol.validate({**ok, "heartbeat_interval_s": "10"})
+
+
+@pytest.mark.parametrize("name", ["local", "ANY", "a!b", "-x", "x" * 65, ""])
+def test_worker_names_that_cannot_be_used(name):
+    assert "invalid worker name" in protocol.worker_name_problem(name)
+
+
+def test_worker_names_that_can_be_used():
+    assert [protocol.worker_name_problem(n) for n in ("gpu-box", "a.b_c", "x" * 64, "localhost")] == [None] * 4
