@@ -30,6 +30,7 @@ def register() -> bool:
     from aiohttp import web
 
     from ..constants import VERSION
+    from .comfy_proxy import add_proxy_routes
 
     @routes.get(f"{ROUTE_PREFIX}/version")
     async def _version(request: web.Request) -> web.Response:
@@ -42,4 +43,5 @@ def register() -> bool:
         add_comfy_routes = None
     if add_comfy_routes is not None:
         add_comfy_routes(routes, ROUTE_PREFIX)
+    add_proxy_routes(routes, ROUTE_PREFIX)  # the sidecar, same origin (server/comfy_proxy.py)
     return True
