@@ -28,11 +28,6 @@ def example(name: str) -> dict[str, Any]:
     return json.loads((EXAMPLES / f"{name}.json").read_text())
 
 
-def node_of(graph: dict[str, Any], class_type: str) -> str:
-    (nid,) = [k for k, v in graph.items() if v["class_type"] == class_type]
-    return nid
-
-
 @pytest.fixture(scope="module")
 def example_runs(comfyui) -> dict[str, comfy_harness.PromptResult]:
     """Every graph in examples/ queued once, in ORDER."""
@@ -44,13 +39,16 @@ def test_every_example_succeeds_with_its_metrics(comfyui, example_runs, name):
     graph, run = example(name), example_runs[name]
     assert run.succeeded, json.dumps(run.history["status"])[:3000]
     assert "execution_error" not in run.messages and "execution_interrupted" not in run.messages
-    evaluate = run.metrics(node_of(graph, "XPUEvaluate"))
-    assert evaluate["accuracy"] > 0.9 and evaluate["n_samples"] == 359 and evaluate["loss"] > 0
+    assert run.outputs, "the graph's output nodes showed nothing"
+    evaluations = [run.metrics(k) for k, v in graph.items() if v["class_type"] == "XPUEvaluate"]
+    for evaluate in evaluations:  # the examples classify the digits' 359 validation samples
+        assert evaluate["accuracy"] > 0.9 and evaluate["n_samples"] == 359 and evaluate["loss"] > 0
     loops = [k for k, v in graph.items() if v["class_type"] == "XPUTrainingLoop"]
     for nid in loops:
         trained = run.metrics(nid)
         assert trained["epochs_completed"] == graph[nid]["inputs"]["epochs"]
-        assert trained["final_val_accuracy"] == evaluate["accuracy"]  # the same model on the same split
+        if evaluations:  # the same model on the same split
+            assert trained["final_val_accuracy"] == evaluations[0]["accuracy"]
         assert trained["strategy"] == "single" and trained["device"] == "cpu"
         progress = [e["data"] for e in run.events if e["type"] == "progress" and e["data"]["node"] == nid]
         assert progress and progress[-1]["value"] == progress[-1]["max"] == trained["steps"]  # on the node
