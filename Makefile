@@ -6,7 +6,7 @@ TORCH_CPU ?= torch==2.13.0
 # CPU wheel on local disk); elsewhere: make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
 TORCH_INDEX ?=
 
-.PHONY: install test test-unit test-e2e lint demo bench clean
+.PHONY: install test test-unit test-e2e test-comfy lint demo bench clean
 
 # CPU torch first: a bare `torch` requirement would otherwise pull a multi-GB CUDA build.
 install:
@@ -17,14 +17,19 @@ lint:
 	$(PYTHON) -m ruff check .
 
 test-unit:
-	$(PYTHON) -m pytest -q -m "not e2e"
+	$(PYTHON) -m pytest -q -m "not e2e and not comfy"
 
 test-e2e:
-	$(PYTHON) -m pytest -q -m e2e
+	$(PYTHON) -m pytest -q -m "e2e and not comfy"
+
+# In a real ComfyUI: set COMFYUI_DIR and COMFYUI_PYTHON (.ci/run builds one); skipped when unset.
+test-comfy:
+	$(PYTHON) -m pytest -q -m comfy
 
 test: install lint
-	$(PYTHON) -m pytest -q -m "not e2e"
-	$(PYTHON) -m pytest -q -m e2e
+	$(PYTHON) -m pytest -q -m "not e2e and not comfy"
+	$(PYTHON) -m pytest -q -m "e2e and not comfy"
+	$(PYTHON) -m pytest -q -m comfy
 
 demo: install
 	$(PYTHON) examples/demo.py

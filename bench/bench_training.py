@@ -104,7 +104,7 @@ def main() -> int:
         with runtime.use(ctx):
             _, metrics = N["XPUTrainingLoop"]().train(
                 model0, loader, opt_spec, loss_spec, epochs=args.epochs, device=args.device,
-                precision=args.precision, val_dataloader=vl, tensorboard=False)
+                precision=args.precision, val_dataloader=vl, tensorboard=False)["result"]
         return metrics["final_train_loss"]
 
     def run_hand() -> float:

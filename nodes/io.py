@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from . import device as devmod
-from . import paths, runtime
+from . import hostmode, paths, runtime
 from . import types as T
 from .models import build_model, spec_of
 from .training import node_label
@@ -144,8 +144,8 @@ class XPUModelLoader:
     """ModelLoader node: rebuilds a model saved by ModelSaver (either format) or a checkpoint."""
 
     DESCRIPTION = ("Loads a model saved by ModelSaver (safetensors or PyTorch) or a TrainingLoop checkpoint and "
-                   "rebuilds its architecture. A relative path is looked up in the outputs folder, then the run "
-                   "directory, then the current directory.")
+                   "rebuilds its architecture. A relative path is looked up in the outputs folder, then (in "
+                   "ComfyUI) the models/xpufleet folder, then the run directory, then the current directory.")
     CATEGORY = T.CATEGORY_IO
     FUNCTION = "load"
     RETURN_TYPES = (T.MODEL,)
@@ -156,7 +156,8 @@ class XPUModelLoader:
     def INPUT_TYPES(cls) -> dict[str, Any]:
         return {"required": {"path": ("STRING", {"default": "models/model.safetensors",
                                                  "tooltip": "a file ModelSaver wrote (relative: outputs folder, "
-                                                            "then the run directory, then the current directory)"})}}
+                                                            "models/xpufleet in ComfyUI, the run directory, then "
+                                                            "the current directory)"})}}
 
     @classmethod
     def IS_CHANGED(cls, path: str = "", **_: Any) -> Any:
@@ -223,7 +224,8 @@ class XPUPredict:
         dev = devmod.torch_device(device, label)
         prec = resolve_precision(precision, dev, label)
         model = model.to(dev)
-        raw, targets = predict_outputs(model, source, dev, prec, int(batch_size), stop_checker())
+        with hostmode.inference():
+            raw, targets = predict_outputs(model, source, dev, prec, int(batch_size), stop_checker())
         spec = spec_of(model) or {}
         classifier = spec.get("task") == "classification" or (
             spec.get("task") is None and targets is not None and not targets.is_floating_point())

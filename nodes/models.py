@@ -12,7 +12,7 @@ import copy
 import re
 from typing import Any
 
-from . import runtime
+from . import hostmode, runtime
 from . import types as T
 from .layerspec import LayerSpecError, build_sequential, output_shape, resolve_layers
 
@@ -184,7 +184,15 @@ _DROPOUT_INPUT = ("FLOAT", {"default": 0.0, "min": 0.0, "max": 0.95, "step": 0.0
 _INFO_INPUT = (T.DATASET_INFO, {"tooltip": "the Dataset's info: sizes left at 0 / auto come from it"})
 
 
-class XPUMLP:
+class _UnseededReruns:
+    """ComfyUI's caching rule for builders (nodes/hostmode.py): seed -1 builds fresh weights each queue."""
+
+    @classmethod
+    def IS_CHANGED(cls, seed: int = 0, **_: Any) -> Any:
+        return hostmode.seed_rerun_key(seed)
+
+
+class XPUMLP(_UnseededReruns):
     """MLP builder node."""
 
     DESCRIPTION = ("A multi-layer perceptron. in/out features 0 = taken from the Dataset's info (inputs are "
@@ -231,7 +239,7 @@ class XPUMLP:
         return _finish("mlp", kwargs, info, shape, seed, "MLP")
 
 
-class XPUCNN:
+class XPUCNN(_UnseededReruns):
     """Small CNN builder node (image inputs C x H x W)."""
 
     DESCRIPTION = ("A small convolutional network for images (C x H x W): conv blocks with 2x2 max-pooling, "
@@ -292,7 +300,7 @@ _SEQUENTIAL_EXAMPLE = (
 )
 
 
-class XPUSequential:
+class XPUSequential(_UnseededReruns):
     """Sequential builder node: a model from a JSON/YAML layer list."""
 
     DESCRIPTION = ("A torch nn.Sequential from a layer list (JSON or YAML), e.g. "

@@ -3,6 +3,7 @@
 - Inside a run: the run directory (``runtime.run_dir()``).
 - Saved models: an outputs folder shared between runs, so one graph can load what another saved:
   ComfyUI's output directory (``output/xpufleet``) when hosted, else ``$XPUFLEET_HOME/outputs``.
+  Hosted, ModelLoader also looks in ComfyUI's model folder ``models/xpufleet``.
 - Files are written atomically (temp file in the same folder, fsync, ``os.replace``): a reader never
   sees half a checkpoint, and a crash leaves the previous file intact.
 """
@@ -15,22 +16,44 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
-from ..constants import OUTPUTS_DIRNAME, home_dir
+from ..constants import OUTPUTS_DIRNAME, PLUGIN_NAME, home_dir
 from . import runtime
+
+
+def _comfy_folder_paths() -> Any:
+    """ComfyUI's ``folder_paths`` module when ComfyUI hosts the nodes, else None."""
+    try:
+        import folder_paths  # type: ignore[import-not-found]  # ComfyUI, when hosted
+    except Exception:  # not hosted
+        return None
+    return folder_paths
 
 
 def outputs_dir() -> Path:
     """The folder relative ModelSaver/ModelLoader paths resolve against (not created here)."""
-    try:
-        import folder_paths  # type: ignore[import-not-found]  # ComfyUI, when hosted
-
-        get_out = getattr(folder_paths, "get_output_directory", None)
-        if get_out is not None:
-            return Path(get_out()) / "xpufleet"
-    except Exception:  # not hosted
-        pass
+    fp = _comfy_folder_paths()
+    get_out = getattr(fp, "get_output_directory", None)
+    if get_out is not None:
+        with contextlib.suppress(Exception):
+            return Path(get_out()) / PLUGIN_NAME
     return home_dir() / OUTPUTS_DIRNAME
+
+
+def model_dirs() -> list[Path]:
+    """ComfyUI's model folders for this plugin (``models/xpufleet`` plus any ``xpufleet:`` entry of
+    extra_model_paths.yaml) when hosted; nothing otherwise. Registers the folder type on first use."""
+    fp = _comfy_folder_paths()
+    if fp is None or not hasattr(fp, "get_folder_paths"):
+        return []
+    try:
+        known = getattr(fp, "folder_names_and_paths", {})
+        if PLUGIN_NAME not in known and hasattr(fp, "add_model_folder_path") and getattr(fp, "models_dir", None):
+            fp.add_model_folder_path(PLUGIN_NAME, os.path.join(fp.models_dir, PLUGIN_NAME))
+        return [Path(p) for p in fp.get_folder_paths(PLUGIN_NAME)]
+    except Exception:
+        return []
 
 
 def work_dir(kind: str) -> Path:
@@ -67,11 +90,12 @@ def resolve_output_path(path: str, location: str = "outputs") -> Path:
 
 
 def candidate_paths(path: str) -> list[Path]:
-    """Where ModelLoader looks for a relative path, in order: outputs folder, run dir, current dir."""
+    """Where ModelLoader looks for a relative path, in order: outputs folder, ComfyUI's
+    ``models/xpufleet`` folder(s) when hosted, run dir, current dir."""
     p = Path(os.path.expanduser(str(path).strip()))
     if p.is_absolute():
         return [p]
-    out = [outputs_dir() / p]
+    out = [outputs_dir() / p] + [d / p for d in model_dirs()]
     rd = runtime.run_dir()
     if rd is not None:
         out.append(Path(rd) / p)

@@ -92,9 +92,24 @@ class _HostedProgress:
         utils = sys.modules.get("comfy.utils")
         if utils is None:
             return False
-        # A bar is cheap (it captures ComfyUI's current hook); making one per update keeps no
-        # state that could outlive the prompt that is executing.
-        utils.ProgressBar(total).update_absolute(value, total)
+        mm = sys.modules.get("comfy.model_management")
+        interrupt = getattr(mm, "InterruptProcessingException", None)
+        if not (isinstance(interrupt, type) and issubclass(interrupt, BaseException)):
+            interrupt = ()
+        # ComfyUI's progress hook raises its interrupt exception when Cancel was pressed (and clears
+        # the flag). Raised from here it would end the node mid-step, before the loop writes its
+        # interrupt checkpoint; so the update is skipped once a stop is pending, and a Cancel that
+        # lands during the update is put back for the loop's own per-batch check to find.
+        if should_stop():
+            return False
+        try:
+            # A bar is cheap (it captures ComfyUI's current hook); making one per update keeps no
+            # state that could outlive the prompt that is executing.
+            utils.ProgressBar(total).update_absolute(value, total)
+        except interrupt:
+            with contextlib.suppress(Exception):
+                mm.interrupt_current_processing(True)
+            return False
         return True
 
 
@@ -119,11 +134,29 @@ def metric(name: str, value: float, **extra: Any) -> None:
         log.debug("metric %s=%s %s", name, value, extra)
 
 
+_shown: contextvars.ContextVar[list[dict[str, str]] | None] = contextvars.ContextVar("xpufleet_shown", default=None)
+
+
+@contextlib.contextmanager
+def collect_warnings() -> Iterator[list[dict[str, str]]]:
+    """Keep the warnings raised in the block (``{"kind", "message"}``) so a node can show them on the
+    canvas: hosted in ComfyUI there is no run event log, only the node's ``ui`` output and the log."""
+    found: list[dict[str, str]] = []
+    token = _shown.set(found)
+    try:
+        yield found
+    finally:
+        _shown.reset(token)
+
+
 def warn(kind: str, message: str, **extra: Any) -> None:
     """A ``run_warning`` event (kind e.g. ``device_fallback``, ``ddp_not_available``)."""
     ctx = current()
     if ctx is not None:
         ctx.event("run_warning", {"kind": kind, "message": message, **extra})
+    shown = _shown.get()
+    if shown is not None:
+        shown.append({"kind": kind, "message": message})
     log.warning("%s: %s", kind, message)
 
 
@@ -171,6 +204,20 @@ def stopped(message: str) -> Exception:
                 mm.interrupt_current_processing(False)
             return exc_type(message)
     return RunStopped(message)
+
+
+def hosted_node_id() -> str | None:
+    """The id of the node ComfyUI is executing right now (its ``comfy_execution.utils`` context), or None."""
+    utils = sys.modules.get("comfy_execution.utils")
+    get = getattr(utils, "get_executing_context", None)
+    if get is None:
+        return None
+    try:
+        found = get()
+    except Exception:
+        return None
+    node = getattr(found, "node_id", None)
+    return str(node) if node is not None else None
 
 
 def run_dir() -> Path | None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import importlib.util
 import math
 import sys
 import time
@@ -30,6 +29,7 @@ from ..constants import CHECKPOINTS_DIRNAME, NODE_PROGRESS_INTERVAL_S, TENSORBOA
 from . import device as devmod
 from . import paths, runtime
 from . import types as T
+from .hostmode import autograd, trainable
 from .models import spec_of
 from .specs import LossSpec, OptimizerSpec, SchedulerSpec
 
@@ -109,17 +109,14 @@ def _never() -> bool:
 def stop_checker() -> Callable[[], bool]:
     """The per-batch stop check: ``runtime.should_stop`` inside a run or hosted in ComfyUI.
 
-    With neither (plain Python), nothing can ask for a stop, and ``runtime.should_stop`` would retry
-    the failing ``import comfy`` on every call (~25-100 us, a third of a small model's batch); the
-    loop then checks only at each progress report.
+    With neither (plain Python), nothing can ask for a stop, so the loop checks only at each progress
+    report. Hosted means ComfyUI's ``comfy.model_management`` is loaded (ComfyUI imports it at start-up,
+    long before a node runs); looking for an importable ``comfy`` instead would mistake any folder of
+    that name on ``sys.path`` for ComfyUI.
     """
     if runtime.current() is not None or "comfy.model_management" in sys.modules:
         return runtime.should_stop
-    try:
-        hosted = importlib.util.find_spec("comfy") is not None
-    except (ImportError, ValueError):
-        hosted = False
-    return runtime.should_stop if hosted else _never
+    return _never
 
 
 # --- precision ----------------------------------------------------------------------------------------
@@ -435,7 +432,10 @@ class Trainer:
         return path
 
     def resume(self, path: str) -> None:
-        state = load_checkpoint(path)
+        try:
+            state = load_checkpoint(path)
+        except ValueError as exc:
+            raise ValueError(f"{self.cfg.node_label}: resume_from: {exc}") from None
         model = self.strategy.unwrap_model(self.model)
         try:
             model.load_state_dict(state["model"])
@@ -553,6 +553,8 @@ class Trainer:
                 if move:
                     x = x.to(device, non_blocking=True)
                     y = y.to(device, non_blocking=True)
+                if x.is_inference() or y.is_inference():  # a dataset made under ComfyUI's inference mode
+                    x, y = trainable(x), trainable(y)
                 if amp_dtype is not None:
                     with torch.autocast(dev_type, dtype=amp_dtype):
                         loss = loss_fn(model(x), y)
@@ -699,8 +701,10 @@ class Trainer:
 
 def train(model: Any, loader: Any, optimizer: OptimizerSpec, loss: LossSpec, cfg: TrainConfig,
           val_loader: Any = None, scheduler: SchedulerSpec | None = None) -> tuple[Any, dict[str, Any]]:
-    """Run the TrainingLoop engine once (see :class:`Trainer`)."""
-    return Trainer(model, loader, optimizer, loss, cfg, val_loader, scheduler).run()
+    """Run the TrainingLoop engine once (see :class:`Trainer`), outside any inference mode the host
+    runs nodes under (ComfyUI's executor does; the model copy and the optimizer are made out of it)."""
+    with autograd():
+        return Trainer(model, loader, optimizer, loss, cfg, val_loader, scheduler).run()
 
 
 # --- prediction ---------------------------------------------------------------------------------------

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from . import device as devmod
-from . import runtime
+from . import hostmode, runtime
 from . import types as T
 from .models import resolve_seed, spec_of
 from .specs import LossSpec, OptimizerSpec, SchedulerSpec
@@ -15,11 +16,13 @@ _PRECISION_INPUT = (T.PRECISION_CHOICES, {"default": "fp32", "tooltip": "autocas
 
 
 def node_label(name: str, class_type: str) -> str:
-    """How messages name the running node: ``8 (XPUTrainingLoop)`` in a run, else its plain name."""
+    """How messages name the running node: ``8 (XPUTrainingLoop)`` in a run or in ComfyUI, else its
+    plain name."""
     ctx = runtime.current()
     if ctx is not None and ctx.node_id:
         return f"{ctx.node_id} ({ctx.class_type or class_type})"
-    return name
+    hosted = runtime.hosted_node_id() if ctx is None else None
+    return f"{hosted} ({class_type})" if hosted else name
 
 
 def _format_metrics(metrics: dict[str, Any]) -> str:
@@ -199,12 +202,18 @@ class XPUTrainingLoop:
             },
         }
 
+    @classmethod
+    def IS_CHANGED(cls, seed: int = 0, resume_from: str = "", **_: Any) -> Any:
+        """The caching rule (see nodes/hostmode.py): seeded and unchanged = ComfyUI may reuse the
+        trained model; seed -1, or a resume_from checkpoint that changed on disk, trains again."""
+        return hostmode.combine(hostmode.seed_rerun_key(seed), hostmode.file_key(resume_from))
+
     def train(self, model: Any, dataloader: Any, optimizer: OptimizerSpec, loss: LossSpec, epochs: int = 10,
               max_steps: int = 0, device: str = "auto", precision: str = "fp32", val_dataloader: Any = None,
               lr_scheduler: SchedulerSpec | None = None, accumulate_steps: int = 1, grad_clip_norm: float = 0.0,
               checkpoint_every: int = 0, checkpoint_every_steps: int = 0, val_every_steps: int = 0, seed: int = 0,
               tensorboard: bool = True, strategy: str = "single", resume_from: str = "",
-              checkpoint_dir: str = "") -> tuple[Any, dict[str, Any]]:
+              checkpoint_dir: str = "") -> dict[str, Any]:
         from .trainer import TrainConfig
         from .trainer import train as run_training
 
@@ -217,9 +226,34 @@ class XPUTrainingLoop:
             strategy=strategy, resume_from=str(resume_from or "").strip(),
             checkpoint_dir=str(checkpoint_dir or "").strip(), node_label=label,
         )
-        trained, metrics = run_training(model, dataloader, optimizer, loss, cfg, val_dataloader, lr_scheduler)
-        runtime.info(f"{label}: {_format_metrics(metrics)}")
-        return (trained, metrics)
+        with runtime.collect_warnings() as warnings:
+            trained, metrics = run_training(model, dataloader, optimizer, loss, cfg, val_dataloader, lr_scheduler)
+        text = _format_metrics(metrics)
+        runtime.info(f"{label}: {text}")
+        shown = [text] + [f"warning ({w['kind']}): {w['message']}" for w in warnings]
+        return {"ui": {"text": shown, "metrics": [ui_metrics(metrics)], "warnings": warnings},
+                "result": (trained, metrics)}
+
+
+# What the TrainingLoop shows on the canvas (and in ComfyUI's /history): the scalars, not the histories.
+_UI_METRIC_KEYS = ("strategy", "world_size", "device", "precision", "epochs_completed", "steps",
+                   "effective_batch_size", "final_train_loss", "final_val_loss", "final_val_accuracy",
+                   "duration_s", "samples_per_s", "checkpoints", "tensorboard_dir")
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN/inf become None: ComfyUI's /history is JSON, which has no NaN."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def ui_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The JSON-safe summary of a TrainingLoop's or Evaluate's metrics for its ``ui`` output."""
+    keys = _UI_METRIC_KEYS if "final_train_loss" in metrics else tuple(metrics)
+    return {k: _json_safe(metrics[k]) for k in keys if k in metrics}
 
 
 def default_loss_for(model: Any, loader: Any) -> LossSpec:
@@ -261,7 +295,8 @@ class XPUEvaluate:
         prec = resolve_precision(precision, dev, label)
         loss_spec = loss if loss is not None else default_loss_for(model, dataloader)
         moved = model.to(dev)
-        result = run_eval(moved, dataloader, loss_spec.build(), dev, prec)
+        with hostmode.inference():
+            result = run_eval(moved, dataloader, loss_spec.build(), dev, prec)
         metrics = {"loss": result["loss"], "accuracy": result["accuracy"], "n_samples": result["n_samples"],
                    "loss_name": loss_spec.name}
         for name in ("loss", "accuracy"):
@@ -269,7 +304,7 @@ class XPUEvaluate:
                 runtime.metric(f"eval_{name}", metrics[name])
         text = _format_metrics(metrics)
         runtime.info(f"{label}: {text}")
-        return {"ui": {"text": [text]}, "result": (metrics,)}
+        return {"ui": {"text": [text], "metrics": [ui_metrics(metrics)]}, "result": (metrics,)}
 
 
 NODE_CLASS_MAPPINGS: dict[str, type] = {

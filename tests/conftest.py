@@ -20,15 +20,23 @@ def xpufleet_home(tmp_path, monkeypatch) -> Path:
     return home
 
 
-@pytest.fixture
-def comfy_host(monkeypatch):
-    """Put the ComfyUI stand-in on sys.path, create PromptServer.instance, and return a loader that
-    imports the repository as ComfyUI does (by folder, under a custom_nodes-style module name)."""
-    monkeypatch.syspath_prepend(str(STANDIN))
-    for name in ("server", "folder_paths", "comfy", "comfy.utils", "comfy.model_management"):
-        monkeypatch.delitem(sys.modules, name, raising=False)
-    import server  # the stand-in
+_HOST_MODULES = ("server", "folder_paths", "comfy", "comfy_execution", "execution")
 
+
+@pytest.fixture
+def comfy_host(monkeypatch, tmp_path):
+    """Put the ComfyUI stand-in on sys.path, create PromptServer.instance, give ``folder_paths`` an
+    output folder (``tmp_path/comfy/output``, models in ``tmp_path/comfy/models``), and return a loader
+    that imports the repository as ComfyUI does (by folder, under a custom_nodes-style module name)."""
+    monkeypatch.syspath_prepend(str(STANDIN))
+    for name in list(sys.modules):
+        if name.split(".")[0] in _HOST_MODULES:
+            monkeypatch.delitem(sys.modules, name, raising=False)
+    import folder_paths  # noqa: I001  (the stand-ins, first on sys.path)
+    import server
+
+    folder_paths.output_directory = str(tmp_path / "comfy" / "output")
+    folder_paths.models_dir = str(tmp_path / "comfy" / "models")
     instance = server.PromptServer()
 
     def load(module_name: str = "xpufleet_custom_node"):
@@ -41,7 +49,6 @@ def comfy_host(monkeypatch):
         return module
 
     yield instance, load
-    host_modules = ("server", "folder_paths", "comfy")
     for name in list(sys.modules):
-        if name.split(".")[0] in host_modules or name.split(".")[0] == "xpufleet_custom_node":
+        if name.split(".")[0] in _HOST_MODULES or name.split(".")[0] == "xpufleet_custom_node":
             del sys.modules[name]

@@ -30,6 +30,7 @@ def register() -> bool:
     from aiohttp import web
 
     from ...constants import VERSION
+    from .proxy import add_proxy_routes
 
     @routes.get(f"{ROUTE_PREFIX}/version")
     async def _version(request: web.Request) -> web.Response:
@@ -39,4 +40,5 @@ def register() -> bool:
     from ...predictor.routes import add_comfy_routes
 
     add_comfy_routes(routes, ROUTE_PREFIX)
+    add_proxy_routes(routes, ROUTE_PREFIX)  # the sidecar, same origin (proxy.py)
     return True

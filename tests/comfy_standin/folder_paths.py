@@ -1,16 +1,30 @@
-"""Stand-in for ComfyUI's folder_paths: model folders by type, set by tests."""
+"""Stand-in for ComfyUI's folder_paths: model folders by type and the output directory, set by tests."""
 
 from __future__ import annotations
 
 import os
 
 models_dir = ""
+output_directory = ""
 folder_names_and_paths: dict[str, tuple[list[str], set[str]]] = {}
 supported_pt_extensions = {".ckpt", ".pt", ".pt2", ".bin", ".pth", ".safetensors", ".pkl", ".sft", ".gguf"}
 
 
 def set_folder(folder_name: str, paths: list[str]) -> None:
     folder_names_and_paths[folder_name] = (list(paths), set(supported_pt_extensions))
+
+
+def add_model_folder_path(folder_name: str, full_folder_path: str, is_default: bool = False) -> None:
+    paths, exts = folder_names_and_paths.setdefault(folder_name, ([], set(supported_pt_extensions)))
+    if full_folder_path not in paths:
+        paths.insert(0, full_folder_path) if is_default else paths.append(full_folder_path)
+
+
+def get_output_directory() -> str:
+    """ComfyUI answers ``<base>/output``; the comfy_host fixture sets a temporary one."""
+    if not output_directory:
+        raise RuntimeError("the stand-in's output_directory is not set")
+    return output_directory
 
 
 def get_folder_paths(folder_name: str) -> list[str]:

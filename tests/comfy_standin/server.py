@@ -18,7 +18,13 @@ class PromptServer:
         self.sent.append((event, data, sid))
 
     def make_app(self) -> web.Application:
-        """The aiohttp app ComfyUI would build, with every registered route."""
+        """The aiohttp app ComfyUI would build, with every registered route, served (as ComfyUI 0.3.64
+        does) both at its path and under ``/api``."""
         app = web.Application()
+        api_routes = web.RouteTableDef()
+        for route in self.routes:
+            if isinstance(route, web.RouteDef):
+                api_routes.route(route.method, "/api" + route.path)(route.handler, **route.kwargs)
+        app.add_routes(api_routes)
         app.add_routes(self.routes)
         return app

@@ -73,7 +73,7 @@ def _train(model: Any, loader: Any, *, optimizer: str = "adam", lr: float = 2e-3
     (loss_spec,) = N["XPULoss"]().make(loss)
     kw.setdefault("tensorboard", False)
     kw.setdefault("device", "cpu")
-    return N["XPUTrainingLoop"]().train(model, loader, opt, loss_spec, **kw)
+    return N["XPUTrainingLoop"]().train(model, loader, opt, loss_spec, **kw)["result"]
 
 
 @pytest.fixture

@@ -103,17 +103,25 @@ def test_hosted_in_comfyui_progress_goes_to_the_progress_bar(comfy_host, xpuflee
     _instance, load = comfy_host
     module = load()
     import comfy.utils
+    import execution  # the stand-in of ComfyUI's executor: inference mode, progress hook, cache
+    import folder_paths
 
     comfy.utils.UPDATES.clear()
     assert set(NODE_CLASS_MAPPINGS) <= set(module.NODE_CLASS_MAPPINGS)
     graph = example("mlp_digits")
-    result = execute_graph(graph, None, module.NODE_CLASS_MAPPINGS)
-    (metrics,) = result.outputs[by_class(graph, "XPUEvaluate")]
-    assert metrics["accuracy"] >= 0.90
+    host = execution.PromptExecutor(module.NODE_CLASS_MAPPINGS)
+    host.execute(graph)
+    assert host.success, host.status_messages
+    shown = host.history_result["outputs"]
+    assert shown[by_class(graph, "XPUEvaluate")]["metrics"][0]["accuracy"] >= 0.90
     total = 20 * 23
     assert comfy.utils.UPDATES and comfy.utils.UPDATES[-1] == (total, total)
-    # no run directory: checkpoints go to a fresh folder under the outputs folder
-    assert list((xpufleet_home / "outputs" / "runs").glob("*/checkpoints/epoch_0020.pt"))
+    assert {p["node"] for p in host.progress} == {by_class(graph, "XPUTrainingLoop")}  # shown on the node
+    # no run directory: checkpoints go to a fresh folder under ComfyUI's output/xpufleet
+    out = Path(folder_paths.get_output_directory()) / "xpufleet"
+    assert list((out / "runs").glob("*/checkpoints/epoch_0020.pt"))
+    assert (out / "models" / "mlp_digits.safetensors").is_file()
+    assert not (xpufleet_home / "outputs").exists()
 
 
 def test_importing_the_nodes_stays_cheap():

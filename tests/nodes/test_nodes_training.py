@@ -184,7 +184,7 @@ def test_lr_schedulers(digits, loaders, build_mlp):
 
     def lrs(spec: SchedulerSpec, epochs: int = 4) -> list[float]:
         (_, m) = N["XPUTrainingLoop"]().train(model, tl, OptimizerSpec("sgd", 0.1), loss, epochs=epochs,
-                                               device="cpu", lr_scheduler=spec, tensorboard=False)
+                                               device="cpu", lr_scheduler=spec, tensorboard=False)["result"]
         return [lr for _, lr in m["lr"]]
 
     step = lrs(SchedulerSpec("step", step_size=2, gamma=0.5))

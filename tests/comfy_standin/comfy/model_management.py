@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import threading
+
 interrupt_processing = False
+interrupt_processing_mutex = threading.RLock()
 
 
 class InterruptProcessingException(Exception):
@@ -11,15 +14,18 @@ class InterruptProcessingException(Exception):
 
 def throw_exception_if_processing_interrupted() -> None:
     global interrupt_processing
-    if interrupt_processing:
-        interrupt_processing = False
-        raise InterruptProcessingException()
+    with interrupt_processing_mutex:
+        if interrupt_processing:
+            interrupt_processing = False
+            raise InterruptProcessingException()
 
 
 def processing_interrupted() -> bool:
-    return interrupt_processing
+    with interrupt_processing_mutex:
+        return interrupt_processing
 
 
 def interrupt_current_processing(value: bool = True) -> None:
     global interrupt_processing
-    interrupt_processing = value
+    with interrupt_processing_mutex:
+        interrupt_processing = value

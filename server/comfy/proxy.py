@@ -1,0 +1,273 @@
+"""The sidecar, reached from ComfyUI's own server (SPEC UI2): same origin for the front end, the token
+kept on the server side.
+
+Routes (registered by ``routes.register`` on ComfyUI's PromptServer):
+
+- ``/xpufleet/api/<resource>/...`` (any method) -> the sidecar's ``/api/<resource>/...``, for the
+  resources in ``FORWARDED_RESOURCES`` only (runs, workers, estimates, services, sweeps, studies; the
+  sidecar's agent WebSocket, health and status are not forwarded). The query string and the JSON body
+  pass through, the answer (status, JSON, server-sent events, files) streams back. Only
+  ``Content-Type``/``Accept``/``Last-Event-ID`` go up: never the browser's cookies or Authorization; the
+  sidecar's session token is read from its runtime file under ``XPUFLEET_HOME`` and added here.
+- ``GET /xpufleet/sidecar``: whether a sidecar runs for this ``XPUFLEET_HOME`` (url, pid, version).
+- ``POST /xpufleet/sidecar/start`` (body ``{}`` or ``{"port": N}``, 0 = any free port; default the
+  CLI's): starts one on this machine when none runs (``xpufleet start``, a daemon of its own that
+  outlives ComfyUI), and answers like ``GET /xpufleet/sidecar``.
+
+With no sidecar the forwarded routes answer 503 and say how to start one. ComfyUI itself has no
+authentication: whoever can reach this ComfyUI can use the sidecar through it, so keep ComfyUI on
+loopback (its default) or behind your own access control.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import logging
+import os
+import sys
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ...constants import (
+    DEFAULT_PORT,
+    EVENTS_LONG_POLL_MAX_S,
+    MAX_REQUEST_BODY_BYTES,
+    SIDECAR_LOG_NAME,
+    SIDECAR_START_TIMEOUT_S,
+    home_dir,
+)
+from ..sidecar.errors import ApiError
+from ..sidecar.runtime_file import pid_alive, read_runtime
+
+log = logging.getLogger("xpufleet")
+
+FORWARDED_RESOURCES = ("runs", "workers", "estimates", "services", "sweeps", "studies")
+_UP_HEADERS = ("Content-Type", "Accept", "Last-Event-ID")
+_DOWN_HEADERS = ("Content-Type", "Content-Disposition", "Cache-Control", "Last-Modified", "ETag",
+                 "X-Accel-Buffering")
+_HEALTH_TIMEOUT_S = 3.0
+# A long-poll of run events may wait EVENTS_LONG_POLL_MAX_S; server-sent events keep alive far more often.
+_READ_TIMEOUT_S = EVENTS_LONG_POLL_MAX_S + 30.0
+_PLUGIN_PATH_DIR = "comfy-pythonpath"  # under XPUFLEET_HOME: makes `import xpufleet` find this plugin
+
+
+class ProxyError(ApiError):
+    """An answer of the proxy itself (not the sidecar's): status and ``{"error": message}``."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(status, message)
+
+
+@dataclass(frozen=True)
+class Sidecar:
+    """The sidecar of one ``XPUFLEET_HOME``, from its runtime file (the token never leaves this process)."""
+
+    url: str
+    token: str
+    pid: int | None
+    version: str | None
+
+    def public(self) -> dict[str, Any]:
+        return {"running": True, "url": self.url, "pid": self.pid, "version": self.version}
+
+
+def find_sidecar(home: Path) -> Sidecar | None:
+    """The sidecar the runtime file under ``home`` names, if its process is alive (not yet asked)."""
+    info = read_runtime(home)
+    if info is None or not pid_alive(info.get("pid")):
+        return None
+    return Sidecar(str(info["url"]).rstrip("/"), str(info["token"]), info.get("pid"), info.get("version"))
+
+
+def upstream_path(raw_tail: str) -> str:
+    """``/api/<tail>`` for the raw (still percent-encoded) path after ``/xpufleet/api/``; ProxyError
+    404 for a resource that is not forwarded, 400 for a dot segment."""
+    segments = raw_tail.split("/")
+    decoded = [urllib.parse.unquote(s) for s in segments]
+    if not decoded or decoded[0] not in FORWARDED_RESOURCES:
+        raise ProxyError(404, f"/xpufleet/api/{decoded[0] if decoded else ''} is not forwarded to the sidecar; "
+                              f"forwarded: {', '.join('/xpufleet/api/' + r for r in FORWARDED_RESOURCES)}")
+    if any(s in (".", "..") or "/" in s for s in decoded):
+        raise ProxyError(400, "the path may not hold '.' or '..' segments or encoded slashes")
+    return "/api/" + raw_tail
+
+
+def no_sidecar_message(home: Path, detail: str = "") -> str:
+    return (f"no XPU Fleet sidecar is running for XPUFLEET_HOME={home}{detail}: start one with "
+            f"`xpufleet start`, or POST /xpufleet/sidecar/start (the setting 'XPU Fleet: start the sidecar "
+            f"when none runs' does it from the ComfyUI page)")
+
+
+def parse_start_port(body: dict[str, Any]) -> int | None:
+    """The port of a ``POST /xpufleet/sidecar/start`` body (None = the CLI's default); ProxyError 400."""
+    port = body.get("port")
+    if port is None:
+        return None
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ProxyError(400, f"port must be an integer 0-65535 (0 = any free port), got {port!r}")
+    return port
+
+
+def plugin_root() -> Path:
+    """This plugin's folder (the repository root ComfyUI loaded from custom_nodes/)."""
+    return Path(sys.modules[__name__.split(".")[0]].__file__).resolve().parent
+
+
+def sidecar_env(home: Path, root: Path | None = None) -> dict[str, str]:
+    """The environment ``xpufleet start`` runs in from ComfyUI: ``XPUFLEET_HOME``, and a ``PYTHONPATH``
+    that finds this plugin as ``xpufleet`` when ComfyUI's Python has no such package installed (a plugin
+    cloned into custom_nodes/ is loaded by path, under another module name); the sidecar's run
+    processes inherit it."""
+    root = (root or plugin_root()).resolve()
+    env = {**os.environ, "XPUFLEET_HOME": str(home)}
+    spec = importlib.util.find_spec("xpufleet") if "xpufleet" not in sys.modules else None
+    installed = sys.modules.get("xpufleet")
+    origin = getattr(installed, "__file__", None) if installed is not None else getattr(spec, "origin", None)
+    if origin and Path(origin).resolve().parent == root:
+        return env  # `import xpufleet` already finds this very plugin
+    shim = home / _PLUGIN_PATH_DIR
+    shim.mkdir(parents=True, exist_ok=True)
+    link = shim / "xpufleet"
+    if link.is_symlink() and Path(os.readlink(link)) != root:
+        link.unlink()
+    if not link.exists():
+        try:
+            link.symlink_to(root, target_is_directory=True)
+        except OSError as exc:
+            raise ProxyError(500, f"cannot make {link} point at {root} ({exc}); install the plugin into "
+                                  f"ComfyUI's Python instead: {sys.executable} -m pip install -e {root}") from None
+    env["PYTHONPATH"] = os.pathsep.join([str(shim), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return env
+
+
+class SidecarProxy:
+    """The handlers; one per ComfyUI process (one aiohttp client session, made on first use)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.api_prefix = f"{prefix}/api/"
+        self._session: Any = None
+        self._start_lock: asyncio.Lock | None = None
+
+    def _client(self) -> Any:
+        import aiohttp
+
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=_READ_TIMEOUT_S),
+                auto_decompress=False)
+        return self._session
+
+    async def _alive(self, home: Path) -> Sidecar | None:
+        """The sidecar when its runtime file names a live process that answers /api/health."""
+        import aiohttp
+
+        found = find_sidecar(home)
+        if found is None:
+            return None
+        try:
+            async with self._client().get(f"{found.url}/api/health",
+                                          timeout=aiohttp.ClientTimeout(total=_HEALTH_TIMEOUT_S)) as resp:
+                return found if resp.status == 200 else None
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return None
+
+    # -- handlers --
+
+    async def forward(self, request: Any) -> Any:
+        import aiohttp
+        import yarl
+        from aiohttp import web
+
+        home = home_dir()
+        # ComfyUI serves every route twice, as /xpufleet/... and /api/xpufleet/...
+        _, _, raw_tail = request.rel_url.raw_path.partition(self.api_prefix)
+        path = upstream_path(raw_tail)
+        sidecar = find_sidecar(home)
+        if sidecar is None:
+            raise ProxyError(503, no_sidecar_message(home))
+        if request.content_length is not None and request.content_length > MAX_REQUEST_BODY_BYTES:
+            raise ProxyError(413, f"request body over {MAX_REQUEST_BODY_BYTES} bytes")
+        body = await request.content.read(MAX_REQUEST_BODY_BYTES + 1)
+        if len(body) > MAX_REQUEST_BODY_BYTES:
+            raise ProxyError(413, f"request body over {MAX_REQUEST_BODY_BYTES} bytes")
+        query = request.rel_url.raw_query_string
+        url = yarl.URL(sidecar.url + path + (f"?{query}" if query else ""), encoded=True)
+        headers = {h: request.headers[h] for h in _UP_HEADERS if h in request.headers}
+        headers["Authorization"] = f"Bearer {sidecar.token}"
+        try:
+            async with self._client().request(request.method, url, data=body or None, headers=headers,
+                                              allow_redirects=False) as up:
+                resp = web.StreamResponse(status=up.status, reason=up.reason)
+                for name in _DOWN_HEADERS:
+                    if name in up.headers:
+                        resp.headers[name] = up.headers[name]
+                if "Content-Encoding" in up.headers:
+                    resp.headers["Content-Encoding"] = up.headers["Content-Encoding"]
+                await resp.prepare(request)
+                async for chunk in up.content.iter_any():
+                    await resp.write(chunk)
+                await resp.write_eof()
+                return resp
+        except aiohttp.ClientConnectorError:
+            message = no_sidecar_message(home, f" ({sidecar.url}, named by its runtime file, does not answer)")
+            raise ProxyError(503, message) from None
+        except asyncio.TimeoutError:
+            raise ProxyError(504, f"the sidecar at {sidecar.url} did not answer within {_READ_TIMEOUT_S:g} s") from None
+
+    async def status(self, request: Any) -> Any:
+        from aiohttp import web
+
+        home = home_dir()
+        found = await self._alive(home)
+        if found is None:
+            return web.json_response({"running": False, "home": str(home), "message": no_sidecar_message(home)})
+        return web.json_response({**found.public(), "home": str(home)})
+
+    async def start(self, request: Any) -> Any:
+        from aiohttp import web
+
+        from ..sidecar.http import read_object
+
+        home = home_dir()
+        port = parse_start_port(await read_object(request, {"port"}, optional=True, max_bytes=64 * 1024))
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:  # two clicks start one sidecar
+            found = await self._alive(home)
+            if found is not None:
+                return web.json_response({**found.public(), "home": str(home), "started": False})
+            env = sidecar_env(home)
+            cmd = [sys.executable, "-m", "xpufleet.server", "start", "--port",
+                   str(DEFAULT_PORT if port is None else port)]
+            proc = await asyncio.create_subprocess_exec(*cmd, env=env, stdin=asyncio.subprocess.DEVNULL,
+                                                        stdout=asyncio.subprocess.PIPE,
+                                                        stderr=asyncio.subprocess.PIPE)
+            try:
+                out, err = await asyncio.wait_for(proc.communicate(), SIDECAR_START_TIMEOUT_S + 30)
+            except asyncio.TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                raise ProxyError(500, f"`xpufleet start` did not finish within {SIDECAR_START_TIMEOUT_S + 30:g} s; "
+                                      f"see {home / SIDECAR_LOG_NAME}") from None
+            found = await self._alive(home) if proc.returncode == 0 else None
+            if found is None:
+                said = (err or out).decode(errors="replace").strip()
+                raise ProxyError(500, f"`xpufleet start` failed (exit {proc.returncode}): "
+                                      f"{said or 'no message'}; see {home / SIDECAR_LOG_NAME}")
+            log.info("xpufleet: started the sidecar at %s (pid %s) for %s", found.url, found.pid, home)
+            return web.json_response({**found.public(), "home": str(home), "started": True})
+
+
+def add_proxy_routes(routes: Any, prefix: str) -> SidecarProxy:
+    """Register the proxy's routes under ``prefix`` (``/xpufleet``) on ComfyUI's RouteTableDef."""
+    from ..sidecar.http import json_errors
+
+    proxy = SidecarProxy(prefix)
+    routes.get(f"{prefix}/sidecar")(json_errors(proxy.status))
+    routes.post(f"{prefix}/sidecar/start")(json_errors(proxy.start))
+    routes.route("*", prefix + "/api/{tail:.*}")(json_errors(proxy.forward))
+    return proxy
