@@ -149,7 +149,7 @@ def _gib(value: int) -> str:
 
 def _free_gib(room: int) -> str:
     """A free figure rounded down to 0.1 GiB (never shown larger than it is), at least 0."""
-    return f"{math.floor(max(0, room) / GIB * 10) / 10:.1f}"
+    return f"{math.floor(max(0, room) * 10 / GIB + 1e-6) / 10:.1f}"  # 1e-6: GiB figures are rounded to bytes
 
 
 class Ledger:
