@@ -132,8 +132,6 @@ class _Work:
         from ..nodes import models
 
         data = ref.data
-        if data is not None:
-            self.note(data.guess or data.unknown)
         info = dict(data.info) if data is not None and data.info is not None else None
         cls = models.NODE_CLASS_MAPPINGS[ref.class_type]
         result: _Built | None = None
@@ -141,9 +139,12 @@ class _Work:
             with torch.device("meta"):
                 (model,) = cls().build(**ref.inputs, **({"dataset_info": info} if info else {}))
         except (TypeError, ValueError) as exc:
-            self.note(f"model node {ref.node_id} ({ref.class_type}) cannot be built here ({exc}), so its size is "
+            why = data.unknown if data is not None and data.unknown else str(exc)
+            self.note(f"model node {ref.node_id} ({ref.class_type}) cannot be sized here ({why}), so its size is "
                       f"not counted")
         else:
+            if data is not None and info is not None:
+                self.note(data.guess)  # the model is sized from a default size
             spec = models.spec_of(model) or {}
             shape = spec.get("input_shape") or _first_layer_shape(models.layers_of(spec))
             result = _Built(model, sum(p.numel() for p in model.parameters()),
@@ -166,13 +167,14 @@ class _Work:
 
         if use.batch is None:
             return None
-        if use.data is not None:
-            self.note(use.data.guess or use.data.unknown)
         data_shape = use.data.info.get("input_shape") if use.data is not None and use.data.info else None
+        if data_shape:
+            self.note(use.data.guess)  # type: ignore[union-attr]
         shape = list(data_shape) if data_shape else built.input_shape
         if shape is None:
-            self.note(f"node {use.node_id}: no input shape for model node {use.model.node_id} (the data node gives "  # type: ignore[union-attr]
-                      f"none and the model's first layer takes any size), so its activations are not counted")
+            where = use.data.unknown if use.data is not None and use.data.unknown else "the graph gives none"
+            self.note(f"node {use.node_id}: no input shape for model node {use.model.node_id} ({where}, and the "  # type: ignore[union-attr]
+                      f"model's first layer does not fix it), so its activations are not counted")
             return None
         task = built.task or (use.data.info.get("task") if use.data is not None and use.data.info else None)
         try:
