@@ -119,6 +119,8 @@ def _first_layer_shape(layers: list[dict[str, Any]]) -> list[int] | None:
 class _Work:
     facts: GraphFacts
     built: dict[str, _Built | None] = field(default_factory=dict)
+    sims: dict[tuple[Any, ...], int] = field(default_factory=dict)  # one simulation per distinct phase
+    outputs: dict[tuple[Any, ...], list[int]] = field(default_factory=dict)  # per-sample output shapes
 
     def note(self, reason: str | None) -> None:
         self.facts.note(reason)
@@ -177,18 +179,31 @@ class _Work:
                       f"model's first layer does not fix it), so its activations are not counted")
             return None
         task = built.task or (use.data.info.get("task") if use.data is not None and use.data.info else None)
+        key = (use.model.node_id, use.kind, use.batch, tuple(shape), use.precision,  # type: ignore[union-attr]
+               tuple(sorted(use.loss.items())), tuple(sorted(use.optimizer.items())) if use.kind == "train" else (),
+               use.grad_clip_norm if use.kind == "train" else 0.0)
         try:
-            if use.kind == "train":
-                return meta_sim.simulate_train(
-                    self.fresh(use.model), shape, use.batch, optimizer=use.optimizer, loss=use.loss,  # type: ignore[arg-type]
-                    task=task, precision=use.precision, grad_clip_norm=use.grad_clip_norm).beyond_weights
-            held = meta_sim.simulate_eval(self.fresh(use.model), shape, use.batch, loss=use.loss,  # type: ignore[arg-type]
-                                          task=task, precision=use.precision).beyond_weights
+            if key not in self.sims:
+                out = self.outputs.get((use.model.node_id, tuple(shape), use.precision))  # type: ignore[union-attr]
+                if out is None:
+                    out = meta_sim.sample_output_shape(built.model, shape, use.precision)
+                    self.outputs[(use.model.node_id, tuple(shape), use.precision)] = out  # type: ignore[union-attr]
+                if use.kind == "train":
+                    mem = meta_sim.simulate_train(
+                        self.fresh(use.model), shape, use.batch, optimizer=use.optimizer, loss=use.loss,  # type: ignore[arg-type]
+                        task=task, precision=use.precision, grad_clip_norm=use.grad_clip_norm, out_shape=out)
+                else:
+                    mem = meta_sim.simulate_eval(self.fresh(use.model), shape, use.batch, loss=use.loss,  # type: ignore[arg-type]
+                                                 task=task, precision=use.precision, out_shape=out)
+                self.sims[key] = mem.beyond_weights
+            held = self.sims[key]
         except Exception as exc:  # noqa: BLE001 - a model the meta device cannot run is skipped, said so
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             self.note(f"node {use.node_id}: the model does not run on input {shape} on the meta device ({first}), "
                       f"so its activations are not counted")
             return None
+        if use.kind == "train":
+            return held
         if use.resident == use.node_id and use.optimizer:  # validation inside a TrainingLoop: its state lives
             opt = str(use.optimizer.get("name", "adam"))
             held += built.trainable * (training_bytes(opt, float(use.optimizer.get("momentum", 0.0)))

@@ -143,16 +143,20 @@ def _nbytes(tensors: Iterable[Any]) -> int:
     return sum(seen.values())
 
 
-def _target(model: Any, x: Any, loss: Mapping[str, Any], task: str | None) -> Any:
-    """A meta target for input ``x``, shaped as the loss compares it with the output (class labels for
-    cross_entropy on a classifier, else the output's own shape and float32, as the dataset gives it). The
-    output's shape comes from a forward pass the caller's tracker does not see."""
+def sample_output_shape(model: Any, input_shape: list[int], precision: str = "fp32") -> list[int]:
+    """The per-sample output shape of a meta ``model`` (one forward pass of 2 samples, as batch norm
+    needs more than one; nothing tracked)."""
+    with torch.no_grad(), autocast(precision):
+        return [int(d) for d in model(torch.empty((2, *input_shape), device="meta")).shape[1:]]
+
+
+def _target(batch: int, out_shape: list[int], loss: Mapping[str, Any], task: str | None) -> Any:
+    """A meta target for a batch, shaped as the loss compares it with the output: class labels for
+    cross_entropy on a classifier, else the output's own shape in float32, as the dataset gives it."""
     name = loss.get("name") or ("cross_entropy" if task == "classification" else "mse")
-    with torch.no_grad():
-        shape = model(torch.empty(x.shape, device="meta")).shape
-    if name == "cross_entropy" and len(shape) >= 2:
-        return torch.empty((shape[0], *shape[2:]), dtype=torch.long, device="meta")
-    return torch.empty(shape, device="meta")
+    if name == "cross_entropy" and out_shape:
+        return torch.empty((batch, *out_shape[1:]), dtype=torch.long, device="meta")
+    return torch.empty((batch, *out_shape), device="meta")
 
 
 def _loss_fn(loss: Mapping[str, Any], task: str | None) -> Any:
@@ -166,10 +170,12 @@ def _loss_fn(loss: Mapping[str, Any], task: str | None) -> Any:
 
 def simulate_train(model: Any, input_shape: list[int], batch: int, *, optimizer: Mapping[str, Any],
                    loss: Mapping[str, Any], task: str | None, precision: str = "fp32",
-                   grad_clip_norm: float = 0.0, steps: int = 2) -> StepMemory:
-    """Training steps of a meta ``model`` as the TrainingLoop runs them: forward and loss under autocast,
-    backward, optional clipping, the optimizer step (foreach, PyTorch's default on CUDA), then
-    ``zero_grad(set_to_none=True)``. Two steps: the optimizer state exists from the first step on."""
+                   grad_clip_norm: float = 0.0, out_shape: list[int] | None = None) -> StepMemory:
+    """One training step of a meta ``model`` as the TrainingLoop runs it once the optimizer has state (the
+    largest step: every later one is the same, the first lacks the state during backward): the batch
+    arrives, forward and loss under autocast, backward, optional clipping, the optimizer step (foreach,
+    PyTorch's default on CUDA), then ``zero_grad(set_to_none=True)``. ``out_shape``: the per-sample output
+    shape when known (:func:`sample_output_shape`)."""
     from ..nodes.specs import OptimizerSpec
 
     model.train()
@@ -181,41 +187,49 @@ def simulate_train(model: Any, input_shape: list[int], batch: int, *, optimizer:
         for group in opt.param_groups:
             if "foreach" in group:
                 group["foreach"] = True
+        for p in params:  # the state the first step leaves (its own peak is never the larger)
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    if out_shape is None:
+        out_shape = sample_output_shape(model, input_shape, precision)
     loss_fn = _loss_fn(loss, task)
     weights = _nbytes([*model.parameters(), *model.buffers()])
-    y_like = _target(model, torch.empty((batch, *input_shape), device="meta"), loss, task)
     mode = LiveBytes()
     mode.track_all([*model.parameters(), *model.buffers()])
+    if opt is not None:
+        mode.track_all(t for st in opt.state.values() for t in st.values()
+                       if isinstance(t, torch.Tensor) and t.device.type == "meta")
     with mode:
-        for _ in range(steps):
-            x = torch.empty((batch, *input_shape), device="meta")  # the batch and its targets
-            y = torch.empty(y_like.shape, dtype=y_like.dtype, device="meta")
-            with autocast(precision):
-                out = model(x)
-                value = loss_fn(out, y) if loss_fn is not None else out.float().mean()
-            if value.requires_grad:
-                value.backward()
-            del x, y, out, value
-            if opt is not None:
-                if grad_clip_norm > 0:
-                    torch.nn.utils.clip_grad_norm_(params, grad_clip_norm)
-                opt.step()
-                opt.zero_grad(set_to_none=True)
+        x = torch.empty((batch, *input_shape), device="meta")  # the batch and its targets
+        y = _target(batch, out_shape, loss, task)
+        with autocast(precision):
+            out = model(x)
+            value = loss_fn(out, y) if loss_fn is not None else out.float().mean()
+        if value.requires_grad:
+            value.backward()
+        del x, y, out, value
+        if opt is not None:
+            if grad_clip_norm > 0:
+                torch.nn.utils.clip_grad_norm_(params, grad_clip_norm)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
     return StepMemory(mode.peak, weights)
 
 
 def simulate_eval(model: Any, input_shape: list[int], batch: int, *, loss: Mapping[str, Any],
-                  task: str | None, precision: str = "fp32") -> StepMemory:
+                  task: str | None, precision: str = "fp32", out_shape: list[int] | None = None) -> StepMemory:
     """One evaluation batch of a meta ``model`` under ``torch.no_grad()`` and autocast, with its loss."""
     model.eval()
+    if out_shape is None:
+        out_shape = sample_output_shape(model, input_shape, precision)
     loss_fn = _loss_fn(loss, task)
     weights = _nbytes([*model.parameters(), *model.buffers()])
-    y_like = _target(model, torch.empty((batch, *input_shape), device="meta"), loss, task)
     mode = LiveBytes()
     mode.track_all([*model.parameters(), *model.buffers()])
     with mode, torch.no_grad():
         x = torch.empty((batch, *input_shape), device="meta")
-        y = torch.empty(y_like.shape, dtype=y_like.dtype, device="meta")
+        y = _target(batch, out_shape, loss, task)
         with autocast(precision):
             out = model(x)
             if loss_fn is not None:
