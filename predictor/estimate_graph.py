@@ -227,8 +227,14 @@ class _Reader:
         self.facts.uses.append(Use(kind, nid, resident, model, batch, data, split, **extra))
 
     def read(self) -> GraphFacts:
+        from ..nodes import NODE_CLASS_MAPPINGS
+
         for nid, node in sorted(self.graph.items(), key=lambda kv: (len(kv[0]), kv[0])):
             ct, inputs = node.get("class_type"), self.inputs(nid)
+            if ct not in NODE_CLASS_MAPPINGS:
+                self.facts.note(f"node {nid} ({ct}) is not a node this estimator knows: what it puts on the card "
+                                f"is not counted")
+                continue
             device = _literal(inputs, "device", "auto")
             if ct in (T.TRAINING_LOOP_NODE, T.EVALUATE_NODE, T.PREDICT_NODE) and device == "cpu":
                 continue  # runs on the CPU: nothing of it on the card

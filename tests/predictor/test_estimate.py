@@ -185,7 +185,16 @@ def test_a_model_node_it_cannot_build_is_rough():
     g = graph()
     g["4"] = {"class_type": "PluginTransformer", "inputs": {"depth": 12}}
     est = estimate_graph(g)
-    assert est.rough and "model node 4 (PluginTransformer) cannot be built here" in est.reasons[0]
+    assert est.rough and "model node 4 (PluginTransformer) cannot be built here" in est.reasons[1]
+
+
+def test_a_node_type_it_does_not_know_is_rough():
+    g = graph()
+    g["20"] = {"class_type": "PluginUpscaler", "inputs": {"model": ["8", 0]}}
+    est = estimate_graph(g)
+    assert est.rough and est.total_bytes is not None
+    assert est.reasons == ("node 20 (PluginUpscaler) is not a node this estimator knows: what it puts on the card is "
+                           "not counted",)
 
 
 def test_no_input_shape_is_rough():
@@ -224,8 +233,8 @@ def test_no_batch_size_is_rough():
     g = graph(batch=["99", 0])  # the batch size comes from another node (a primitive / plugin)
     g["99"] = {"class_type": "PrimitiveInt", "inputs": {"value": 64}}
     est = estimate_graph(g)
-    assert est.rough and est.reasons == ("node 8: DataLoader node 2 has no batch size, so its activations are not "
-                                         "counted",)
+    assert est.rough and "node 8: DataLoader node 2 has no batch size, so its activations are not counted" \
+        in est.reasons
 
 
 def test_runs_on_the_cpu_put_nothing_on_the_card():
