@@ -98,6 +98,12 @@ RUNS_PAGE_MAX = 1000  # runs per GET /api/runs answer
 PROGRESS_EVENT_MIN_INTERVAL_S = 0.05  # a run child sends at most ~20 progress events/s per node
 MAX_DEVICE_SET = 64  # devices in one target.devices
 
+# --- memory budgets and the static estimate (SPEC M, issue 12) -----------------------------------
+# CUDA_CONTEXT_MIB (above) is what every run counts beside its budget on a CUDA card.
+MEMORY_ESTIMATE_TIMEOUT_S = 5.0  # the meta-device build of a graph's models is abandoned after this long
+ESTIMATE_ALLOCATOR_FRACTION = 0.2  # the static estimate adds 20% for the caching allocator
+ESTIMATE_CUDA_LIBRARIES_MIB = 128  # ... and 128 MiB for the CUDA libraries' workspaces
+
 
 def home_dir(env: dict[str, str] | None = None) -> Path:
     """``$XPUFLEET_HOME`` (``~`` expanded), else ``~/.xpufleet``: the one place the state folder is
