@@ -228,7 +228,7 @@ def test_snapshot_from_heartbeat_card():
 
 def test_card_without_free_figure_or_offline_says_so(template):
     """A 0 that is really 'unknown', or a stale heartbeat, turns into a warning in the answer."""
-    from xpufleet.predictor.scan import DirsResolver
+    from xpufleet.predictor.resolve import DirsResolver
     from xpufleet.predictor.service import predict_workflow
 
     card = {"worker": "gpu-box", "device": "cuda:0", "total_gib": 24.0, "free_gib": None, "kind": "cuda",
