@@ -138,13 +138,9 @@ class Agent:
     def node_types(self) -> list[str]:
         """Node classes this agent's runner can execute (compared with the sidecar's)."""
         if self._node_types is None:
-            try:
-                from ...nodes import NODE_CLASS_MAPPINGS
+            from ...nodes import NODE_CLASS_MAPPINGS  # shipped with the agent: a broken import is a bug
 
-                self._node_types = sorted(NODE_CLASS_MAPPINGS)
-            except Exception as exc:  # a broken optional dependency: report no node types
-                log.error("node classes unavailable: %s", exc)
-                self._node_types = []
+            self._node_types = sorted(NODE_CLASS_MAPPINGS)
         return self._node_types
 
     def _runs_summary(self) -> list[dict[str, Any]]:
