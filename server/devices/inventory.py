@@ -94,6 +94,16 @@ class Inventory:
             accel.sort(key=lambda d: self.only.index(d["name"]))
         return [cpu_device(), *accel]
 
+    def process_memory(self, pids_by_run: dict[str, set[int]]) -> dict[str, dict[str, float]]:
+        """GiB each run's processes use per card, from NVML (real NVIDIA cards only: simulated cards have
+        no such figure, and none is made up)."""
+        if self.simulate or self._nvml is None:
+            return {}
+        out = self._nvml.process_memory(pids_by_run)
+        if self.only is not None:
+            out = {r: {d: v for d, v in per.items() if d in self.only} for r, per in out.items()}
+        return {r: per for r, per in out.items() if per}
+
     def check_requested(self) -> list[str]:
         """Names in ``--devices`` that this machine does not have (empty when all exist)."""
         if self.only is None:

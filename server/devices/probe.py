@@ -93,6 +93,7 @@ class Nvml:
                     order.append(next(i for i, u in enumerate(uuids) if u.startswith(entry)))
                 else:
                     break  # CUDA stops at the first entry it cannot resolve
+        self._visible = [(f"cuda:{n}", handles[i]) for n, i in enumerate(order)]
         out = []
         for n, i in enumerate(order):
             h = handles[i]
@@ -114,6 +115,33 @@ class Nvml:
                 "free_gib": _gib(free),
                 "simulated": False,
             })
+        return out
+
+
+    def process_memory(self, pids_by_run: dict[str, set[int]]) -> dict[str, dict[str, float]]:
+        """GiB each run's processes use per card (NVML's per-process figures, compute and graphics
+        contexts), by the agent's card names of the last :meth:`devices` call; runs without any are left out."""
+        if not self.ok or not pids_by_run:
+            return {}
+        nv = self._mod
+        run_of = {pid: run for run, pids in pids_by_run.items() for pid in pids}
+        out: dict[str, dict[str, float]] = {}
+        for name, handle in getattr(self, "_visible", []):
+            used: dict[int, int] = {}
+            for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+                try:
+                    procs = getattr(nv, getter)(handle)
+                except Exception:  # noqa: BLE001 - not supported on this card or driver
+                    continue
+                for p in procs:
+                    mem = getattr(p, "usedGpuMemory", None)
+                    if isinstance(mem, int) and mem >= 0:  # None / NVML_VALUE_NOT_AVAILABLE: unknown
+                        used[p.pid] = max(used.get(p.pid, 0), mem)
+            for pid, mem in used.items():
+                run = run_of.get(pid)
+                if run is not None:
+                    per = out.setdefault(run, {})
+                    per[name] = round(per.get(name, 0.0) + mem / GIB, 3)
         return out
 
 

@@ -386,6 +386,39 @@ class Ledger:
         shown = "; ".join(texts)
         return shown + (f"; and {extra} other candidate{'s' if extra != 1 else ''}" if extra else "")
 
+    def card_view(self, key: str) -> dict[str, Any] | None:
+        """One card as the Workers panel draws it (GiB): the heartbeat's total and free, what the runs'
+        budgets reserve and hold (each + its CUDA context), what is free for a new budget once the CUDA
+        context is taken off, and the runs on it (None: not a card of this ledger)."""
+        card = self.cards.get(key)
+        if card is None:
+            return None
+        context = self.context_for(card)
+        room = card.room()
+        runs = [{"id": r, "state": "running", "budget_gib": None if b is None else round(b / GIB, 3)}
+                for r, b in card.running.items()]
+        runs += [{"id": r, "state": "reserved", "budget_gib": None if b is None else round(b / GIB, 3)}
+                 for r, b in card.reserved.items()]
+        note = None
+        if card.total is None:
+            note = self.card_text(key, GIB)  # the MPS and "not reported yet" texts
+        elif card.unbudgeted:
+            holders = [r["id"] for r in runs if r["budget_gib"] is None]
+            note = (f"held by run {', '.join(short_id(r) for r in holders)}, which has no budget and holds the "
+                    f"card alone until it ends")
+        return {
+            "shared": card.shared,
+            "total_gib": None if card.total is None else round(card.total / GIB, 3),
+            "free_gib": None if card.free is None else round(card.free / GIB, 3),
+            "in_use_gib": None if card.total is None or card.free is None else round((card.total - card.free) / GIB, 3),
+            "reserved_gib": round(card.reserved_sum / GIB, 3),
+            "running_gib": round(card.running_sum / GIB, 3),
+            "context_gib": round(context / GIB, 3),
+            "free_for_budgets_gib": None if room is None else float(_free_gib(room - context)),
+            "runs": runs,
+            "note": note,
+        }
+
     # --- decisions ----------------------------------------------------------------------------------
 
     def decide(self, budget_gib: float | None, candidates: Sequence[Sequence[str]], *, named: bool,

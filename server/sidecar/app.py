@@ -68,6 +68,8 @@ def create_app(config: SidecarConfig) -> web.Application:
     store = Store(config.home / STATE_DB_NAME)
     dispatcher = Dispatcher(store, config.home, overrides, validate_local_graphs=config.validate_local_graphs,
                             stop_grace_s=config.stop_grace_s)
+    dispatcher.memory.configure(config.local_shared, (lambda: probe_local_devices(config.home))
+                                if config.local_devices is None else None)
     app[STORE_KEY] = store
     app[DISPATCHER_KEY] = dispatcher
     app[CONFIG_KEY] = config
