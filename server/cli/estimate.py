@@ -54,7 +54,8 @@ def render(answer: dict[str, Any]) -> list[str]:
     per = f"per card ({n} cards)" if n > 1 else "per card"
     lines = []
     if answer["source"] == "measured":
-        lines.append(f"measured: the peak of run {str(answer['from_run'])[:8]} of the same graph on "
+        what = "simulated peak" if answer.get("peak_source") == "simulated" else "peak"
+        lines.append(f"measured: the {what} of run {str(answer['from_run'])[:8]} of the same graph on "
                      f"{n} card{'s' if n != 1 else ''} + 20%, {per}:")
     elif answer["source"] == "estimate":
         lines.append(f"static estimate{' (rough)' if answer.get('rough') else ''}, {per}:")

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...constants import MEASURED_PEAK_HEADROOM
+from .fit import gib_text
 
 USER, MEASURED, ESTIMATE = "user", "measured", "estimate"
 SOURCES = (USER, MEASURED, ESTIMATE)
@@ -105,10 +106,10 @@ class Budget:
         """The Runs panel's budget column: ``6.0 GiB``, ``7.4 GiB (peak of run a1b2c3d4 + 20%)``,
         ``3.2 GiB (est.)``."""
         if self.source == ESTIMATE:
-            return f"{self.gib:.1f} GiB (est.)"
+            return f"{gib_text(self.gib)} GiB (est.)"
         if self.source == MEASURED and self.from_run:
-            return f"{self.gib:.1f} GiB ({_peak_words(self.peak_source)} of run {self.from_run[:8]} + 20%)"
-        return f"{self.gib:.1f} GiB"
+            return f"{gib_text(self.gib)} GiB ({_peak_words(self.peak_source)} of run {self.from_run[:8]} + 20%)"
+        return f"{gib_text(self.gib)} GiB"
 
     def to_json(self) -> dict[str, Any]:
         return {"budget_gib": self.gib, "budget_source": self.source, "budget_from_run": self.from_run,
@@ -130,13 +131,13 @@ def _measured(default: DefaultBudget, declared: float | None = None, reason: str
 
 def _peaked(default: DefaultBudget) -> str:
     if default.source == "simulated":
-        return f"had a simulated peak of {default.peak_gib:.1f} GiB (+20%)"
-    return f"peaked at {default.peak_gib:.1f} GiB (+20%)"
+        return f"had a simulated peak of {gib_text(default.peak_gib)} GiB (+20%)"
+    return f"peaked at {gib_text(default.peak_gib)} GiB (+20%)"
 
 
 def _raise_reason(declared: float, default: DefaultBudget, later: bool) -> str:
     when = "while the run waited, run" if later else "run"
-    return (f"raised from the estimate {declared:.1f} GiB to {default.budget_gib:.1f} GiB: {when} "
+    return (f"raised from the estimate {gib_text(declared)} GiB to {gib_text(default.budget_gib)} GiB: {when} "
             f"{default.run_id[:8]} of the same graph on {cards_text(default.n_cards)} {_peaked(default)}")
 
 
@@ -192,8 +193,9 @@ def raise_waiting(budget: Budget | None, default: DefaultBudget, fits_somewhere:
     if budget.source == ESTIMATE or budget.declared_gib is not None:
         reason = _raise_reason(declared, default, later=True)
     else:
-        reason = (f"raised from {budget.gib:.1f} GiB to {default.budget_gib:.1f} GiB: while the run waited, run "
-                  f"{default.run_id[:8]} of the same graph on {cards_text(default.n_cards)} {_peaked(default)}")
+        reason = (f"raised from {gib_text(budget.gib)} GiB to {gib_text(default.budget_gib)} GiB: while the run "
+                  f"waited, run {default.run_id[:8]} of the same graph on {cards_text(default.n_cards)} "
+                  f"{_peaked(default)}")
     raised = _measured(default, declared, reason)
     if not fits_somewhere(raised.gib):
         return Raise(raised, f"{reason}, more than any card this run may use has")
@@ -219,7 +221,7 @@ def oom_message(budget: Budget, device: str) -> str:
         came = f"the {what} peak of run {budget.from_run[:8]} + 20%"
     else:
         came = _SOURCE_WORDS.get(budget.source, budget.source)
-    return (f"out of memory on {device} under its budget of {budget.gib:.1f} GiB ({came}): declare a larger "
+    return (f"out of memory on {device} under its budget of {gib_text(budget.gib)} GiB ({came}): declare a larger "
             f"options.target.memory_gib")
 
 
@@ -256,10 +258,10 @@ def suggest(graph: Mapping[str, Any], default: DefaultBudget | None, *, n_cards:
     if default is not None:
         headroom = default.budget_gib - default.peak_gib
         items = ({"name": "measured_peak", "gib": default.peak_gib,
-                  "label": f"peak of run {default.run_id[:8]} on {cards_text(n_cards)}"},
+                  "label": f"{_peak_words(default.source)} of run {default.run_id[:8]} on {cards_text(n_cards)}"},
                  {"name": "headroom", "gib": round(headroom, 4), "label": "+20%"})
         return Suggestion(MEASURED, default.budget_gib, default.budget_gib, items, from_run=default.run_id,
-                          n_cards=n_cards)
+                          n_cards=n_cards, extra={"peak_source": default.source})
     if estimate is None:
         from ...predictor.estimate import estimate_graph as estimate
     est = estimate(graph)

@@ -143,13 +143,21 @@ class _Holding:
     started: bool
 
 
+def gib_text(gib: float) -> str:
+    """A budget in the texts: one decimal as the seed writes them (``12.0``), two below 1 GiB (``0.05``),
+    so a small budget is never shown as another number."""
+    return f"{gib:.1f}" if gib >= 1 or gib == 0 else f"{gib:.2f}"
+
+
 def _gib(value: int) -> str:
     return f"{value / GIB:.1f}"
 
 
 def _free_gib(room: int) -> str:
-    """A free figure rounded down to 0.1 GiB (never shown larger than it is), at least 0."""
-    return f"{math.floor(max(0, room) * 10 / GIB + 1e-6) / 10:.1f}"  # 1e-6: GiB figures are rounded to bytes
+    """A free figure rounded down to 0.1 GiB (0.01 below 1 GiB; never shown larger than it is), at least 0."""
+    step = 10 if room >= GIB or room <= 0 else 100
+    value = math.floor(max(0, room) * step / GIB + 1e-6) / step  # 1e-6: GiB figures are rounded to bytes
+    return f"{value:.1f}" if step == 10 else f"{value:.2f}"
 
 
 class Ledger:
@@ -333,7 +341,7 @@ class Ledger:
     def needs_text(self, card: Card, budget: int) -> str:
         """``needs 6.0 GiB (+0.8 GiB CUDA context)`` (no context part off CUDA or with a zero context)."""
         context = self.context_for(card)
-        return f"needs {_gib(budget)} GiB" + (f" (+{_gib(context)} GiB CUDA context)" if context else "")
+        return f"needs {gib_text(budget / GIB)} GiB" + (f" (+{_gib(context)} GiB CUDA context)" if context else "")
 
     def card_text(self, key: str, budget: int | None) -> str | None:
         """Why ``budget`` does not fit on one card now (None when it fits)."""
