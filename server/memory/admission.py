@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,15 +32,15 @@ from ..ledger.budget import (
     DefaultBudget,
     default_budget,
     fill_default,
-    raise_waiting,
 )
-from ..ledger.fit import FITS, MAX_REASONS, Ledger, context_mib_from_env, short_id, to_bytes
+from ..ledger.fit import Ledger, context_mib_from_env
 from ..ledger.queue import MemoryHolds, MemoryQueue, MemoryRun
 from ..scheduling import Candidate, SlotState
 from ..scheduling.plan import usable_provider
 from ..scheduling.waiting import provider_reason
-from .peaks import CardPeak, card_peak
+from .outcomes import RunOutcomes
 from .records import MemoryRecords, RunMemory
+from .texts import WaitingTexts
 
 log = logging.getLogger("xpufleet.memory")
 
@@ -83,8 +82,9 @@ class Waiting:
     has_slot: bool
 
 
-class MemoryAdmission:
-    """The memory part of one :class:`~xpufleet.server.sidecar.dispatcher.Dispatcher` (see the module doc)."""
+class MemoryAdmission(RunOutcomes, WaitingTexts):
+    """The memory part of one :class:`~xpufleet.server.sidecar.dispatcher.Dispatcher` (see the module doc);
+    what finished runs change is in :class:`~.outcomes.RunOutcomes`, the texts in :class:`~.texts.WaitingTexts`."""
 
     def __init__(self, dispatcher: Any) -> None:
         self.d = dispatcher
@@ -414,177 +414,6 @@ class MemoryAdmission:
                 self._dirty.add(key)
         if self.ledger.grown:
             self.d.wake()
-
-    def run_usage(self, worker: str, runs: Sequence[Mapping[str, Any]]) -> None:
-        """Per-run memory from NVML per-process figures (an agent's heartbeat): kept, the largest persisted."""
-        now = time.time()
-        for r in runs:
-            mem = r.get("memory")
-            if not isinstance(mem, Mapping) or not mem:
-                continue
-            run_id = str(r["run_id"])
-            devices = {str(k): round(float(v), 3) for k, v in mem.items()
-                       if isinstance(v, (int, float)) and not isinstance(v, bool)}
-            entry = self.usage.setdefault(run_id, {"source": "NVML per-process used memory", "devices": {}, "max": {}})
-            entry["devices"] = devices
-            entry["at"] = now
-            grew = False
-            for dev, gib in devices.items():
-                if gib > entry["max"].get(dev, -1.0):
-                    entry["max"][dev] = gib
-                    grew = True
-            if grew:
-                self.d.store.set_execution_facts(run_id, {"memory_in_use": {
-                    "source": entry["source"], "unit": "GiB", "devices": devices, "max": dict(entry["max"]),
-                    "worker": worker}})
-
-    # --- finished runs, measured peaks and raises -----------------------------------------------------
-
-    def finishing(self, run_id: str, payload: dict[str, Any]) -> dict[str, Any]:
-        """Before a run's ``run_finished`` is stored: an out-of-memory failure under a budget says where the
-        budget came from and asks for a larger ``target.memory_gib``."""
-        oom = payload.get("out_of_memory")
-        info = self.info.get(run_id) or self.records.run(run_id)
-        if not isinstance(oom, Mapping) or info is None or info.budget is None or payload.get("status") != "failed":
-            return payload
-        from ..ledger.budget import oom_message
-
-        run = self.d.store.get_run(run_id) or {}
-        device = str(oom.get("device") or (run.get("devices") or ["cuda:0"])[0])
-        where = f"{device} on {run['worker_id']}" if run.get("worker_id") else f"{device} on this server"
-        budget = info.budget
-        if isinstance(oom.get("budget_gib"), (int, float)) and oom["budget_gib"] != budget.gib:
-            budget = Budget(float(oom["budget_gib"]), budget.source, budget.from_run, budget.peak_gib,
-                            budget.declared_gib, budget.reason, budget.peak_source)
-        text = oom_message(budget, where)
-        if oom.get("simulated"):
-            text += " (simulated card: the run's tensors on the CPU went over the budget)"
-        detail = payload.get("error")
-        return {**payload, "error": f"{text}. {detail}" if detail else text}
-
-    def finished(self, run_id: str, status: str, peak_memory: Any) -> None:
-        """A run ended: its per-card figure is recorded under its graph key and number of cards; a larger
-        peak of a successful run raises the budgets of the same graph's waiting runs."""
-        info = self.info.get(run_id) or self.records.run(run_id)
-        if info is None:
-            return
-        peak = card_peak(peak_memory)
-        self.records.record_peak(run_id, info.graph_key, info.n_cards, status, peak)
-        if status == "succeeded" and peak is not None and info.graph_key is not None:
-            self.peak_recorded(info.graph_key, info.n_cards, run_id, peak)
-
-    def peak_recorded(self, graph_key: str, n_cards: int, run_id: str, peak: CardPeak) -> None:
-        """Raise (or give) the budgets of the waiting runs of this graph on this many cards."""
-        for other in sorted(self.by_graph.get((graph_key, n_cards), set())):
-            w = self.waiting.get(other)
-            info = self.info.get(other)
-            if w is None or info is None or other == run_id:
-                continue
-            default = self.default_for(graph_key, n_cards, w.all_keys)
-            if default is None:
-                continue
-            if info.budget is None:
-                budget = fill_default(None, default)
-                if budget is not None:
-                    self._set_budget(other, info, Budget(
-                        budget.gib, budget.source, budget.from_run, budget.peak_gib, None,
-                        f"given the graph's default budget: run {short_id(run_id)} of the same graph succeeded",
-                        budget.peak_source))
-                    self._requeue(other)
-                continue
-
-            def fits_somewhere(gib: float, w: Waiting = w) -> bool:
-                if w.has_slot:
-                    return True
-                return any(self.ledger.fits_ever(keys, gib) is not False for keys in w.all_keys)
-
-            raised = raise_waiting(info.budget, default, fits_somewhere)
-            if raised is None:
-                continue
-            if raised.fail is not None:
-                self._set_budget(other, info, raised.budget)
-                self.d.run_ended(other, "failed", raised.fail)
-                continue
-            self._set_budget(other, info, raised.budget)
-            if other in self.queue:
-                self.queue.set_budget(other, raised.budget.gib)
-            for keys in w.all_keys:
-                self._dirty.update(keys)
-        self.d.wake()
-
-    def _requeue(self, run_id: str) -> None:
-        """A waiting run's candidates depend on its budget (agents that cannot cap): queue it again in its
-        place (the queue is rebuilt in submission order)."""
-        self._serial = None
-        self._rebuild_queue(self.d.slot_state(), self.d.queued_candidates())
-
-    # --- texts ----------------------------------------------------------------------------------------
-
-    def _hold_text(self, run_id: str, keys: Sequence[str]) -> str | None:
-        for key in keys:
-            holder = self.holds.holder(key)
-            if holder is not None and holder != run_id:
-                seq_h, seq_r = self.queue.seq_of(holder), self.queue.seq_of(run_id)
-                if seq_h is not None and seq_r is not None and seq_h < seq_r:
-                    n = self.holds.overtaken.get((holder, key), 0)
-                    return (f"{self.labels.get(key, key)} is held for run {short_id(holder)}, submitted earlier and "
-                            f"overtaken there {n} times: no later run starts there until it starts")
-        return None
-
-    def memory_text(self, run_id: str) -> str | None:
-        """Why a run waits for memory (None: it does not)."""
-        w = self.waiting.get(run_id)
-        if w is None:
-            return None
-        info = self.info.get(run_id)
-        budget = info.budget.gib if info is not None and info.budget is not None else None
-        raw = to_bytes(budget) if budget is not None else None
-        texts: list[str] = []
-        extra = 0
-        for keys in w.keys:
-            status = self.ledger.candidate_status(keys, raw)
-            text = self._hold_text(run_id, keys) if status == FITS else self.ledger.candidate_text(keys, raw)
-            if text is None:
-                text = "it fits now and starts at the next scheduling pass"
-            if text in texts:
-                continue
-            if len(texts) >= MAX_REASONS:
-                extra += 1
-            else:
-                texts.append(text)
-        shown = "; ".join(texts) + (f"; and {extra} other candidate{'s' if extra != 1 else ''}" if extra else "")
-        parts = [f"waiting for memory: {shown}"] if shown else []
-        held = self.holds.held_by(run_id)
-        if held:
-            n = max(self.holds.overtaken.get((run_id, k), 0) for k in held)
-            parts.insert(0, f"holding {', '.join(self.labels.get(k, k) for k in held)} for this run (overtaken {n} "
-                            f"times): later runs do not start there until it starts")
-        parts += w.notes
-        if info is not None and info.budget is not None and info.budget.reason:
-            parts.append(f"budget {info.budget.label()}: {info.budget.reason}")
-        return "; ".join(parts) if parts else None
-
-    def reason(self, run_id: str, slot_reason: str | None) -> str | None:
-        """A queued run's waiting_reason: the memory text, then the slot rule's when it has exclusive cards too."""
-        w = self.waiting.get(run_id)
-        if w is None:
-            return slot_reason
-        text = self.memory_text(run_id)
-        if w.has_slot and slot_reason:
-            return f"{text}; {slot_reason}" if text else slot_reason
-        return text
-
-    @property
-    def has_dirty(self) -> bool:
-        return bool(self._dirty)
-
-    def dirty_runs(self) -> set[str]:
-        """Waiting runs whose memory text may have changed since the last call."""
-        dirty, self._dirty = self._dirty, set()
-        if not dirty:
-            return set()
-        return {r for r, w in self.waiting.items() if any(k in dirty for keys in w.all_keys for k in keys)}
-
 
 class NamedProvider:
     """A provider known by name only (one that left): exclusive unless the registry says otherwise."""

@@ -392,3 +392,59 @@ def test_this_servers_own_cards_admit_by_memory_only_when_turned_on(xpufleet_hom
 
     sa.run(off())
     sa.run(on())
+
+
+def test_one_card_offered_twice_admits_by_memory_only_when_both_share_it_and_mixed_sets_are_refused(xpufleet_home):
+    async def scenario() -> None:
+        async with sa.Sidecar(xpufleet_home) as sc:
+            a = sa.ScriptedAgent(sc, "a-box", real_cards(free1=24.0, prefix="GPU-same"))
+            b = sa.ScriptedAgent(sc, "b-box", real_cards(free1=24.0, prefix="GPU-same"))
+            await a.connect()
+            await b.connect()
+            await sc.share("a-box", "cuda:1")
+            card = (await sc.worker("a-box"))["devices"][2]["memory"]
+            assert card == {"admits_by_memory": False, "note": "shared here, but the same card is exclusive on b-box: "
+                                                               "it admits runs by slot until every provider offering "
+                                                               "it shares it"}
+            status, body = await sc.submit(graph(), worker="a-box", devices=["cuda:1"], memory_gib=2)
+            assert status == 201 and (await a.recv_type("start_run"))["budget_gib"] == 2.0  # a typed cap, by slot
+            await sc.share("b-box", "cuda:1")
+            card = (await sc.worker("b-box"))["devices"][2]["memory"]
+            assert card["admits_by_memory"] is True and card["key"] == "uuid:GPU-same-1"
+            assert card["runs"][0]["id"] == body["run_id"]  # one ledger for the card, whoever offers it
+            # a device set that mixes a shared and an exclusive card cannot run either way
+            status, body = await sc.submit(graph(), worker="a-box", devices=["cuda:0", "cuda:1"], memory_gib=2)
+            assert status == 400 and "mixes cards shared by memory and exclusive cards" in body["error"], body
+            await a.close()
+            await b.close()
+
+    sa.run(scenario())
+
+
+def test_a_run_queued_while_its_card_was_exclusive_gets_the_default_at_once_when_it_turns_shared(xpufleet_home):
+    async def scenario() -> None:
+        async with sa.Sidecar(xpufleet_home) as sc:
+            agent = sa.ScriptedAgent(sc, "gpu-box", real_cards(free1=24.0))
+            await agent.connect()
+            target = {"worker": "gpu-box", "devices": ["cuda:1"]}
+            status, body = await sc.submit(graph(epochs=1), **target)  # exclusive: no budget, measured peak 2.0
+            await _run_to_end(sc, agent, body["run_id"], peak=sa.cuda_peak(2.0))
+            peak_run = body["run_id"]
+            status, body = await sc.submit(graph(hidden="8"), **target)  # holds the card
+            holder = body["run_id"]
+            await agent.recv_type("start_run")
+            await agent.started(holder)
+            status, body = await sc.submit(graph(epochs=5), **target)  # queued behind the slot, no budget
+            queued = body["run_id"]
+            await sc.reason(queued, "busy (1 of 1 slot used)")
+            assert (await sc.run(queued))["budget"] is None
+            await sc.share("gpu-box", "cuda:1")
+            run = await sc.reason(queued, "held by run")
+            assert run["budget"]["gib"] == 2.4 and run["budget"]["from_run"] == peak_run
+            assert run["budget"]["reason"] == "given the graph's default budget: its card is shared by memory"
+            await agent.finish(holder, "succeeded", sa.cuda_peak(1.0))
+            start = await agent.recv_type("start_run")
+            assert start["run_id"] == queued and start["budget_gib"] == 2.4
+            await agent.close()
+
+    sa.run(scenario())
