@@ -126,9 +126,10 @@ def free_shows(sc: harness.Sidecar, worker: str, device: str, free: float) -> No
 
 
 def share(sc: harness.Sidecar, worker: str, *devices: str) -> None:
+    """``xpufleet workers mode WORKER DEVICE shared`` (PUT /api/workers/{name}/devices/{device}/mode)."""
     for dev in devices:
-        status, body = call(sc, "PUT", f"/api/workers/{worker}/devices/{dev}/mode", {"mode": "shared"})
-        assert status == 200, body
+        proc = sc.cli("workers", "mode", worker, dev, "shared", timeout=60)
+        assert proc.returncode == 0 and f"{dev} is shared" in proc.stdout, proc.stderr
 
 
 def reason(sc: harness.Sidecar, run_id: str, text: str, timeout: float = 60.0) -> dict[str, Any]:
