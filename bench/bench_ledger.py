@@ -7,8 +7,9 @@ The fleet: 8 workers with 8 CUDA cards each, all shared by memory (4 workers of 
 one named card, 20% "any card" (64 candidates), 10% device sets of 2-4 cards on one worker. Steady state:
 one running run ends, its worker's heartbeat reports the card's free memory (what the runs on it use
 plus up to 2 GiB of other users' processes), the admission decision places what now fits (reserved on
-the ledger; a run overtaken three times on a card holds it, as the dispatcher does) and the placed runs start; new submissions keep the queue full. Each new submission also
-gets the submit-time decision (admit / wait / reject with its text), measured separately.
+the ledger; a run overtaken three times on a card holds it, as in the dispatcher) and the placed runs
+start; new submissions keep the queue full. Each new submission also gets the submit-time decision
+(admit / wait / reject with its text), measured separately.
 
 Measured: decisions per second and placements per second of decision time, and the latency of each
 decision, for the incremental MemoryQueue and, as the baseline in the same process, the reference rule
@@ -129,7 +130,8 @@ def steady_state(incremental: bool, queued: int, decisions: int, seed: int) -> d
             submit()
     total = sum(lat)
     holds = queue.holds if incremental else ref_holds
-    return {"holds": len(holds.by_key), "first": first, "first_ms": first_dt * 1e3, "decisions": decisions, "placements": placed,
+    return {"holds": len(holds.by_key), "first": first, "first_ms": first_dt * 1e3, "decisions": decisions,
+            "placements": placed,
             "decisions_per_s": decisions / total, "placements_per_s": placed / total,
             "p50_ms": statistics.median(lat) * 1e3, "p99_ms": pct(lat, 0.99) * 1e3, "max_ms": max(lat) * 1e3,
             "mean_ms": total / len(lat) * 1e3, "submit_p50_ms": statistics.median(submit_ms),

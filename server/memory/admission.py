@@ -70,11 +70,11 @@ class Split:
 
 @dataclass
 class Waiting:
-    """A queued run with candidates on shared cards: the usable ones (MemoryQueue's order), the texts of
-    the rest, whether it names its provider, and whether it has exclusive candidates too."""
+    """A queued run with candidates on shared cards: the usable ones (MemoryQueue's order) and their card
+    keys, every shared candidate's keys, the texts of those it cannot use, and whether it has exclusive
+    candidates too (the slot rule may place it there)."""
 
     run_id: str
-    named: bool
     cands: list[Candidate]
     keys: list[tuple[str, ...]]
     all_keys: list[tuple[str, ...]]  # every shared candidate, usable or not (for "fits ever")
@@ -108,7 +108,6 @@ class MemoryAdmission(RunOutcomes, WaitingTexts):
         self.waiting: dict[str, Waiting] = {}
         self.by_graph: dict[tuple[str, int], set[str]] = {}
         self.usage: dict[str, dict[str, Any]] = {}  # run id -> NVML per-process figures
-        self.targets: dict[str, str] = {}  # queued run id -> its target (a worker, any, pool:NAME, local)
         self._serial: int | None = None
         self._dirty: set[str] = set()  # cards whose texts may have changed
         self._task: asyncio.Task[None] | None = None
@@ -124,9 +123,7 @@ class MemoryAdmission(RunOutcomes, WaitingTexts):
 
     def load(self) -> None:
         """After a restart: the records of the runs still queued or active."""
-        rows = self.d.store.query("SELECT id, target FROM runs WHERE status='queued'")
-        self.targets.update({r["id"]: r["target"] for r in rows})
-        ids = [r["id"] for r in rows] + [r["id"] for r in self.d.store.active()]
+        ids = [r for r, _ in self.d.store.queued()] + [r["id"] for r in self.d.store.active()]
         self.info.update(self.records.runs(ids))
         for run_id in ids:
             info = self.info.get(run_id)
@@ -286,9 +283,7 @@ class MemoryAdmission(RunOutcomes, WaitingTexts):
         for c in split.mixed:
             notes.append(f"the device set {', '.join(c.devices)} on {_where(c.provider)} mixes cards shared by memory "
                          f"and exclusive cards: make them all shared or all exclusive to run there")
-        target = self.targets.get(run_id, "any")
-        named = target != "any" and not target.startswith("pool:")
-        w = Waiting(run_id, named, usable, [self.keys_of(c, state) for c in usable],
+        w = Waiting(run_id, usable, [self.keys_of(c, state) for c in usable],
                     [self.keys_of(c, state) for c in split.memory], list(dict.fromkeys(notes)), bool(split.slot))
         self.waiting[run_id] = w
         if usable:
@@ -328,10 +323,9 @@ class MemoryAdmission(RunOutcomes, WaitingTexts):
 
     # --- submission and the dispatcher's calls -------------------------------------------------------
 
-    def admitted(self, run_id: str, target: str, info: RunMemory, cands: Sequence[Candidate]) -> None:
+    def admitted(self, run_id: str, info: RunMemory, cands: Sequence[Candidate]) -> None:
         """A run was queued (its records are written): index it and, with shared candidates, queue it."""
         self.info[run_id] = info
-        self.targets[run_id] = target
         if info.graph_key is not None:
             self.by_graph.setdefault((info.graph_key, info.n_cards), set()).add(run_id)
         self._enqueue(run_id, cands, self.d.slot_state())
@@ -378,7 +372,6 @@ class MemoryAdmission(RunOutcomes, WaitingTexts):
                 if not runs:
                     del self.by_graph[(info.graph_key, info.n_cards)]
         self.usage.pop(run_id, None)
-        self.targets.pop(run_id, None)
 
     def unplaced(self, run_id: str) -> None:
         """A placement that could not be applied (the run was cancelled meanwhile)."""

@@ -53,7 +53,8 @@ class RunOutcomes:
         budget came from and asks for a larger ``target.memory_gib``."""
         oom = payload.get("out_of_memory")
         info = self.info.get(run_id) or self.records.run(run_id)
-        if not isinstance(oom, Mapping) or info is None or info.budget is None or payload.get("status") != "failed":
+        if not isinstance(oom, Mapping) or info is None or info.budget is None or payload.get("status") != "failed" \
+                or oom.get("budget_gib") is None:  # the run was not capped (no budget reached its process)
             return payload
         run = self.d.store.get_run(run_id) or {}
         device = str(oom.get("device") or (run.get("devices") or ["cuda:0"])[0])

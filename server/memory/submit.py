@@ -85,6 +85,10 @@ def prepare(adm: MemoryAdmission, graph: Any, target: Any, resolution: Resolutio
                                     shared_only=bool(split.memory) and not split.slot)
         except BudgetError as exc:
             raise AdmissionError(str(exc)) from None
+    if target.memory_gib is not None:  # a typed budget caps the run wherever it goes: only agents that can
+        uncapped = [c for c in split.slot if not can_cap(adm.d.providers.get(c.provider))]
+        if uncapped:
+            raise AdmissionError("; ".join(dict.fromkeys(cap_refusal(c.provider) for c in uncapped)))
     if split.memory and budget is not None:
         capable = [c for c in split.memory if can_cap(adm.d.providers.get(c.provider))]
         if not capable and not split.slot:

@@ -247,8 +247,8 @@ class Dispatcher:
             self.memory.records.record_run(run_id, prep.info.graph_key, prep.info.n_cards, budget)
         self._cands[run_id] = resolution.candidates
         self._queue.add(QueuedRun(run_id, self.memory.slot_candidates(resolution.candidates)))
-        self.memory.admitted(run_id, resolution.target,
-                             RunMemory(run_id, prep.info.graph_key, prep.info.n_cards, budget), resolution.candidates)
+        self.memory.admitted(run_id, RunMemory(run_id, prep.info.graph_key, prep.info.n_cards, budget),
+                             resolution.candidates)
         self._unexplained.add(run_id)
         self.wake()
         return {"run_id": run_id, "status": "queued"}

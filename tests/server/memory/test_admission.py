@@ -252,6 +252,11 @@ def test_a_budgeted_run_never_starts_on_an_agent_that_cannot_cap_it(xpufleet_hom
             assert (await sc.worker("old-box"))["agent_caps_memory"] is False
             status, body = await sc.submit(graph(), worker="old-box", devices=["cuda:1"], memory_gib=2)
             assert status == 400 and "cannot cap a run's memory to its budget" in body["error"], body
+            # a typed budget is a cap on an exclusive card too: refused there as well, never ignored
+            status, body = await sc.submit(graph(), worker="old-box", devices=["cuda:0"], memory_gib=2)
+            assert status == 400 and "cannot cap a run's memory to its budget" in body["error"], body
+            status, body = await sc.submit(graph(), worker="old-box", devices=["cuda:0"])
+            assert status == 201 and (await old.recv_type("start_run"))["budget_gib"] is None
             await old.close()
             # admitted on a capable agent, then it comes back as an older agent before the run started
             box = sa.ScriptedAgent(sc, "gpu-box", real_cards(free1=24.0))
