@@ -10,18 +10,26 @@ from typing import Any
 
 
 def run_pids(runs: Iterable[Any]) -> dict[str, set[int]]:
-    """Each running run's process and its descendants (a ddp run's ranks): whose NVML figures count."""
+    """Each running run's processes (every member of its launcher group: a ddp run's ranks) and their
+    descendants: whose NVML figures count."""
     import psutil
 
     out: dict[str, set[int]] = {}
     for rs in list(runs):
-        pid = getattr(rs.proc, "pid", None)
-        if rs.finished or pid is None or getattr(rs.proc, "returncode", None) is not None:
+        group = getattr(rs, "group", None)
+        members = list(getattr(group, "pids", None) or [])
+        if rs.finished or not members:
             continue
-        pids = {pid}
-        with contextlib.suppress(psutil.Error):
-            pids |= {c.pid for c in psutil.Process(pid).children(recursive=True)}
-        out[rs.run_id] = pids
+        pids: set[int] = set()
+        for pid in members:
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(pid)
+                if proc.status() == psutil.STATUS_ZOMBIE:
+                    continue
+                pids.add(pid)
+                pids |= {c.pid for c in proc.children(recursive=True)}
+        if pids:
+            out[rs.run_id] = pids
     return out
 
 

@@ -37,8 +37,10 @@ def fake_nvml(procs_by_card: dict[int, list[tuple[int, int | None]]]) -> types.M
 
 
 class _Run:
-    def __init__(self, run_id: str, proc: Any) -> None:
-        self.run_id, self.proc, self.finished = run_id, proc, False
+    """What the agent keeps of a run: its launcher group's member pids."""
+
+    def __init__(self, run_id: str, *pids: int, finished: bool = False) -> None:
+        self.run_id, self.group, self.finished = run_id, types.SimpleNamespace(pids=list(pids)), finished
 
 
 def test_a_runs_processes_and_their_descendants_are_counted_per_card(tmp_path, monkeypatch):
@@ -53,7 +55,7 @@ def test_a_runs_processes_and_their_descendants_are_counted_per_card(tmp_path, m
         monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(procs))
         inv = Inventory("real", tmp_path, env={})
         inv.snapshot()  # the heartbeat's probe names the cards
-        runs = [_Run("r1", parent), _Run("done", types.SimpleNamespace(pid=other, returncode=0))]
+        runs = [_Run("r1", parent.pid), _Run("done", other, finished=True)]
         assert run_pids(runs)["r1"] >= {parent.pid, child_pid} and "done" not in run_pids(runs)
         assert run_memory(inv, runs) == {"r1": {"cuda:0": 2.0, "cuda:1": 3.0}}
         # --devices limits what the agent offers, and what it reports
@@ -72,8 +74,8 @@ def test_simulated_cards_and_machines_without_nvml_report_nothing(tmp_path, monk
     from xpufleet.server.devices.simulated import parse_simulate
 
     sim = Inventory("sim", tmp_path, simulate=parse_simulate("cuda:0=24", "sim"))
-    assert run_memory(sim, [_Run("r1", types.SimpleNamespace(pid=1, returncode=None))]) == {}
+    assert run_memory(sim, [_Run("r1", 1)]) == {}
     monkeypatch.setitem(sys.modules, "pynvml", None)  # nvidia-ml-py missing
     plain = Inventory("plain", tmp_path, env={})
     plain.snapshot()
-    assert run_memory(plain, [_Run("r1", types.SimpleNamespace(pid=psutil.Process().pid, returncode=None))]) == {}
+    assert run_memory(plain, [_Run("r1", psutil.Process().pid)]) == {}
