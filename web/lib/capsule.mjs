@@ -102,6 +102,7 @@ export class CapsuleBar {
     this.timer = setTimeout(() => {
       if (!document.hidden) {
         this.ticks += 1;
+        this.element.dataset.ticks = String(this.ticks); // refreshes started (the tests count them)
         this.run();
       }
       this.schedule();
