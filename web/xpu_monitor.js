@@ -35,8 +35,8 @@ const settings = {
   set: (id, value) => app.extensionManager?.setting?.set(id, value),
 };
 
-function applyLanguage() {
-  setLanguage(resolveLanguage(settingValue(LANGUAGE), settingValue("Comfy.Locale") || navigator.language));
+function applyLanguage(value = settingValue(LANGUAGE)) {
+  setLanguage(resolveLanguage(value, settingValue("Comfy.Locale") || navigator.language));
 }
 applyLanguage();
 
@@ -188,14 +188,15 @@ function sidecarStatus() {
   return out;
 }
 
-const rescan = () => capsules.settingsChanged();
+// ComfyUI calls a setting's onChange before it stores the new value: read it a moment later
+const rescan = () => setTimeout(() => capsules.settingsChanged(), 0);
 
 app.registerExtension({
   name: "XPUFleet.Monitor",
   settings: [
     { id: LANGUAGE, category: ["XPU Fleet", "General", "Language"], name: t("settings.language"), type: "combo",
       options: [{ text: t("settings.language_auto"), value: "auto" }, { text: "中文", value: "zh" }, { text: "English", value: "en" }],
-      defaultValue: "auto", onChange: () => { applyLanguage(); capsules.render(); } },
+      defaultValue: "auto", onChange: (value) => { applyLanguage(value); capsules.render(); } },
     { id: SETTINGS.refresh, category: ["XPU Fleet", "Capsule", "Refresh"], name: t("settings.refresh"), type: "number",
       defaultValue: 5, attrs: { min: 1, max: 600, step: 1 }, onChange: rescan },
     { id: SETTINGS.showSuccess, category: ["XPU Fleet", "Capsule", "Success"], name: t("settings.show_success"), type: "boolean",
@@ -234,7 +235,19 @@ app.registerExtension({
     capsules.requestScan();
   },
 
+  nodeCreated() {
+    // a node added (by hand, a paste, or a loaded API-format file): its widget values are set right
+    // after, in the same task, so the debounced scan sees them
+    capsules.requestScan();
+  },
+
   async setup() {
+    // "auto" follows ComfyUI's own language (its Comfy.Locale setting's change event)
+    app.ui?.settings?.addEventListener?.("Comfy.Locale.change", (e) => {
+      setLanguage(resolveLanguage(settingValue(LANGUAGE), e.detail?.value || navigator.language));
+      capsules.render();
+    });
+    applyLanguage();
     placeCapsules();
     placeQueueButton();
     api.addEventListener("graphChanged", () => capsules.requestScan());
