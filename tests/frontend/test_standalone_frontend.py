@@ -158,6 +158,49 @@ def test_stop_and_delete_a_run(page_and_log, standalone_fleet):
     runs.locator(f"[data-run-id='{rid}']").wait_for(state="detached", timeout=WAIT_MS)
 
 
+def test_runs_panel_shows_waiting_reasons_budget_sources_and_warnings(page_and_log, standalone_fleet):
+    page, _ = page_and_log
+    harness = bh.sidecar_harness
+    standalone_fleet.call("POST", "/api/workers/gpu-box/drain", {})
+    try:
+        waiting = standalone_fleet.sidecar.submit(harness.iris_graph(1), name="waits", target={
+            "worker": "gpu-box", "memory_gib": 2, "memory_source": "estimate"})
+        page.click("[data-xpufleet=tab-runs]")
+        row = page.locator(f"[data-xpufleet=runs-panel] [data-run-id='{waiting}']")
+        assert "draining" in row.locator("[data-xpufleet=waiting]").inner_text(timeout=WAIT_MS)
+        assert row.locator("[data-xpufleet=budget-col]").inner_text() == "2.0 GiB (est.) · estimate"
+    finally:
+        standalone_fleet.call("POST", "/api/workers/gpu-box/undrain", {})
+    row.locator("[data-xpufleet=waiting]").wait_for(state="detached", timeout=WAIT_MS)  # it runs now
+    # a node set to a card this server lacks: the run warns device_fallback, and the panel shows it
+    graph = harness.iris_graph(1)
+    graph["7"]["inputs"]["device"] = "cuda:0"
+    fallback = standalone_fleet.sidecar.submit(graph, name="falls back", target={"worker": "local"})
+    warning = page.locator(f"[data-xpufleet=runs-panel] [data-run-id='{fallback}'] [data-kind=device_fallback]")
+    assert "is set to device cuda:0" in warning.inner_text(timeout=WAIT_MS)
+    assert standalone_fleet.sidecar.finish(waiting)["status"] == "succeeded"
+    assert standalone_fleet.sidecar.finish(fallback)["status"] == "succeeded"
+
+
+def test_a_server_rejection_shows_in_the_dialog(playwright_browser, standalone_fleet):
+    """On a page of its own: the rejection is a 400, which the browser logs as a failed request."""
+    context = new_context(playwright_browser)
+    try:
+        page = context.new_page()
+        page.goto(standalone_fleet.login_url())
+        drop(page, "iris.json", bh.sidecar_harness.iris_graph(1))
+        page.click("[data-xpufleet=queue-on]")
+        dialog = page.locator("[data-xpufleet=queue-dialog]")
+        dialog.locator("[data-target='worker:gpu-box']").check(timeout=WAIT_MS)
+        dialog.get_by_label("Record node outputs").check()
+        dialog.locator("[data-xpufleet=queue-submit]").click()
+        error = dialog.locator("[data-xpufleet=queue-error]")
+        error.filter(has_text="record_outputs is not available yet").wait_for(timeout=WAIT_MS)
+        assert dialog.is_visible() and dialog.locator("[data-xpufleet=queue-submit]").is_enabled()
+    finally:
+        context.close()
+
+
 def test_workers_panel_drain_remove_with_confirmation_and_add_worker(page_and_log, standalone_fleet, screenshots):
     page, _ = page_and_log
     spare = standalone_fleet.add_agent("spare-box", "cuda:0=8")
