@@ -247,6 +247,41 @@ def test_workers_panel_drain_remove_with_confirmation_and_add_worker(page_and_lo
     page.screenshot(path=str(screenshots / "standalone-add-worker.png"))
 
 
+UNNAMED_JS = """() => [...document.querySelectorAll('.xf-root button, .xf-root input, .xf-root select')]
+    .filter((el) => el.offsetParent !== null)
+    .filter((el) => !(el.getAttribute('aria-label') || el.innerText.trim() || (el.labels && el.labels.length)
+                      || el.getAttribute('title')))
+    .map((el) => el.outerHTML.slice(0, 120))"""
+
+
+def test_chinese_texts_keyboard_tabs_and_labelled_controls(page_and_log):
+    page, _ = page_and_log
+    drop(page, "small.json", model_graph("small.safetensors"))
+    wait_capsule(page, "c.mPeak === '2'")
+    page.locator("[data-xpufleet=settings-button]").click()
+    page.locator("[data-xpufleet=settings] select").first.select_option("zh")
+    try:
+        page.locator("[data-xpufleet=queue-on]", has_text="排入队列…").wait_for(timeout=WAIT_MS)
+        wait_capsule(page, "document.querySelector('[data-xpufleet=capsule]').innerText.includes('轻松')")
+        assert "small.json" in page.locator("[data-xpufleet=drop-status]").inner_text()  # the graph stayed
+        assert page.evaluate("() => document.documentElement.lang") == "zh"
+        # the panels' tabs follow the arrow keys
+        page.focus("[data-xpufleet=tab-runs]")
+        page.keyboard.press("ArrowRight")
+        assert page.evaluate("() => document.activeElement.dataset.xpufleet") == "tab-workers"
+        page.locator("[data-xpufleet=workers-panel] h2", has_text="Workers").wait_for(timeout=WAIT_MS)
+        assert page.locator("[data-xpufleet=add-worker-button]").inner_text() == "新增 worker"
+        assert page.evaluate(UNNAMED_JS) == []
+        page.keyboard.press("ArrowLeft")
+        page.locator("[data-xpufleet=runs-panel]").wait_for(timeout=WAIT_MS)
+        assert page.evaluate(UNNAMED_JS) == []
+    finally:
+        page.locator("[data-xpufleet=settings-button]").click()
+        page.locator("[data-xpufleet=settings] select").first.select_option("en")
+        page.keyboard.press("Escape")
+    page.locator("[data-xpufleet=queue-on]", has_text="Queue on…").wait_for(timeout=WAIT_MS)
+
+
 def test_no_console_error_on_the_standalone_page(page_and_log, standalone_fleet):
     _, log = page_and_log
     allowed = () if standalone_fleet.has_route("post", "/api/estimates") else ("/api/estimates",)

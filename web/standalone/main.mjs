@@ -98,11 +98,16 @@ async function loadFile(file, status) {
     replace(status, h("span", { class: "xf-error" }, t("standalone.bad_file", { name: file.name, why: f.error })));
     return;
   }
-  graph = { json, name: file.name.replace(/\.json$/i, ""), format: f.format };
-  replace(status, h("span", { dataset: { xpufleet: "graph-loaded", format: f.format } },
-    t("standalone.loaded", { name: file.name, n: f.nodes, format: f.format.toUpperCase() })),
-  f.format === "ui" ? h("div", { class: "xf-warn" }, t("standalone.ui_format", { name: file.name })) : null);
+  graph = { json, name: file.name.replace(/\.json$/i, ""), format: f.format, file: file.name, nodes: f.nodes };
+  showGraph(status);
   capsules?.requestScan(0);
+}
+
+function showGraph(status) {
+  if (!graph) return;
+  replace(status, h("span", { dataset: { xpufleet: "graph-loaded", format: graph.format } },
+    t("standalone.loaded", { name: graph.file, n: graph.nodes, format: graph.format.toUpperCase() })),
+  graph.format === "ui" ? h("div", { class: "xf-warn" }, t("standalone.ui_format", { name: graph.file })) : null);
 }
 
 async function localDevices() {
@@ -187,6 +192,7 @@ function build() {
   runs = new RunsPanel({ fleet, openWorkers: () => selectTab("workers") });
   workers = new WorkersPanel({ fleet, openRun: (id) => { selectTab("runs"); runs.focus(id); } });
   const status = h("div", { class: "xf-drop-status", "aria-live": "polite", dataset: { xpufleet: "drop-status" } });
+  showGraph(status); // a language change rebuilds the page: the loaded graph stays
   const input = h("input", { type: "file", accept: ".json,application/json", id: "xf-graph-file", dataset: { xpufleet: "file-input" },
     onchange: () => input.files[0] && loadFile(input.files[0], status) });
   const drop = h("section", { class: "xf-drop", "aria-label": t("standalone.drop"), dataset: { xpufleet: "drop-zone" } },
