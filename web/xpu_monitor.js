@@ -207,7 +207,9 @@ app.registerExtension({
       defaultValue: true, onChange: rescan },
     { id: SETTINGS.device, category: ["XPU Fleet", "Capsule", "Device"], name: t("settings.device"), type: "combo",
       tooltip: t("settings.device_tip"), defaultValue: "",
-      options: (value) => [...new Set(["auto", ...capsules.knownDevices, value || "auto"])].map((v) => ({ text: v, value: v === "auto" ? "" : v })),
+      // ComfyUI calls this without the current value: read it, and list the cards the capsule's menu found
+      options: () => [...new Set(["auto", settingValue(SETTINGS.device) || "auto", ...capsules.knownDevices])]
+        .map((v) => ({ text: v, value: v === "auto" ? "" : v })),
       onChange: rescan },
     { id: AUTOSTART, category: ["XPU Fleet", "Sidecar", "AutoStart"], name: t("settings.autostart"), tooltip: t("settings.autostart_tip"),
       type: "boolean", defaultValue: false, onChange: (value) => { if (value) ensureSidecar(); } },

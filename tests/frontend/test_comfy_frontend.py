@@ -73,6 +73,22 @@ def test_the_capsule_shows_a_level_and_follows_the_model_widget(session, screens
         {method: 'POST', body: JSON.stringify({workflow: w, worker: 'gpu-box', device: 'cuda:0'})})).json())""", workflow))
     assert answer["p_success"] == int(big["p"]) and answer["level"] == "critical"
     page.screenshot(path=str(screenshots / "comfy-capsule-critical.png"), clip={"x": 0, "y": 0, "width": 1500, "height": 60})
+    # the capsule's menu: this machine (no GPU here, said so), then the worker's card again
+    menu = page.locator("[data-xpufleet=device-menu]")
+    page.click("[data-xpufleet=capsule]")
+    menu.locator("[data-value='gpu-box/cuda:1']").wait_for(timeout=WAIT_MS)
+    assert "(simulated)" in menu.locator("[data-value='gpu-box/cuda:1']").inner_text()
+    menu.locator("[data-value=auto]").click()
+    page.wait_for_function("() => document.querySelector('[data-xpufleet=vram]').innerText === 'VRAM: no GPU'", timeout=WAIT_MS)
+    assert page.locator("[data-xpufleet=capsule] .xf-badge").count() == 1  # the reason is in the tooltip
+    assert page.evaluate("() => app.extensionManager.setting.get('XPUFleet.Predict.Device')") == ""
+    page.click("[data-xpufleet=capsule]")
+    page.keyboard.press("Escape")
+    menu.wait_for(state="hidden")
+    page.click("[data-xpufleet=capsule]")
+    menu.locator("[data-value='gpu-box/cuda:0']").click(timeout=WAIT_MS)
+    wait_capsule(page, "document.querySelector('[data-xpufleet=vram]').innerText.includes('(sim.)')")
+    assert page.evaluate("() => app.extensionManager.setting.get('XPUFleet.Predict.Device')") == "gpu-box/cuda:0"
 
 
 def test_the_capsule_follows_a_snapshot_change_within_one_refresh(session, comfy_host, comfy_fleet):
@@ -180,6 +196,25 @@ def test_texts_in_chinese_and_labelled_controls(session):
         assert unnamed == []
     finally:
         page.evaluate("() => app.extensionManager.setting.set('XPUFleet.Language', 'en')")
+
+
+def test_the_settings_panel_holds_the_plugins_settings(session, comfy_fleet, screenshots):
+    page, _ = session
+    page.evaluate("() => app.extensionManager.command.execute('Comfy.ShowSettingsDialog')")
+    page.get_by_role("option", name="XPU Fleet").click(timeout=WAIT_MS)
+    status = page.locator("[data-xpufleet=sidecar-status]")
+    status.filter(has_text=f"running at {comfy_fleet.url}").wait_for(timeout=WAIT_MS)
+    for name in ("device to predict for", "capsule refresh interval", "show the RAM capsule", "language",
+                 "start the sidecar when none runs"):
+        assert page.get_by_text(f"XPU Fleet: {name}").count() == 1, name
+    page.screenshot(path=str(screenshots / "comfy-settings.png"))
+    ram = page.locator("[data-xpufleet=ram]")
+    switch = page.get_by_role("switch", name="XPU Fleet: show the RAM capsule")
+    switch.click()
+    ram.wait_for(state="hidden", timeout=WAIT_MS)
+    switch.click()
+    ram.wait_for(state="visible", timeout=WAIT_MS)
+    page.keyboard.press("Escape")
 
 
 def test_no_console_error_beyond_comfyuis_own_baseline(session, playwright_browser, bare_comfy, comfy_fleet):
