@@ -247,6 +247,65 @@ def test_workers_panel_drain_remove_with_confirmation_and_add_worker(page_and_lo
     page.screenshot(path=str(screenshots / "standalone-add-worker.png"))
 
 
+ESTIMATE = {"source": "estimate", "budget_gib": 3.2, "total_gib": 3.2, "rough": False, "reasons": [],
+            "from_run": None, "n_cards": 1, "items": [
+                {"name": "weights", "gib": 0.01, "label": "weights (MLP)"},
+                {"name": "activations", "gib": 0.4, "label": "a training step's activations"},
+                {"name": "allocator", "gib": 0.08, "label": "+20% allocator"},
+                {"name": "cuda_libraries", "gib": 0.125, "label": "CUDA libraries"}]}
+MEASURED = {"source": "measured", "budget_gib": 1.5, "total_gib": 1.5, "rough": False, "reasons": [],
+            "from_run": "abcdef0123456789", "n_cards": 1, "items": [
+                {"name": "measured_peak", "gib": 1.25, "label": "peak of run abcdef01 on 1 card"},
+                {"name": "headroom", "gib": 0.25, "label": "+20%"}]}
+
+
+@pytest.mark.parametrize(("answer", "typed", "expected"), [
+    (ESTIMATE, None, (3.2, "estimate")),  # an unchanged estimate goes as one
+    (MEASURED, None, (None, None)),  # an unchanged measured figure is the server's own default: not sent
+    (ESTIMATE, "5", (5.0, "user")),  # a typed figure is the user's
+])
+def test_the_budget_field_from_the_estimate_answer(playwright_browser, standalone_fleet, answer, typed, expected):
+    """POST /api/estimates is being built on the budgets branch: until it lands, this test answers it in
+    the browser with the shape that branch returns (server/ledger/budget.py's Suggestion), to check what
+    the dialog shows and sends. The run itself is a real one on the real sidecar."""
+    context = new_context(playwright_browser)
+    asked = []
+
+    def estimates(route):
+        asked.append(json.loads(route.request.post_data))
+        route.fulfill(status=200, content_type="application/json", body=json.dumps(answer))
+
+    context.route("**/api/estimates", estimates)
+    try:
+        page = context.new_page()
+        page.goto(standalone_fleet.login_url())
+        graph = bh.sidecar_harness.iris_graph(1)
+        drop(page, "iris.json", graph)
+        page.click("[data-xpufleet=queue-on]")
+        dialog = page.locator("[data-xpufleet=queue-dialog]")
+        dialog.locator("[data-target='worker:gpu-box']").check(timeout=WAIT_MS)
+        box = dialog.locator(f"[data-xpufleet=budget][data-source={answer['source']}]")
+        box.wait_for(timeout=WAIT_MS)
+        field = dialog.get_by_label("GiB per card")
+        assert field.input_value() == str(answer["budget_gib"])
+        for item in answer["items"]:
+            assert item["label"] in box.inner_text()
+        assert ("Estimate (est.)" if answer is ESTIMATE else "Measured: the peak of run abcdef01") in box.inner_text()
+        assert asked[-1]["graph"] == graph and asked[-1]["options"]["target"]["worker"] == "gpu-box"
+        if typed is not None:
+            field.fill(typed)
+        dialog.locator("[data-xpufleet=queue-submit]").click()
+        dialog.wait_for(state="detached", timeout=WAIT_MS)
+        row = page.locator("[data-xpufleet=runs-panel] .xf-run-row.xf-selected")
+        row.wait_for(timeout=WAIT_MS)
+        run = standalone_fleet.sidecar.finish(row.get_attribute("data-run-id"))
+        assert (run["budget_gib"], run["budget_source"]) == expected
+        if expected[1] == "estimate":
+            page.locator(f"[data-run-id='{run['id']}'] [data-xpufleet=budget-col]", has_text="(est.)").wait_for(timeout=WAIT_MS)
+    finally:
+        context.close()
+
+
 UNNAMED_JS = """() => [...document.querySelectorAll('.xf-root button, .xf-root input, .xf-root select')]
     .filter((el) => el.offsetParent !== null)
     .filter((el) => !(el.getAttribute('aria-label') || el.innerText.trim() || (el.labels && el.labels.length)

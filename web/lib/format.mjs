@@ -30,6 +30,7 @@ export function when(epochSeconds) {
 
 export function duration(seconds) {
   if (seconds === null || seconds === undefined) return "—";
+  if (seconds < 10) return `${Math.max(0, seconds).toFixed(1)} s`;
   const s = Math.max(0, Math.round(seconds));
   if (s < 60) return `${s} s`;
   if (s < 3600) return `${Math.floor(s / 60)} min ${s % 60} s`;
