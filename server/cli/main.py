@@ -26,12 +26,13 @@ from . import agent as agent_cli
 from . import estimate as estimate_cli
 from . import runs as runs_cli
 from . import sidecar as sidecar_cli
+from . import ui as ui_cli
 from . import workers as workers_cli
 from .client import ApiError, SidecarUnreachable
 from .common import EXIT_RUN_FAILED, EXIT_UNREACHABLE, EXIT_USAGE, err
 
 # Every command module, in the order `xpufleet --help` lists them.
-COMMAND_MODULES = (sidecar_cli, runs_cli, estimate_cli, agent_cli, workers_cli, predictor_cli)
+COMMAND_MODULES = (sidecar_cli, runs_cli, estimate_cli, agent_cli, workers_cli, predictor_cli, ui_cli)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -38,6 +38,7 @@ from .routes import estimates as estimates_routes
 from .routes import run_files as run_files_routes
 from .routes import runs as runs_routes
 from .routes import status as status_routes
+from .routes import ui as ui_routes
 from .routes import workers as workers_routes
 from .runtime_file import ensure_home, remove_runtime, url_for, write_runtime
 from .store import Store
@@ -77,7 +78,7 @@ def create_app(config: SidecarConfig) -> web.Application:
     app[CONFIG_KEY] = config
     app[STARTED_KEY] = time.time()
     openapi.setup(app)
-    for routes in (status_routes, runs_routes, run_files_routes, workers_routes, estimates_routes):
+    for routes in (status_routes, runs_routes, run_files_routes, workers_routes, estimates_routes, ui_routes):
         routes.setup(app)
     add_predictor_routes(app, dispatcher.card_snapshots)
     app.cleanup_ctx.append(_store_ctx)
