@@ -126,7 +126,8 @@ def test_queue_on_sends_the_canvas_graph_to_the_worker_cards_and_the_run_finishe
     page.screenshot(path=str(screenshots / "comfy-queue-on.png"))
     dialog.locator("[data-xpufleet=queue-submit]").click()
     runs = page.locator("[data-xpufleet=runs-panel]")
-    runs.wait_for(timeout=WAIT_MS)
+    runs.or_(dialog.locator("[data-xpufleet=queue-error]:not(:empty)")).first.wait_for(timeout=WAIT_MS)
+    assert runs.is_visible(), f"the server refused the run: {dialog.locator('[data-xpufleet=queue-error]').inner_text()}"
     status = runs.locator("[data-xpufleet=detail-status]")
     status.filter(has_text="succeeded").wait_for(timeout=WAIT_MS * 2)
     chart = runs.locator("[data-xpufleet=chart][data-drawn=true]")

@@ -106,7 +106,7 @@ class QueueDialog {
     this.detInput = h("input", { type: "checkbox", id: nextId("xf-det") });
     this.recInput = h("input", { type: "checkbox", id: nextId("xf-rec") });
     this.recNote = h("div", { class: "xf-hint" });
-    this.budgetInput = h("input", { type: "number", min: "0", step: "0.1", placeholder: t("queue.budget_none"),
+    this.budgetInput = h("input", { type: "number", min: "0", step: "any", placeholder: t("queue.budget_none"),
       oninput: () => { this.budgetTouched = true; } });
     this.budgetBox = h("div", { class: "xf-budget", dataset: { xpufleet: "budget" } });
     this.waitInput = h("input", { type: "checkbox", id: nextId("xf-wait") });

@@ -23,11 +23,17 @@ export function budgetText(run) {
 export function peakText(run) {
   const p = run.peak_memory;
   if (!p) return { head: t("runs.peak_pending"), detail: "" };
-  if (!p.measured) return { head: t("runs.peak_not_measured"), detail: p.reason || "" };
   const aliases = run.execution_facts?.device_aliases || {};
   const cards = Object.entries(p.devices || {});
+  const perCard = cards.map(([d, v]) => `${d}${aliases[d] && aliases[d] !== d ? ` (= ${aliases[d]})` : ""}: ${gib(v, 2)}`);
+  // A simulated card's figure is the run's tensor bytes on the CPU: shown with its label, never as a
+  // measured CUDA figure (the server says which it is).
+  if (!p.measured) {
+    const why = [p.reason, p.label, ...perCard].filter(Boolean).join("\n");
+    return { head: t("runs.peak_not_measured"), detail: why || t("runs.peak_no_reason") };
+  }
   const max = cards.reduce((m, [, v]) => Math.max(m, Number(v) || 0), 0);
-  const detail = cards.map(([d, v]) => `${d}${aliases[d] && aliases[d] !== d ? ` (= ${aliases[d]})` : ""}: ${gib(v, 2)}`).join("\n");
+  const detail = [p.label, ...perCard].filter(Boolean).join("\n");
   return { head: t("runs.peak", { v: gib(max, 2), n: cards.length }), detail };
 }
 
