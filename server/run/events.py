@@ -13,7 +13,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TextIO
 
 from ...constants import PROGRESS_EVENT_MIN_INTERVAL_S
 
@@ -26,8 +26,9 @@ class EventSink:
     watcher. Progress events are thinned to ~20/s per node; the last one of a node always goes out.
     """
 
-    def __init__(self, pipe: BinaryIO | None, log_path: Path | None) -> None:
+    def __init__(self, pipe: BinaryIO | None, log_path: Path | None, console: TextIO | None = None) -> None:
         self._pipe = pipe
+        self._console = console  # the run's output.log: one readable line per milestone
         self._log = open(log_path, "ab") if log_path is not None else None  # noqa: SIM115 - closed in close()
         self._lock = threading.Lock()
         self.seq = 0
@@ -56,6 +57,17 @@ class EventSink:
         elif type_ == "node_error" and payload.get("node") is not None:
             self.node_errors.add(str(payload["node"]))
         self._write(type_, payload, now)
+        self._say(type_, payload)
+
+    def _say(self, type_: str, payload: dict[str, Any]) -> None:
+        line = console_line(type_, payload)
+        if line is None or self._console is None:
+            return
+        try:
+            self._console.write(f"[xpufleet] {line}\n")
+            self._console.flush()
+        except (OSError, ValueError):
+            self._console = None
 
     def _write(self, type_: str, payload: dict[str, Any], ts: float) -> None:
         with self._lock:
@@ -80,6 +92,27 @@ class EventSink:
                     except OSError:
                         pass
             self._pipe = self._log = None
+
+
+def console_line(type_: str, payload: dict[str, Any]) -> str | None:
+    """The readable form of a milestone event for the run's log, or ``None`` for the others
+    (progress and samples stay in events.jsonl: a log is for reading)."""
+    node = f"node {payload.get('node')} ({payload.get('class_type')})"
+    if type_ == "run_started":
+        return f"run {payload.get('run_id')} started on {', '.join(map(str, payload.get('devices') or [])) or 'cpu'}"
+    if type_ == "node_started":
+        return f"{node} started"
+    if type_ == "node_finished":
+        return f"{node} finished"
+    if type_ == "node_error":
+        return f"{node} failed: {payload.get('message')}"
+    if type_ == "metric":
+        epoch = f" epoch {payload['epoch']}" if payload.get("epoch") is not None else ""
+        return f"{payload.get('name')}{epoch} = {payload.get('value')}"
+    if type_ == "run_finished":
+        error = f": {payload.get('error')}" if payload.get("error") else ""
+        return f"run {payload.get('status')}{error}"
+    return None
 
 
 def describe_exit(rc: int) -> str:

@@ -99,7 +99,7 @@ def run(run_dir: Path, events_fd: int | None = None, stdin: Any = None) -> int:
     """Execute the run described by ``run_dir/spec.json``; return the exit code."""
     run_dir = Path(run_dir)
     pipe = os.fdopen(events_fd, "wb", buffering=0) if events_fd is not None else None
-    sink = EventSink(pipe, run_dir / "events.jsonl")
+    sink = EventSink(pipe, run_dir / "events.jsonl", console=sys.stdout)
     status, error, extra = "failed", None, {}
     facts: dict[str, Any] = {}
     tracker: Any = None
