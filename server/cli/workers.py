@@ -10,6 +10,7 @@ from typing import Any
 
 from .client import Client
 from .common import EXIT_OK
+from .text import safe
 
 
 def add_parser(subparsers: Any) -> None:
@@ -53,26 +54,28 @@ def run_workers(args: argparse.Namespace) -> int:
         out = client.request("POST", "/api/workers/join-tokens", {"name": args.name} if args.name else {})
     else:
         out = client.request("GET", "/api/workers/rejected")
+    # Every text from the server goes through `safe` (a worker name, a rejection reason, an agent's
+    # environment can hold anything); JSON escapes control characters itself.
     if args.json:
         print(json.dumps(out, indent=2))
     elif cmd == "list":
         _print_workers(out["workers"])
     elif cmd == "join-token" or (cmd == "reissue" and out.get("command")):
-        print(f"on the worker machine, run:\n  {out['command']}\n(one-time; expires "
+        print(f"on the worker machine, run:\n  {safe(out['command'])}\n(one-time; expires "
               f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(out['expires_at']))})")
     elif cmd == "reissue":
-        print(f"worker {out['name']}: new credential delivered; the old one no longer works")
+        print(f"worker {safe(out['name'])}: new credential delivered; the old one no longer works")
     elif cmd == "rejected":
         for r in out["rejected"] or []:
-            print(f"{time.strftime('%H:%M:%S', time.localtime(r['ts']))} {r.get('name') or '?'} "
-                  f"from {r.get('address') or '?'}: {r['reason']}")
+            print(f"{time.strftime('%H:%M:%S', time.localtime(r['ts']))} {safe(r.get('name') or '?')} "
+                  f"from {safe(r.get('address') or '?')}: {safe(r['reason'])}")
         if not out["rejected"]:
             print("no rejected connections")
     elif cmd == "remove":
-        print(f"worker {out['removed']} removed ({len(out['failed_runs'])} waiting run(s) failed, "
+        print(f"worker {safe(out['removed'])} removed ({len(out['failed_runs'])} waiting run(s) failed, "
               f"{len(out['interrupted_runs'])} running run(s) interrupted)")
     else:
-        print(f"worker {out['name']}: {out['status']}" + (f" ({out['status_reason']})" if out["status_reason"] else ""))
+        print(safe(f"worker {out['name']}: {out['status']}" + (f" ({out['status_reason']})" if out["status_reason"] else "")))
     return EXIT_OK
 
 
@@ -81,8 +84,8 @@ def _print_workers(workers: list[dict[str, Any]]) -> None:
         print("no workers yet: `xpufleet agent start` on this machine, or `xpufleet workers join-token`")
         return
     for w in workers:
-        reason = f" ({w['status_reason']})" if w["status_reason"] else ""
-        version = w["version"] or "?"
+        reason = f" ({safe(w['status_reason'])})" if w["status_reason"] else ""
+        version = safe(w["version"] or "?")
         if w["version_match"] is False:
             version += f" (server {w['server_version']})"
         if w["heartbeat_age_s"] is not None:
@@ -91,13 +94,13 @@ def _print_workers(workers: list[dict[str, Any]]) -> None:
             seen = f"last seen {w['last_seen_age_s']} s ago"
         else:
             seen = "never seen"
-        print(f"{w['name']}: {w['status']}{reason}, version {version}, {seen}")
+        print(f"{safe(w['name'])}: {safe(w['status'])}{reason}, version {version}, {seen}")
         env = w.get("environment") or {}
         if env:
             parts = [env.get("hostname"), env.get("os"), env.get("python") and f"Python {env['python']}",
                      env.get("torch") and f"torch {env['torch']}",
                      "simulated cards" if env.get("simulated") else None]
-            print("  environment: " + ", ".join(str(x) for x in parts if x))
+            print("  environment: " + ", ".join(safe(x) for x in parts if x))
         for d in w["devices"]:
             mem = ""
             if d["total_gib"] is not None:
@@ -105,9 +108,9 @@ def _print_workers(workers: list[dict[str, Any]]) -> None:
                 mem = f" {free}/{d['total_gib']:.1f} GiB free" + (" (last reported)" if d["last_reported"] else "")
             sim = " [simulated]" if d["simulated"] else ""
             same = "".join(f", same card as {s['device']} on {s['provider']}" for s in d["same_card_as"])
-            print(f"  {d['name']}{sim}:{mem}, slots {d['slots_used']}/{d['slot_limit'] if d['slot_limit'] is not None else '-'}"
-                  f", {d['mode']}{same}")
+            print(f"  {safe(d['name'])}{sim}:{mem}, slots {d['slots_used']}/{d['slot_limit'] if d['slot_limit'] is not None else '-'}"
+                  f", {safe(d['mode'])}{safe(same)}")
         for r in w["runs"]:
-            print(f"  run {r['id'][:8]} {r['status']} on {', '.join(r['devices'])}")
+            print(safe(f"  run {r['id'][:8]} {r['status']} on {', '.join(r['devices'])}"))
         if w.get("last_rejection"):
-            print(f"  last rejected: {w['last_rejection']['reason']}")
+            print(f"  last rejected: {safe(w['last_rejection']['reason'])}")
