@@ -25,6 +25,7 @@ import signal
 import socket
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,8 @@ class Agent:
         self._send_lock = asyncio.Lock()
         self._node_types: list[str] | None = None
         self.removed = False
+        # This agent process, as the server tells it from another agent under the same name.
+        self.instance = uuid.uuid4().hex
         # The server's settings, from its last welcome: a remote agent does not share its environment.
         self.server_heartbeat_s: float | None = None
         self.server_grace_s: float | None = None
@@ -237,7 +240,7 @@ class Agent:
                 "hello", name=self.cfg.name, version=VERSION, protocol=AGENT_PROTOCOL,
                 auth={"kind": auth.kind, "token": auth.token}, node_types=self.node_types(),
                 devices=self._last_devices, env=devinv.environment_summary(self.inventory),
-                runs=self._runs_summary(), pid=os.getpid(),
+                runs=self._runs_summary(), pid=os.getpid(), instance=self.instance,
             )
             await ws.send_str(hello)
             first = await asyncio.wait_for(ws.receive(), timeout=AGENT_HELLO_TIMEOUT_S)

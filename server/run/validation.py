@@ -302,7 +302,8 @@ def _cycle_text(path: tuple[str, ...]) -> str:
     """``a <- b <- a``; a long path shows its ends and how many nodes lie between."""
     if len(path) <= MAX_CYCLE_PATH_SHOWN:
         return " <- ".join(path)
-    head, tail = MAX_CYCLE_PATH_SHOWN // 2, MAX_CYCLE_PATH_SHOWN // 2 - 1
+    head = MAX_CYCLE_PATH_SHOWN // 2
+    tail = MAX_CYCLE_PATH_SHOWN - head
     hidden = len(path) - head - tail
     return " <- ".join(path[:head]) + f" <- ... ({hidden} more nodes) ... <- " + " <- ".join(path[-tail:])
 
@@ -410,15 +411,17 @@ class ValidationReport:
             raise GraphValidationError(self.errors, None, self.dependents)
 
 
-def validate_report(graph: Any, node_classes: Mapping[str, type] | None = None) -> ValidationReport:
-    """Validate ``graph`` (see the module docstring). Problems of the graph as a whole (not an object,
-    empty, no output node) raise :class:`GraphValidationError` directly, since no node can be named."""
+def validate_report(graph: Any, node_classes: Mapping[str, type] | None = None,
+                    max_errors: int = MAX_GRAPH_ERRORS_LISTED) -> ValidationReport:
+    """Validate ``graph`` (see the module docstring), listing at most ``max_errors`` problems.
+    Problems of the graph as a whole (not an object, empty, no output node) raise
+    :class:`GraphValidationError` directly, since no node can be named."""
     classes = node_classes if node_classes is not None else default_node_classes()
     if not isinstance(graph, Mapping) or not graph:
         raise _graph_error("invalid_prompt",
                            "Graph must be a non-empty JSON object of {node_id: {class_type, inputs}}")
     graph = {str(k): v for k, v in graph.items()}
-    errors = ErrorList()
+    errors = ErrorList(max_errors)
     infos: dict[type, _ClassInfo] = {}
     for nid, node in graph.items():
         _check_node(nid, node, graph, classes, infos, errors)

@@ -5,6 +5,9 @@ The agent dials and speaks first (``hello``); the sidecar answers ``welcome`` or
 closes). After that:
 
 agent -> sidecar
+  ``hello``      {name, version, protocol, auth, node_types, devices, env, runs, pid, instance}:
+                 ``instance`` is random per agent process: a second agent under a name that is
+                 online (a different instance) is refused while the first heartbeats
   ``heartbeat``  {devices, runs, ts} every ``HEARTBEAT_INTERVAL_S``
   ``event``      {run_id, seq, event_type, payload, ts}: one event of a run's child, with the
                  child's per-run ``seq`` (1, 2, ...). Replays after a reconnect repeat seqs the
@@ -154,6 +157,9 @@ def _hello(msg: dict[str, Any]) -> None:
         raise ProtocolError("hello: every entry of 'node_types' must be a string")
     _check_devices(msg)
     _opt(msg, "env", dict, "an object describing the environment")
+    instance = _opt(msg, "instance", str, "the agent process's id (hex)")
+    if instance is not None and not 1 <= len(instance) <= 64:
+        raise ProtocolError("hello: 'instance' must be 1-64 characters")
     _check_runs(msg)
 
 
