@@ -10,10 +10,8 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import subprocess
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import psutil
@@ -99,38 +97,12 @@ class Sampler(threading.Thread):
         return self.samples
 
 
-class Agent:
-    """``xpufleet agent start --foreground`` as a child of the test, logging to a file."""
-
-    def __init__(self, sc: harness.Sidecar, name: str, home: Path | None = None) -> None:
-        self.name = name
-        self.log = (home or sc.home) / f"test-agent-{name}.log"
-        env = {**sc.env, "XPUFLEET_HOME": str(home or sc.home), "OMP_NUM_THREADS": "1"}
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen([*harness.CLI, "agent", "start", "--foreground", "--name", name],
-                                         env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-
-
 def wait_worker(api: Api, name: str, status: str, timeout: float = 60.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def online() -> dict[str, Any] | None:
         code, w, _ = api.call("GET", f"/api/workers/{name}")
-        if code == 200 and w["status"] == status:
-            return w
-        time.sleep(0.1)  # worker status has no push channel: a bounded poll
-    raise AssertionError(f"worker {name} is not {status} after {timeout} s")
+        return w if code == 200 and w["status"] == status else None
+
+    return harness.wait_until(online, f"worker {name} {status}", timeout)
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +116,7 @@ def sidecar(tmp_path_factory):
 @pytest.fixture(scope="module")
 def worker(sidecar):
     """One agent on this machine (CPU), heartbeating every second."""
-    agent = Agent(sidecar, "hb")
+    agent = harness.AgentProcess(sidecar, "hb")
     wait_worker(Api(sidecar), "hb", "Online")
     yield agent
     agent.stop()
