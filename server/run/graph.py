@@ -16,14 +16,15 @@ from typing import Any
 
 def is_link(value: Any) -> bool:
     """A link is ``[node_id, output_index]`` (a list or tuple of a string/int id and an int)."""
-    return (
-        isinstance(value, (list, tuple))
-        and len(value) == 2
-        and isinstance(value[0], (str, int))
-        and not isinstance(value[0], bool)
-        and isinstance(value[1], int)
-        and not isinstance(value[1], bool)
-    )
+    kind = type(value)
+    if kind is not list and kind is not tuple:
+        if kind is str or kind is int or kind is float or kind is bool or not isinstance(value, (list, tuple)):
+            return False  # (the common case, a literal, decided by its type alone)
+    if len(value) != 2:
+        return False
+    src, idx = value
+    return (isinstance(src, (str, int)) and not isinstance(src, bool)
+            and isinstance(idx, int) and not isinstance(idx, bool))
 
 
 def node_id_key(node_id: str) -> tuple[int, int, str, str]:
@@ -53,8 +54,13 @@ def dependency_map(graph: Mapping[str, Any], nodes: Iterable[str]) -> dict[str, 
     within = set(nodes)
     out: dict[str, list[str]] = {}
     for n in within:
-        ds = links_of(graph[n]) & within
-        out[n] = sorted(ds, key=node_id_key) if len(ds) > 1 else list(ds)
+        node = graph[n]
+        inputs = node.get("inputs") if isinstance(node, Mapping) else None
+        ds = {str(v[0]) for v in inputs.values() if is_link(v)} if isinstance(inputs, Mapping) else set()
+        if len(ds) > 1:
+            out[n] = sorted(ds & within, key=node_id_key)
+        else:
+            out[n] = [d for d in ds if d in within]
     return out
 
 

@@ -181,7 +181,7 @@ def input_specs(cls: type) -> tuple[dict[str, Any], dict[str, Any]]:
 def _types_match(produced: str, expected: Any) -> bool:
     if isinstance(expected, (list, tuple)):  # a combo widget fed by a link: ComfyUI accepts it
         return True
-    if produced == "*" or expected == "*":
+    if produced == "*" or expected == "*" or produced == expected:
         return True
     want = {t.strip() for t in str(expected).split(",")}
     have = {t.strip() for t in str(produced).split(",")}
@@ -252,6 +252,8 @@ class _ClassInfo:
     return_types: list[str]
     validate: Any = None  # VALIDATE_INPUTS
     params: Mapping[str, inspect.Parameter] | None = None
+    takes_any: bool = False  # VALIDATE_INPUTS(**kwargs)
+    needs: tuple[str, ...] = ()  # the parameters it must be given
 
 
 def _class_info(cls: type) -> _ClassInfo:
@@ -266,9 +268,13 @@ def _class_info(cls: type) -> _ClassInfo:
     info.validate = getattr(cls, "VALIDATE_INPUTS", None)
     if info.validate is not None:
         try:
-            info.params = inspect.signature(info.validate).parameters
+            params = info.params = inspect.signature(info.validate).parameters
         except (TypeError, ValueError):
             info.validate = None
+        else:
+            info.takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+            info.needs = tuple(n for n, p in params.items()
+                               if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
     return info
 
 
@@ -277,12 +283,11 @@ def _custom_validation(info: _ClassInfo, nid: str, ct: str, inputs: Mapping[str,
     if info.validate is None or info.params is None:
         return None
     params = info.params
-    literal = {k: v for k, v in inputs.items() if not is_link(v)}
-    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        literal = {k: v for k, v in literal.items() if k in params}
-        needs = [n for n, p in params.items()
-                 if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-        if any(n not in literal for n in needs):
+    if info.takes_any:
+        literal = {k: v for k, v in inputs.items() if not is_link(v)}
+    else:
+        literal = {k: inputs[k] for k in params if k in inputs and not is_link(inputs[k])}
+        if any(n not in literal for n in info.needs):
             return None  # it asks for a linked input, whose value exists only at run time
     try:
         verdict = info.validate(**literal)
@@ -321,14 +326,33 @@ def _graph_error(type_: str, message: str) -> GraphValidationError:
     return GraphValidationError([], {"type": type_, "message": message, "details": "", "extra_info": {}})
 
 
-def _check_node(nid: str, node: Any, graph: Mapping[str, Any], classes: Mapping[str, type],
-                infos: dict[type, _ClassInfo], errors: ErrorList) -> None:
+@dataclass
+class _Pass:
+    """One validation pass: the class infos and the verdicts already reached (a widget value, a link
+    type, a VALIDATE_INPUTS call: identical ones repeat across the nodes of a large graph)."""
+
+    classes: Mapping[str, type]
+    infos: dict[type, _ClassInfo] = field(default_factory=dict)
+    ok: set[tuple[Any, ...]] = field(default_factory=set)
+
+    def info(self, cls: type) -> _ClassInfo:
+        found = self.infos.get(cls)
+        if found is None:
+            found = self.infos[cls] = _class_info(cls)
+        return found
+
+
+def _hashable(value: Any) -> bool:
+    return isinstance(value, (str, int, float, bool)) or value is None
+
+
+def _check_node(nid: str, node: Any, graph: Mapping[str, Any], run: _Pass, errors: ErrorList) -> None:
     if not isinstance(node, Mapping) or "class_type" not in node:
         errors.add(NodeError(nid, "", "invalid_prompt",
                              f"Node {nid} has no class_type: write {{\"class_type\": ..., \"inputs\": {{...}}}}"))
         return
     ct = node["class_type"]
-    cls = classes.get(ct) if isinstance(ct, str) else None
+    cls = run.classes.get(ct) if isinstance(ct, str) else None
     if cls is None:
         errors.add(NodeError(nid, str(ct), "invalid_prompt", f"Cannot execute because node {nid} has an unknown "
                              f"class_type {shown(ct)}: this node type does not exist"))
@@ -337,9 +361,7 @@ def _check_node(nid: str, node: Any, graph: Mapping[str, Any], classes: Mapping[
     if not isinstance(inputs, Mapping):
         errors.add(NodeError(nid, ct, "invalid_prompt", f"Node {nid} ({ct}): inputs must be an object"))
         return
-    info = infos.get(cls)
-    if info is None:
-        info = infos[cls] = _class_info(cls)
+    info = run.info(cls)
     before = errors.total
     label = _node_label(nid, ct)
     for name, spec, kind, required in info.fields:
@@ -354,48 +376,62 @@ def _check_node(nid: str, node: Any, graph: Mapping[str, Any], classes: Mapping[
             continue
         value = inputs[name]
         if is_link(value):
-            _check_link(nid, ct, label, name, kind, value, graph, classes, infos, errors)
+            _check_link(nid, ct, label, name, kind, value, graph, run, errors)
         elif _looks_like_link(value):
             errors.add(NodeError(nid, ct, "bad_linked_input", f"Bad linked input, must be a length-2 list of "
                                  f"[node_id, slot_index]: '{name}' of {label} is {shown(value)}",
                                  shown(value), name, {"received_value": _received(value)}))
         else:
-            for e in _check_widget(nid, ct, name, spec, value):
+            key = (cls, name, type(value), value) if _hashable(value) else None
+            if key is not None and key in run.ok:
+                continue
+            found = _check_widget(nid, ct, name, spec, value)
+            for e in found:
                 errors.add(e)
+            if not found and key is not None:
+                run.ok.add(key)
     if errors.total == before:  # as in ComfyUI: only after the static checks pass
+        literal = tuple((k, v) for k, v in inputs.items() if info.params and k in info.params and _hashable(v))
+        key = (cls, "VALIDATE_INPUTS", literal)
+        if info.validate is None or key in run.ok:
+            return
         custom = _custom_validation(info, nid, ct, inputs)
         if custom is not None:
             errors.add(custom)
+        elif not info.takes_any and len(literal) == sum(1 for k in info.params or () if k in inputs):
+            run.ok.add(key)  # every input it was given is in the key: the same inputs pass again
 
 
 def _check_link(nid: str, ct: str, label: str, name: str, kind: Any, value: Any, graph: Mapping[str, Any],
-                classes: Mapping[str, type], infos: dict[type, _ClassInfo], errors: ErrorList) -> None:
+                run: _Pass, errors: ErrorList) -> None:
     src_id = str(value[0])
     src = graph.get(src_id)
-    link = shown(list(value))
     if src is None:
         errors.add(NodeError(nid, ct, "bad_linked_input", f"Bad linked input: '{name}' of {label} links to node "
-                             f"{cut(src_id)}, which is not in the graph", link, name, {"received_value": _received(list(value))}))
+                             f"{cut(src_id)}, which is not in the graph", shown(list(value)), name,
+                             {"received_value": _received(list(value))}))
         return
     src_ct = src.get("class_type") if isinstance(src, Mapping) else None
-    src_cls = classes.get(src_ct) if isinstance(src_ct, str) else None
+    src_cls = run.classes.get(src_ct) if isinstance(src_ct, str) else None
     if src_cls is None:
         return  # reported on the source node itself
-    src_info = infos.get(src_cls)
-    if src_info is None:
-        src_info = infos[src_cls] = _class_info(src_cls)
-    rtypes = src_info.return_types
     idx = value[1]
+    key = (src_cls, idx, kind if _hashable(kind) else repr(kind))
+    if key in run.ok:
+        return
+    rtypes = run.info(src_cls).return_types
     if idx < 0 or idx >= len(rtypes):
         errors.add(NodeError(nid, ct, "bad_linked_input", f"Bad linked input: '{name}' of {label} links to output "
-                             f"{shown(idx)} of node {src_id} ({src_ct}), which has {len(rtypes)} outputs", link, name,
-                             {"received_value": _received(list(value))}))
+                             f"{shown(idx)} of node {src_id} ({src_ct}), which has {len(rtypes)} outputs",
+                             shown(list(value)), name, {"received_value": _received(list(value))}))
         return
     if not _types_match(rtypes[idx], kind):
         errors.add(NodeError(nid, ct, "return_type_mismatch", f"Return type mismatch between linked nodes: '{name}' "
                              f"of {label} expects {kind} but node {src_id} ({src_ct}) output {idx} is {rtypes[idx]}",
                              f"{name}, received_type({rtypes[idx]}) mismatch input_type({kind})", name,
                              {"received_type": rtypes[idx], "linked_node": [src_id, idx]}))
+        return
+    run.ok.add(key)
 
 
 @dataclass
@@ -422,9 +458,9 @@ def validate_report(graph: Any, node_classes: Mapping[str, type] | None = None,
                            "Graph must be a non-empty JSON object of {node_id: {class_type, inputs}}")
     graph = {str(k): v for k, v in graph.items()}
     errors = ErrorList(max_errors)
-    infos: dict[type, _ClassInfo] = {}
+    run = _Pass(classes)
     for nid, node in graph.items():
-        _check_node(nid, node, graph, classes, infos, errors)
+        _check_node(nid, node, graph, run, errors)
     # Every object node (one with malformed inputs has no links, so is on no cycle).
     deps = dependency_map(graph, [nid for nid, node in graph.items() if isinstance(node, Mapping)])
     components = strongly_connected(deps)

@@ -6,7 +6,6 @@ to fix, and an option that is not built yet is refused by name rather than accep
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -105,11 +104,10 @@ def parse_run_request(body: Any) -> RunRequest:
     if name is not None:
         clean["name"] = name
     graph_clean = {str(k): dict(v) for k, v in graph.items()}
-    try:
-        json.dumps(graph_clean, allow_nan=False)
-    except ValueError:
-        raise RequestError("graph: holds NaN or Infinity, which JSON does not allow") from None
     return RunRequest(graph=graph_clean, options=clean, target=target, name=name, seed=seed)
+
+
+_INF = float("inf")
 
 
 def _short(text: str, limit: int = 40) -> str:
@@ -146,6 +144,12 @@ def check_graph_shape(graph: Any) -> None:
             if len(name) > MAX_FIELD_NAME_CHARS:
                 raise RequestError(f"graph[{nid!r}].inputs: an input name of {len(name)} characters "
                                    f"({_short(name)}); at most {MAX_FIELD_NAME_CHARS}")
+            kind = type(value)
+            if kind is str:  # (most inputs: a literal, checked without the walk below)
+                if len(value) <= MAX_GRAPH_STRING_CHARS:
+                    continue
+            elif kind is int or kind is bool or value is None:
+                continue
             stack = [value]
             while stack:  # nested lists/objects of one input (their depth is bounded by the body's)
                 item = stack.pop()
@@ -153,8 +157,12 @@ def check_graph_shape(graph: Any) -> None:
                     if len(item) > MAX_GRAPH_STRING_CHARS:
                         raise RequestError(f"graph[{nid!r}].inputs.{name}: a string of {len(item)} characters; "
                                            f"at most {MAX_GRAPH_STRING_CHARS}")
-                elif isinstance(item, list):
+                elif isinstance(item, (list, tuple)):
                     stack.extend(item)
+                elif isinstance(item, float):
+                    if item != item or item in (_INF, -_INF):
+                        raise RequestError(f"graph[{nid!r}].inputs.{name}: holds NaN or Infinity, which JSON "
+                                           f"does not allow")
                 elif isinstance(item, Mapping):
                     stack.extend(item.values())
                     stack.extend(item.keys())
