@@ -111,6 +111,7 @@ MAX_GRAPH_ERRORS_LISTED = 100  # a validation answer lists this many problems an
 MAX_CYCLE_PATH_SHOWN = 20  # node ids shown of one dependency cycle's path (its length is given)
 MAX_DEPENDENT_OUTPUTS_LISTED = 50  # output nodes listed per failing node (ComfyUI's dependent_outputs)
 OFF_LOOP_BODY_BYTES = 256 * 1024  # bodies larger than this are parsed in a worker thread
+MAX_REQUEST_LINE_BYTES = 64 * 1024  # the HTTP request line (aiohttp's default is 8190)
 
 # --- memory budgets and the static estimate (SPEC M, issue 12) -----------------------------------
 # CUDA_CONTEXT_MIB (above) is what every run counts beside its budget on a CUDA card.
