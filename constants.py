@@ -24,7 +24,7 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8288
 HEARTBEAT_INTERVAL_S = 10.0
 WORKER_RESUME_GRACE_S = 300.0
-HEARTBEAT_LATE_S = 3 * HEARTBEAT_INTERVAL_S  # Degraded after this long without a heartbeat
+HEARTBEAT_LATE_BEATS = 3  # Degraded after this many heartbeat intervals without one
 CUDA_CONTEXT_MIB = 768  # measured ~650 MiB on a CUDA 12 card; counted per run on a CUDA card
 MEASURED_PEAK_HEADROOM = 1.2  # default budget = measured peak + 20%
 DDP_COLLECTIVE_TIMEOUT_S = 30 * 60
@@ -89,6 +89,7 @@ STATE_DB_NAME = "state.db"
 SIDECAR_LOG_NAME = "sidecar.log"  # stdout/stderr of a background `xpufleet start`
 SIDECAR_LOCK_NAME = "sidecar.lock"  # flock: one sidecar per XPUFLEET_HOME
 RUNS_DIR_NAME = "runs"  # $XPUFLEET_HOME/runs/<run_id>/ (spec.json, output.log, events.jsonl, artifacts)
+ENV_WARM_START = "XPUFLEET_WARM_START"  # "0": run processes start as new interpreters (no forkserver)
 RUN_STOP_GRACE_S = 30.0  # after `stop`, a run child gets this long to write its checkpoint and exit
 SIDECAR_START_TIMEOUT_S = 60.0  # `xpufleet start` waits this long for /api/health
 SIDECAR_STOP_TIMEOUT_S = RUN_STOP_GRACE_S + 15.0  # `xpufleet stop` waits this long, then SIGKILL
