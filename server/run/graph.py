@@ -51,9 +51,10 @@ def links_of(node: Any) -> set[str]:
 
 def dependency_map(graph: Mapping[str, Any], nodes: Iterable[str]) -> dict[str, list[str]]:
     """``node -> the nodes among ``nodes`` it takes input from`` (each once, in id order)."""
-    within = set(nodes)
+    order = list(dict.fromkeys(nodes))  # the caller's order (a set's would change with the hash seed)
+    within = set(order)
     out: dict[str, list[str]] = {}
-    for n in within:
+    for n in order:
         node = graph[n]
         inputs = node.get("inputs") if isinstance(node, Mapping) else None
         ds = {str(v[0]) for v in inputs.values() if is_link(v)} if isinstance(inputs, Mapping) else set()
@@ -98,7 +99,7 @@ def strongly_connected(deps: Mapping[str, list[str]]) -> list[list[str]]:
     on_stack: set[str] = set()
     stack: list[str] = []
     out: list[list[str]] = []
-    for root in sorted(deps, key=node_id_key):
+    for root in deps:  # (in the graph's own order: deterministic, and no sort of every id)
         if root in index:
             continue
         index[root] = low[root] = len(index)

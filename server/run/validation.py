@@ -473,13 +473,16 @@ def validate_report(graph: Any, node_classes: Mapping[str, type] | None = None,
                              f"Dependency cycle detected: {_node_label(first, ct)} depends on itself through its "
                              f"inputs: {chain}" + (f" ({size} nodes on the cycle)" if size > 2 else ""),
                              chain, None, {"cycle_nodes": size}))
-        for other in cycle.members:
-            if other != first:
-                oct_ = str(graph[other].get("class_type", ""))
-                errors.add(NodeError(other, oct_, "dependency_cycle",
-                                     f"Dependency cycle detected: {_node_label(other, oct_)} is on the dependency "
-                                     f"cycle of node {first} (its path is listed on node {first})",
-                                     f"on the cycle of node {first}", None, {"cycle_of": first}))
+        others = [m for m in cycle.members if m != first]
+        for done, other in enumerate(others):
+            if errors.full:  # the rest of the cycle is counted, not listed: no text to build
+                errors.total += len(others) - done
+                break
+            oct_ = str(graph[other].get("class_type", ""))
+            errors.add(NodeError(other, oct_, "dependency_cycle",
+                                 f"Dependency cycle detected: {_node_label(other, oct_)} is on the dependency "
+                                 f"cycle of node {first} (its path is listed on node {first})",
+                                 f"on the cycle of node {first}", None, {"cycle_of": first}))
     if not errors and not output_nodes(graph, classes):
         raise _graph_error("prompt_no_outputs", "Prompt has no outputs: add an output node (e.g. TrainingLoop, "
                                                 "Evaluate, ModelSaver, Predict)")

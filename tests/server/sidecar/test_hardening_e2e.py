@@ -262,7 +262,6 @@ def test_a_run_with_dataloader_workers_succeeds(sidecar):
     assert run["status"] == "succeeded", run
 
 
-@pytest.mark.xfail(reason="needs the launcher", strict=False)
 def test_a_run_is_finished_only_when_every_process_of_it_has_exited(sidecar):
     """The probe: a run showed succeeded while its process kept working for up to ~4 s (Python's
     and torch's teardown, DataLoader workers), so two CPU slots ran up to four run processes."""
