@@ -99,6 +99,21 @@ RUNS_PAGE_MAX = 1000  # runs per GET /api/runs answer
 PROGRESS_EVENT_MIN_INTERVAL_S = 0.05  # a run child sends at most ~20 progress events/s per node
 MAX_DEVICE_SET = 64  # devices in one target.devices
 
+# --- input limits (issue 9): every route refuses beyond these with a 400/413 that states the limit ---
+MAX_JSON_DEPTH = 64  # nesting of objects/arrays in any JSON body (a graph needs ~6)
+MAX_GRAPH_NODES = 10_000  # nodes in one graph (413 beyond)
+MAX_NODE_ID_CHARS = 128  # a node id ("12", or "12:5:3" inside a subgraph)
+MAX_FIELD_NAME_CHARS = 256  # a class_type, an input name, any key of a graph node
+MAX_GRAPH_STRING_CHARS = 65_536  # one string value in a graph (a widget value, a layer spec)
+MAX_RUN_NAME_CHARS = 200  # options.name
+MAX_PATH_CHARS = 1024  # a file path a node writes or a route names (relative to its folder)
+MAX_PATH_PART_BYTES = 255  # one component of it, in UTF-8 (NAME_MAX of common file systems)
+MAX_GRAPH_ERRORS_LISTED = 100  # a validation answer lists this many problems and counts the rest
+MAX_CYCLE_PATH_SHOWN = 20  # node ids shown of one dependency cycle's path (its length is given)
+MAX_DEPENDENT_OUTPUTS_LISTED = 50  # output nodes listed per failing node (ComfyUI's dependent_outputs)
+OFF_LOOP_BODY_BYTES = 256 * 1024  # bodies larger than this are parsed in a worker thread
+MAX_REQUEST_LINE_BYTES = 64 * 1024  # the HTTP request line (aiohttp's default is 8190)
+
 # --- memory budgets and the static estimate (SPEC M, issue 12) -----------------------------------
 # CUDA_CONTEXT_MIB (above) is what every run counts beside its budget on a CUDA card.
 MEMORY_ESTIMATE_TIMEOUT_S = 5.0  # the meta-device build of a graph's models is abandoned after this long

@@ -27,7 +27,7 @@ _EXTENSIONS = {"safetensors": (".safetensors",), "pytorch": (".pt", ".pth")}
 def _target_path(filename: str, fmt: str, location: str) -> Path:
     if fmt not in _EXTENSIONS:
         raise ValueError(f"format must be one of {', '.join(_EXTENSIONS)}, got {fmt!r}")
-    path = paths.resolve_output_path(filename, location)
+    path = paths.resolve_output_path(filename, location, "ModelSaver: filename")
     suffix = path.suffix.lower()
     if not suffix:
         return path.with_suffix(_EXTENSIONS[fmt][0])
@@ -102,9 +102,10 @@ def load_model(path: Path) -> Any:
 class XPUModelSaver:
     """ModelSaver node (output node): weights + architecture, safetensors or PyTorch format."""
 
-    DESCRIPTION = ("Saves a model with its architecture so ModelLoader can rebuild it. A relative filename goes "
-                   "under the outputs folder (ComfyUI's output/xpufleet, else $XPUFLEET_HOME/outputs) or the run "
-                   "directory. The file is written to a temp file and renamed, never half written.")
+    DESCRIPTION = ("Saves a model with its architecture so ModelLoader can rebuild it. The filename is relative "
+                   "to the outputs folder (ComfyUI's output/xpufleet, else $XPUFLEET_HOME/outputs) or the run "
+                   "directory, and stays inside it (no '..', no absolute path, no symlink leading out). The file "
+                   "is written to a temp file and renamed, never half written.")
     CATEGORY = T.CATEGORY_IO
     FUNCTION = "save"
     RETURN_TYPES = ("STRING",)
@@ -117,7 +118,8 @@ class XPUModelSaver:
             "required": {
                 "model": (T.MODEL, {"tooltip": "the model to save (from a builder, TrainingLoop or ModelLoader)"}),
                 "filename": ("STRING", {"default": "models/model.safetensors",
-                                        "tooltip": "relative to the location below, or an absolute path"}),
+                                        "tooltip": "relative to the location below, and inside it "
+                                                   "(no '..', not absolute)"}),
                 "format": (T.MODEL_FORMATS, {"default": "safetensors",
                                              "tooltip": "safetensors (.safetensors) or PyTorch (.pt / .pth)"}),
                 "location": (T.SAVE_LOCATIONS, {"default": "outputs",
@@ -125,6 +127,18 @@ class XPUModelSaver:
             },
             "optional": {"overwrite": ("BOOLEAN", {"default": True, "tooltip": "replace an existing file"})},
         }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, filename: Any = None) -> bool | str:
+        """Refuse a filename that cannot stay inside its folder before anything runs (a linked
+        filename, known only at run time, is checked when the node saves)."""
+        if filename is None:
+            return True
+        if not isinstance(filename, str):
+            return "filename must be a string"
+        problem = paths.relative_path_problem(filename)
+        return True if problem is None else (f"filename {problem}; files go inside the outputs folder or the run "
+                                             f"directory: give a relative path like 'models/mlp.safetensors'")
 
     def save(self, model: Any, filename: str, format: str = "safetensors", location: str = "outputs",
              overwrite: bool = True) -> dict[str, Any]:

@@ -4,6 +4,9 @@
 - Saved models: an outputs folder shared between runs, so one graph can load what another saved:
   ComfyUI's output directory (``output/xpufleet``) when hosted, else ``$XPUFLEET_HOME/outputs``.
   Hosted, ModelLoader also looks in ComfyUI's model folder ``models/xpufleet``.
+- A path a graph gives for a file it writes (ModelSaver's filename, TrainingLoop's checkpoint_dir)
+  stays inside its folder: :func:`resolve_inside` refuses absolute paths, ``..`` and symbolic links
+  that lead out, on the sidecar and on workers alike (the same node code runs everywhere).
 - Files are written atomically (temp file in the same folder, fsync, ``os.replace``): a reader never
   sees half a checkpoint, and a crash leaves the previous file intact.
 """
@@ -12,13 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
-from ..constants import OUTPUTS_DIRNAME, PLUGIN_NAME, home_dir
+from ..constants import MAX_PATH_CHARS, MAX_PATH_PART_BYTES, OUTPUTS_DIRNAME, PLUGIN_NAME, home_dir
 from . import runtime
 
 
@@ -69,24 +73,86 @@ def work_dir(kind: str) -> Path:
     return outputs_dir() / "runs" / stamp / kind
 
 
-def resolve_output_path(path: str, location: str = "outputs") -> Path:
-    """Where a relative save path goes: the outputs folder or the run directory; absolute stays."""
-    p = Path(os.path.expanduser(str(path).strip()))
-    if not str(path).strip():
-        raise ValueError("the file path is empty: give a file name like 'models/mlp.safetensors'")
-    if p.is_absolute():
-        return p
+class OutsideFolderError(ValueError):
+    """A path a node would write to that is not inside the folder its files must stay in."""
+
+
+_SEPARATORS = re.compile(r"[\\/]+")
+
+
+def relative_path_problem(path: str) -> str | None:
+    """Why ``path`` cannot name a file inside a folder, or None when it can. Lexical only (no disk):
+    empty, NUL, too long, not Unicode text, absolute (``/``, ``~``, a drive or UNC path), ``..``, or a
+    name longer than a file system takes. Both ``/`` and ``\\`` separate, on every platform."""
+    text = str(path).strip()
+    if not text:
+        return "is empty"
+    if "\x00" in text:
+        return "holds a NUL character"
+    if len(text) > MAX_PATH_CHARS:
+        return f"has {len(text)} characters; a path has at most {MAX_PATH_CHARS}"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not valid Unicode text"
+    if text.startswith("~") or PurePosixPath(text).is_absolute() or PureWindowsPath(text).drive \
+            or text.startswith("\\"):
+        return "is absolute"
+    parts = _SEPARATORS.split(text)
+    if ".." in parts:
+        return "climbs out of its folder with '..'"
+    longest = max(len(part.encode("utf-8")) for part in parts)
+    if longest > MAX_PATH_PART_BYTES:
+        return f"has a name of {longest} bytes; a file or folder name has at most {MAX_PATH_PART_BYTES}"
+    return None
+
+
+def resolve_inside(root: Path, path: str, what: str, where: str) -> Path:
+    """``root / path`` for a file a node writes, refusing (:class:`OutsideFolderError`) any path that
+    is not a relative path inside ``root`` (see :func:`relative_path_problem`) or that a symlink
+    leads out of it. ``what`` names the input (``ModelSaver: filename``), ``where`` the folder in
+    words (never its absolute path: the text reaches whoever wrote the graph)."""
+    text = str(path).strip()
+    problem = relative_path_problem(text)
+    shown = text if len(text) <= 80 else text[:80] + "..."
+    hint = f"files go inside {where}: give a relative path like 'models/mlp.safetensors' (no '..', not absolute)"
+    if problem is not None:
+        raise OutsideFolderError(f"{what} {shown!r} {problem}; {hint}")
+    target = Path(root) / text
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(target)
+    if real == real_root:
+        raise OutsideFolderError(f"{what} {shown!r} names the folder itself, not a file; {hint}")
+    if os.path.commonpath([real_root, real]) != real_root:
+        raise OutsideFolderError(f"{what} {shown!r} leads outside {where} through a symbolic link; {hint}")
+    return target
+
+
+OUTPUTS_WORDS = "the outputs folder (ComfyUI's output/xpufleet, else $XPUFLEET_HOME/outputs)"
+RUN_DIR_WORDS = "this run's directory"
+
+
+def resolve_output_path(path: str, location: str = "outputs", what: str = "the file path") -> Path:
+    """Where a save path goes: inside the outputs folder or the run directory, never outside
+    (:class:`OutsideFolderError`)."""
     if location == "run_dir":
         rd = runtime.run_dir()
         if rd is None:
-            raise ValueError(
-                f"location 'run_dir' needs a queued run (this one has no run directory); "
-                f"use location 'outputs' or an absolute path for {path!r}"
-            )
-        return Path(rd) / p
+            raise ValueError(f"location 'run_dir' needs a queued run (this one has no run directory); "
+                             f"use location 'outputs' for {str(path)[:80]!r}")
+        return resolve_inside(Path(rd), path, what, RUN_DIR_WORDS)
     if location != "outputs":
         raise ValueError(f"unknown location {location!r}: use 'outputs' or 'run_dir'")
-    return outputs_dir() / p
+    return resolve_inside(outputs_dir(), path, what, OUTPUTS_WORDS)
+
+
+def work_folder(path: str, what: str) -> Path:
+    """A folder a node writes into (TrainingLoop's ``checkpoint_dir``): inside this run's directory
+    in a queued run, inside the outputs folder otherwise (ComfyUI's canvas, plain Python)."""
+    rd = runtime.run_dir()
+    if rd is not None:
+        return resolve_inside(Path(rd), path, what, RUN_DIR_WORDS)
+    return resolve_inside(outputs_dir(), path, what, OUTPUTS_WORDS)
 
 
 def candidate_paths(path: str) -> list[Path]:

@@ -187,7 +187,9 @@ class TrainConfig:
     tensorboard: bool = True
     strategy: str = "single"
     resume_from: str = ""
-    checkpoint_dir: str = ""  # "" = <run dir>/checkpoints (or a fresh folder under the outputs folder)
+    # "" = <run dir>/checkpoints (or a fresh folder under the outputs folder); else a folder inside the
+    # run dir (outside a run: inside the outputs folder)
+    checkpoint_dir: str = ""
     node_label: str = "TrainingLoop"
     progress_interval_s: float = NODE_PROGRESS_INTERVAL_S
 
@@ -395,7 +397,8 @@ class Trainer:
         self.step = 0
         self.epoch = 0  # epochs completed
         self.batch_size = int(getattr(loader, "batch_size", 0) or 0)
-        self.ckpt_dir: Path | None = Path(cfg.checkpoint_dir).expanduser() if cfg.checkpoint_dir else None
+        self.ckpt_dir: Path | None = (paths.work_folder(cfg.checkpoint_dir, f"{cfg.node_label}: checkpoint_dir")
+                                      if cfg.checkpoint_dir else None)
         self.board: _Board | None = None
         self.stopped = False
         self._last_val_step = -1

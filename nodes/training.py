@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from . import device as devmod
-from . import hostmode, runtime
+from . import hostmode, paths, runtime
 from . import types as T
 from .models import resolve_seed, spec_of
 from .specs import LossSpec, OptimizerSpec, SchedulerSpec
@@ -198,7 +198,9 @@ class XPUTrainingLoop:
                 "resume_from": ("STRING", {"default": "", "advanced": True,
                                            "tooltip": "checkpoint to continue from (an interrupted epoch restarts)"}),
                 "checkpoint_dir": ("STRING", {"default": "", "advanced": True,
-                                              "tooltip": "'' = the run directory's checkpoints folder"}),
+                                              "tooltip": "'' = the run directory's checkpoints folder; else a "
+                                                         "folder inside the run directory (outside a run: "
+                                                         "inside the outputs folder); no '..', not absolute"}),
             },
         }
 
@@ -207,6 +209,17 @@ class XPUTrainingLoop:
         """The caching rule (see nodes/hostmode.py): seeded and unchanged = ComfyUI may reuse the
         trained model; seed -1, or a resume_from checkpoint that changed on disk, trains again."""
         return hostmode.combine(hostmode.seed_rerun_key(seed), hostmode.file_key(resume_from))
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, checkpoint_dir: Any = None) -> bool | str:
+        """A checkpoint_dir that cannot stay inside the run directory is refused before anything runs."""
+        if checkpoint_dir is None or checkpoint_dir == "":
+            return True
+        if not isinstance(checkpoint_dir, str):
+            return "checkpoint_dir must be a string"
+        problem = paths.relative_path_problem(checkpoint_dir)
+        return True if problem is None else (f"checkpoint_dir {problem}; checkpoints go inside the run directory "
+                                             f"(outside a run: the outputs folder): give a relative folder name")
 
     def train(self, model: Any, dataloader: Any, optimizer: OptimizerSpec, loss: LossSpec, epochs: int = 10,
               max_steps: int = 0, device: str = "auto", precision: str = "fp32", val_dataloader: Any = None,

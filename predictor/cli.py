@@ -213,9 +213,13 @@ def run(args: argparse.Namespace) -> int:
     else:
         code, answer = _local(args, workflow)
     if code != EXIT_OK:
-        print(f"xpufleet predict: {answer['error']}", file=sys.stderr)
+        from ..server.cli.text import safe
+
+        print(f"xpufleet predict: {safe(answer['error'], lines=True)}", file=sys.stderr)
         return code
-    print(json.dumps(answer, indent=2, ensure_ascii=False) if args.json else format_answer(answer))
+    from ..server.cli.text import safe  # model names and warnings come from the workflow file
+
+    print(json.dumps(answer, indent=2, ensure_ascii=False) if args.json else safe(format_answer(answer), lines=True))
     return EXIT_OK
 
 

@@ -230,7 +230,9 @@ OPENAPI_PATHS: dict[str, Any] = {
                     "weight_bytes": {"type": "boolean"}, "topology": {"type": "boolean"},
                     "activation_overhead": {}, "calibration": {}}},
                 "snapshot": {"type": "object", "description": "figures that replace the measured ones"},
-            }}}}},
+            },
+            "example": {"workflow": {"1": {"class_type": "CheckpointLoaderSimple",
+                                           "inputs": {"ckpt_name": "sd15.safetensors"}}}}}}}},
         "responses": {"200": {"description": "{p_success, level, color, label, explanation, models, snapshot, "
                                              "scan, warnings, simulated, complete}"},
                       "400": _ERROR, "404": _ERROR, "413": _ERROR},

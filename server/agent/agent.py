@@ -23,6 +23,7 @@ import os
 import signal
 import socket
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,8 @@ class Agent:
         self._send_lock = asyncio.Lock()
         self._node_types: list[str] | None = None
         self.removed = False
+        # This agent process, as the server tells it from another agent under the same name.
+        self.instance = uuid.uuid4().hex
         # The server's settings, from its last welcome: a remote agent does not share its environment.
         self.server_heartbeat_s: float | None = None
         self.server_grace_s: float | None = None
@@ -242,7 +245,7 @@ class Agent:
                 "hello", name=self.cfg.name, version=VERSION, protocol=AGENT_PROTOCOL,
                 auth={"kind": auth.kind, "token": auth.token}, node_types=self.node_types(),
                 devices=self._last_devices, env=devinv.environment_summary(self.inventory),
-                runs=self._runs_summary(), pid=os.getpid(),
+                runs=self._runs_summary(), pid=os.getpid(), instance=self.instance,
                 capabilities=[AGENT_CAP_MEMORY],  # runs are capped to their budget (server/run/memory.py)
             )
             await ws.send_str(hello)

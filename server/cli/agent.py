@@ -7,7 +7,10 @@ follows a restarted sidecar). It runs in the background by default, with its pid
 (for systemd). A remote machine joins once with ``--server URL --join TOKEN``; the credential it gets
 is kept in ``$XPUFLEET_HOME/agents/<name>.credential.json`` (mode 0600) for later starts.
 
-Exit codes: 0 done, 1 failed (not running, refused, did not connect), 2 bad arguments.
+Exit codes: 0 done, 1 failed (refused, did not connect, did not stop), 2 bad arguments. ``agent status``
+exits 0 when an agent (the one ``--name`` names) runs on this machine and 1 when none does, so a script
+can write ``xpufleet agent status >/dev/null || xpufleet agent start``; ``agent stop`` with no agent
+running says so and exits 0.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from ..devices.inventory import Inventory
 from ..devices.names import DeviceSpecError, parse_device_list
 from ..devices.simulated import parse_simulate
 from ..workers import protocol
+from .text import safe
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 ENV_JOIN_TOKEN = "XPUFLEET_AGENT_JOIN_TOKEN"  # the background child gets --join this way, not in argv
@@ -55,7 +59,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help='simulated CUDA cards for tests/demos, e.g. "cuda:0=24,cuda:1=24" (GiB; @UUID optional)')
     t = sub.add_parser("stop", help="stop a worker agent started with `agent start`")
     t.add_argument("--name", help="worker name (default: the only running agent, else the hostname)")
-    u = sub.add_parser("status", help="show this machine's worker agents")
+    u = sub.add_parser("status", help="show this machine's worker agents",
+                       description="Show this machine's worker agents. Exit code 0: an agent (the one --name "
+                                   "names) is running; 1: none is.")
     u.add_argument("--name", help="only this worker")
     u.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
@@ -76,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _err(msg: str, code: int = EXIT_FAILED) -> int:
-    print(f"xpufleet agent: {msg}", file=sys.stderr)
+    print(f"xpufleet agent: {safe(msg, lines=True)}", file=sys.stderr)
     return code
 
 
@@ -155,7 +161,7 @@ def _start(args: argparse.Namespace) -> int:
         return _err(str(exc), EXIT_USAGE)
     current = agentcfg.read_json(agentcfg.state_file(home, cfg.name))
     if current and _alive(current.get("pid")) and current.get("pid") != os.getpid():
-        print(f"worker agent {cfg.name} is already running (pid {current['pid']}, {current.get('state')})")
+        print(f"worker agent {cfg.name} is already running (pid {current['pid']}, {safe(current.get('state'))})")
         return EXIT_OK
     if not cfg.simulate and cfg.devices:
         inv = Inventory(cfg.name, home, cfg.devices)
@@ -197,7 +203,7 @@ def _spawn(args: argparse.Namespace, cfg: agentcfg.AgentConfig, home: Path) -> i
         state = agentcfg.read_json(agentcfg.state_file(home, cfg.name))
         if state and state.get("pid") == child.pid and state.get("updated_at", 0) >= started:
             if state.get("state") == "connected":
-                print(f"worker agent {cfg.name} connected to {state.get('server')} (pid {child.pid}); "
+                print(f"worker agent {cfg.name} connected to {safe(state.get('server'))} (pid {child.pid}); "
                       f"log: {log_path}")
                 return EXIT_OK
             if state.get("state") == "rejected":
@@ -205,7 +211,7 @@ def _spawn(args: argparse.Namespace, cfg: agentcfg.AgentConfig, home: Path) -> i
                 return _err(f"the server refused worker {cfg.name}: {state.get('reason')}")
         time.sleep(0.1)
     reason = (state or {}).get("reason") or "no connection yet"
-    print(f"worker agent {cfg.name} started (pid {child.pid}) but is not connected yet: {reason}; "
+    print(f"worker agent {cfg.name} started (pid {child.pid}) but is not connected yet: {safe(reason)}; "
           f"it keeps trying (log: {log_path})")
     return EXIT_OK
 
@@ -263,6 +269,6 @@ def _status(args: argparse.Namespace) -> int:
             run_state = s.get("state") if s["alive"] else "not running"
             reason = f" ({s['reason']})" if s.get("reason") and s["alive"] else ""
             sim = " [simulated cards]" if s.get("simulated") else ""
-            print(f"{s['name']}: {run_state}{reason}, pid {s.get('pid')}, server {s.get('server')}, "
-                  f"devices {', '.join(s.get('devices') or []) or '-'}{sim}, runs {len(s.get('runs') or [])}")
+            print(safe(f"{s['name']}: {run_state}{reason}, pid {s.get('pid')}, server {s.get('server')}, "
+                       f"devices {', '.join(s.get('devices') or []) or '-'}{sim}, runs {len(s.get('runs') or [])}"))
     return EXIT_OK if any(s["alive"] for s in states) else EXIT_FAILED

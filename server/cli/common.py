@@ -9,13 +9,15 @@ from typing import Any
 from ...constants import home_dir
 from ..sidecar.runtime_file import pid_alive, read_runtime, remove_runtime
 from .client import ApiError, Client, SidecarUnreachable
+from .text import safe
 
 EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 
 
 def err(msg: str) -> None:
-    """An error line on stderr, prefixed ``xpufleet:``."""
-    print(f"xpufleet: {msg}", file=sys.stderr)
+    """An error line on stderr, prefixed ``xpufleet:`` (control characters escaped: it may quote a
+    run's name or a server's message)."""
+    print(f"xpufleet: {safe(msg, lines=True)}", file=sys.stderr)
 
 
 def running_client(home: Path) -> tuple[Client, dict[str, Any]] | None:

@@ -10,6 +10,8 @@ import sys
 import time
 from typing import Any, TextIO
 
+from .text import safe
+
 
 def _number(value: Any) -> float:
     """A metric value for display; JSON has no NaN, so a stored NaN comes back as null."""
@@ -69,6 +71,7 @@ class ProgressView:
         if not force and now - self.last_draw < self.min_interval:
             return
         self.last_draw = now
+        line = safe(line)  # node names, progress texts: the graph's own text
         if self.tty:
             self.stream.write("\r\x1b[2K" + line[:160])
             self._line_open = True
@@ -77,6 +80,7 @@ class ProgressView:
         self.stream.flush()
 
     def _print(self, line: str) -> None:
+        line = safe(line, lines=True)  # warnings, errors, log lines of the run
         if self._line_open:
             self.stream.write("\n")
             self._line_open = False
@@ -93,11 +97,11 @@ class ProgressView:
                 outputs: list[str] | None = None) -> str:
         """The closing block: status, duration, the last value of every metric, saved models and
         (``outputs``) what the output nodes showed."""
-        lines = [f"run {status}" + (f" in {seconds:.1f}s" if seconds is not None else "")]
+        lines = [f"run {safe(status)}" + (f" in {seconds:.1f}s" if seconds is not None else "")]
         if error:
-            lines.append(f"error: {error}")
+            lines.append(f"error: {safe(error, lines=True)}")
         for name in sorted(self.metrics):
-            lines.append(f"  {name:<20} {self.metrics[name]:.6g}")
-        lines += [f"  saved model: {path}" for path in self.saved]
-        lines += [f"  {line}" for line in outputs or []]
+            lines.append(f"  {safe(name):<20} {self.metrics[name]:.6g}")
+        lines += [f"  saved model: {safe(path)}" for path in self.saved]
+        lines += [f"  {safe(line)}" for line in outputs or []]
         return "\n".join(lines)

@@ -15,6 +15,7 @@ from ...nodes import runtime
 from ...nodes.device import available_devices, parse_device
 from ...nodes.types import MODEL_SAVER_NODE
 from .console import ProgressView
+from .text import safe
 
 EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -22,12 +23,25 @@ EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE = 0, 1, 2
 def load_graph(path: str | Path) -> dict[str, Any]:
     """Read an API-format graph file; raise ValueError with what to fix."""
     p = Path(path)
-    if not p.is_file():
+    if p.is_dir():
+        raise ValueError(f"{str(p)!r} is a directory; give the graph's JSON file (ComfyUI's API format)")
+    if not p.exists():
         raise ValueError(f"graph file {str(p)!r} does not exist")
     try:
-        graph = json.loads(p.read_text(encoding="utf-8"))
+        text = p.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"graph file {str(p)!r} is not UTF-8 text (byte {exc.start} is {exc.object[exc.start]:#04x}); "
+                         f"save it as UTF-8 JSON") from None
+    except OSError as exc:
+        raise ValueError(f"cannot read graph file {str(p)!r}: {exc.strerror or exc}") from None
+    try:
+        graph = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"graph file {str(p)!r} is not valid JSON: {exc}") from exc
+    except ValueError as exc:  # an integer of more digits than Python converts
+        raise ValueError(f"graph file {str(p)!r} is not usable JSON: {str(exc).split(';')[0]}") from None
+    except RecursionError:
+        raise ValueError(f"graph file {str(p)!r} nests too deeply to be a graph") from None
     if isinstance(graph, dict) and "prompt" in graph and isinstance(graph["prompt"], dict):
         graph = graph["prompt"]  # a saved /prompt request body
     if not isinstance(graph, dict):
@@ -57,7 +71,7 @@ def run_local(graph_path: str, args: Any) -> int:
         graph = load_graph(graph_path)
         devices, fallback = local_devices(getattr(args, "device", None))
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {safe(exc, lines=True)}", file=sys.stderr)
         return EXIT_USAGE
     chosen = getattr(args, "output_dir", None)
     out_dir = Path(chosen or Path.cwd() / "runs" / time.strftime("local-%Y%m%d-%H%M%S"))
@@ -98,7 +112,7 @@ def run_local(graph_path: str, args: Any) -> int:
             shown = output_lines(graph, result.ui)
         except GraphValidationError as exc:
             view.close()
-            print(format_errors(exc.response), file=sys.stderr)
+            print(safe(format_errors(exc.response), lines=True), file=sys.stderr)
             _remove_if_empty(out_dir, made_parent)
             return EXIT_USAGE
         except NodeExecutionError as exc:

@@ -30,6 +30,7 @@ from . import ui as ui_cli
 from . import workers as workers_cli
 from .client import ApiError, SidecarUnreachable
 from .common import EXIT_RUN_FAILED, EXIT_UNREACHABLE, EXIT_USAGE, err
+from .text import safe
 
 # Every command module, in the order `xpufleet --help` lists them.
 COMMAND_MODULES = (sidecar_cli, runs_cli, estimate_cli, agent_cli, workers_cli, predictor_cli, ui_cli)
@@ -64,10 +65,11 @@ def main(argv: list[str] | None = None) -> int:
             err(f"the sidecar refused the request ({exc.message}); is the runtime file from another server?")
             return EXIT_UNREACHABLE
         err(exc.message)
-        if isinstance(exc.body, dict) and exc.body.get("node_errors"):
+        # A graph's problems are listed in the message, one per line; list them only when it does not.
+        if isinstance(exc.body, dict) and exc.body.get("node_errors") and "\n" not in exc.message:
             for nid, entry in exc.body["node_errors"].items():
                 for e in entry.get("errors", []):
-                    print(f"  node {nid}: {e.get('message')}", file=sys.stderr)
+                    print(safe(f"  node {nid}: {e.get('message')}"), file=sys.stderr)
         return EXIT_USAGE if 400 <= exc.status < 500 else EXIT_RUN_FAILED
     except KeyboardInterrupt:
         return 130

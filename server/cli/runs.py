@@ -11,6 +11,7 @@ from typing import Any
 from ...constants import TERMINAL_STATUSES
 from .client import ApiError, Client
 from .common import EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, client_or_exit, err
+from .text import safe
 
 
 def add_parser(sub: Any) -> None:
@@ -30,7 +31,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--no-queue-wait", dest="queue_wait", action="store_false",
                    help="target.wait false: reject instead of waiting for memory")
     p.add_argument("--name", help="run name")
-    p.add_argument("--seed", type=int, help="run seed (overrides the nodes' seeds)")
+    p.add_argument("--seed", type=run_seed, help="run seed, 0 or more (overrides every node's seed; leave it out "
+                                                 "to keep the nodes' own seeds, where -1 means unseeded)")
     p.add_argument("--deterministic", action="store_true", help="deterministic algorithms")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--follow", dest="mode", action="store_const", const="follow",
@@ -56,6 +58,24 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--reason", help="recorded with the cancellation")
     p.set_defaults(func=cmd_cancel)
 
+
+
+SEED_MAX = 2**63 - 1
+
+
+def run_seed(text: str) -> int:
+    """``--seed``: a whole number from 0 to 2^63-1, refused in the CLI's words (exit 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(
+            f"{value}: a run's seed is 0 or more and overrides every node's seed; -1 (unseeded) is a node "
+            f"setting: leave --seed out to keep the nodes' own seeds")
+    if value > SEED_MAX:
+        raise argparse.ArgumentTypeError(f"{value}: at most 2^63-1")
+    return value
 
 
 def _load_graph(path: str) -> dict[str, Any]:
@@ -125,7 +145,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             where = payload.get("worker_id") or "this server"
             devs = ", ".join(payload.get("devices") or [])
             if payload.get("status") == "assigned":
-                print(f"assigned to {where}" + (f" ({devs})" if devs else ""), file=sys.stderr)
+                print(safe(f"assigned to {where}" + (f" ({devs})" if devs else "")), file=sys.stderr)
         if etype == "metric" and payload.get("value") is None:
             # NaN/inf (a diverged loss) are stored as JSON null: show them as nan, never crash.
             payload = {**payload, "value": float("nan")}
@@ -174,8 +194,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
     for r in page["runs"]:
         where = r.get("worker_id") or ("this server" if r.get("placement") == "local" else r.get("target"))
         devices = ",".join(r.get("devices") or r.get("requested") or [])
-        rows.append((r["id"][:8], r["status"], (r.get("name") or "")[:24], where or "-", devices or "-",
-                     _fmt_time(r.get("created_at")), _duration(r)))
+        rows.append((safe(r["id"][:8]), safe(r["status"]), safe((r.get("name") or "")[:24]), safe(where or "-"),
+                     safe(devices or "-"), _fmt_time(r.get("created_at")), _duration(r)))
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
@@ -202,5 +222,5 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     client = client_or_exit()
     run = client.cancel(_resolve_run_id(client, args.run_id), args.reason)
     state = "cancelled" if run["status"] in TERMINAL_STATUSES else "stopping (cancel requested)"
-    print(f"run {run['id']}: {state}")
+    print(f"run {safe(run['id'])}: {state}")
     return EXIT_OK

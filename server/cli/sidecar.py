@@ -26,6 +26,7 @@ from ...constants import (
 from ..sidecar.runtime_file import ensure_home, pid_alive, read_runtime, remove_runtime
 from .client import ApiError, SidecarUnreachable
 from .common import EXIT_OK, EXIT_RUN_FAILED, EXIT_UNREACHABLE, EXIT_USAGE, err, running_client
+from .text import safe
 
 SERVER_MODULE = "xpufleet.server"
 
@@ -226,7 +227,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     runs = ", ".join(f"{n} {s}" for s, n in st["runs"].items() if n) or "none"
     print(f"XPU Fleet sidecar {st['version']} running at {info['url']} (pid {st['pid']}, home {st['home']})")
     print(f"runs: {runs}")
-    for s in st["slots"]:
+    for s in st["slots"]:  # labels name workers and their devices: text from the agents
         shared = f" (shared by {', '.join(s['providers'])})" if len(s["providers"]) > 1 else ""
-        print(f"  {s['label']:<28} {s['used']}/{s['limit']} slots{shared}")
+        print(safe(f"  {s['label']:<28} {s['used']}/{s['limit']} slots{shared}"))
     return EXIT_OK

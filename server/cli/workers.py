@@ -10,6 +10,7 @@ from typing import Any
 
 from .client import Client
 from .common import EXIT_OK
+from .text import safe
 
 
 def add_parser(subparsers: Any) -> None:
@@ -60,29 +61,31 @@ def run_workers(args: argparse.Namespace) -> int:
                                     f"{urllib.parse.quote(args.device)}/mode", {"mode": args.mode})
     else:
         out = client.request("GET", "/api/workers/rejected")
+    # Every text from the server goes through `safe` (a worker name, a rejection reason, an agent's
+    # environment can hold anything); JSON escapes control characters itself.
     if args.json:
         print(json.dumps(out, indent=2))
     elif cmd == "list":
         _print_workers(out["workers"])
     elif cmd == "join-token" or (cmd == "reissue" and out.get("command")):
-        print(f"on the worker machine, run:\n  {out['command']}\n(one-time; expires "
+        print(f"on the worker machine, run:\n  {safe(out['command'])}\n(one-time; expires "
               f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(out['expires_at']))})")
     elif cmd == "reissue":
-        print(f"worker {out['name']}: new credential delivered; the old one no longer works")
+        print(f"worker {safe(out['name'])}: new credential delivered; the old one no longer works")
     elif cmd == "rejected":
         for r in out["rejected"] or []:
-            print(f"{time.strftime('%H:%M:%S', time.localtime(r['ts']))} {r.get('name') or '?'} "
-                  f"from {r.get('address') or '?'}: {r['reason']}")
+            print(f"{time.strftime('%H:%M:%S', time.localtime(r['ts']))} {safe(r.get('name') or '?')} "
+                  f"from {safe(r.get('address') or '?')}: {safe(r['reason'])}")
         if not out["rejected"]:
             print("no rejected connections")
     elif cmd == "mode":
         print(f"worker {out['worker']}: {out['device']} is {out['mode']}"
               + (" (runs need a budget there: target.memory_gib)" if out["mode"] == "shared" else ""))
     elif cmd == "remove":
-        print(f"worker {out['removed']} removed ({len(out['failed_runs'])} waiting run(s) failed, "
+        print(f"worker {safe(out['removed'])} removed ({len(out['failed_runs'])} waiting run(s) failed, "
               f"{len(out['interrupted_runs'])} running run(s) interrupted)")
     else:
-        print(f"worker {out['name']}: {out['status']}" + (f" ({out['status_reason']})" if out["status_reason"] else ""))
+        print(safe(f"worker {out['name']}: {out['status']}" + (f" ({out['status_reason']})" if out["status_reason"] else "")))
     return EXIT_OK
 
 
@@ -91,8 +94,8 @@ def _print_workers(workers: list[dict[str, Any]]) -> None:
         print("no workers yet: `xpufleet agent start` on this machine, or `xpufleet workers join-token`")
         return
     for w in workers:
-        reason = f" ({w['status_reason']})" if w["status_reason"] else ""
-        version = w["version"] or "?"
+        reason = f" ({safe(w['status_reason'])})" if w["status_reason"] else ""
+        version = safe(w["version"] or "?")
         if w["version_match"] is False:
             version += f" (server {w['server_version']})"
         if w["heartbeat_age_s"] is not None:
@@ -101,13 +104,13 @@ def _print_workers(workers: list[dict[str, Any]]) -> None:
             seen = f"last seen {w['last_seen_age_s']} s ago"
         else:
             seen = "never seen"
-        print(f"{w['name']}: {w['status']}{reason}, version {version}, {seen}")
+        print(f"{safe(w['name'])}: {safe(w['status'])}{reason}, version {version}, {seen}")
         env = w.get("environment") or {}
         if env:
             parts = [env.get("hostname"), env.get("os"), env.get("python") and f"Python {env['python']}",
                      env.get("torch") and f"torch {env['torch']}",
                      "simulated cards" if env.get("simulated") else None]
-            print("  environment: " + ", ".join(str(x) for x in parts if x))
+            print("  environment: " + ", ".join(safe(x) for x in parts if x))
         for d in w["devices"]:
             mem = ""
             if d["total_gib"] is not None:
@@ -115,17 +118,17 @@ def _print_workers(workers: list[dict[str, Any]]) -> None:
                 mem = f" {free}/{d['total_gib']:.1f} GiB free" + (" (last reported)" if d["last_reported"] else "")
             sim = " [simulated]" if d["simulated"] else ""
             same = "".join(f", same card as {s['device']} on {s['provider']}" for s in d["same_card_as"])
-            print(f"  {d['name']}{sim}:{mem}, slots {d['slots_used']}/{d['slot_limit'] if d['slot_limit'] is not None else '-'}"
-                  f", {d['mode']}{same}")
+            print(f"  {safe(d['name'])}{sim}:{mem}, slots {d['slots_used']}/{d['slot_limit'] if d['slot_limit'] is not None else '-'}"
+                  f", {safe(d['mode'])}{safe(same)}")
             for line in memory_lines(d.get("memory")):
-                print(f"    {line}")
+                print(f"    {safe(line)}")
         for r in w["runs"]:
             budget = f", budget {r['budget_gib']:g} GiB ({r['budget_source']})" if r.get("budget_gib") is not None else ""
             use = (r.get("memory_in_use") or {}).get("devices") or {}
             used = "".join(f", uses {v:g} GiB on {k} (NVML)" for k, v in use.items())
-            print(f"  run {r['id'][:8]} {r['status']} on {', '.join(r['devices'])}{budget}{used}")
+            print(safe(f"  run {r['id'][:8]} {r['status']} on {', '.join(r['devices'])}{budget}{used}"))
         if w.get("last_rejection"):
-            print(f"  last rejected: {w['last_rejection']['reason']}")
+            print(f"  last rejected: {safe(w['last_rejection']['reason'])}")
 
 
 def memory_lines(card: dict[str, Any] | None) -> list[str]:

@@ -46,7 +46,7 @@ class StopWatcher(threading.Thread):
     def __init__(self, stop_event: threading.Event, stream: Any = None) -> None:
         super().__init__(name="xpufleet-stop-watcher", daemon=True)
         self.stop_event = stop_event
-        self.stream = stream if stream is not None else sys.stdin
+        self.stream = stream if stream is not None else _own_stdin()
         self.reason: str | None = None
 
     def run(self) -> None:
@@ -54,17 +54,29 @@ class StopWatcher(threading.Thread):
             for line in self.stream:
                 cmd = line.strip().lower()
                 if cmd == "stop":
-                    self._stop("cancel")
+                    self.request_stop("cancel")
                 elif cmd == "interrupt":
-                    self._stop("interrupt")
+                    self.request_stop("interrupt")
         except (OSError, ValueError):
             pass
-        self._stop("parent_gone")
+        self.request_stop("parent_gone")
 
-    def _stop(self, reason: str) -> None:
+    # Not `_stop`: threading.Thread has its own, which Python calls on every other thread after a
+    # fork (DataLoader workers fork): overriding it broke every run with num_workers > 0 (a hang).
+    def request_stop(self, reason: str) -> None:
         if self.reason is None:
             self.reason = reason
         self.stop_event.set()
+
+
+def _own_stdin() -> Any:
+    """stdin as a file object of this thread's own (a dup of fd 0). A process forked while the
+    watcher blocks in a read of ``sys.stdin`` (a DataLoader worker) closes ``sys.stdin`` first thing,
+    and would wait forever for the lock of a read that never ends in it."""
+    try:
+        return os.fdopen(os.dup(sys.stdin.fileno()), "r", encoding="utf-8", errors="replace")
+    except (AttributeError, OSError, ValueError):  # no real stdin (tests, embedded)
+        return sys.stdin
 
 
 STOP_ERRORS = {

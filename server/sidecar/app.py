@@ -24,7 +24,13 @@ from pathlib import Path
 
 from aiohttp import web
 
-from ...constants import ENV_RUN_QUEUE_MAX_CONCURRENT, SIDECAR_LOCK_NAME, STATE_DB_NAME, VERSION
+from ...constants import (
+    ENV_RUN_QUEUE_MAX_CONCURRENT,
+    MAX_REQUEST_LINE_BYTES,
+    SIDECAR_LOCK_NAME,
+    STATE_DB_NAME,
+    VERSION,
+)
 from ...predictor.routes import add_sidecar_routes as add_predictor_routes
 from ..run.warm import warm_up
 from ..scheduling import parse_limits
@@ -136,7 +142,10 @@ def home_lock(home: Path):
 async def serve(config: SidecarConfig, ready: Callable[[str], None] | None = None) -> int:
     """Run the sidecar until SIGTERM/SIGINT; ``ready(url)`` is called once it listens."""
     app = create_app(config)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
+    # A request line long enough for every path the API documents (an artifact path of MAX_PATH_CHARS
+    # characters, percent-encoded), so its refusal is the route's JSON 400, not aiohttp's plain text.
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0,
+                           max_line_size=MAX_REQUEST_LINE_BYTES)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
     try:

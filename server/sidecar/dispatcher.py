@@ -203,20 +203,24 @@ class Dispatcher:
         """Check the graph against this server's node classes when it can only run here."""
         if not self.validate_local_graphs or any(c.provider != LOCAL_PROVIDER for c in resolution.candidates):
             return
-        from ..run.executor import GraphValidationError, format_errors, validate_graph
-        from ..run.executor import validation_response as _response
+        from ..run.validation import GraphValidationError, format_errors, validate_report
 
         try:
-            errors = validate_graph(request.graph)
+            validate_report(request.graph).raise_if_invalid()
         except GraphValidationError as exc:
             raise RequestError("graph: " + format_errors(exc.response), {"node_errors": exc.response.get(
                 "node_errors", {}), "validation": exc.response}) from None
-        if errors:
-            response = _response(errors)
-            raise RequestError("graph: " + format_errors(response),
-                               {"node_errors": response["node_errors"], "validation": response})
 
-    def submit(self, request: RunRequest) -> dict[str, Any]:
+    async def check_graph(self, request: RunRequest) -> None:
+        """:meth:`validate_graph` in a worker thread (it can take ~100 ms for the largest graph), so
+        the event loop keeps serving heartbeats and other requests; then ``submit(graph_checked=True)``."""
+        try:
+            resolution = self.resolve(request.target)
+        except TargetError:
+            return  # submit() answers it
+        await asyncio.to_thread(self.validate_graph, request, resolution)
+
+    def submit(self, request: RunRequest, graph_checked: bool = False) -> dict[str, Any]:
         """Queue a run; raise RequestError (400) for a target or graph this server rejects."""
         if self.shutting_down:
             raise RequestError("the server is stopping; submit again when it is back", status=503)
@@ -224,7 +228,8 @@ class Dispatcher:
             resolution = self.resolve(request.target)
         except TargetError as exc:
             raise RequestError(str(exc)) from None
-        self.validate_graph(request, resolution)
+        if not graph_checked:
+            self.validate_graph(request, resolution)
         try:  # the budget and the memory decision (SPEC M): a rejection writes nothing
             prep = prepare(self.memory, request.graph, request.target, resolution, self.slot_state())
         except AdmissionError as exc:

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from aiohttp import web
 
+from ...constants import OFF_LOOP_BODY_BYTES
 from .errors import ApiError
+from .jsonbody import decode_body
 
 log = logging.getLogger("xpufleet.sidecar")
 
@@ -48,9 +49,9 @@ async def errors_middleware(request: web.Request, handler: Callable[..., Any]) -
         raise
     except (asyncio.CancelledError, ConnectionResetError):
         raise
-    except Exception as exc:  # noqa: BLE001 - never a traceback to the client
+    except Exception as exc:  # noqa: BLE001 - never a traceback (nor a server path) to the client
         log.exception("unhandled error on %s %s", request.method, request.path)
-        return json_error(500, f"internal error: {type(exc).__name__}: {exc}")
+        return json_error(500, f"internal error ({type(exc).__name__}); the sidecar log has the details")
 
 
 NO_BODY = object()
@@ -60,7 +61,9 @@ async def read_json(request: web.Request, *, optional: bool = False, max_bytes: 
     """The request body as JSON; 400 naming what is wrong, 413 when over the cap.
 
     ``max_bytes`` caps the body where no ``client_max_size`` does (routes on ComfyUI's server).
-    With ``optional``, an empty body gives ``NO_BODY`` (JSON ``null`` is a body, and not an object)."""
+    With ``optional``, an empty body gives ``NO_BODY`` (JSON ``null`` is a body, and not an object).
+    Nesting deeper than ``MAX_JSON_DEPTH``, lone surrogates and over-long integers are 400s
+    (jsonbody.py), so nothing after this can hit RecursionError or UnicodeEncodeError."""
     if max_bytes is None:
         body = await request.read()
     else:
@@ -74,12 +77,9 @@ async def read_json(request: web.Request, *, optional: bool = False, max_bytes: 
         if optional:
             return NO_BODY
         raise ApiError(400, "the body is empty: send a JSON object")
-    try:
-        return json.loads(body)
-    except UnicodeDecodeError:
-        raise ApiError(400, "the body is not UTF-8 JSON") from None
-    except json.JSONDecodeError as exc:
-        raise ApiError(400, f"the body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    if len(body) > OFF_LOOP_BODY_BYTES:  # a large body is parsed off the event loop
+        return await asyncio.to_thread(decode_body, body)
+    return decode_body(body)
 
 
 def json_errors(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) \

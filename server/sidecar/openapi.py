@@ -12,7 +12,19 @@ from typing import Any
 
 from aiohttp import web
 
-from ...constants import VERSION
+from ...constants import (
+    EVENTS_PAGE_MAX,
+    MAX_DEVICE_SET,
+    MAX_FIELD_NAME_CHARS,
+    MAX_GRAPH_NODES,
+    MAX_GRAPH_STRING_CHARS,
+    MAX_NODE_ID_CHARS,
+    MAX_PATH_CHARS,
+    MAX_RUN_NAME_CHARS,
+    RUN_STATUSES,
+    RUNS_PAGE_MAX,
+    VERSION,
+)
 
 OPENAPI_KEY = web.AppKey("xpufleet_openapi", dict)
 
@@ -30,6 +42,22 @@ def _errors(*codes: int) -> dict[str, Any]:
     return {str(c): {"description": text.get(c, "error"), **_json(ERROR)} for c in codes}
 
 
+# A small real graph (iris, an MLP, one epoch, an evaluation): the documented example of POST /api/runs.
+EXAMPLE_GRAPH: dict[str, Any] = {
+    "1": {"class_type": "XPUDataset", "inputs": {"name": "iris", "val_split": 0.2, "seed": 0, "normalize": "standard"}},
+    "2": {"class_type": "XPUDataLoader", "inputs": {"dataset": ["1", 0], "batch_size": 16, "shuffle": True,
+                                                    "num_workers": 0, "drop_last": False}},
+    "3": {"class_type": "XPUMLP", "inputs": {"hidden": "16", "activation": "relu", "dropout": 0.0, "seed": 0,
+                                             "dataset_info": ["1", 2]}},
+    "4": {"class_type": "XPUOptimizer", "inputs": {"name": "adam", "lr": 0.01, "weight_decay": 0.0, "momentum": 0.9}},
+    "5": {"class_type": "XPULoss", "inputs": {"name": "cross_entropy"}},
+    "6": {"class_type": "XPUTrainingLoop", "inputs": {"model": ["3", 0], "dataloader": ["2", 0], "optimizer": ["4", 0],
+                                                      "loss": ["5", 0], "epochs": 1, "max_steps": 0, "device": "auto",
+                                                      "precision": "fp32", "tensorboard": False, "strategy": "single"}},
+    "7": {"class_type": "XPUEvaluate", "inputs": {"model": ["6", 0], "dataloader": ["2", 0], "device": "auto",
+                                                  "precision": "fp32"}},
+}
+
 SCHEMAS: dict[str, Any] = {
     "Error": {
         "type": "object", "required": ["error"],
@@ -39,11 +67,12 @@ SCHEMAS: dict[str, Any] = {
     "Target": {
         "type": "object", "additionalProperties": False,
         "properties": {
-            "worker": {"type": "string", "description": "\"local\" (default), \"any\" or a worker name"},
-            "devices": {"type": "array", "items": {"type": "string"}, "minItems": 1,
+            "worker": {"type": "string", "minLength": 1, "maxLength": 64,
+                       "description": "\"local\" (default), \"any\" or a worker name"},
+            "devices": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": MAX_DEVICE_SET,
                         "description": "a device set: the run takes every slot at once"},
-            "memory_gib": {"type": "number", "exclusiveMinimum": 0, "description": "budget per card (GiB) on "
-                                                                                   "cards shared by memory"},
+            "memory_gib": {"type": "number", "exclusiveMinimum": 0, "maximum": 1e6,
+                           "description": "budget per card (GiB) on cards shared by memory"},
             "memory_source": {"type": "string", "enum": ["user", "estimate", "measured"],
                               "description": "estimate: the dialog's unmodified static estimate (raised to a "
                                              "larger measured peak + 20%); user (default): typed, never changed"},
@@ -55,8 +84,10 @@ SCHEMAS: dict[str, Any] = {
     "RunOptions": {
         "type": "object", "additionalProperties": False,
         "properties": {
-            "name": {"type": "string"},
-            "seed": {"type": "integer", "minimum": 0},
+            "name": {"type": "string", "maxLength": MAX_RUN_NAME_CHARS,
+                     "description": f"at most {MAX_RUN_NAME_CHARS} characters (a longer name is refused)"},
+            "seed": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1,
+                     "description": "overrides every node's seed"},
             "deterministic": {"type": "boolean"},
             "record_outputs": {"type": "boolean"},
             "device": {"type": "string", "description": "auto, cpu, cuda, cuda:N, xpu:N, mps (no set)"},
@@ -66,11 +97,25 @@ SCHEMAS: dict[str, Any] = {
     "RunSubmit": {
         "type": "object", "required": ["graph"], "additionalProperties": False,
         "properties": {
-            "graph": {"type": "object", "minProperties": 1, "description": "ComfyUI API-format graph",
-                      "additionalProperties": {
-                          "type": "object", "required": ["class_type"],
-                          "properties": {"class_type": {"type": "string"}, "inputs": {"type": "object"}}}},
+            "graph": {"type": "object", "minProperties": 1, "maxProperties": MAX_GRAPH_NODES,
+                      "propertyNames": {"maxLength": MAX_NODE_ID_CHARS},
+                      "description": f"ComfyUI API-format graph: at most {MAX_GRAPH_NODES} nodes (413 beyond), "
+                                     f"ids of at most {MAX_NODE_ID_CHARS} characters, names of at most "
+                                     f"{MAX_FIELD_NAME_CHARS}, strings of at most {MAX_GRAPH_STRING_CHARS}; "
+                                     f"every body nests at most 64 levels",
+                      "additionalProperties": {"$ref": "#/components/schemas/Node"}},
             "options": {"$ref": "#/components/schemas/RunOptions"},
+        },
+        "example": {"graph": EXAMPLE_GRAPH, "options": {"name": "iris", "seed": 1}},
+    },
+    "Node": {
+        "type": "object", "required": ["class_type"],
+        "propertyNames": {"maxLength": MAX_FIELD_NAME_CHARS},
+        "properties": {
+            "class_type": {"type": "string", "minLength": 1, "maxLength": MAX_FIELD_NAME_CHARS,
+                           "description": "a node type this server (or the target worker) knows"},
+            "inputs": {"type": "object", "propertyNames": {"maxLength": MAX_FIELD_NAME_CHARS},
+                       "description": "literal values, or links [node_id, output_index]"},
         },
     },
     "Run": {
@@ -109,7 +154,8 @@ SCHEMAS: dict[str, Any] = {
                "properties": {"reason": {"type": "string", "maxLength": 500}}},
 }
 
-RUN_ID = {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string"}}
+RUN_ID = {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string", "minLength": 1},
+          "description": "a run id (GET /api/runs lists them)"}
 
 
 def _q(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
@@ -138,10 +184,11 @@ RUN_OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("get", "/api/runs"): {
         "summary": "List runs, newest first",
         "parameters": [
-            _q("status", {"type": "string"}, "comma-separated statuses"),
+            _q("status", {"type": "string", "pattern": f"^(({'|'.join(RUN_STATUSES)}),?)*$"},
+               "comma-separated statuses"),
             _q("name", {"type": "string"}, "substring of the run name"),
             _q("worker", {"type": "string"}, "worker name, or local"),
-            _q("limit", {"type": "integer", "minimum": 1, "maximum": 1000, "default": 50}, "page size"),
+            _q("limit", {"type": "integer", "minimum": 1, "maximum": RUNS_PAGE_MAX, "default": 50}, "page size"),
             _q("offset", {"type": "integer", "minimum": 0, "default": 0}, "page start"),
         ],
         "responses": {"200": {"description": "runs", **_json({"type": "object", "properties": {
@@ -170,7 +217,8 @@ RUN_OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                        _q("cursor", {"type": "integer", "minimum": 0, "default": 0}, "last cursor seen"),
                        _q("wait", {"type": "number", "minimum": 0, "maximum": 60, "default": 0},
                           "seconds to wait for an event when none is there"),
-                       _q("limit", {"type": "integer", "minimum": 1, "maximum": 1000, "default": 500}, "max events"),
+                       _q("limit", {"type": "integer", "minimum": 1, "maximum": EVENTS_PAGE_MAX, "default": 500},
+                          "max events"),
                        _q("type", {"type": "string"}, "comma-separated event types")],
         "responses": {"200": {"description": "events", **_json({"type": "object", "properties": {
             "events": {"type": "array", "items": {"$ref": "#/components/schemas/Event"}},
@@ -201,7 +249,10 @@ RUN_OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     },
     ("get", "/api/runs/{run_id}/artifacts/{path}"): {
         "summary": "Download one file inside the run directory",
-        "parameters": [RUN_ID, {"name": "path", "in": "path", "required": True, "schema": {"type": "string"}}],
+        "parameters": [RUN_ID, {"name": "path", "in": "path", "required": True,
+                                "schema": {"type": "string", "minLength": 1, "maxLength": MAX_PATH_CHARS},
+                                "description": "relative to the run directory, as GET .../artifacts lists it",
+                                "example": "spec.json"}],
         "responses": {"200": {"description": "the file"}, **_errors(400, 401, 403, 404)},
     },
     ("get", "/api/runs/{run_id}/logs"): {

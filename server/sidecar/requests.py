@@ -6,12 +6,20 @@ to fix, and an option that is not built yet is refused by name rather than accep
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ...constants import LOCAL_PROVIDER, MAX_DEVICE_SET, WORKER_NAME_RE
+from ...constants import (
+    LOCAL_PROVIDER,
+    MAX_DEVICE_SET,
+    MAX_FIELD_NAME_CHARS,
+    MAX_GRAPH_NODES,
+    MAX_GRAPH_STRING_CHARS,
+    MAX_NODE_ID_CHARS,
+    MAX_RUN_NAME_CHARS,
+    WORKER_NAME_RE,
+)
 from ..devices.names import device_kind, normalize_device
 from ..scheduling.routing import MEMORY_SOURCES, RunTarget, TargetError
 from .errors import ApiError
@@ -22,9 +30,6 @@ LOCAL = LOCAL_PROVIDER
 def not_available(option: str, feature: str) -> str:
     """The 400 text for an option whose feature is not built yet (SPEC S4: refused, never ignored)."""
     return f"{option} is not available yet: {feature} is not built in this version; leave it out"
-
-MAX_NAME_CHARS = 200
-MAX_GRAPH_NODES = 10_000
 
 
 # --- the request (pure) ---------------------------------------------------------------------------
@@ -61,17 +66,7 @@ def parse_run_request(body: Any) -> RunRequest:
     if "graph" not in body:
         raise RequestError("graph: missing; send the graph in ComfyUI's API format as \"graph\"")
     graph = body["graph"]
-    if not isinstance(graph, Mapping) or not graph:
-        raise RequestError("graph: must be a non-empty object {\"<node id>\": {\"class_type\", \"inputs\"}}")
-    if len(graph) > MAX_GRAPH_NODES:
-        raise RequestError(f"graph: {len(graph)} nodes; at most {MAX_GRAPH_NODES}")
-    for nid, node in graph.items():
-        if not isinstance(node, Mapping):
-            raise RequestError(f"graph[{nid!r}]: a node must be an object with class_type and inputs")
-        if not isinstance(node.get("class_type"), str) or not node["class_type"]:
-            raise RequestError(f"graph[{nid!r}].class_type: missing or not a string")
-        if "inputs" in node and not isinstance(node["inputs"], Mapping):
-            raise RequestError(f"graph[{nid!r}].inputs: must be an object")
+    check_graph_shape(graph)
     options = body.get("options")
     if options is None:
         options = {}
@@ -84,7 +79,10 @@ def parse_run_request(body: Any) -> RunRequest:
     if name is not None:
         if not isinstance(name, str):
             raise RequestError("options.name: must be a string")
-        name = name.strip()[:MAX_NAME_CHARS] or None
+        name = name.strip()
+        if len(name) > MAX_RUN_NAME_CHARS:
+            raise RequestError(f"options.name: {len(name)} characters; at most {MAX_RUN_NAME_CHARS}")
+        name = name or None
     seed = options.get("seed")
     if seed is not None:
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
@@ -104,11 +102,68 @@ def parse_run_request(body: Any) -> RunRequest:
     if name is not None:
         clean["name"] = name
     graph_clean = {str(k): dict(v) for k, v in graph.items()}
-    try:
-        json.dumps(graph_clean, allow_nan=False)
-    except ValueError:
-        raise RequestError("graph: holds NaN or Infinity, which JSON does not allow") from None
     return RunRequest(graph=graph_clean, options=clean, target=target, name=name, seed=seed)
+
+
+_INF = float("inf")
+
+
+def _short(text: str, limit: int = 40) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+def check_graph_shape(graph: Any) -> None:
+    """The graph's size and shape within the limits (constants.py), before any validation: at most
+    ``MAX_GRAPH_NODES`` nodes (413 beyond), ids, class types and input names within their lengths,
+    no string value longer than ``MAX_GRAPH_STRING_CHARS``. One pass over the graph, no recursion."""
+    if not isinstance(graph, Mapping) or not graph:
+        raise RequestError("graph: must be a non-empty object {\"<node id>\": {\"class_type\", \"inputs\"}}")
+    if len(graph) > MAX_GRAPH_NODES:
+        raise RequestError(f"graph: {len(graph)} nodes; a graph has at most {MAX_GRAPH_NODES} (the limit)",
+                           status=413)
+    for nid, node in graph.items():
+        if len(nid) > MAX_NODE_ID_CHARS:
+            raise RequestError(f"graph: node id {_short(nid)} has {len(nid)} characters; at most {MAX_NODE_ID_CHARS}")
+        if not isinstance(node, Mapping):
+            raise RequestError(f"graph[{nid!r}]: a node must be an object with class_type and inputs")
+        for key in node:
+            if len(key) > MAX_FIELD_NAME_CHARS:
+                raise RequestError(f"graph[{nid!r}]: a field name of {len(key)} characters; at most "
+                                   f"{MAX_FIELD_NAME_CHARS}")
+        ct = node.get("class_type")
+        if not isinstance(ct, str) or not ct:
+            raise RequestError(f"graph[{nid!r}].class_type: missing or not a string")
+        if len(ct) > MAX_FIELD_NAME_CHARS:
+            raise RequestError(f"graph[{nid!r}].class_type: {len(ct)} characters; at most {MAX_FIELD_NAME_CHARS}")
+        inputs = node.get("inputs", {})
+        if not isinstance(inputs, Mapping):
+            raise RequestError(f"graph[{nid!r}].inputs: must be an object")
+        for name, value in inputs.items():
+            if len(name) > MAX_FIELD_NAME_CHARS:
+                raise RequestError(f"graph[{nid!r}].inputs: an input name of {len(name)} characters "
+                                   f"({_short(name)}); at most {MAX_FIELD_NAME_CHARS}")
+            kind = type(value)
+            if kind is str:  # (most inputs: a literal, checked without the walk below)
+                if len(value) <= MAX_GRAPH_STRING_CHARS:
+                    continue
+            elif kind is int or kind is bool or value is None:
+                continue
+            stack = [value]
+            while stack:  # nested lists/objects of one input (their depth is bounded by the body's)
+                item = stack.pop()
+                if isinstance(item, str):
+                    if len(item) > MAX_GRAPH_STRING_CHARS:
+                        raise RequestError(f"graph[{nid!r}].inputs.{name}: a string of {len(item)} characters; "
+                                           f"at most {MAX_GRAPH_STRING_CHARS}")
+                elif isinstance(item, (list, tuple)):
+                    stack.extend(item)
+                elif isinstance(item, float):
+                    if item != item or item in (_INF, -_INF):
+                        raise RequestError(f"graph[{nid!r}].inputs.{name}: holds NaN or Infinity, which JSON "
+                                           f"does not allow")
+                elif isinstance(item, Mapping):
+                    stack.extend(item.values())
+                    stack.extend(item.keys())
 
 
 def parse_target(options: Mapping[str, Any]) -> RunTarget:

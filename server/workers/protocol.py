@@ -5,9 +5,11 @@ The agent dials and speaks first (``hello``); the sidecar answers ``welcome`` or
 closes). After that:
 
 agent -> sidecar
-  ``hello``      {name, version, protocol, auth, node_types, devices, env, runs, capabilities}:
-                 ``capabilities`` lists what the agent can do beyond the protocol (``memory_cap``: it caps a
-                 run's allocator to its budget; an agent that does not say so never gets a budgeted run)
+  ``hello``      {name, version, protocol, auth, node_types, devices, env, runs, capabilities, pid,
+                 instance}: ``capabilities`` lists what the agent can do beyond the protocol
+                 (``memory_cap``: it caps a run's allocator to its budget; an agent that does not say so
+                 never gets a budgeted run); ``instance`` is random per agent process: a second agent
+                 under a name that is online (a different instance) is refused while the first heartbeats
   ``heartbeat``  {devices, runs, ts} every ``HEARTBEAT_INTERVAL_S``; each run may carry ``memory``
                  {device: GiB}: what its processes use per card by NVML's per-process figures
   ``event``      {run_id, seq, event_type, payload, ts}: one event of a run's child, with the
@@ -163,6 +165,9 @@ def _hello(msg: dict[str, Any]) -> None:
         raise ProtocolError("hello: every entry of 'node_types' must be a string")
     _check_devices(msg)
     _opt(msg, "env", dict, "an object describing the environment")
+    instance = _opt(msg, "instance", str, "the agent process's id (hex)")
+    if instance is not None and not 1 <= len(instance) <= 64:
+        raise ProtocolError("hello: 'instance' must be 1-64 characters")
     _check_runs(msg)
     caps = _opt(msg, "capabilities", list, "a list of capability names")
     if caps is not None and not all(isinstance(c, str) for c in caps):

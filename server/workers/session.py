@@ -25,10 +25,11 @@ log = logging.getLogger("xpufleet.workers")
 class Connection:
     """One agent WebSocket (aiohttp ``WebSocketResponse``)."""
 
-    def __init__(self, ws: Any, name: str, peer: str | None) -> None:
+    def __init__(self, ws: Any, name: str, peer: str | None, hello: dict[str, Any] | None = None) -> None:
         self.ws = ws
         self.name = name
         self.peer = peer
+        self.identity = agent_identity(hello or {})
         self.lock = asyncio.Lock()
         self.opened = time.time()
 
@@ -128,6 +129,26 @@ class AgentSessions:
         return None, join_hash, credential
 
 
+    def name_in_use(self, hello: dict[str, Any], peer: str | None) -> str | None:
+        """Why a second agent may not take a name an online agent holds (None when it may): two
+        agents under one name would knock each other off forever. The same agent reconnecting (its
+        ``instance``) replaces its old connection; so does anyone once the holder has been silent
+        past the heartbeat deadline (three missed beats)."""
+        name = hello["name"]
+        st = self.workers.get(name)
+        old = st.conn if st is not None else None
+        if old is None or old.closed or old.identity == agent_identity(hello):
+            return None
+        silent = time.monotonic() - (st.last_heartbeat or 0.0)
+        if silent > protocol.heartbeat_late_s():
+            log.warning("worker %s: its agent has been silent for %.0f s; a new agent takes the name", name, silent)
+            return None
+        pid, host = old.identity[1], old.identity[2]
+        holder = f"agent pid {pid} on {host}" if pid and host else "another agent"
+        return (f"worker name {name!r} is in use: {holder} (from {old.peer or '?'}) is connected and "
+                f"heartbeating; start this agent with another --name, or stop that one first "
+                f"(xpufleet agent stop --name {name} on its machine)")
+
     # --- the connection ------------------------------------------------------------------------------
     async def serve(self, ws: Any, peer: str | None) -> None:
         """Serve one agent WebSocket (already prepared) until it closes."""
@@ -153,13 +174,15 @@ class AgentSessions:
             await ws.close(code=4400, message=b"bad hello")
             return
         reason, join_hash, credential = self.authenticate(hello)
+        if reason is None:
+            reason = self.name_in_use(hello, peer)
         if reason is not None:
             self.record_rejection(hello["name"], peer, hello.get("version"), reason)
             with contextlib.suppress(Exception):
                 await ws.send_str(protocol.encode("reject", reason=reason))
             await ws.close(code=4403, message=b"refused")
             return
-        conn = Connection(ws, hello["name"], peer)
+        conn = Connection(ws, hello["name"], peer, hello)
         st = await self._attach(conn, hello, join_hash, credential)
         try:
             async for frame in ws:
@@ -324,6 +347,15 @@ class AgentSessions:
             if w not in self._announced_warnings:
                 self._announced_warnings.add(w)
                 log.warning("slot limits: %s", w)
+
+
+def agent_identity(hello: dict[str, Any]) -> tuple[Any, ...]:
+    """Which agent process said ``hello``: its ``instance`` id, with pid and host (older agents
+    send no instance; their pid and host tell them apart)."""
+    env = hello.get("env") if isinstance(hello.get("env"), dict) else {}
+    pid = hello.get("pid") if isinstance(hello.get("pid"), int) else None
+    host = env.get("hostname") if isinstance(env.get("hostname"), str) else None
+    return (hello.get("instance"), pid, host)
 
 
 def _clean_devices(devices: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -148,12 +148,12 @@ def test_progress_on_the_node_and_a_cancel_inside_the_progress_hook(host, tmp_pa
         real_hook(value, total, preview, prompt_id, node_id)
 
     executor._hook = cancel_on_first_update
-    executor.execute(iris(epochs=100_000, checkpoint_dir=str(tmp_path / "ck")))
+    executor.execute(iris(epochs=100_000, checkpoint_dir="ck"))
     assert not executor.success
     interrupted = executor.message("execution_interrupted")
     assert interrupted is not None and interrupted["node_id"] == "7", executor.status_messages
     assert executor.message("execution_error") is None
-    state = torch.load(tmp_path / "ck" / "interrupt.pt", weights_only=True)
+    state = torch.load(tmp_path / "comfy" / "output" / "xpufleet" / "ck" / "interrupt.pt", weights_only=True)
     assert state["reason"] == "interrupt" and state["step"] >= 1
     assert mm.processing_interrupted() is False  # cleared, as ComfyUI clears it
 
@@ -169,10 +169,10 @@ def test_cancel_between_progress_updates(host, tmp_path):
         mm.interrupt_current_processing(True)  # Cancel pressed while the next batch trains
 
     executor._hook = cancel_after_update
-    executor.execute(iris(epochs=100_000, checkpoint_dir=str(tmp_path / "ck")))
+    executor.execute(iris(epochs=100_000, checkpoint_dir="ck"))
     assert executor.message("execution_interrupted") is not None, executor.status_messages
     first = executor.progress[0]
-    state = torch.load(tmp_path / "ck" / "interrupt.pt", weights_only=True)
+    state = torch.load(tmp_path / "comfy" / "output" / "xpufleet" / "ck" / "interrupt.pt", weights_only=True)
     assert state["step"] == first["value"] + 1  # stopped after the batch that was running
     assert first["node"] == "7" and first["max"] == 100_000 * 8
 

@@ -67,7 +67,7 @@ def test_safetensors_header_carries_the_spec(digits, xpufleet_home):
     assert keys == set(model.state_dict())
 
 
-def test_run_dir_location_and_absolute_paths(digits, make_run, tmp_path, xpufleet_home):
+def test_run_dir_location_and_no_path_outside_the_folder(digits, make_run, tmp_path, xpufleet_home):
     (model,) = N["XPUMLP"]().build("8", dataset_info=digits[2])
     run = make_run()
     with runtime.use(run.ctx):
@@ -75,9 +75,22 @@ def test_run_dir_location_and_absolute_paths(digits, make_run, tmp_path, xpuflee
         assert p1 == str(tmp_path / "run" / "final.pt")
         (loaded,) = N["XPUModelLoader"]().load("final.pt")  # found in the run dir
     assert torch.equal(loaded[1].weight, model[1].weight)
-    absolute = tmp_path / "elsewhere" / "abs.safetensors"
-    (p2,) = N["XPUModelSaver"]().save(model, str(absolute), "safetensors", "outputs")["result"]
-    assert p2 == str(absolute) and absolute.is_file()
+    # issue 9: ModelSaver wrote "../../../x.safetensors" above the outputs folder, and absolute names
+    # where they pointed; now every such name is refused, saying where files may go
+    saver = N["XPUModelSaver"]()
+    for bad, why in ((str(tmp_path / "elsewhere" / "abs.safetensors"), "is absolute"),
+                     ("../../../x.safetensors", "climbs out of its folder with '..'"),
+                     ("~/.ssh/authorized_keys.pt", "is absolute"), ("models/" + "x" * 300, "a name of 300 bytes")):
+        with pytest.raises(ValueError, match="ModelSaver: filename") as info:
+            saver.save(model, bad, "safetensors", "outputs")
+        assert why in str(info.value) and "files go inside the outputs folder" in str(info.value)
+        assert str(xpufleet_home) not in str(info.value)  # the folder in words, never the server's path
+        assert saver.VALIDATE_INPUTS(bad) != True  # noqa: E712 - refused before a run starts, too
+    with runtime.use(run.ctx), pytest.raises(ValueError, match="leads outside this run's directory"):
+        (tmp_path / "run" / "link").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+        saver.save(model, "link/escape.pt", "pytorch", "run_dir")
+    assert not (tmp_path / "elsewhere").exists()
+    assert not list(tmp_path.parent.glob("x.safetensors")) and saver.VALIDATE_INPUTS("models/ok.pt") is True
     with pytest.raises(ValueError, match="location 'run_dir' needs a queued run"):
         N["XPUModelSaver"]().save(model, "x.pt", "pytorch", "run_dir")
 
@@ -101,11 +114,10 @@ def test_saver_and_loader_errors(digits, xpufleet_home, tmp_path):
         N["XPUModelLoader"]().load(str(bare))
 
 
-def test_loader_reads_training_checkpoints(digits, loaders, build_mlp, train_node, tmp_path):
+def test_loader_reads_training_checkpoints(digits, loaders, build_mlp, train_node, xpufleet_home):
     tl, _ = loaders
-    trained, _ = train_node(build_mlp(digits[2]), tl, epochs=2, checkpoint_every=2,
-                            checkpoint_dir=str(tmp_path / "ck"))
-    (loaded,) = N["XPUModelLoader"]().load(str(tmp_path / "ck" / "epoch_0002.pt"))
+    trained, _ = train_node(build_mlp(digits[2]), tl, epochs=2, checkpoint_every=2, checkpoint_dir="ck")
+    (loaded,) = N["XPUModelLoader"]().load(str(xpufleet_home / "outputs" / "ck" / "epoch_0002.pt"))
     x = digits[1].x
     assert torch.equal(_predict_raw(trained, x), _predict_raw(loaded, x))
 

@@ -166,15 +166,17 @@ def test_stop_from_comfyui_interrupt_flag(comfy_host, digits, loaders, build_mlp
     tl, _ = loaders
     # ComfyUI's own exception, so its executor reports the prompt as interrupted rather than failed
     with pytest.raises(mm.InterruptProcessingException, match="epoch 1, batch 1"):
-        train_node(build_mlp(digits[2]), tl, epochs=2, checkpoint_dir=str(tmp_path / "ck"))
-    assert (tmp_path / "ck" / "interrupt.pt").is_file()
+        train_node(build_mlp(digits[2]), tl, epochs=2, checkpoint_dir="ck")
+    # outside a run, a checkpoint_dir is a folder inside the outputs folder (ComfyUI's output/xpufleet)
+    assert (tmp_path / "comfy" / "output" / "xpufleet" / "ck" / "interrupt.pt").is_file()
     assert mm.interrupt_processing is False  # cleared, as ComfyUI clears it when it raises
     # our own runs keep RunStopped even when ComfyUI's modules are loaded
     mm.interrupt_processing = False
     run = runtime.RunContext(emit=lambda t, p: None, run_dir=tmp_path / "run")
     run.stop_event.set()
     with runtime.use(run), pytest.raises(runtime.RunStopped):
-        train_node(build_mlp(digits[2]), tl, epochs=2, checkpoint_dir=str(tmp_path / "ck2"))
+        train_node(build_mlp(digits[2]), tl, epochs=2, checkpoint_dir="ck2")
+    assert (tmp_path / "run" / "ck2" / "interrupt.pt").is_file()  # inside a run: inside its run dir
 
 
 def test_lr_schedulers(digits, loaders, build_mlp):
@@ -321,7 +323,7 @@ def test_evaluate_node_is_an_output_node(digits, loaders, build_mlp, train_node)
     assert metrics["accuracy"] == pytest.approx(hand)
 
 
-def test_plain_python_stop_is_checked_at_reports(digits, loaders, build_mlp, monkeypatch, tmp_path):
+def test_plain_python_stop_is_checked_at_reports(digits, loaders, build_mlp, monkeypatch, xpufleet_home):
     from xpufleet.nodes import trainer
 
     assert runtime.current() is None and trainer.stop_checker() is trainer._never
@@ -334,7 +336,7 @@ def test_plain_python_stop_is_checked_at_reports(digits, loaders, build_mlp, mon
     monkeypatch.setattr(runtime, "should_stop", stop_now)
     tl, _ = loaders
     cfg = trainer.TrainConfig(epochs=3, device="cpu", tensorboard=False, progress_interval_s=0.0,
-                              checkpoint_dir=str(tmp_path / "ck"))
+                              checkpoint_dir="ck")
     with pytest.raises(runtime.RunStopped, match="epoch 1, batch 1"):
         trainer.train(build_mlp(digits[2]), tl, OptimizerSpec(), LossSpec(), cfg)
-    assert calls == [1] and (tmp_path / "ck" / "interrupt.pt").is_file()
+    assert calls == [1] and (xpufleet_home / "outputs" / "ck" / "interrupt.pt").is_file()

@@ -126,6 +126,53 @@ class Sidecar:
         return self.client.run(run_id)
 
 
+class AgentProcess:
+    """``xpufleet agent start --foreground --name NAME`` as a child of the test, for the sidecar's
+    machine (it reads ``home``'s runtime file), logging to ``<home>/test-agent-<name>.log``."""
+
+    def __init__(self, sidecar: Sidecar, name: str, home: Path | None = None, *args: str) -> None:
+        self.name = name
+        self.home = Path(home or sidecar.home)
+        self.log = self.home / f"test-agent-{name}.log"
+        env = {**sidecar.env, "XPUFLEET_HOME": str(self.home), "OMP_NUM_THREADS": "1"}
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen([*CLI, "agent", "start", "--foreground", "--name", name, *args],
+                                         env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def state(self) -> dict[str, Any]:
+        """The agent's own state file (``agents/<name>.json``): state, reason, server."""
+        path = self.home / "agents" / f"{self.name}.json"
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def wait_until(check, what: str, timeout: float = 60.0, every: float = 0.1) -> Any:
+    """Poll ``check()`` until it returns something true (for state with no push channel)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"not {what} after {timeout} s")
+
+
 def write_graph(path: Path, graph: dict[str, Any]) -> Path:
     path.write_text(json.dumps(graph))
     return path

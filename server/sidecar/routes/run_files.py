@@ -9,6 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ....nodes.paths import relative_path_problem
 from ..errors import ApiError
 from ..http import int_param
 from ..keys import STORE_KEY
@@ -109,18 +110,26 @@ async def run_artifact_file(request: web.Request) -> web.StreamResponse:
     rel = request.match_info["path"]
     if "\x00" in rel:
         raise ApiError(400, f"path: {rel!r} holds a NUL character; name a file inside the run directory")
-    if rel.startswith("/") or any(part in ("..", "") for part in rel.split("/")):
-        raise ApiError(400, f"path: {rel!r} must be a relative path inside the run directory (no '..')")
+    shown = repr(rel if len(rel) <= 80 else rel[:80] + "...")
+    problem = relative_path_problem(rel)
+    if problem is None and any(part == "" for part in rel.split("/")):
+        problem = "has an empty name between two '/'"
+    if problem is not None:
+        raise ApiError(400, f"path: {shown} {problem}; name a file inside the run directory as "
+                            f"GET .../artifacts lists it")
     run_dir = run_dir_of(request, run)
     if run_dir is None:
         raise ApiError(404, f"run {run['id']} has no files on this server")
-    path = (run_dir / rel).resolve()
     try:
+        path = (run_dir / rel).resolve()
         path.relative_to(run_dir)
+        found = path.is_file()
     except ValueError:
-        raise ApiError(400, f"path: {rel!r} leads outside the run directory") from None
-    if not path.is_file():
-        raise ApiError(404, f"no file {rel!r} in run {run['id']}")
+        raise ApiError(400, f"path: {shown} leads outside the run directory") from None
+    except OSError:  # too long for this file system, a loop of links: never the server's path in the answer
+        found = False
+    if not found:
+        raise ApiError(404, f"no file {shown} in run {run['id']}")
     return web.FileResponse(path, headers={"Content-Disposition": f'attachment; filename="{path.name}"'})
 
 

@@ -26,9 +26,13 @@ SSE_KEEPALIVE_S = 15.0
 
 
 async def submit_run(request: web.Request) -> web.Response:
+    # Parsing, the shape check and graph validation are linear but can take ~100 ms for the largest
+    # graph: they run in a thread, so heartbeats and other requests never wait on them.
     body = await read_json(request)
-    req = parse_run_request(body)
-    result = dispatcher_of(request).submit(req)
+    req = await asyncio.to_thread(parse_run_request, body)
+    d = dispatcher_of(request)
+    await d.check_graph(req)
+    result = d.submit(req, graph_checked=True)
     return web.json_response(result, status=201)
 
 

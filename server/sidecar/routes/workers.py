@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ....constants import AGENT_WS_PATH
+from ....constants import AGENT_WS_PATH, WORKER_NAME_RE
 from ...workers import protocol
 from ...workers.registry import WorkerError, WorkerRegistry
 from .. import auth, openapi
@@ -166,7 +166,8 @@ def _describe(app: web.Application) -> None:
             out[str(c)] = {"description": "error", "content": {"application/json": {"schema": err}}}
         return out
 
-    name = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
+    name = {"name": "name", "in": "path", "required": True,
+            "schema": {"type": "string", "pattern": WORKER_NAME_RE.pattern}, "description": "a worker's name"}
     device = {"name": "device", "in": "path", "required": True, "schema": {"type": "string"},
               "description": "the worker's device name, e.g. cuda:0"}
     ops = {

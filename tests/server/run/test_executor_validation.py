@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from xpufleet.server.run.executor import (
@@ -11,6 +13,7 @@ from xpufleet.server.run.executor import (
     format_errors,
     topological_order,
     validate_graph,
+    validate_report,
 )
 
 
@@ -130,7 +133,7 @@ def test_link_to_missing_node_and_output_index():
     assert e.type == "bad_linked_input" and "output 3" in e.message
 
 
-def test_cycle_is_reported_on_every_node_of_it():
+def test_cycle_is_reported_on_every_node_of_it_with_one_path():
     g = {
         "1": {"class_type": "Sink", "inputs": {"x": ["2", 0], "y": ["2", 0]}},
         "2": {"class_type": "Sink", "inputs": {"x": ["1", 0], "y": ["1", 0]}},
@@ -138,6 +141,9 @@ def test_cycle_is_reported_on_every_node_of_it():
     errors = validate_graph(g, CLASSES)
     assert {e.node_id for e in errors} == {"1", "2"}
     assert all(e.type == "dependency_cycle" and "cycle" in e.message.lower() for e in errors)
+    by_id = {e.node_id: e for e in errors}
+    assert by_id["1"].message.endswith("1 <- 2 <- 1")  # the path, once, on the cycle's first node
+    assert "<-" not in by_id["2"].message and "cycle of node 1" in by_id["2"].message
 
 
 @pytest.mark.parametrize(
@@ -294,3 +300,78 @@ def only_error_of(graph, classes):
     errors = validate_graph(graph, classes)
     assert len(errors) == 1, errors
     return errors[0]
+
+
+# --- issue 9: validation is linear, and an answer stays small -------------------------------------
+
+
+def ring(n: int, class_type: str = "XPUTrainingLoop") -> dict:
+    """The probe's hang: node i takes model=[i-1, 0], node 0 takes model=[n-1, 0]."""
+    g = {str(i): {"class_type": class_type, "inputs": {"model": [str(i - 1), 0]}} for i in range(n)}
+    g["0"]["inputs"]["model"] = [str(n - 1), 0]
+    return g
+
+
+def test_a_9995_node_cycle_is_one_path_and_a_capped_answer():
+    from xpufleet.constants import MAX_CYCLE_PATH_SHOWN, MAX_GRAPH_ERRORS_LISTED
+
+    g = ring(9995)
+    with pytest.raises(GraphValidationError) as info:
+        check_graph(g)
+    resp = info.value.response
+    errors = [e for entry in resp["node_errors"].values() for e in entry["errors"]]
+    assert len(errors) == MAX_GRAPH_ERRORS_LISTED  # the cap: 9,995 nodes miss inputs, all are on the cycle
+    info_ = resp["error"]["extra_info"]
+    # every TrainingLoop misses 7 required inputs, and each of the 9,995 is on the cycle
+    assert info_["errors_total"] == 9995 * 7 + 9995 and info_["errors_listed"] == MAX_GRAPH_ERRORS_LISTED
+    assert "more problem(s) not listed" in resp["error"]["details"] and "more problem(s) not listed" in format_errors(resp)
+    assert len(json.dumps(resp)) < 100_000  # was 49 MB for 1,000 nodes: the answer no longer grows with the square
+    # The cycle itself (all problems listed): one search, one path, on its first node, cut to its ends.
+    everything = validate_report(g, max_errors=10**6).errors
+    cycle = [e for e in everything if e.type == "dependency_cycle"]
+    assert len(everything) == everything.total == 9995 * 8 and len(cycle) == 9995
+    first = cycle[0]
+    assert first.node_id == "0" and first.message.startswith("Dependency cycle detected: node 0 (XPUTrainingLoop)")
+    assert first.message.count(" <- ") == MAX_CYCLE_PATH_SHOWN and first.extra == {"cycle_nodes": 9995}
+    assert ": 0 <- 9994 <- 9993" in first.message and "(9976 more nodes)" in first.message
+    assert first.message.endswith("<- 1 <- 0 (9995 nodes on the cycle)")
+    assert all("<-" not in e.message and e.extra == {"cycle_of": "0"} for e in cycle[1:])
+
+
+def test_a_graph_of_10000_nodes_without_an_output_is_one_graph_level_error():
+    g = {str(i): {"class_type": "XPULoss", "inputs": {"name": "cross_entropy"}} for i in range(10_000)}
+    with pytest.raises(GraphValidationError) as info:
+        validate_graph(g)
+    assert info.value.response["error"]["type"] == "prompt_no_outputs" and info.value.response["node_errors"] == {}
+
+
+def test_many_failing_nodes_are_counted_and_their_dependents_capped():
+    from xpufleet.constants import MAX_DEPENDENT_OUTPUTS_LISTED
+
+    g = {"1": {"class_type": "Source", "inputs": {"value": 99, "scale": 1.0, "mode": "add"}}}
+    for i in range(2, 300):  # 298 sinks, each an output that needs node 1; each also misses 'y'
+        g[str(i)] = {"class_type": "Sink", "inputs": {"x": ["1", 0]}}
+    with pytest.raises(GraphValidationError) as info:
+        check_graph(g, CLASSES)
+    resp = info.value.response
+    assert resp["error"]["extra_info"] == {"errors_total": 299, "errors_listed": 100}
+    assert len(resp["node_errors"]) == 100 and list(resp["node_errors"])[:3] == ["1", "2", "3"]
+    assert resp["node_errors"]["1"]["dependent_outputs"] == [str(i) for i in range(2, 2 + MAX_DEPENDENT_OUTPUTS_LISTED)]
+    assert resp["node_errors"]["7"]["dependent_outputs"] == ["7"]
+
+
+def test_huge_and_unicode_digit_ids_sort_without_int():
+    ids = ["10", "9", "0009", "²", "x", "1" * 5000, "2"]
+    g = {n: {"class_type": "Text", "inputs": {"text": "t"}} for n in ids}
+    order, stuck = topological_order(g, set(g))
+    assert order == ["2", "0009", "9", "10", "1" * 5000, "x", "²"] and stuck == []
+
+
+def test_received_values_are_cut_in_messages():
+    g = good_graph()
+    g["1"]["inputs"]["mode"] = "m" * 100_000
+    e = only_error(g)
+    assert e.type == "value_not_in_list" and len(e.message) < 400 and "(100002 characters)" in e.message
+    assert isinstance(e.extra["received_value"], str) and len(e.extra["received_value"]) < 300
+
+
