@@ -18,6 +18,7 @@ ENV_RUN_QUEUE_MAX_CONCURRENT = "XPUFLEET_RUN_QUEUE_MAX_CONCURRENT"  # "cuda:0=2,
 ENV_WORKER_RESUME_GRACE_S = "XPUFLEET_WORKER_RESUME_GRACE_S"
 ENV_CUDA_CONTEXT_MIB = "XPUFLEET_EXECUTION_CUDA_CONTEXT_MIB"
 ENV_MODEL_DIRS = "XPUFLEET_MODEL_DIRS"  # os.pathsep-separated model folders when not hosted
+ENV_MOUNTS = "XPUFLEET_MOUNTS"  # a worker run's storage mounts, JSON {"label": "/folder"} (set by the agent)
 
 # --- defaults ---------------------------------------------------------------------------------
 DEFAULT_HOST = "127.0.0.1"
@@ -89,6 +90,7 @@ STATE_DB_NAME = "state.db"
 SIDECAR_LOG_NAME = "sidecar.log"  # stdout/stderr of a background `xpufleet start`
 SIDECAR_LOCK_NAME = "sidecar.lock"  # flock: one sidecar per XPUFLEET_HOME
 RUNS_DIR_NAME = "runs"  # $XPUFLEET_HOME/runs/<run_id>/ (spec.json, output.log, events.jsonl, artifacts)
+RECORDED_OUTPUTS_DIRNAME = "recorded_outputs"  # <run dir>/recorded_outputs: record_outputs (SPEC W5)
 RUN_STOP_GRACE_S = 30.0  # after `stop`, a run child gets this long to write its checkpoint and exit
 SIDECAR_START_TIMEOUT_S = 60.0  # `xpufleet start` waits this long for /api/health
 SIDECAR_STOP_TIMEOUT_S = RUN_STOP_GRACE_S + 15.0  # `xpufleet stop` waits this long, then SIGKILL

@@ -63,11 +63,21 @@ class Dispatcher:
         self.stop_grace_s = stop_grace_s
         self.hub = EventHub()
         self.providers: dict[str, Any] = {}
-        self.pools: dict[str, list[str]] = {}  # one-shot worker pools (filled by the worker issue)
+        # One-shot worker pools: name -> its live instances (the registry fills it, SPEC W8); a pool in
+        # ``closed_pools`` (name -> why) takes no new submission.
+        self.pools: dict[str, list[str]] = {}
+        self.closed_pools: dict[str, str] = {}
+        # Why a queued pool run waits, from the registry (pool name -> text, or None for the plan's own).
+        self.pool_reason: Callable[[str], str | None] | None = None
         self.admit_hooks: list[AdmitFn] = []  # extra admission predicates (memory ledger)
         self.card_snapshot_sources: list[Callable[[], list[dict[str, Any]]]] = []
         self._queue = SlotQueue()
         self._unexplained: set[str] = set()  # queued runs without a waiting_reason yet
+        # Queued runs resolved again when providers change (pool runs, runs that need mounts), in
+        # submission order, and why those without a candidate yet wait.
+        self._dynamic: dict[str, RunTarget] = {}
+        self._notes: dict[str, str] = {}
+        self._reresolve = False
         self._state: SlotState | None = None  # rebuilt when providers change, else kept up to date
         self._reasons_at = float("-inf")  # loop time of the last waiting_reason refresh
         self._reasons_timer: asyncio.TimerHandle | None = None
@@ -92,8 +102,10 @@ class Dispatcher:
         self.providers_changed()
 
     def providers_changed(self) -> None:
-        """A provider connected, left, started or stopped draining, or changed its devices."""
+        """A provider connected, left, started or stopped draining, or changed its devices or mounts
+        (pool membership too): re-plan, and resolve the dynamic runs again first."""
         self._state = None
+        self._reresolve = bool(self._dynamic)
         self.wake()
 
     def slot_state(self) -> SlotState:
@@ -127,6 +139,7 @@ class Dispatcher:
         for run_id, cands in self.store.queued():
             self._queue.add(QueuedRun(run_id, tuple(Candidate.from_json(c) for c in cands)))
             self._unexplained.add(run_id)
+        self._load_dynamic()
         self._task = asyncio.create_task(self._loop(), name="xpufleet-dispatcher")
         self.wake()
 
@@ -196,6 +209,8 @@ class Dispatcher:
         except TargetError as exc:
             raise RequestError(str(exc)) from None
         t = request.target
+        if t.pool is not None and t.pool in self.closed_pools:
+            raise RequestError(self.closed_pools[t.pool])
         if t.memory_gib is not None and any(c.provider == LOCAL_PROVIDER for c in resolution.candidates):
             raise RequestError(not_available(
                 "options.target.memory_gib on a run this server may run itself",
@@ -219,8 +234,77 @@ class Dispatcher:
         )
         self._queue.add(QueuedRun(run_id, resolution.candidates))
         self._unexplained.add(run_id)
+        if resolution.dynamic:
+            self._dynamic[run_id] = t
+            if resolution.note:
+                self._notes[run_id] = resolution.note
         self.wake()
         return {"run_id": run_id, "status": "queued"}
+
+    # --- dynamic runs (pools, mounts) ---------------------------------------------------------
+
+    def _load_dynamic(self) -> None:
+        """After a restart: which queued runs are resolved again as providers come (pool and ``any``
+        runs whose graph names mounts), parsed from what was submitted."""
+        from .requests import parse_run_request
+
+        for row in self.store.queued_targets():
+            try:
+                target = parse_run_request({"graph": row["graph"], "options": row["options"]}).target
+            except RequestError:
+                continue
+            if target.pool is not None or target.mounts:
+                self._dynamic[row["id"]] = target
+        self._reresolve = bool(self._dynamic)
+
+    def _resolve_dynamic(self) -> None:
+        """Resolve the dynamic runs against the providers and pools of now. A target whose candidates
+        changed is queued again with all its runs in submission order (so they keep their order among
+        themselves); one that became impossible fails with the reason."""
+        self._reresolve = False
+        changed_targets: set[str] = set()
+        fresh: dict[str, Resolution] = {}
+        for run_id, target in list(self._dynamic.items()):
+            queued = self._queue.get(run_id)
+            if queued is None:
+                self._forget_dynamic(run_id)
+                continue
+            try:
+                res = self.resolve(target)
+            except TargetError as exc:
+                self._forget_dynamic(run_id)
+                self.run_ended(run_id, "failed", f"the run can no longer be placed: {exc}")
+                continue
+            fresh[run_id] = res
+            if res.note:
+                self._notes[run_id] = res.note
+            else:
+                self._notes.pop(run_id, None)
+            if res.candidates != queued.candidates:
+                changed_targets.add(res.target)
+        if not changed_targets:
+            return
+        again = [rid for rid, res in fresh.items() if res.target in changed_targets]
+        for run_id in again:
+            self._queue.remove(run_id)
+        for run_id in again:
+            self._queue.add(QueuedRun(run_id, fresh[run_id].candidates))
+            self._unexplained.add(run_id)
+        self.store.set_candidates({rid: [c.to_json() for c in fresh[rid].candidates] for rid in again})
+
+    def _forget_dynamic(self, run_id: str) -> None:
+        self._dynamic.pop(run_id, None)
+        self._notes.pop(run_id, None)
+
+    def _waiting_text(self, run_id: str, planned: str | None) -> str | None:
+        """The waiting_reason shown: a run with no candidate yet says why; a pool run says which pool."""
+        run = self._queue.get(run_id)
+        if run is not None and not run.candidates and run_id in self._notes:
+            return self._notes[run_id]
+        target = self._dynamic.get(run_id)
+        if target is not None and target.pool is not None and self.pool_reason is not None:
+            return self.pool_reason(target.pool) or planned
+        return planned
 
     # --- planning -------------------------------------------------------------------------------
 
@@ -234,6 +318,8 @@ class Dispatcher:
     def schedule(self) -> None:
         """One planning pass (the loop calls it on every wake-up)."""
         self.plans += 1
+        if self._reresolve:
+            self._resolve_dynamic()
         if not self._queue:
             return
         state = self.slot_state()
@@ -245,13 +331,14 @@ class Dispatcher:
             self._unexplained.discard(run_id)
             run = self._queue.get(run_id)
             if run is not None:
-                self._reasons[run_id] = changed[run_id] = result.explain(run)
+                self._reasons[run_id] = changed[run_id] = self._waiting_text(run_id, result.explain(run))
         # The others are refreshed at most every REASONS_REFRESH_S: placements never wait for texts.
         loop = asyncio.get_running_loop()
         since = loop.time() - self._reasons_at
         if result.blocked and since >= REASONS_REFRESH_S:
             self._reasons_at = loop.time()
-            for run_id, reason in result.reasons().items():
+            for run_id, planned in result.reasons().items():
+                reason = self._waiting_text(run_id, planned)
                 if run_id in self._queue and self._reasons.get(run_id) != reason:
                     self._reasons[run_id] = changed[run_id] = reason
         elif result.blocked and self._reasons_timer is None:
@@ -265,6 +352,11 @@ class Dispatcher:
 
     def _place(self, run_id: str, provider_name: str, devices: tuple[str, ...]) -> None:
         provider = self.providers.get(provider_name)
+        claim = getattr(provider, "claim", None)  # a one-shot instance takes one run, ever
+        if claim is not None and not claim(run_id):
+            self.providers_changed()  # it took another run in this pass: plan this one again
+            return
+        self._forget_dynamic(run_id)
         placement = "local" if getattr(provider, "is_local", False) else "worker"
         run_dir = str(self.home / RUNS_DIR_NAME / run_id) if placement == "local" else None
         self._queue.remove(run_id)
@@ -339,6 +431,7 @@ class Dispatcher:
         return run is None or run["status"] in TERMINAL_STATUSES
 
     def _release(self, run_id: str) -> None:
+        self._forget_dynamic(run_id)
         if self._holdings.pop(run_id, None) is not None:
             if self._state is not None:
                 self._state.release(run_id)
