@@ -89,6 +89,7 @@ ENV_ALLOWED_HOSTS = "XPUFLEET_ALLOWED_HOSTS"  # extra Host header names accepted
 STATE_DB_NAME = "state.db"
 SIDECAR_LOG_NAME = "sidecar.log"  # stdout/stderr of a background `xpufleet start`
 SIDECAR_LOCK_NAME = "sidecar.lock"  # flock: one sidecar per XPUFLEET_HOME
+AGENT_SOCKET_NAME = "agents.sock"  # $XPUFLEET_HOME/agents.sock: the Unix socket SSH workers' tunnels end at
 RUNS_DIR_NAME = "runs"  # $XPUFLEET_HOME/runs/<run_id>/ (spec.json, output.log, events.jsonl, artifacts)
 RECORDED_OUTPUTS_DIRNAME = "recorded_outputs"  # <run dir>/recorded_outputs: record_outputs (SPEC W5)
 RUN_STOP_GRACE_S = 30.0  # after `stop`, a run child gets this long to write its checkpoint and exit

@@ -17,10 +17,12 @@ the agent stops them and they end ``interrupted``.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -40,6 +42,7 @@ from ..devices import inventory as devinv
 from ..devices import names as devnames
 from ..devices import renumbering as devren
 from ..run.events import describe_exit, parse_event_line
+from ..sidecar import tls
 from ..workers import protocol
 from .config import (
     AgentConfig,
@@ -49,9 +52,11 @@ from .config import (
     credential_file,
     resolve_auth,
     state_file,
+    unix_socket_of,
     write_private_json,
     ws_url,
 )
+from .files import OutputsUnavailable, read_output_chunk
 
 log = logging.getLogger("xpufleet.agent")
 
@@ -60,6 +65,7 @@ MAX_BUFFERED_EVENTS = 200_000  # per run; beyond this the oldest progress events
 
 
 # --- runs ---------------------------------------------------------------------------------------
+
 
 @dataclass
 class RunState:
@@ -103,6 +109,10 @@ class Agent:
         # The server's settings, from its last welcome: a remote agent does not share its environment.
         self.server_heartbeat_s: float | None = None
         self.server_grace_s: float | None = None
+        self.took_run: str | None = None  # a one-shot agent's one run
+        self._pin: str | None = None  # the certificate pinned on the current connection
+        self._refusals_reported: set[str] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
 
     def heartbeat_s(self) -> float:
         """Heartbeat period: the server's (from welcome), else this process's own setting."""
@@ -180,19 +190,27 @@ class Agent:
 
         backoff = 0.5
         timeout = aiohttp.ClientTimeout(total=None, connect=10, sock_connect=10)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            while not self.stopping.is_set():
-                try:
-                    auth = resolve_auth(self.cfg)
-                except AuthError as exc:
-                    self._write_state("waiting", str(exc))
-                    log.warning("%s", exc)
-                    await self._sleep(backoff)
-                    backoff = min(backoff * 2, AGENT_RECONNECT_MAX_S)
-                    continue
-                welcomed = False
+        while not self.stopping.is_set():
+            try:
+                auth = resolve_auth(self.cfg)
+            except AuthError as exc:
+                self._write_state("waiting", str(exc))
+                log.warning("%s", exc)
+                await self._sleep(backoff)
+                backoff = min(backoff * 2, AGENT_RECONNECT_MAX_S)
+                continue
+            welcomed = False
+            # One client session per attempt: an SSH worker's server is a Unix socket (its tunnel's end)
+            sock = unix_socket_of(auth.url)
+            connector = aiohttp.UnixConnector(path=sock) if sock is not None else None
+            async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
                 try:
                     welcomed = await self._session(session, auth)
+                except aiohttp.ServerFingerprintMismatch as exc:
+                    reason = tls.fingerprint_mismatch_text(auth.fingerprint or "", exc.got)
+                    self._write_state("rejected", reason, server=auth.url)
+                    log.error("refusing the server at %s: %s", auth.url, reason)
+                    await self._report_refusal(auth, exc.got)
                 except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
                     self._write_state("disconnected", f"cannot reach {auth.url}: {exc}", server=auth.url)
                     log.info("connection to %s failed: %s", auth.url, exc)
@@ -212,11 +230,31 @@ class Agent:
                         self.disconnected_since = time.monotonic()
                         if not self.stopping.is_set():
                             self._write_state("disconnected", "connection lost; reconnecting", server=auth.url)
-                if welcomed:
-                    backoff = 0.5
-                else:
-                    backoff = min(backoff * 2, AGENT_RECONNECT_MAX_S)
-                await self._sleep(backoff)
+            if welcomed:
+                backoff = 0.5
+            else:
+                backoff = min(backoff * 2, AGENT_RECONNECT_MAX_S)
+            await self._sleep(backoff)
+
+    async def _report_refusal(self, auth: AuthChoice, seen: bytes) -> None:
+        """Tell the server (once per certificate seen) that this agent refused its certificate, so it
+        shows under "Rejected connections" there. The message holds the agent's name and the two
+        fingerprints, no secret: the connection is not trusted, so no credential is ever sent on it."""
+        import aiohttp
+
+        seen_text = tls.fingerprint_of_hex(seen.hex())
+        if seen_text in self._refusals_reported:
+            return
+        self._refusals_reported.add(seen_text)
+        timeout = aiohttp.ClientTimeout(total=10)
+        with contextlib.suppress(aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError):
+            async with aiohttp.ClientSession(timeout=timeout) as session:
+                async with session.ws_connect(ws_url(auth.url), ssl=False) as ws:
+                    await ws.send_str(protocol.encode(
+                        "refused_server", name=self.cfg.name, version=VERSION,
+                        pinned=tls.normalize_fingerprint(auth.fingerprint or "0" * 64), seen=seen_text))
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(ws.receive(), 5)
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
@@ -230,7 +268,7 @@ class Agent:
         self._write_state("connecting", f"connecting to {auth.url}", server=auth.url)
         async with session.ws_connect(
             ws_url(auth.url), headers=headers, max_msg_size=protocol.MAX_MESSAGE_BYTES,
-            heartbeat=max(5.0, self.heartbeat_s() * 2), autoping=True,
+            heartbeat=max(5.0, self.heartbeat_s() * 2), autoping=True, ssl=tls.aiohttp_ssl(auth.fingerprint),
         ) as ws:
             self._last_devices = await asyncio.to_thread(self.inventory.snapshot)
             hello = protocol.encode(
@@ -238,6 +276,7 @@ class Agent:
                 auth={"kind": auth.kind, "token": auth.token}, node_types=self.node_types(),
                 devices=self._last_devices, env=devinv.environment_summary(self.inventory),
                 runs=self._runs_summary(), pid=os.getpid(),
+                mounts={label: str(path) for label, path in self.cfg.mounts.items()}, one_shot=self.cfg.one_shot,
             )
             await ws.send_str(hello)
             first = await asyncio.wait_for(ws.receive(), timeout=AGENT_HELLO_TIMEOUT_S)
@@ -252,8 +291,10 @@ class Agent:
                 raise protocol.ProtocolError(f"expected welcome, got {msg['type']}")
             if msg.get("credential"):
                 write_private_json(credential_file(self.cfg.home, self.cfg.name),
-                                   {"server": auth.url, "name": self.cfg.name, "credential": msg["credential"]})
+                                   {"server": auth.url, "name": self.cfg.name, "credential": msg["credential"],
+                                    "fingerprint": auth.fingerprint})
                 self.cfg.join_token = None  # one-time: spent
+            self._pin = auth.fingerprint
             self.server_heartbeat_s = msg.get("heartbeat_interval_s") or self.server_heartbeat_s
             self.server_grace_s = msg.get("resume_grace_s") or self.server_grace_s
             self.ws = ws
@@ -320,10 +361,13 @@ class Agent:
             rs = self.runs.get(msg["run_id"])
             if rs is not None:
                 await self._forget(rs, msg.get("reason") or "forgotten by the server")
+        elif mtype == "read_outputs":
+            self._spawn(self._serve_outputs(msg))
         elif mtype == "credential":  # reissued: the old credential no longer works
             server = self.state.get("server")
             write_private_json(credential_file(self.cfg.home, self.cfg.name),
-                               {"server": server, "name": self.cfg.name, "credential": msg["credential"]})
+                               {"server": server, "name": self.cfg.name, "credential": msg["credential"],
+                                "fingerprint": self._pin})
             log.info("the server reissued this worker's credential; the new one is stored")
         elif mtype == "reject":
             self._write_state("removed" if msg.get("removed") else "rejected", msg["reason"])
@@ -336,13 +380,38 @@ class Agent:
         rs.acked_seq = max(rs.acked_seq, seq)
         rs.events = [e for e in rs.events if e["seq"] > rs.acked_seq]
         if rs.finished and rs.acked_seq >= (rs.finished_seq or 0):
-            self.runs.pop(rs.run_id, None)
+            self._done_with(rs)
+
+    def _done_with(self, rs: RunState) -> None:
+        """The server holds everything of a finished run: forget it; a one-shot agent then exits."""
+        self.runs.pop(rs.run_id, None)
+        if self.cfg.one_shot and self.took_run is not None and not self.runs:
+            log.info("one-shot agent: run %s ended and is reported; exiting", self.took_run)
+            self.stopping.set()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _serve_outputs(self, msg: dict[str, Any]) -> None:
+        """Answer ``read_outputs``: a chunk of a file the run recorded here (record_outputs, SPEC W5)."""
+        rid = msg["request_id"]
+        try:
+            data, size, eof = await asyncio.to_thread(
+                read_output_chunk, self._run_dir(msg["run_id"]), msg["run_id"], msg["file"], msg["offset"],
+                msg["length"], self.cfg.name)
+            frame = protocol.encode("outputs_data", request_id=rid, ok=True, size=size, offset=msg["offset"],
+                                    data=base64.b64encode(data).decode("ascii"), eof=eof)
+        except OutputsUnavailable as exc:
+            frame = protocol.encode("outputs_data", request_id=rid, ok=False, error=str(exc), status=exc.status)
+        await self._send(frame)
 
     async def _forget(self, rs: RunState, reason: str) -> None:
         rs.forgotten = True
         rs.events.clear()
         if rs.finished:
-            self.runs.pop(rs.run_id, None)
+            self._done_with(rs)
         else:
             log.info("run %s: %s; stopping it", rs.run_id, reason)
             self.stop_run(rs, "forget")
@@ -366,7 +435,7 @@ class Agent:
                         break
             await self._send_event(rs, ev)
         if rs.forgotten and rs.finished:
-            self.runs.pop(rs.run_id, None)
+            self._done_with(rs)
 
     async def start_run(self, msg: dict[str, Any]) -> None:
         """Start one run in its own subprocess (duplicates of a known run id are ignored)."""
@@ -375,6 +444,11 @@ class Agent:
             return
         rs = RunState(run_id, self._run_dir(run_id), list(msg["devices"]))
         self.runs[run_id] = rs
+        if self.cfg.one_shot and self.took_run is not None:
+            await self._finish_without_child(rs, "failed", f"the one-shot agent on worker {self.cfg.name} already "
+                                                           f"took its one run ({self.took_run})")
+            return
+        self.took_run = run_id
         offered = {d["name"] for d in (getattr(self, "_last_devices", None) or self.inventory.snapshot())}
         try:
             machine = [devnames.normalize_device(d) for d in msg["devices"]]
@@ -568,7 +642,7 @@ class Agent:
         for t in (grace, conn):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
-        self._write_state("removed" if self.removed else "stopped")
+        self._write_state("removed" if self.removed else ("done" if self.took_run and self.cfg.one_shot else "stopped"))
         return 0
 
 
@@ -577,6 +651,11 @@ def default_name() -> str:
     host = socket.gethostname().split(".")[0]
     name = "".join(c if (c.isascii() and c.isalnum()) or c in "-_" else "-" for c in host).lstrip("-_")[:64]
     return name if protocol.worker_name_problem(name) is None else "worker"
+
+
+def one_shot_name() -> str:
+    """A one-shot agent's default name: the hostname and a random suffix (many share a machine)."""
+    return f"{default_name()[:55]}-{secrets.token_hex(3)}"
 
 
 def run_agent(cfg: AgentConfig) -> int:

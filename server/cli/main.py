@@ -22,6 +22,7 @@ import sys
 from ...constants import VERSION
 from ...predictor import cli as predictor_cli
 from . import agent as agent_cli
+from . import pools as pools_cli
 from . import runs as runs_cli
 from . import sidecar as sidecar_cli
 from . import workers as workers_cli
@@ -29,7 +30,7 @@ from .client import ApiError, SidecarUnreachable
 from .common import EXIT_RUN_FAILED, EXIT_UNREACHABLE, EXIT_USAGE, err
 
 # Every command module, in the order `xpufleet --help` lists them.
-COMMAND_MODULES = (sidecar_cli, runs_cli, agent_cli, workers_cli, predictor_cli)
+COMMAND_MODULES = (sidecar_cli, runs_cli, agent_cli, workers_cli, pools_cli, predictor_cli)
 
 
 def build_parser() -> argparse.ArgumentParser:

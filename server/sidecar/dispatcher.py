@@ -298,12 +298,14 @@ class Dispatcher:
 
     def _waiting_text(self, run_id: str, planned: str | None) -> str | None:
         """The waiting_reason shown: a run with no candidate yet says why; a pool run says which pool."""
+        target = self._dynamic.get(run_id)
+        if target is not None and target.pool is not None and self.pool_reason is not None:
+            pooled = self.pool_reason(target.pool)
+            if pooled:
+                return pooled
         run = self._queue.get(run_id)
         if run is not None and not run.candidates and run_id in self._notes:
             return self._notes[run_id]
-        target = self._dynamic.get(run_id)
-        if target is not None and target.pool is not None and self.pool_reason is not None:
-            return self.pool_reason(target.pool) or planned
         return planned
 
     # --- planning -------------------------------------------------------------------------------
@@ -468,12 +470,11 @@ class Dispatcher:
     def delete(self, run_id: str) -> dict[str, Any]:
         """Delete a finished run (record, events, local run directory)."""
         run = self.store.delete_run(run_id)
-        run_dir = run.get("run_dir")
         runs_root = (self.home / RUNS_DIR_NAME).resolve()
-        if run_dir:
-            path = Path(run_dir).resolve()
-            if path.parent == runs_root and path.name == run_id:
-                shutil.rmtree(path, ignore_errors=True)
+        # a worker run has a folder here too when its recorded outputs were uploaded
+        path = Path(run.get("run_dir") or runs_root / run_id).resolve()
+        if path.parent == runs_root and path.name == run_id:
+            shutil.rmtree(path, ignore_errors=True)
         self.hub.notify(run_id)
         return run
 

@@ -51,6 +51,7 @@ from ...constants import (
 from ...nodes.mounts import LABEL_RE as MOUNT_LABEL_RE
 
 AUTH_KINDS = ("session", "credential", "join", "pool")
+POOL_SECRET_PREFIX = "xfp"  # a pool's shared credential starts "xfp_"; the agent then says auth.kind "pool"
 RESERVED_NAMES = frozenset({LOCAL_PROVIDER, "any"})  # run targets, never worker names
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # a graph can be large; a frame beyond this is refused
 OUTPUTS_CHUNK_BYTES = 4 * 1024 * 1024  # raw bytes per outputs_data answer (base64 keeps it under the cap)

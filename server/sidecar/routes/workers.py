@@ -47,7 +47,19 @@ async def agent_ws(request: web.Request) -> web.StreamResponse:
 
 
 async def list_workers(request: web.Request) -> web.Response:
-    return web.json_response({"workers": _registry(request).list()})
+    reg = _registry(request)
+    return web.json_response({"workers": reg.list(), "pools": reg.list_pools(), "add_worker": _add_worker(request)})
+
+
+def _add_worker(request: web.Request) -> dict[str, Any]:
+    """How the Workers panel's "Add worker" opens (seed 000: "via SSH" when only this machine can reach
+    the server)."""
+    config = request.app[CONFIG_KEY]
+    if auth.is_loopback_host(config.host):
+        return {"default": "ssh", "reason": f"this server listens on {config.host} only: other machines cannot "
+                                            f"reach it, so a worker elsewhere is added via SSH"}
+    return {"default": "join", "reason": "other machines reach this server: they join with a one-time token"
+                                         + ("" if config.tls_fingerprint else " (plain HTTP: start with --tls)")}
 
 
 async def get_worker(request: web.Request) -> web.Response:
@@ -71,7 +83,7 @@ async def remove(request: web.Request) -> web.Response:
 async def reissue(request: web.Request) -> web.Response:
     await read_object(request, set(), optional=True)
     reg = _registry(request)
-    return web.json_response(await reg.reissue(request.match_info["name"], _server_url(request)))
+    return web.json_response(await reg.reissue(request.match_info["name"], server_url(request)))
 
 
 async def join_tokens(request: web.Request) -> web.Response:
@@ -82,7 +94,7 @@ async def join_tokens(request: web.Request) -> web.Response:
     ttl = body.get("ttl_s")
     if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float)):
         raise WorkerError("ttl_s must be a number of seconds")
-    out = _registry(request).join_token(name, ttl, _server_url(request))
+    out = _registry(request).join_token(name, ttl, server_url(request))
     return web.json_response(out, status=201)
 
 
@@ -98,7 +110,8 @@ async def set_mode(request: web.Request) -> web.Response:
     return web.json_response(out)
 
 
-def _server_url(request: web.Request) -> str:
+def server_url(request: web.Request) -> str:
+    """The URL other machines use in a join command: the one this request came to."""
     return f"{request.scheme}://{request.host}"
 
 
@@ -129,7 +142,8 @@ def setup(app: web.Application) -> None:
     store = app[STORE_KEY]
     dispatcher = app[DISPATCHER_KEY]
     config = app[CONFIG_KEY]
-    registry = WorkerRegistry(store, dispatcher, session_token=lambda: getattr(config, "token", None))
+    registry = WorkerRegistry(store, dispatcher, session_token=lambda: getattr(config, "token", None),
+                              tls_fingerprint=lambda: getattr(config, "tls_fingerprint", None))
     app[REGISTRY_KEY] = registry
     dispatcher.card_snapshot_sources.append(_card_snapshots(registry))
     auth.add_exemption(app, AGENT_WS_PATH)
