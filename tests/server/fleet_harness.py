@@ -238,17 +238,46 @@ class AgentProc:
                 self.proc.wait(timeout=10)
 
 
+def websocket_plaintext(stream: bytes) -> bytes:
+    """What one direction of a plain HTTP WebSocket connection says: the HTTP head and every frame's
+    payload, unmasked (a client masks its frames, so its bytes never show literally on the wire). b''
+    for a stream that is not plain HTTP (TLS records)."""
+    end = stream.find(b"\r\n\r\n")
+    if end < 0 or not stream.startswith((b"GET ", b"HTTP/")):
+        return b""
+    out = bytearray(stream[:end])
+    i = end + 4
+    while i + 2 <= len(stream):
+        masked, n = stream[i + 1] & 0x80, stream[i + 1] & 0x7F
+        i += 2
+        if n == 126:
+            n, i = int.from_bytes(stream[i:i + 2], "big"), i + 2
+        elif n == 127:
+            n, i = int.from_bytes(stream[i:i + 8], "big"), i + 8
+        key = stream[i:i + 4] if masked else b""
+        i += len(key)
+        payload = stream[i:i + n]
+        i += n
+        out += bytes(b ^ key[j % 4] for j, b in enumerate(payload)) if key else payload
+    return bytes(out)
+
+
 class Proxy:
-    """A loopback TCP proxy; it can record every byte that crosses it (both directions) and cut."""
+    """A loopback TCP proxy; it records every byte that crosses it (each direction of each connection)."""
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
-        self.captured = bytearray()
+        self.streams: list[bytearray] = []
         self.lock = threading.Lock()
         self.conns: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def captured(self) -> bytes:
+        with self.lock:
+            return b"".join(bytes(s) for s in self.streams)
 
     def _accept(self) -> None:
         while True:
@@ -264,13 +293,16 @@ class Proxy:
             with self.lock:
                 self.conns += [client, upstream]
             for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+                buf = bytearray()
+                with self.lock:
+                    self.streams.append(buf)
+                threading.Thread(target=self._pump, args=(a, b, buf), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, buf: bytearray) -> None:
         try:
             while data := src.recv(65536):
                 with self.lock:
-                    self.captured += data
+                    buf += data
                 dst.sendall(data)
         except OSError:
             pass
@@ -281,8 +313,11 @@ class Proxy:
                 pass
 
     def seen(self, secret: str) -> bool:
+        """Whether ``secret`` crossed in clear: in the raw bytes, or in a plain WebSocket's frames."""
         with self.lock:
-            return secret.encode() in self.captured
+            streams = [bytes(s) for s in self.streams]
+        needle = secret.encode()
+        return any(needle in s or needle in websocket_plaintext(s) for s in streams)
 
     def close(self) -> None:
         self.listener.close()
