@@ -23,6 +23,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from xpufleet.server.sidecar import tls
 
 CLI = [sys.executable, "-m", "xpufleet.server"]
@@ -359,6 +361,11 @@ class Fleet:
         self.started.append(p)
         return p
 
+    def sshd(self) -> SshServer:
+        s = SshServer(self.tmp / "sshd")
+        self.started.append(s)
+        return s
+
     def cli(self, *args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
         return subprocess.run([*CLI, *args], env=env or self.env(), capture_output=True, text=True, timeout=timeout)
 
@@ -381,3 +388,84 @@ def kill9(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class SshServer:
+    """A real OpenSSH server (Debian's ``/usr/sbin/sshd``) on 127.0.0.1 for one test: a throw-away host key
+    and user key, its own sshd_config (no PAM, keys only, this test's authorized_keys), never the system's
+    sshd or port 22; stopped by its PID. ``ssh_config`` is a client config file that knows the host key
+    (``StrictHostKeyChecking yes``: nothing is accepted blindly); the sidecar gets it through
+    ``XPUFLEET_SSH_CONFIG``."""
+
+    SSHD = "/usr/sbin/sshd"
+
+    def __init__(self, folder: Path) -> None:
+        import shutil
+
+        if not Path(self.SSHD).is_file() or shutil.which("ssh") is None or shutil.which("ssh-keygen") is None:
+            pytest.skip("OpenSSH (openssh-server, openssh-client) is not installed: apt-get install -y "
+                        "openssh-server openssh-client")
+        if not Path("/run/sshd").is_dir():  # sshd's privilege-separation folder (the package's service makes it)
+            try:
+                Path("/run/sshd").mkdir(mode=0o755, parents=True)
+            except OSError as exc:
+                pytest.skip(f"sshd needs /run/sshd and it cannot be made here: {exc}")
+        self.dir = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        for key in ("host_key", "user_key"):
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(folder / key)], check=True)
+        auth = folder / "authorized_keys"
+        auth.write_text((folder / "user_key.pub").read_text())
+        auth.chmod(0o600)
+        self.port = free_port()
+        self.user = os.environ.get("USER") or __import__("getpass").getuser()
+        (folder / "sshd_config").write_text(
+            f"Port {self.port}\nListenAddress 127.0.0.1\nHostKey {folder / 'host_key'}\n"
+            f"AuthorizedKeysFile {auth}\nPidFile {folder / 'sshd.pid'}\nStrictModes no\nUsePAM no\n"
+            f"PasswordAuthentication no\nKbdInteractiveAuthentication no\nPubkeyAuthentication yes\n"
+            f"PermitRootLogin prohibit-password\nAllowStreamLocalForwarding yes\nLogLevel VERBOSE\n")
+        host_key = (folder / "host_key.pub").read_text().split()
+        (folder / "known_hosts").write_text(f"[127.0.0.1]:{self.port} {host_key[0]} {host_key[1]}\n")
+        self.ssh_config = folder / "ssh_config"
+        self.ssh_config.write_text(
+            f"Host 127.0.0.1\n  UserKnownHostsFile {folder / 'known_hosts'}\n  StrictHostKeyChecking yes\n"
+            f"  GlobalKnownHostsFile /dev/null\n")
+        self.log = open(folder / "sshd.log", "ab")  # noqa: SIM115 - closed in close()
+        self.proc = subprocess.Popen([self.SSHD, "-D", "-e", "-f", str(folder / "sshd_config")],
+                                     stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"sshd exited: {(folder / 'sshd.log').read_text()}")
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    break
+            time.sleep(0.05)  # sshd has no ready signal in -D mode: bounded poll of its port
+        else:
+            raise AssertionError("sshd did not listen")
+
+    @property
+    def target(self) -> str:
+        return f"{self.user}@127.0.0.1"
+
+    def ssh(self, command: str) -> subprocess.CompletedProcess:
+        """Run a command on the "host" the way the sidecar does (the test's keys and config)."""
+        return subprocess.run(["ssh", "-F", str(self.ssh_config), "-o", "BatchMode=yes", "-p", str(self.port),
+                               "-i", str(self.dir / "user_key"), "-o", "IdentitiesOnly=yes", self.target, command],
+                              capture_output=True, text=True, timeout=60)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.log.close()
