@@ -36,8 +36,10 @@ from ..scheduling import (
     SlotState,
     TargetError,
     build_state,
+    explain_wait,
     resolve_target,
 )
+from .dynamic import DynamicRuns
 from .hub import EventHub
 from .providers import provider_info
 from .requests import RequestError, RunRequest, not_available
@@ -51,7 +53,7 @@ REASONS_REFRESH_S = 0.5  # waiting_reason texts of runs already explained are re
 # --- the dispatcher -----------------------------------------------------------------------------------
 
 
-class Dispatcher:
+class Dispatcher(DynamicRuns):
     """Owns the queue, the slot holdings and the providers; see the module docstring."""
 
     def __init__(self, store: Store, home: Path, overrides: LimitOverrides | None = None,
@@ -185,8 +187,9 @@ class Dispatcher:
 
     def validate_graph(self, request: RunRequest, resolution: Resolution) -> None:
         """Check the graph against this server's node classes when it can only run here."""
-        if not self.validate_local_graphs or any(c.provider != LOCAL_PROVIDER for c in resolution.candidates):
-            return
+        if not self.validate_local_graphs or resolution.dynamic or any(
+                c.provider != LOCAL_PROVIDER for c in resolution.candidates):
+            return  # a worker validates what it runs (pool and mount runs never run here)
         from ..run.executor import GraphValidationError, format_errors, validate_graph
         from ..run.executor import validation_response as _response
 
@@ -241,73 +244,6 @@ class Dispatcher:
         self.wake()
         return {"run_id": run_id, "status": "queued"}
 
-    # --- dynamic runs (pools, mounts) ---------------------------------------------------------
-
-    def _load_dynamic(self) -> None:
-        """After a restart: which queued runs are resolved again as providers come (pool and ``any``
-        runs whose graph names mounts), parsed from what was submitted."""
-        from .requests import parse_run_request
-
-        for row in self.store.queued_targets():
-            try:
-                target = parse_run_request({"graph": row["graph"], "options": row["options"]}).target
-            except RequestError:
-                continue
-            if target.pool is not None or target.mounts:
-                self._dynamic[row["id"]] = target
-        self._reresolve = bool(self._dynamic)
-
-    def _resolve_dynamic(self) -> None:
-        """Resolve the dynamic runs against the providers and pools of now. A target whose candidates
-        changed is queued again with all its runs in submission order (so they keep their order among
-        themselves); one that became impossible fails with the reason."""
-        self._reresolve = False
-        changed_targets: set[str] = set()
-        fresh: dict[str, Resolution] = {}
-        for run_id, target in list(self._dynamic.items()):
-            queued = self._queue.get(run_id)
-            if queued is None:
-                self._forget_dynamic(run_id)
-                continue
-            try:
-                res = self.resolve(target)
-            except TargetError as exc:
-                self._forget_dynamic(run_id)
-                self.run_ended(run_id, "failed", f"the run can no longer be placed: {exc}")
-                continue
-            fresh[run_id] = res
-            if res.note:
-                self._notes[run_id] = res.note
-            else:
-                self._notes.pop(run_id, None)
-            if res.candidates != queued.candidates:
-                changed_targets.add(res.target)
-        if not changed_targets:
-            return
-        again = [rid for rid, res in fresh.items() if res.target in changed_targets]
-        for run_id in again:
-            self._queue.remove(run_id)
-        for run_id in again:
-            self._queue.add(QueuedRun(run_id, fresh[run_id].candidates))
-            self._unexplained.add(run_id)
-        self.store.set_candidates({rid: [c.to_json() for c in fresh[rid].candidates] for rid in again})
-
-    def _forget_dynamic(self, run_id: str) -> None:
-        self._dynamic.pop(run_id, None)
-        self._notes.pop(run_id, None)
-
-    def _waiting_text(self, run_id: str, planned: str | None) -> str | None:
-        """The waiting_reason shown: a run with no candidate yet says why; a pool run says which pool."""
-        target = self._dynamic.get(run_id)
-        if target is not None and target.pool is not None and self.pool_reason is not None:
-            pooled = self.pool_reason(target.pool)
-            if pooled:
-                return pooled
-        run = self._queue.get(run_id)
-        if run is not None and not run.candidates and run_id in self._notes:
-            return self._notes[run_id]
-        return planned
-
     # --- planning -------------------------------------------------------------------------------
 
     def _admit(self, run: QueuedRun, cand: Candidate) -> bool | str | None:
@@ -320,6 +256,7 @@ class Dispatcher:
     def schedule(self) -> None:
         """One planning pass (the loop calls it on every wake-up)."""
         self.plans += 1
+        providers_changed = self._reresolve
         if self._reresolve:
             self._resolve_dynamic()
         if not self._queue:
@@ -329,6 +266,13 @@ class Dispatcher:
         for placement in result.placements:
             self._place(placement.run_id, placement.provider, placement.devices)
         changed: dict[str, str | None] = {}
+        if providers_changed:  # a pass may not look at a run whose providers cannot take it: say why now
+            for run_id in list(self._dynamic):
+                run = self._queue.get(run_id)
+                if run is not None and run_id not in self._unexplained:
+                    text = self._waiting_text(run_id, explain_wait(run, state))
+                    if self._reasons.get(run_id) != text:
+                        self._reasons[run_id] = changed[run_id] = text
         for run_id in list(self._unexplained):  # a new run gets its reason at once
             self._unexplained.discard(run_id)
             run = self._queue.get(run_id)
@@ -355,9 +299,12 @@ class Dispatcher:
     def _place(self, run_id: str, provider_name: str, devices: tuple[str, ...]) -> None:
         provider = self.providers.get(provider_name)
         claim = getattr(provider, "claim", None)  # a one-shot instance takes one run, ever
-        if claim is not None and not claim(run_id):
-            self.providers_changed()  # it took another run in this pass: plan this one again
-            return
+        if claim is not None:
+            if not claim(run_id):
+                self.providers_changed()  # it took another run in this pass: plan this one again
+                return
+            if getattr(provider, "one_shot", False):
+                self.providers_changed()  # it takes no other run from now on
         self._forget_dynamic(run_id)
         placement = "local" if getattr(provider, "is_local", False) else "worker"
         run_dir = str(self.home / RUNS_DIR_NAME / run_id) if placement == "local" else None

@@ -45,7 +45,8 @@ SCHEMAS: dict[str, Any] = {
             "memory_gib": {"type": "number", "exclusiveMinimum": 0, "description": "budget per card (GiB)"},
             "memory_source": {"type": "string", "enum": ["user", "estimate", "measured"]},
             "wait": {"type": "boolean"},
-            "pool": {"type": "string", "description": "a one-shot worker pool"},
+            "pool": {"type": "string", "description": "a one-shot worker pool: an idle instance takes the run "
+                                                      "(it waits while none is idle)"},
         },
     },
     "RunOptions": {
@@ -54,7 +55,10 @@ SCHEMAS: dict[str, Any] = {
             "name": {"type": "string"},
             "seed": {"type": "integer", "minimum": 0},
             "deterministic": {"type": "boolean"},
-            "record_outputs": {"type": "boolean"},
+            "record_outputs": {"oneOf": [{"type": "boolean"}, {"type": "string", "enum": ["upload"]}],
+                               "description": "record each node's outputs (SPEC W5): true = kept where the run "
+                                              "runs, \"upload\" = also copied to this server at the end; "
+                                              "refused for a pool target"},
             "device": {"type": "string", "description": "auto, cpu, cuda, cuda:N, xpu:N, mps (no set)"},
             "target": {"oneOf": [{"type": "string"}, {"$ref": "#/components/schemas/Target"}]},
         },

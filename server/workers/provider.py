@@ -60,8 +60,12 @@ class WorkerProvider:
         if st.taken is not None and st.taken != run_id:
             return False
         st.taken = run_id
-        self.registry.dispatcher.providers_changed()
         return True
+
+    @property
+    def one_shot(self) -> bool:
+        st = self._state
+        return st is not None and st.one_shot
 
     def devices(self) -> list[DeviceOffer]:
         st = self._state
