@@ -19,13 +19,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import json
 import logging
 import os
 import secrets
 import signal
 import socket
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +39,10 @@ from ...constants import (
 from ..devices import inventory as devinv
 from ..devices import names as devnames
 from ..devices import renumbering as devren
-from ..run.events import describe_exit, parse_event_line
+from ..run.events import describe_exit
+from ..run.launcher import LaunchError, ProcessGroup, member_env, single
+from ..run.spec import RunSpec, build_spec
+from ..run.warm import warm_up
 from ..sidecar import tls
 from ..workers import protocol
 from .config import (
@@ -60,7 +61,7 @@ from .files import OutputsUnavailable, read_output_chunk
 
 log = logging.getLogger("xpufleet.agent")
 
-RUNNER_MODULE = "xpufleet.server.run.runner"
+_STOP_COMMAND = {"cancel": "cancel", "forget": "cancel", "grace": "interrupt", "shutdown": "interrupt"}
 MAX_BUFFERED_EVENTS = 200_000  # per run; beyond this the oldest progress events are dropped
 
 
@@ -74,7 +75,8 @@ class RunState:
     run_id: str
     run_dir: Path
     machine_devices: list[str]
-    proc: asyncio.subprocess.Process | None = None
+    group: ProcessGroup | None = None
+    pending: asyncio.Queue[dict[str, Any] | None] = field(default_factory=asyncio.Queue)
     events: list[dict[str, Any]] = field(default_factory=list)
     last_seq: int = 0
     acked_seq: int = 0
@@ -470,8 +472,8 @@ class Agent:
         except Exception as exc:  # the run must still end with a result the server sees
             log.exception("run %s: the agent failed to run it", rs.run_id)
             if not rs.finished:
-                if rs.proc is not None and rs.proc.returncode is None:
-                    self._kill(rs.proc)
+                if rs.group is not None:
+                    rs.group.kill()
                 await self._finish_without_child(rs, "failed", f"the agent on worker {self.cfg.name} "
                                                  f"failed to run it: {type(exc).__name__}: {exc}")
 
@@ -482,78 +484,51 @@ class Agent:
         await self._record(rs, ev)
         self._write_state("connected" if self.connected.is_set() else "disconnected")
 
-    def _spec(self, rs: RunState, msg: dict[str, Any], renum: devren.Renumbering) -> dict[str, Any]:
+    def _spec(self, rs: RunState, msg: dict[str, Any], renum: devren.Renumbering) -> RunSpec:
         simulated = self.inventory.simulated and any(devnames.device_kind(d) == "cuda" for d in rs.machine_devices)
-        return {
-            "run_id": rs.run_id,
-            "graph": msg["graph"],
-            "options": msg.get("options") or {},
-            "devices": renum.run_devices,
-            "device_aliases": renum.aliases,
-            "placement": "worker",
-            "simulated": simulated,
-            "worker": self.cfg.name,
-            "budget_gib": msg.get("budget_gib"),
-            "env": renum.env,
-            "execution_facts": {
-                "placement": "worker",
-                "worker": self.cfg.name,
-                "slot_devices": list(rs.machine_devices),
-                "visible_devices": renum.run_devices,
-                "device_aliases": renum.aliases,
-                **({"simulated_devices": True} if simulated else {}),
-            },
-        }
+        run = {"id": rs.run_id, "graph": msg["graph"], "options": msg.get("options") or {},
+               "budget_gib": msg.get("budget_gib")}
+        return build_spec(run, placement="worker", slot_devices=rs.machine_devices, run_devices=renum.run_devices,
+                          aliases=renum.aliases, visible_devices=renum.run_devices, env=renum.env,
+                          worker=self.cfg.name, simulated=simulated)
 
     async def _run_child(self, rs: RunState, msg: dict[str, Any], machine: list[str],
                          renum: devren.Renumbering) -> None:
-        spec = self._spec(rs, msg, renum)
-        rs.run_dir.mkdir(parents=True, exist_ok=True)
-        (rs.run_dir / "spec.json").write_text(json.dumps(spec, indent=2))
-        env = {**os.environ, **self.cfg.extra_env, **renum.env, "PYTHONUNBUFFERED": "1"}
-        read_fd, write_fd = os.pipe()
+        self._spec(rs, msg, renum).write(rs.run_dir)
+        env = member_env(None, {**self.cfg.extra_env, **renum.env})
+        rs.group = ProcessGroup(single(rs.run_id, rs.run_dir, env, stop_grace_s=RUN_STOP_GRACE_S),
+                                on_events=lambda rank, events: self._relay(rs, rank, events))
+        pump = asyncio.create_task(self._pump(rs))
         try:
-            with open(rs.run_dir / "output.log", "ab") as out:
-                rs.proc = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", RUNNER_MODULE, str(rs.run_dir), "--events-fd", str(write_fd),
-                    stdin=asyncio.subprocess.PIPE, stdout=out, stderr=asyncio.subprocess.STDOUT,
-                    pass_fds=(write_fd,), env=env, cwd=str(rs.run_dir), start_new_session=True,
-                )
-        except OSError as exc:
-            os.close(read_fd)
-            os.close(write_fd)
-            await self._finish_without_child(rs, "failed", f"cannot start the run process: {exc}")
+            await rs.group.start()
+        except LaunchError as exc:
+            rs.pending.put_nowait(None)
+            await pump
+            await self._finish_without_child(rs, "failed", str(exc))
             return
-        finally:
-            with contextlib.suppress(OSError):
-                os.close(write_fd)
+        if rs.stop_reason is not None:  # stopped while it was starting
+            rs.group.stop(_STOP_COMMAND[rs.stop_reason])
         self._write_state("connected" if self.connected.is_set() else "disconnected")
-        log.info("run %s started (pid %s) on %s", rs.run_id, rs.proc.pid, ", ".join(machine))
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader(limit=protocol.MAX_MESSAGE_BYTES)
-        transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb", buffering=0))
-        try:
-            while True:
-                line = await reader.readline()
-                if not line:
-                    break
-                ev = parse_event_line(line)
-                if ev is None:
-                    if line.strip():
-                        log.warning("run %s: ignoring a malformed event line %r", rs.run_id, line[:200])
-                    continue
-                if ev["type"] == "run_finished":
-                    ev = self._finish_payload(rs, ev, renum)
-                await self._record(rs, ev)
-        finally:
-            transport.close()
-        rc = await rs.proc.wait()
-        if not rs.finished:
-            await self._finish_without_child(rs, *self._death_status(rs, rc))
+        log.info("run %s started (pid %s) on %s", rs.run_id, rs.group.pids[0], ", ".join(machine))
+        result = await rs.group.wait()
+        rs.pending.put_nowait(None)
+        await pump
+        if result.finished_event is not None:
+            await self._record(rs, self._finish_payload(rs, result.finished_event, renum))
         else:
-            self._write_state("connected" if self.connected.is_set() else "disconnected")
-        log.info("run %s ended (exit code %s)", rs.run_id, rc)
+            rc = result.exits[0].returncode
+            await self._finish_without_child(rs, *self._death_status(rs, 255 if rc is None else rc))
+        log.info("run %s ended (exit code %s)", rs.run_id, result.exits[0].returncode)
+
+    def _relay(self, rs: RunState, rank: int, events: list[dict[str, Any]]) -> None:
+        """Events from the run's process (the launcher's callback, on the loop): recorded in order."""
+        if rank == 0:
+            for ev in events:
+                rs.pending.put_nowait(ev)
+
+    async def _pump(self, rs: RunState) -> None:
+        while (ev := await rs.pending.get()) is not None:
+            await self._record(rs, ev)
 
     def _finish_payload(self, rs: RunState, ev: dict[str, Any], renum: devren.Renumbering) -> dict[str, Any]:
         """Complete the child's run_finished: worker facts, and ``interrupted`` when the agent stopped it."""
@@ -583,24 +558,13 @@ class Agent:
         return "failed", f"the run's process on worker {self.cfg.name} {verb}{describe_exit(rc)} (see output.log)"
 
     def stop_run(self, rs: RunState, reason: str) -> None:
-        """Ask the run's process to stop (a line on its stdin), killing it after a grace period."""
+        """Ask the run's processes to stop (a line on their stdin), killed after the grace period."""
         if rs.finished or rs.stop_reason is not None and reason != "shutdown":
             return
         rs.stop_reason = reason
-        proc = rs.proc
-        if proc is None or proc.returncode is not None:
-            return
-        # "interrupt": the run ends interrupted (grace, agent stopping); "stop": cancelled
-        command = b"interrupt\n" if reason in ("grace", "shutdown") else b"stop\n"
-        with contextlib.suppress(Exception):
-            proc.stdin.write(command)
-        asyncio.get_running_loop().call_later(RUN_STOP_GRACE_S, self._kill, proc)
-
-    @staticmethod
-    def _kill(proc: asyncio.subprocess.Process) -> None:
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
+        if rs.group is not None:
+            # "interrupt": the run ends interrupted (grace, agent stopping); "cancel": cancelled
+            rs.group.stop(_STOP_COMMAND[reason])
 
     # --- grace ------------------------------------------------------------------------------------
     async def grace_loop(self) -> None:
@@ -623,6 +587,7 @@ class Agent:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self.stopping.set)
         self._write_state("starting")
+        warm = asyncio.create_task(warm_up())  # the warm start parent, in the background
         conn = asyncio.create_task(self.connection_loop())
         grace = asyncio.create_task(self.grace_loop())
         await self.stopping.wait()
@@ -633,13 +598,14 @@ class Agent:
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=RUN_STOP_GRACE_S + 5)
             for rs in active:
-                if rs.proc is not None:
-                    self._kill(rs.proc)
+                if rs.group is not None:
+                    rs.group.kill()
         if self.connected.is_set():
             await asyncio.sleep(0.2)  # let the last events reach the server
         grace.cancel()
         conn.cancel()
-        for t in (grace, conn):
+        warm.cancel()
+        for t in (grace, conn, warm):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._write_state("removed" if self.removed else ("done" if self.took_run and self.cfg.one_shot else "stopped"))

@@ -1,18 +1,15 @@
-"""The run child: ``python -m xpufleet.server.runner RUN_DIR [--events-fd N]``.
+"""The run process: ``python -m xpufleet.server.run.runner RUN_DIR [--events-fd N]`` (cold), or the same
+:func:`run` called in a child forked from the warm parent (warm.py). Started by the launcher
+(launcher.py) for the sidecar (target ``local``) and for worker agents alike.
 
-One queued run = one process (SPEC Q2, W2), started by the sidecar (target ``local``) or by a worker
-agent, so a crash or an out-of-memory kill ends that run only. The parent writes
-``RUN_DIR/spec.json``::
+One queued run = one process (a group of processes for ddp ranks), so a crash or an out-of-memory kill
+ends that run only (SPEC Q2, W2). The parent writes ``RUN_DIR/spec.json`` (:class:`~.spec.RunSpec`) and
+starts this with the run's environment, stdin a pipe, stdout and stderr to the member's log, and the
+write end of a pipe as the events fd.
 
-    {"run_id", "graph", "options", "devices": [in-run names], "device_aliases": {in-run: machine},
-     "placement": "local"|"worker", "simulated": bool, "env": {...}, "execution_facts": {...}}
-
-and starts this module with the run's environment (``CUDA_VISIBLE_DEVICES`` for a worker run), stdin a
-pipe, stdout and stderr going to ``RUN_DIR/output.log``, and the write end of a pipe as ``--events-fd``.
-
-Events are JSON lines ``{"seq", "type", "payload", "ts"}`` (``seq`` from 1, per run) written to the
-events fd and appended to ``RUN_DIR/events.jsonl`` (so a parent that died can recover what the run
-reported). The last event is always ``run_finished`` ``{"status", "error", "final_metrics",
+Events are JSON lines ``{"seq", "type", "payload", "ts"}`` (``seq`` from 1, per run; events.py) written
+to the events fd and appended to ``RUN_DIR/events.jsonl`` (so a parent that died can recover what the
+run reported). The last event is always ``run_finished`` ``{"status", "error", "final_metrics",
 "peak_memory", "execution_facts"}`` (plus ``validation`` for a graph that failed validation).
 
 stdin commands: ``stop`` = cancel (cooperative: TrainingLoop writes its interrupt checkpoint; the run
@@ -24,7 +21,6 @@ The exit code is 0 when the run succeeded, 1 otherwise.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import socket
@@ -38,6 +34,7 @@ from ...constants import VERSION
 from .events import EventSink
 from .memory import apply_memory_budget, peak_memory
 from .outputs import OutputRecorder, record_mode
+from .spec import SPEC_FILENAME, RunSpec
 
 
 class StopWatcher(threading.Thread):
@@ -103,7 +100,7 @@ def run(run_dir: Path, events_fd: int | None = None, stdin: Any = None) -> int:
     status, error, extra = "failed", None, {}
     facts: dict[str, Any] = {}
     try:
-        spec = json.loads((run_dir / "spec.json").read_text(encoding="utf-8"))
+        spec = RunSpec.read(run_dir).to_json()
         for key, value in (spec.get("env") or {}).items():
             os.environ.setdefault(str(key), str(value))
         facts = base_facts(spec)
@@ -200,8 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run_dir", type=Path, help="the run directory holding spec.json")
     parser.add_argument("--events-fd", type=int, default=None, help="file descriptor to write events to")
     args = parser.parse_args(argv)
-    if not (args.run_dir / "spec.json").is_file():
-        parser.error(f"{args.run_dir / 'spec.json'} does not exist")
+    if not (args.run_dir / SPEC_FILENAME).is_file():
+        parser.error(f"{args.run_dir / SPEC_FILENAME} does not exist")
     return run(args.run_dir, args.events_fd)
 
 

@@ -33,6 +33,7 @@ from ...constants import (
     VERSION,
 )
 from ...predictor.routes import add_sidecar_routes as add_predictor_routes
+from ..run.warm import warm_up
 from ..scheduling import parse_limits
 from . import auth, openapi, tls
 from .config import SidecarConfig
@@ -104,8 +105,10 @@ async def _dispatcher_ctx(app: web.Application) -> AsyncIterator[None]:
     local = LocalProvider(config.home, dispatcher, devices, stop_grace_s=config.stop_grace_s)
     app[LOCAL_PROVIDER_KEY] = local
     dispatcher.register_provider(local)
+    warm = asyncio.create_task(warm_up())  # the warm start parent of run processes, in the background
     await dispatcher.start()
     yield
+    warm.cancel()
     await dispatcher.shutdown()
 
 

@@ -490,14 +490,15 @@ class Dispatcher(DynamicRuns):
 
 
 def _is_runner_of(pid: int, run: Mapping[str, Any]) -> bool:
-    """True when ``pid`` is alive and is the runner child of ``run`` (not a reused pid)."""
+    """True when ``pid`` is alive and is a process of ``run`` (not a reused pid): a run process, cold
+    or forked warm, works in its run directory."""
     try:
         import psutil
 
-        cmd = psutil.Process(pid).cmdline()
+        cwd = psutil.Process(pid).cwd()
     except Exception:  # noqa: BLE001 - gone, no access, or psutil missing: not ours
         return False
-    return any(run["id"] in part for part in cmd) and any(part.endswith("runner") for part in cmd)
+    return bool(run.get("run_dir")) and Path(cwd).resolve() == Path(run["run_dir"]).resolve()
 
 
 async def _wait_pid(pid: int, timeout: float) -> bool:

@@ -77,13 +77,13 @@ def test_a_cancel_while_the_child_is_being_spawned_is_not_lost(tmp_path: Path):
             await asyncio.sleep(0)
             if "spawnrace" in provider.runs:
                 break
-        local_run = provider.runs["spawnrace"]
-        assert local_run.proc is None, "the cancel must land before the process exists"
+        group = provider.runs["spawnrace"]
+        assert group.pids == [], "the cancel must land before the process exists"
         await provider.cancel("spawnrace")
         await start
+        watch = provider._tasks["spawnrace"]
         await asyncio.wait_for(host.done.wait(), 90)
-        assert local_run.task is not None
-        await asyncio.wait_for(local_run.task, 30)  # the child is reaped before the loop closes
+        await asyncio.wait_for(watch, 30)  # the child is reaped before the loop closes
         finished = [e for e in host.events if e["type"] == "run_finished"]
         assert finished, host.ended
         return finished[-1]["payload"]

@@ -1,0 +1,39 @@
+"""What the warm parent imports once so forked run processes start in milliseconds (see warm.py).
+
+Everything a run needs before its first node: torch, the node modules and what they import lazily
+(scikit-learn's bundled datasets, safetensors), the runner and the graph executor. Nothing here
+touches a device: CUDA must never be initialised in a process that forks.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+
+log = logging.getLogger("xpufleet.launcher")
+
+MODULES = (
+    "torch",
+    "torch.nn",
+    "torch.optim",
+    "torch.utils.data",
+    "torch._dynamo",  # the optimizers' first step imports it (with sympy): about a second, once
+    "xpufleet.nodes",
+    "xpufleet.nodes.trainer",
+    "xpufleet.nodes.tensordata",
+    "xpufleet.server.run.runner",
+    "xpufleet.server.run.executor",
+)
+OPTIONAL = ("sklearn.datasets", "sklearn.model_selection", "sklearn.metrics", "safetensors.torch", "numpy")
+
+for _name in MODULES:
+    importlib.import_module(_name)
+for _name in OPTIONAL:
+    try:
+        importlib.import_module(_name)
+    except ImportError:  # an optional package: a run that needs it imports (and fails) on its own
+        pass
+
+_torch = importlib.import_module("torch")
+if _torch.cuda.is_initialized():  # a preloaded module touched CUDA: forked children could not use it
+    raise RuntimeError("CUDA was initialised while preloading the warm start parent")

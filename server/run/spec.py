@@ -1,0 +1,133 @@
+"""``RunSpec``: what a run's process is told, written as ``RUN_DIR/spec.json`` (one type for every parent).
+
+The sidecar (target ``local``) and a worker agent fill it the same way, through :func:`build_spec`; the
+runner reads it back with :meth:`RunSpec.read`. Device names in a spec are the run's own (in-run)
+names: a worker run's cards are renumbered from 0 (SPEC Q4), a local run keeps the machine's names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+SPEC_FILENAME = "spec.json"
+PLACEMENTS = ("local", "worker")
+
+
+class SpecError(ValueError):
+    """A spec.json that cannot be used (the text says which field)."""
+
+
+@dataclass
+class RunSpec:
+    """One run as its process sees it."""
+
+    run_id: str
+    graph: dict[str, Any]
+    options: dict[str, Any] = field(default_factory=dict)
+    devices: list[str] = field(default_factory=lambda: ["cpu"])  # in-run names; the first is ``auto``
+    device_aliases: dict[str, str] = field(default_factory=dict)  # in-run name -> machine name
+    placement: str = "local"
+    simulated: bool = False  # the run's CUDA cards are simulated: the work runs on the CPU (SPEC W6)
+    worker: str | None = None
+    budget_gib: float | None = None  # per card; the allocator is capped to it before the run (SPEC W2, M)
+    env: dict[str, str] = field(default_factory=dict)  # set (if unset) in the run's process before nodes run
+    execution_facts: dict[str, Any] = field(default_factory=dict)
+    world_size: int = 1  # processes in the run's group (ddp ranks); 1 for a plain run
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.run_id, str) or not self.run_id:
+            raise SpecError("run_id must be a non-empty string")
+        if not isinstance(self.graph, dict):
+            raise SpecError("graph must be an object")
+        if self.placement not in PLACEMENTS:
+            raise SpecError(f"placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
+        if not self.devices:
+            raise SpecError("devices must name at least one device")
+        if not isinstance(self.world_size, int) or self.world_size < 1:
+            raise SpecError("world_size must be an integer >= 1")
+        if not self.device_aliases:
+            self.device_aliases = {d: d for d in self.devices}
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RunSpec:
+        if not isinstance(data, Mapping):
+            raise SpecError("spec.json must hold an object")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise SpecError(f"spec.json has unknown field(s) {', '.join(unknown)}")
+        return cls(**dict(data))
+
+    def write(self, run_dir: Path) -> Path:
+        """Write ``run_dir/spec.json`` atomically (a reader never sees half a spec)."""
+        run_dir.mkdir(parents=True, exist_ok=True)
+        path = run_dir / SPEC_FILENAME
+        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=1), encoding="utf-8")
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def read(cls, run_dir: Path) -> RunSpec:
+        try:
+            data = json.loads((Path(run_dir) / SPEC_FILENAME).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise SpecError(f"cannot read {Path(run_dir) / SPEC_FILENAME}: {exc}") from None
+        return cls.from_json(data)
+
+    @property
+    def accelerators(self) -> list[str]:
+        """The run's CUDA/XPU cards (in-run names)."""
+        return [d for d in self.devices if d.split(":")[0] in ("cuda", "xpu")]
+
+
+def build_spec(
+    run: Mapping[str, Any],
+    *,
+    placement: str,
+    slot_devices: Sequence[str],
+    run_devices: Sequence[str],
+    aliases: Mapping[str, str],
+    visible_devices: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    worker: str | None = None,
+    simulated: bool = False,
+) -> RunSpec:
+    """The spec of ``run`` (a store record: ``id``, ``graph``, ``options``, ``budget_gib``), the same
+    way for the sidecar and an agent; only where its devices come from differs (the caller's renumbering).
+
+    ``slot_devices``: the machine's names of the devices the run holds; ``run_devices``: the names the
+    run sees (first = ``auto``); ``visible_devices``: what the run can see, for ``execution_facts``.
+    """
+    facts: dict[str, Any] = {
+        "placement": placement,
+        "slot_devices": list(slot_devices),
+        "visible_devices": list(visible_devices),
+        "device_aliases": dict(aliases),
+    }
+    if worker is not None:
+        facts["worker"] = worker
+    if simulated:
+        facts["simulated_devices"] = True
+    budget = run.get("budget_gib")
+    return RunSpec(
+        run_id=str(run["id"]),
+        graph=dict(run["graph"]),
+        options=dict(run.get("options") or {}),
+        devices=list(run_devices),
+        device_aliases=dict(aliases),
+        placement=placement,
+        simulated=simulated,
+        worker=worker,
+        budget_gib=None if budget is None else float(budget),
+        env=dict(env or {}),
+        execution_facts=facts,
+    )
