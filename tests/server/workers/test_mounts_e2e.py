@@ -57,7 +57,7 @@ def test_a_mount_label_resolves_inside_its_folder_only(fleet, tmp_path):
         run = sc.wait_run(rid, {"succeeded", "failed"})
         assert run["status"] == "succeeded", run["error"]
         assert run["worker_id"] == "mounted"
-    assert sc.run(ok)["final_metrics"]["val_accuracy"] > 0.3  # trained on the CSV the mount holds
+    assert sc.run(ok)["final_metrics"]["eval_accuracy"] > 0.4  # trained on the CSV the mount holds (3 classes)
     for rid, text in ((up, "'..' is not allowed"), (out, "leads out of mount 'datasets'"),
                       (absolute, "must be relative to the mount's folder")):
         run = sc.wait_run(rid, {"succeeded", "failed"})
