@@ -45,7 +45,7 @@ from ..sidecar.runtime_file import pid_alive, read_runtime
 
 log = logging.getLogger("xpufleet")
 
-FORWARDED_RESOURCES = ("runs", "workers", "estimates", "services", "sweeps", "studies")
+FORWARDED_RESOURCES = ("runs", "workers", "pools", "estimates", "services", "sweeps", "studies")
 _UP_HEADERS = ("Content-Type", "Accept", "Last-Event-ID")
 _DOWN_HEADERS = ("Content-Type", "Content-Disposition", "Cache-Control", "Last-Modified", "ETag",
                  "X-Accel-Buffering")

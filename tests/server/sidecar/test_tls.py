@@ -98,3 +98,18 @@ def test_aiohttp_pins_the_certificate(https_server):
     with pytest.raises(aiohttp.ClientConnectorCertificateError):
         asyncio.run(get(None))
     assert tls.aiohttp_ssl(None) is True
+
+
+def test_the_comfyui_proxy_pins_a_tls_sidecar_and_forwards_pools(tmp_path):
+    import os
+
+    from xpufleet.server.comfy import proxy
+    from xpufleet.server.sidecar.runtime_file import write_runtime
+
+    fp = "sha256:" + ":".join(["0F"] * 32)
+    write_runtime(tmp_path, {"url": "https://127.0.0.1:1", "token": "xfs_t", "pid": os.getpid(), "version": "x",
+                             "tls_fingerprint": fp})
+    found = proxy.find_sidecar(tmp_path)
+    assert found.fingerprint == fp and isinstance(found.ssl(), aiohttp.Fingerprint)
+    assert proxy.upstream_path("pools/spot/revoke") == "/api/pools/spot/revoke"
+    assert proxy.upstream_path("runs/r/outputs/8/0_model.safetensors") == "/api/runs/r/outputs/8/0_model.safetensors"

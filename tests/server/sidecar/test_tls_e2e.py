@@ -34,6 +34,10 @@ def test_tls_sidecar_pinned_agent_runs_and_no_secret_crosses_in_clear(fleet, tmp
     assert (fleet.home / "tls" / "cert.pem").is_file() and ((fleet.home / "tls" / "key.pem").stat().st_mode & 0o077) == 0
     status = fleet.cli("status")
     assert status.returncode == 0 and sc.fingerprint in status.stdout, status.stdout + status.stderr
+    # a same-machine agent needs no arguments: the runtime file gives the URL, the token and the pin
+    local = fleet.agent("--name", "here", label="here")
+    local.wait_connected()
+    assert sc.wait_worker("here", "Online")["auth"] == "session"
 
     command, token = _join(fleet, "tlsbox")
     assert f"--server {sc.url}" in command and f"--fingerprint {sc.fingerprint}" in command

@@ -133,8 +133,14 @@ def test_ssh_worker_installs_runs_reconnects_disables_and_is_removed(fleet, tmp_
     again = sc.submit(fh.iris_graph(), target="gpu-ssh")
     assert sc.wait_run(again, TERMINAL)["status"] == "succeeded"
 
-    # remove: ssh ends, the entry and everything it stored on the host are deleted
+    # a sidecar restart: the agent on the host goes on; the new sidecar's tunnel brings it back
     new_pid = _agent_pid(folder)
+    sc.stop()
+    sc.start()
+    sc.wait_worker("gpu-ssh", "Online", timeout=180)
+    assert _agent_pid(folder) == new_pid and sc.worker("gpu-ssh")["ssh"]["connects"] == 1
+
+    # remove: ssh ends, the entry and everything it stored on the host are deleted
     removed = fleet.cli("workers", "remove", "gpu-ssh")
     assert removed.returncode == 0 and "deleted" in removed.stdout, removed.stdout + removed.stderr
     assert not folder.exists()
