@@ -231,11 +231,13 @@ class SshWorkers:
     def describe(self, name: str) -> dict[str, Any]:
         row = self._row(name)
         sup = self.supervisors.get(name)
-        live = sup.describe() if sup is not None else {}
+        live = sup.describe() if sup is not None else {"state": "starting", "detail": "", "pid": None,
+                                                        "remote_dir_abs": None, "build": None, "connects": 0,
+                                                        "tunnel_up_s": None}
+        if row["disabled"]:
+            live = {**live, "state": "disabled", "pid": None, "tunnel_up_s": None}
         return {
             "host": row["target"], "port": row["port"], "identity": row["identity"], "python": row["python"],
-            "remote_dir": live.get("remote_dir_abs") or row["remote_dir"], "agent_args": json.loads(row["agent_args"]),
-            "disabled": bool(row["disabled"]),
-            **({k: v for k, v in live.items() if k != "remote_dir_abs"} if not row["disabled"] else
-               {"state": "disabled", "detail": live.get("detail", ""), "pid": None}),
+            "remote_dir": live.pop("remote_dir_abs") or row["remote_dir"], "agent_args": json.loads(row["agent_args"]),
+            "disabled": bool(row["disabled"]), **live,
         }

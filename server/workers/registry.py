@@ -63,7 +63,7 @@ class WorkerRegistry(AgentSessions, WorkerManagement, PoolManagement, OutputsAcc
         self._announced_warnings: set[str] = set()
         self._uploading: set[str] = set()
         self._upload_tasks: set[asyncio.Task[Any]] = set()
-        self.ssh: Any = None  # SshWorkers (server/workers/ssh.py), attached by the routes' setup
+        self.ssh: Any = None  # SshWorkers (server/ssh/manager.py), attached by the routes' setup
         store.ensure_schema(SCHEMA_NAME, SCHEMA, SCHEMA_VERSION)
         for row in store.query("SELECT * FROM workers ORDER BY name"):
             self.workers[row["name"]] = WorkerState(

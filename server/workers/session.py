@@ -235,8 +235,7 @@ class AgentSessions:
         st.env = dict(hello.get("env") or {})
         st.node_types = list(hello["node_types"])
         st.devices = _clean_devices(hello["devices"])
-        mounts_changed = dict(hello.get("mounts") or {}) != st.mounts
-        st.mounts = dict(hello.get("mounts") or {})
+        st.mounts = dict(hello.get("mounts") or {})  # a change re-resolves runs waiting for a mount
         st.one_shot = bool(hello.get("one_shot"))
         held = [r["run_id"] for r in hello.get("runs") or []]
         if st.one_shot and st.taken is None and held:
@@ -283,7 +282,7 @@ class AgentSessions:
             self.dispatcher.register_provider(st.provider)
         else:
             self.dispatcher.providers_changed()
-        if st.pool is not None or mounts_changed:
+        if st.pool is not None:
             self._sync_pools()
         await self._reconcile(st, conn, hello, active)
         self._log_limit_warnings(name)

@@ -152,7 +152,9 @@ class WorkersPanel:
             "ssh": ssh,
             # what the second click does (seed 000: remove, delete an SSH worker, disable one with runs)
             "confirm": self._confirm_texts(name, st, ssh, active),
-            "selectable": status not in ("Disabled",) and st.pool is None,
+            # seed 000, Queue on...: a draining or disabled worker is listed but cannot be chosen; a pool
+            # instance is chosen through its pool
+            "selectable": status not in ("Disabled", "Draining") and st.pool is None,
         }
 
     def _confirm_texts(self, name: str, st: Any, ssh: dict[str, Any] | None,

@@ -225,8 +225,22 @@ def _describe(app: web.Application) -> None:
         ("get", AGENT_WS_PATH): {"summary": "worker agents' WebSocket (auth in the hello message)",
                                  "responses": {"101": {"description": "switching protocols"},
                                                "400": {"description": "not a WebSocket request"}}},
-        ("get", "/api/workers"): {"summary": "every known worker with status, devices, slots and runs",
-                                  "responses": resp("{\"workers\": [...]}", 401, 403)},
+        ("get", "/api/workers"): {
+            "summary": "every known worker with status, devices, slots and runs; the one-shot pools; how "
+                       "\"Add worker\" opens",
+            "description": "Each worker: name, status (Online, Degraded, Draining, Disconnected, Disabled), "
+                           "status_reason, auth (session, credential, pool, ssh), version, devices, runs, "
+                           "mounts [{label, folder}], one_shot, one_shot_taken, pool, ssh {host, port, "
+                           "remote_dir, state, detail, pid, connects, disabled} (SSH workers), selectable "
+                           "(false for Disabled workers and pool instances), confirm {remove, disable} (what "
+                           "the second click does). pools: [{name, revoked, idle, busy, queued, instances}]. "
+                           "add_worker: {default: ssh|join, reason}.",
+            "responses": {"200": {"description": "the Workers data", "content": {"application/json": {"schema": {
+                "type": "object", "required": ["workers", "pools", "add_worker"],
+                "properties": {"workers": {"type": "array", "items": {"type": "object"}},
+                               "pools": {"type": "array", "items": {"type": "object"}},
+                               "add_worker": {"type": "object"}}}}}},
+                          **{k: v for k, v in resp("", 401, 403).items() if k != "200"}}},
         ("get", "/api/workers/rejected"): {"summary": "refused agent connections with their reason",
                                            "responses": resp("{\"rejected\": [...]}", 401, 403)},
         ("post", "/api/workers/join-tokens"): {

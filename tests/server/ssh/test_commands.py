@@ -194,3 +194,15 @@ def _no_stray_agents(tmp_path):
         pid = int(pidfile.read_text())
         if _alive(pid):
             os.kill(pid, signal.SIGTERM)
+
+
+def test_an_ssh_workers_status_says_what_ssh_does():
+    from xpufleet.server.workers.status import ssh_status
+
+    ssh = {"disabled": False, "state": "ssh connection lost", "detail": "ssh exited with code -9; reconnecting in 2 s"}
+    assert ssh_status("Disconnected", "has not connected since the server started", ssh) == (
+        "Disconnected", "ssh connection lost: ssh exited with code -9; reconnecting in 2 s")
+    assert ssh_status("Disconnected", "disconnected 3 s ago", ssh)[1].endswith("; disconnected 3 s ago")
+    assert ssh_status("Online", "", ssh) == ("Online", "")
+    status, reason = ssh_status("Disconnected", "", {**ssh, "disabled": True})
+    assert status == "Disabled" and "enable it" in reason
