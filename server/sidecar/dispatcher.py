@@ -214,6 +214,11 @@ class Dispatcher(DynamicRuns):
         t = request.target
         if t.pool is not None and t.pool in self.closed_pools:
             raise RequestError(self.closed_pools[t.pool])
+        if request.options.get("record_outputs") is True and any(
+                getattr(self.providers.get(c.provider), "one_shot", False) for c in resolution.candidates):
+            raise RequestError("options.record_outputs is off for a one-shot worker: its agent exits when the run "
+                               "ends, so nothing could read the outputs it keeps; use \"upload\" (copied here "
+                               "first) or leave it out")
         if t.memory_gib is not None and any(c.provider == LOCAL_PROVIDER for c in resolution.candidates):
             raise RequestError(not_available(
                 "options.target.memory_gib on a run this server may run itself",

@@ -166,3 +166,23 @@ def test_a_closed_pool_refuses_new_runs(tmp_path):
         store.close()
 
     asyncio.run(main())
+
+
+def test_record_outputs_kept_on_a_one_shot_worker_is_refused(tmp_path):
+    async def main() -> None:
+        store = Store(tmp_path / "state.db")
+        d = Dispatcher(store, tmp_path)
+        d.register_provider(Local())
+        d.register_provider(Worker("once", one_shot=True))
+        await d.start()
+        try:
+            _submit(d, GRAPH, target="once", record_outputs=True)
+        except Exception as exc:  # noqa: BLE001 - RequestError, a 400
+            assert getattr(exc, "status", None) == 400 and "one-shot worker" in str(exc)
+        else:
+            raise AssertionError("record_outputs kept on a one-shot worker was accepted")
+        assert _submit(d, GRAPH, target="once", record_outputs="upload")  # copied here before it exits
+        await d.shutdown()
+        store.close()
+
+    asyncio.run(main())

@@ -88,8 +88,11 @@ def test_bundle_build_id_follows_the_files(tmp_path):
 
 # --- the host's scripts, for real ---------------------------------------------------------------------------
 
-FAKE_AGENT = """import os, signal, sys, time
-open(os.path.join(os.environ["XPUFLEET_HOME"], "argv.json"), "w").write(__import__("json").dumps(sys.argv))
+FAKE_AGENT = """import json, os, signal, sys, time
+path = os.path.join(os.environ["XPUFLEET_HOME"], "argv.json")
+with open(path + ".tmp", "w") as f:
+    f.write(json.dumps(sys.argv))
+os.replace(path + ".tmp", path)  # whole or absent: the test waits for it
 signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
 time.sleep(600)
 """
