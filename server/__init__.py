@@ -4,7 +4,8 @@
 * ``scheduling/``: the slot rule and the routing choice, pure;
 * ``run/``: one run's processes (spec, launcher, runner, graph executor);
 * ``sidecar/``: the aiohttp app, its routes, dispatcher, store, local provider;
-* ``workers/``: the sidecar's side of worker agents;
+* ``workers/``: the sidecar's side of worker agents (pools, recorded outputs too);
+* ``ssh/``: SSH workers (the package put on a host, the agent started there, the tunnel);
 * ``agent/``: the worker agent process;
 * ``cli/``: the ``xpufleet`` command;
 * ``comfy/``: the routes the plugin adds to ComfyUI's own server.
