@@ -109,6 +109,9 @@ MAX_DEVICE_SET = 64  # devices in one target.devices
 MEMORY_ESTIMATE_TIMEOUT_S = 5.0  # the meta-device build of a graph's models is abandoned after this long
 ESTIMATE_ALLOCATOR_FRACTION = 0.2  # the static estimate adds 20% for the caching allocator
 ESTIMATE_CUDA_LIBRARIES_MIB = 128  # ... and 128 MiB for the CUDA libraries' workspaces
+MEMORY_OVERTAKES_BEFORE_HOLD = 3  # a waiting run overtaken this often on a shared card holds that card for itself
+ENV_LOCAL_SHARED_CARDS = "XPUFLEET_LOCAL_SHARED_CARDS"  # "cuda:0,cuda:1": this server's cards admitted by memory
+AGENT_CAP_MEMORY = "memory_cap"  # the hello capability of an agent that caps a run's allocator to its budget
 
 
 def home_dir(env: dict[str, str] | None = None) -> Path:

@@ -7,6 +7,8 @@
 * ``workers/``: the sidecar's side of worker agents (pools, recorded outputs too);
 * ``ssh/``: SSH workers (the package put on a host, the agent started there, the tunnel);
 * ``agent/``: the worker agent process;
+* ``ledger/``: memory-shared cards' rules (graph key, fit rule and texts, budgets, the memory queue), pure;
+* ``memory/``: the sidecar's admission by memory on shared cards (ledger fed by heartbeats, budgets, peaks);
 * ``cli/``: the ``xpufleet`` command;
 * ``comfy/``: the routes the plugin adds to ComfyUI's own server.
 """

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ...constants import (
+    AGENT_CAP_MEMORY,
     AGENT_HELLO_TIMEOUT_S,
     AGENT_PROTOCOL,
     AGENT_RECONNECT_MAX_S,
@@ -57,6 +58,7 @@ from .config import (
     ws_url,
 )
 from .remote import RemoteFeatures
+from .usage import run_memory
 
 log = logging.getLogger("xpufleet.agent")
 
@@ -152,12 +154,17 @@ class Agent(RemoteFeatures):
             self._node_types = sorted(NODE_CLASS_MAPPINGS)
         return self._node_types
 
-    def _runs_summary(self) -> list[dict[str, Any]]:
-        return [
-            {"run_id": r.run_id, "last_seq": r.last_seq, "status": r.status()}
-            for r in self.runs.values()
-            if not r.forgotten
-        ]
+    def _runs_summary(self, memory: dict[str, dict[str, float]] | None = None) -> list[dict[str, Any]]:
+        """The runs this agent holds; ``memory``: GiB per card each run's processes use (NVML)."""
+        out = []
+        for r in self.runs.values():
+            if r.forgotten:
+                continue
+            entry: dict[str, Any] = {"run_id": r.run_id, "last_seq": r.last_seq, "status": r.status()}
+            if memory and memory.get(r.run_id):
+                entry["memory"] = memory[r.run_id]
+            out.append(entry)
+        return out
 
     async def _send(self, text: str) -> bool:
         ws = self.ws
@@ -254,6 +261,7 @@ class Agent(RemoteFeatures):
                 devices=self._last_devices, env=devinv.environment_summary(self.inventory),
                 runs=self._runs_summary(), pid=os.getpid(),
                 mounts={label: str(path) for label, path in self.cfg.mounts.items()}, one_shot=self.cfg.one_shot,
+                capabilities=[AGENT_CAP_MEMORY],  # runs are capped to their budget (server/run/memory.py)
             )
             await ws.send_str(hello)
             first = await asyncio.wait_for(ws.receive(), timeout=AGENT_HELLO_TIMEOUT_S)
@@ -304,8 +312,13 @@ class Agent(RemoteFeatures):
                 self._last_devices = await asyncio.to_thread(self.inventory.snapshot)
             except Exception as exc:
                 log.warning("device probe failed: %s", exc)
+            try:
+                memory = await asyncio.to_thread(run_memory, self.inventory, self.runs.values())
+            except Exception as exc:  # per-run figures are extra: never stop the heartbeat
+                log.warning("per-run memory probe failed: %s", exc)
+                memory = {}
             ok = await self._send(protocol.encode(
-                "heartbeat", devices=self._last_devices, runs=self._runs_summary(), ts=time.time()))
+                "heartbeat", devices=self._last_devices, runs=self._runs_summary(memory), ts=time.time()))
             if not ok:
                 return
 

@@ -159,11 +159,16 @@ def _start_foreground(args: argparse.Namespace, home: Path) -> int:
         report(f"error: a sidecar is already running at {running[1]['url']} (pid {running[1]['pid']})")
         err(f"a sidecar is already running at {running[1]['url']} (pid {running[1]['pid']})")
         return EXIT_RUN_FAILED
-    config = SidecarConfig.from_env(home, host=args.host, port=args.port,
-                                    allowed_hosts=tuple(args.allowed_host or ()),
-                                    tls=bool(args.tls or args.tls_cert),
-                                    tls_cert=Path(args.tls_cert).expanduser() if args.tls_cert else None,
-                                    tls_key=Path(args.tls_key).expanduser() if args.tls_key else None)
+    try:
+        config = SidecarConfig.from_env(home, host=args.host, port=args.port,
+                                        allowed_hosts=tuple(args.allowed_host or ()),
+                                        tls=bool(args.tls or args.tls_cert),
+                                        tls_cert=Path(args.tls_cert).expanduser() if args.tls_cert else None,
+                                        tls_key=Path(args.tls_key).expanduser() if args.tls_key else None)
+    except ValueError as exc:  # a bad XPUFLEET_LOCAL_SHARED_CARDS names itself
+        report(f"error: {exc}")
+        err(str(exc))
+        return EXIT_USAGE
     try:
         return run_foreground(config, ready=report)
     except TLSConfigError as exc:

@@ -11,7 +11,7 @@ from typing import Any
 
 from .info import DeviceInfo, to_bytes
 from .nvml import Nvml
-from .probe import cpu_device, cuda_devices, mps_devices, xpu_devices
+from .probe import cpu_device, cuda_cards, mps_devices, xpu_devices
 from .simulated import SimulatedCard, simulated_file, write_simulated_file
 
 log = logging.getLogger("xpufleet.devices")
@@ -35,6 +35,7 @@ class Inventory:
         self.sim_path = simulated_file(home, worker) if self.simulate else None
         self._sim_last: dict[str, dict[str, Any]] = {}
         self._nvml: Nvml | None = None
+        self._nvml_index: dict[str, int] = {}  # cuda:N of this agent -> NVML index (last probe)
         self._other_present: bool | None = None
         self.notes: list[str] = []
         if self.simulate:
@@ -74,7 +75,9 @@ class Inventory:
             self._nvml = Nvml()
             if not self._nvml.ok:
                 self.notes.append(f"CUDA: {self._nvml.reason}")
-        out = cuda_devices(self._nvml, self.env)
+        cards = cuda_cards(self._nvml, self.env)
+        self._nvml_index = {info.name: card.index for info, card in cards}
+        out = [info for info, _ in cards]
         if self._other_present is None or self._other_present:
             try:
                 other = xpu_devices() + mps_devices()
@@ -99,6 +102,16 @@ class Inventory:
     def snapshot(self) -> list[dict[str, Any]]:
         """:meth:`devices` in their wire form (hello, heartbeat; GiB)."""
         return [d.to_wire() for d in self.devices()]
+
+    def process_memory(self, pids_by_run: dict[str, set[int]]) -> dict[str, dict[str, float]]:
+        """GiB each run's processes use per card, from NVML (real NVIDIA cards only: simulated cards have
+        no such figure, and none is made up)."""
+        if self.simulate or self._nvml is None:
+            return {}
+        out = self._nvml.process_memory(self._nvml_index, pids_by_run)
+        if self.only is not None:
+            out = {r: {d: v for d, v in per.items() if d in self.only} for r, per in out.items()}
+        return {r: per for r, per in out.items() if per}
 
     def check_requested(self) -> list[str]:
         """Names in ``--devices`` that this machine does not have (empty when all exist)."""

@@ -14,7 +14,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ...constants import BYTES_PER_GB
+
 log = logging.getLogger("xpufleet.devices")
+
+GIB = BYTES_PER_GB
 
 RETRY_S = 60.0  # a failed NVML initialisation of the shared instance is retried after this long
 
@@ -73,6 +77,7 @@ class Nvml:
         except Exception as exc:
             log.warning("NVML failed to list cards: %s", exc)
             return []
+        self._handles = handles
         out = []
         for i, (h, uuid) in enumerate(zip(handles, uuids, strict=True)):
             try:
@@ -85,6 +90,37 @@ class Nvml:
             except Exception:
                 name = "NVIDIA GPU"
             out.append(NvmlCard(i, uuid, name, total, free))
+        return out
+
+
+    def process_memory(self, names: dict[str, int], pids_by_run: dict[str, set[int]]) -> dict[str, dict[str, float]]:
+        """GiB each run's processes use per card (NVML's per-process figures, compute and graphics
+        contexts). ``names``: card name -> NVML index (of the last :meth:`cards`); runs without any use
+        are left out."""
+        if not self.ok or not pids_by_run:
+            return {}
+        nv = self._mod
+        handles = getattr(self, "_handles", [])
+        run_of = {pid: run for run, pids in pids_by_run.items() for pid in pids}
+        out: dict[str, dict[str, float]] = {}
+        for name, index in names.items():
+            if index >= len(handles):
+                continue
+            used: dict[int, int] = {}
+            for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+                try:
+                    procs = getattr(nv, getter)(handles[index])
+                except Exception:  # noqa: BLE001 - not supported on this card or driver
+                    continue
+                for p in procs:
+                    mem = getattr(p, "usedGpuMemory", None)
+                    if isinstance(mem, int) and mem >= 0:  # None / NVML_VALUE_NOT_AVAILABLE: unknown
+                        used[p.pid] = max(used.get(p.pid, 0), mem)
+            for pid, mem in used.items():
+                run = run_of.get(pid)
+                if run is not None:
+                    per = out.setdefault(run, {})
+                    per[name] = round(per.get(name, 0.0) + mem / GIB, 3)
         return out
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .host import host_memory
 from .info import DeviceInfo
-from .nvml import Nvml, visible_order
+from .nvml import Nvml, NvmlCard, visible_order
 
 log = logging.getLogger("xpufleet.devices")
 
@@ -33,10 +33,11 @@ def cpu_device() -> DeviceInfo:
                       commit_limit_bytes=host.commit_limit)
 
 
-def cuda_devices(nvml: Nvml, parent_env: dict[str, str]) -> list[DeviceInfo]:
-    """NVIDIA cards as this process's ``cuda:N`` (its own CUDA_VISIBLE_DEVICES applied), by UUID."""
+def cuda_cards(nvml: Nvml, parent_env: dict[str, str]) -> list[tuple[DeviceInfo, NvmlCard]]:
+    """NVIDIA cards as this process's ``cuda:N`` (its own CUDA_VISIBLE_DEVICES applied), by UUID,
+    each with its NVML card."""
     order = visible_order(nvml.cards(), parent_env.get("CUDA_VISIBLE_DEVICES"))
-    return [DeviceInfo(f"cuda:{n}", label=c.name, uuid=c.uuid, total_bytes=c.total, free_bytes=c.free)
+    return [(DeviceInfo(f"cuda:{n}", label=c.name, uuid=c.uuid, total_bytes=c.total, free_bytes=c.free), c)
             for n, c in enumerate(order)]
 
 

@@ -10,7 +10,10 @@ write end of a pipe as the events fd.
 Events are JSON lines ``{"seq", "type", "payload", "ts"}`` (``seq`` from 1, per run; events.py) written
 to the events fd and appended to ``RUN_DIR/events.jsonl`` (so a parent that died can recover what the
 run reported). The last event is always ``run_finished`` ``{"status", "error", "final_metrics",
-"peak_memory", "execution_facts"}`` (plus ``validation`` for a graph that failed validation).
+"peak_memory", "execution_facts"}`` (plus ``validation`` for a graph that failed validation, and
+``out_of_memory`` {device, budget_gib, simulated} when the run failed for lack of memory: the server then
+says where the budget came from). On simulated cards the run's tensor bytes are counted (and capped to
+``budget_gib``): see :mod:`.memory`.
 
 stdin commands: ``stop`` = cancel (cooperative: TrainingLoop writes its interrupt checkpoint; the run
 ends ``cancelled``); ``interrupt`` = the parent is shutting down (same stop; the run ends
@@ -21,6 +24,7 @@ The exit code is 0 when the run succeeded, 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import socket
@@ -32,7 +36,7 @@ from typing import Any
 
 from ...constants import VERSION
 from .events import EventSink
-from .memory import apply_memory_budget, peak_memory
+from .memory import apply_memory_budget, is_out_of_memory, peak_memory, simulated_card_memory
 from .outputs import OutputRecorder, record_mode
 from .spec import SPEC_FILENAME, RunSpec
 
@@ -99,26 +103,43 @@ def run(run_dir: Path, events_fd: int | None = None, stdin: Any = None) -> int:
     sink = EventSink(pipe, run_dir / "events.jsonl")
     status, error, extra = "failed", None, {}
     facts: dict[str, Any] = {}
+    tracker: Any = None
+    devices: list[str] = []
     try:
         spec = RunSpec.read(run_dir).to_json()
         for key, value in (spec.get("env") or {}).items():
             os.environ.setdefault(str(key), str(value))
         facts = base_facts(spec)
         apply_memory_budget(spec, facts)
-        status, error, extra = _execute(spec, run_dir, sink, facts, stdin)
+        devices = list(spec.get("devices") or [])
+        tracker = _simulated_tracker(spec, facts)
+        status, error, extra = _execute(spec, run_dir, sink, facts, stdin, tracker)
     except Exception as exc:  # noqa: BLE001 - spec unreadable: still end with run_finished
         traceback.print_exc()
         status, error = "failed", f"the run could not start: {type(exc).__name__}: {exc}"
     finally:
         payload = {"status": status, "error": error, "final_metrics": dict(sink.final_metrics),
-                   "peak_memory": peak_memory(), "execution_facts": facts, **extra}
+                   "peak_memory": peak_memory(tracker, devices), "execution_facts": facts, **extra}
         sink.emit("run_finished", payload)
         sink.close()
     return 0 if status == "succeeded" else 1
 
 
+def _simulated_tracker(spec: dict[str, Any], facts: dict[str, Any]) -> Any:
+    """On simulated CUDA cards: count the run's tensor bytes, capped to the budget (a simulated cap)."""
+    cuda = [d for d in (spec.get("devices") or []) if d.startswith("cuda")]
+    if not spec.get("simulated") or not cuda:
+        return None
+    budget = spec.get("budget_gib")
+    machine = (spec.get("device_aliases") or {}).get(cuda[0], cuda[0])
+    if budget is not None:
+        facts["simulated_cap"] = {"budget_gib": budget, "device": machine,
+                                  "counts": "tensor storage the run holds on the CPU (simulated card)"}
+    return simulated_card_memory(budget, machine)
+
+
 def _execute(spec: dict[str, Any], run_dir: Path, sink: EventSink, facts: dict[str, Any],
-             stdin: Any) -> tuple[str, str | None, dict[str, Any]]:
+             stdin: Any, tracker: Any = None) -> tuple[str, str | None, dict[str, Any]]:
     from ...nodes import runtime
     from .executor import GraphValidationError, NodeExecutionError, execute_graph, format_errors
 
@@ -152,7 +173,7 @@ def _execute(spec: dict[str, Any], run_dir: Path, sink: EventSink, facts: dict[s
                               "device_aliases": aliases, "placement": placement})
     recorder = recorder_for(spec, run_dir, sink)
     try:
-        with runtime.use(ctx):
+        with runtime.use(ctx), (tracker if tracker is not None else contextlib.nullcontext()):
             execute_graph(spec["graph"], ctx, on_outputs=recorder.record if recorder is not None else None)
     except GraphValidationError as exc:
         return "failed", "the graph failed validation: " + format_errors(exc.response), {"validation": exc.response}
@@ -162,6 +183,8 @@ def _execute(spec: dict[str, Any], run_dir: Path, sink: EventSink, facts: dict[s
                                      "traceback": exc.traceback})
         if isinstance(exc.original, runtime.RunStopped):
             return _stopped(watcher)
+        if is_out_of_memory(exc.original):
+            return "failed", str(exc), {"out_of_memory": _oom_facts(spec, tracker)}
         return "failed", str(exc), {}
     except runtime.RunStopped:
         return _stopped(watcher)
@@ -182,6 +205,14 @@ def recorder_for(spec: dict[str, Any], run_dir: Path, sink: EventSink) -> Output
         return None
     return OutputRecorder(run_dir, spec.get("run_id"), mode,
                           warn=lambda kind, message: sink.emit("run_warning", {"kind": kind, "message": message}))
+
+
+def _oom_facts(spec: dict[str, Any], tracker: Any) -> dict[str, Any]:
+    """Which card ran out of memory (the machine's name for it) under which budget."""
+    cuda = [d for d in (spec.get("devices") or []) if d.startswith(("cuda", "mps", "xpu"))]
+    first = cuda[0] if cuda else "cuda:0"
+    return {"device": (spec.get("device_aliases") or {}).get(first, first), "budget_gib": spec.get("budget_gib"),
+            "simulated": tracker is not None}
 
 
 def _stopped(watcher: StopWatcher) -> tuple[str, str | None, dict[str, Any]]:

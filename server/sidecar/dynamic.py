@@ -2,22 +2,22 @@
 
 A pool run's candidates are the pool's live instances; an ``any`` run whose graph reads a storage mount
 goes to the workers that declare it. Both may have no candidate at submission: they wait with a reason
-(the routing's ``note``) and are resolved again whenever providers change. A target whose candidates
-changed is queued again with all its runs, in submission order, so they keep their order among
-themselves. After a restart they are found again from what was submitted.
+(the routing's ``note``) and are resolved again whenever providers change; the queue is then rebuilt in
+submission order. After a restart they are found again from what was submitted.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..scheduling import QueuedRun, Resolution, RunTarget, TargetError
+from ..scheduling import Candidate, RunTarget, TargetError
 from .requests import RequestError, parse_run_request
 
 
 class DynamicRuns:
     """The dynamic-run part of :class:`~.dispatcher.Dispatcher` (mixed in)."""
 
+    _cands: dict[str, tuple[Candidate, ...]]  # every queued run's candidates (the dispatcher's)
     _dynamic: dict[str, RunTarget]  # queued dynamic runs, in submission order
     _notes: dict[str, str]  # why those without a candidate yet wait
     _reresolve: bool
@@ -36,15 +36,14 @@ class DynamicRuns:
         self._reresolve = bool(self._dynamic)
 
     def _resolve_dynamic(self) -> None:
-        """Resolve the dynamic runs against the providers and pools of now. A target whose candidates
-        changed is queued again with all its runs in submission order (so they keep their order among
-        themselves); one that became impossible fails with the reason."""
+        """Resolve the dynamic runs against the providers and pools of now. When some run's candidates
+        changed, the queue is rebuilt from every queued run's candidates in submission order (so runs keep
+        their order); a run that became impossible fails with the reason."""
         self._reresolve = False
-        changed_targets: set[str] = set()
-        fresh: dict[str, Resolution] = {}
+        changed: dict[str, tuple[Candidate, ...]] = {}
         for run_id, target in list(self._dynamic.items()):
-            queued = self._queue.get(run_id)
-            if queued is None:
+            current = self._cands.get(run_id)
+            if current is None:  # no longer queued
                 self._forget_dynamic(run_id)
                 continue
             try:
@@ -53,22 +52,18 @@ class DynamicRuns:
                 self._forget_dynamic(run_id)
                 self.run_ended(run_id, "failed", f"the run can no longer be placed: {exc}")
                 continue
-            fresh[run_id] = res
             if res.note:
                 self._notes[run_id] = res.note
             else:
                 self._notes.pop(run_id, None)
-            if res.candidates != queued.candidates:
-                changed_targets.add(res.target)
-        if not changed_targets:
+            if res.candidates != current:
+                changed[run_id] = res.candidates
+        if not changed:
             return
-        again = [rid for rid, res in fresh.items() if res.target in changed_targets]
-        for run_id in again:
-            self._queue.remove(run_id)
-        for run_id in again:
-            self._queue.add(QueuedRun(run_id, fresh[run_id].candidates))
-            self._unexplained.add(run_id)
-        self.store.set_candidates({rid: [c.to_json() for c in fresh[rid].candidates] for rid in again})
+        self._cands.update(changed)  # same keys: the submission order is kept
+        self.store.set_candidates({rid: [c.to_json() for c in cands] for rid, cands in changed.items()})
+        self.slot_state()  # providers changed: the slot state and the memory queue follow the new candidates
+        self._resplit()
 
     def _forget_dynamic(self, run_id: str) -> None:
         self._dynamic.pop(run_id, None)

@@ -53,6 +53,7 @@ class LocalProvider:
         self.name = LOCAL_PROVIDER
         self.home = Path(home)
         self.host = host
+        self._details = [dict(d) for d in devices]
         self._devices = offers_from(devices)
         self.stop_grace_s = stop_grace_s
         self.runs: dict[str, ProcessGroup] = {}
@@ -61,6 +62,10 @@ class LocalProvider:
 
     def devices(self) -> list[DeviceOffer]:
         return list(self._devices)
+
+    def device_details(self) -> list[dict[str, Any]]:
+        """The devices as probed at start (total/free GiB): the memory ledger's first figures."""
+        return [{**d, "name": "mps:0" if d.get("name") == "mps" else d.get("name")} for d in self._details]
 
     def run_dir(self, run_id: str) -> Path:
         return self.home / RUNS_DIR_NAME / run_id

@@ -108,8 +108,6 @@ def parse_run_request(body: Any) -> RunRequest:
     labels = mounts.labels_in_graph(graph)
     if labels:
         target = dataclasses.replace(target, mounts=tuple(labels))
-    if target.wait is not None:
-        raise RequestError(not_available("options.target.wait", "waiting for memory on shared cards (SPEC M)"))
     clean = {k: v for k, v in options.items() if v is not None}
     if name is not None:
         clean["name"] = name

@@ -337,6 +337,11 @@ class Store:
         return [{"id": r["id"], "target": r["target"], "graph": json.loads(r["graph"]),
                  "options": json.loads(r["options"])} for r in rows]
 
+    def set_budget(self, run_id: str, budget_gib: float | None, budget_source: str | None) -> None:
+        """A queued run's budget changed (the memory ledger raised it or gave it the default)."""
+        with self.transaction() as db:
+            db.execute("UPDATE runs SET budget_gib=?, budget_source=? WHERE id=?", (budget_gib, budget_source, run_id))
+
     def set_waiting_reasons(self, reasons: Mapping[str, str | None]) -> None:
         """Update ``waiting_reason`` of queued runs in one transaction."""
         if not reasons:

@@ -65,6 +65,9 @@ class WorkerRegistry(AgentSessions, WorkerManagement, PoolManagement, OutputsAcc
         self._upload_tasks: set[asyncio.Task[Any]] = set()
         self.ssh: Any = None  # SshWorkers (server/ssh/manager.py), attached by the routes' setup
         store.ensure_schema(SCHEMA_NAME, SCHEMA, SCHEMA_VERSION)
+        memory = getattr(dispatcher, "memory", None)
+        if memory is not None:  # a card's mode decides whether it admits runs by memory
+            memory.mode_of = self.device_mode
         for row in store.query("SELECT * FROM workers ORDER BY name"):
             self.workers[row["name"]] = WorkerState(
                 name=row["name"], auth=row["auth"], drained=bool(row["drained"]), version=row["version"],

@@ -48,6 +48,7 @@ class WorkerState:
     one_shot: bool = False  # takes one run, then its agent exits (SPEC W8)
     pool: str | None = None  # the one-shot pool this instance joined
     taken: str | None = None  # the run a one-shot worker took
+    capabilities: tuple[str, ...] = ()  # from the agent's hello (e.g. "memory_cap")
 
     @property
     def online(self) -> bool:
