@@ -18,6 +18,7 @@ ENV_RUN_QUEUE_MAX_CONCURRENT = "XPUFLEET_RUN_QUEUE_MAX_CONCURRENT"  # "cuda:0=2,
 ENV_WORKER_RESUME_GRACE_S = "XPUFLEET_WORKER_RESUME_GRACE_S"
 ENV_CUDA_CONTEXT_MIB = "XPUFLEET_EXECUTION_CUDA_CONTEXT_MIB"
 ENV_MODEL_DIRS = "XPUFLEET_MODEL_DIRS"  # os.pathsep-separated model folders when not hosted
+ENV_MOUNTS = "XPUFLEET_MOUNTS"  # a worker run's storage mounts, JSON {"label": "/folder"} (set by the agent)
 
 # --- defaults ---------------------------------------------------------------------------------
 DEFAULT_HOST = "127.0.0.1"
@@ -50,6 +51,8 @@ AGENT_PROTOCOL = 1  # bumped when agent<->sidecar messages change incompatibly
 AGENT_HELLO_TIMEOUT_S = 10.0  # the sidecar closes a WebSocket that does not say hello in time
 AGENT_RECONNECT_MAX_S = 10.0  # reconnect backoff ceiling (1, 2, 4, ... seconds)
 JOIN_TOKEN_TTL_S = 24 * 3600  # a one-time join token expires after a day
+ENV_SSH = "XPUFLEET_SSH"  # the ssh client SSH workers use (default: ssh on PATH)
+ENV_SSH_CONFIG = "XPUFLEET_SSH_CONFIG"  # an ssh config file passed (-F) to every ssh the sidecar runs
 SIMULATED_UUID_PREFIX = "GPU-5e1a7ed0"  # simulated cards' UUIDs start with this (never a real one)
 
 # --- graph nodes (SPEC N3-N5) ---------------------------------------------------------------------
@@ -88,7 +91,9 @@ ENV_ALLOWED_HOSTS = "XPUFLEET_ALLOWED_HOSTS"  # extra Host header names accepted
 STATE_DB_NAME = "state.db"
 SIDECAR_LOG_NAME = "sidecar.log"  # stdout/stderr of a background `xpufleet start`
 SIDECAR_LOCK_NAME = "sidecar.lock"  # flock: one sidecar per XPUFLEET_HOME
+AGENT_SOCKET_NAME = "agents.sock"  # $XPUFLEET_HOME/agents.sock: the Unix socket SSH workers' tunnels end at
 RUNS_DIR_NAME = "runs"  # $XPUFLEET_HOME/runs/<run_id>/ (spec.json, output.log, events.jsonl, artifacts)
+RECORDED_OUTPUTS_DIRNAME = "recorded_outputs"  # <run dir>/recorded_outputs: record_outputs (SPEC W5)
 ENV_WARM_START = "XPUFLEET_WARM_START"  # "0": run processes start as new interpreters (no forkserver)
 RUN_STOP_GRACE_S = 30.0  # after `stop`, a run child gets this long to write its checkpoint and exit
 SIDECAR_START_TIMEOUT_S = 60.0  # `xpufleet start` waits this long for /api/health

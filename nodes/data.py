@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import mounts
 from . import types as T
 
 # --- pure loading (numpy arrays; no torch) ------------------------------------------------------------
@@ -229,7 +230,7 @@ def _csv(opts: DatasetOptions) -> RawData:
 def _existing_file(path: str, what: str) -> Path:
     if not str(path).strip():
         raise ValueError(f"dataset '{what.lower()}' needs a path: set path to the {what} file")
-    p = Path(os.path.expanduser(str(path).strip()))
+    p = mounts.input_path(path)  # a worker's "label:file" stays inside that mount
     if not p.is_file():
         raise ValueError(f"{what} file not found: {p}")
     return p
@@ -435,8 +436,8 @@ class XPUDataset:
         """ComfyUI re-runs the node when a CSV/safetensors file changes on disk (its mtime)."""
         if name in T.FILE_DATASETS and str(path).strip():
             try:
-                return os.path.getmtime(os.path.expanduser(str(path).strip()))
-            except OSError:
+                return os.path.getmtime(mounts.input_path(path))
+            except (OSError, mounts.MountError):
                 return float("nan")  # missing: always re-run, so the error shows
         return ""
 

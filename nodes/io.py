@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from . import device as devmod
-from . import hostmode, paths, runtime
+from . import hostmode, mounts, paths, runtime
 from . import types as T
 from .models import build_model, spec_of
 from .training import node_label
@@ -176,13 +176,18 @@ class XPUModelLoader:
     @classmethod
     def IS_CHANGED(cls, path: str = "", **_: Any) -> Any:
         """ComfyUI re-runs the node when the model file changes (a new save under the same name)."""
-        found = next((p for p in paths.candidate_paths(path) if p.is_file()), None) if str(path).strip() else None
+        try:
+            cands = [mounts.resolve(path)] if mounts.split_ref(path) else paths.candidate_paths(path)
+        except mounts.MountError:
+            return float("nan")
+        found = next((p for p in cands if p.is_file()), None) if str(path).strip() else None
         return found.stat().st_mtime_ns if found is not None else float("nan")
 
     def load(self, path: str) -> tuple[Any]:
         if not str(path).strip():
             raise ValueError("ModelLoader: path is empty; give the file ModelSaver wrote")
-        candidates = paths.candidate_paths(path)
+        # a worker's "label:file" resolves inside that mount only; other paths as before
+        candidates = [mounts.resolve(path)] if mounts.split_ref(path) else paths.candidate_paths(path)
         found = next((p for p in candidates if p.is_file()), None)
         if found is None:
             raise ValueError(f"ModelLoader: model file {path!r} not found; looked in: "

@@ -135,8 +135,11 @@ def _remote(args: argparse.Namespace, body: dict[str, Any]) -> tuple[int, dict[s
     if runtime.get("token"):
         headers["Authorization"] = f"Bearer {runtime['token']}"
     req = urllib.request.Request(f"{url}/api/predict", data=json.dumps(body).encode(), headers=headers, method="POST")
+    from ..server.sidecar import tls
+
+    same = url == str(runtime.get("url") or "").rstrip("/")
     try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
+        with tls.urlopen(req, 60, runtime.get("tls_fingerprint") if same else None) as resp:
             return EXIT_OK, json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         try:

@@ -4,7 +4,8 @@
 * ``scheduling/``: the slot rule and the routing choice, pure;
 * ``run/``: one run's processes (spec, launcher, runner, graph executor);
 * ``sidecar/``: the aiohttp app, its routes, dispatcher, store, local provider;
-* ``workers/``: the sidecar's side of worker agents;
+* ``workers/``: the sidecar's side of worker agents (pools, recorded outputs too);
+* ``ssh/``: SSH workers (the package put on a host, the agent started there, the tunnel);
 * ``agent/``: the worker agent process;
 * ``ledger/``: memory-shared cards' rules (graph key, fit rule and texts, budgets, the memory queue), pure;
 * ``memory/``: the sidecar's admission by memory on shared cards (ledger fed by heartbeats, budgets, peaks);

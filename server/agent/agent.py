@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import signal
 import socket
 import time
@@ -43,6 +44,7 @@ from ..run.events import describe_exit
 from ..run.launcher import LaunchError, ProcessGroup, member_env, single
 from ..run.spec import RunSpec, build_spec
 from ..run.warm import default_starter, warm_up
+from ..sidecar import tls
 from ..workers import protocol
 from .config import (
     AgentConfig,
@@ -52,9 +54,11 @@ from .config import (
     credential_file,
     resolve_auth,
     state_file,
+    unix_socket_of,
     write_private_json,
     ws_url,
 )
+from .remote import RemoteFeatures
 from .usage import run_memory
 
 log = logging.getLogger("xpufleet.agent")
@@ -64,6 +68,7 @@ MAX_BUFFERED_EVENTS = 200_000  # per run; beyond this the oldest progress events
 
 
 # --- runs ---------------------------------------------------------------------------------------
+
 
 @dataclass
 class RunState:
@@ -90,7 +95,7 @@ class RunState:
         return "finished" if self.finished else "running"
 
 
-class Agent:
+class Agent(RemoteFeatures):
     """The agent process's state and loops (one asyncio event loop)."""
 
     def __init__(self, cfg: AgentConfig) -> None:
@@ -110,6 +115,10 @@ class Agent:
         # The server's settings, from its last welcome: a remote agent does not share its environment.
         self.server_heartbeat_s: float | None = None
         self.server_grace_s: float | None = None
+        self.took_run: str | None = None  # a one-shot agent's one run
+        self._pin: str | None = None  # the certificate pinned on the current connection
+        self._refusals_reported: set[str] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
 
     def heartbeat_s(self) -> float:
         """Heartbeat period: the server's (from welcome), else this process's own setting."""
@@ -188,19 +197,27 @@ class Agent:
 
         backoff = 0.5
         timeout = aiohttp.ClientTimeout(total=None, connect=10, sock_connect=10)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            while not self.stopping.is_set():
-                try:
-                    auth = resolve_auth(self.cfg)
-                except AuthError as exc:
-                    self._write_state("waiting", str(exc))
-                    log.warning("%s", exc)
-                    await self._sleep(backoff)
-                    backoff = min(backoff * 2, AGENT_RECONNECT_MAX_S)
-                    continue
-                welcomed = False
+        while not self.stopping.is_set():
+            try:
+                auth = resolve_auth(self.cfg)
+            except AuthError as exc:
+                self._write_state("waiting", str(exc))
+                log.warning("%s", exc)
+                await self._sleep(backoff)
+                backoff = min(backoff * 2, AGENT_RECONNECT_MAX_S)
+                continue
+            welcomed = False
+            # One client session per attempt: an SSH worker's server is a Unix socket (its tunnel's end)
+            sock = unix_socket_of(auth.url)
+            connector = aiohttp.UnixConnector(path=sock) if sock is not None else None
+            async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
                 try:
                     welcomed = await self._session(session, auth)
+                except aiohttp.ServerFingerprintMismatch as exc:
+                    reason = tls.fingerprint_mismatch_text(auth.fingerprint or "", exc.got)
+                    self._write_state("rejected", reason, server=auth.url)
+                    log.error("refusing the server at %s: %s", auth.url, reason)
+                    await self._report_refusal(auth, exc.got)
                 except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
                     self._write_state("disconnected", f"cannot reach {auth.url}: {exc}", server=auth.url)
                     log.info("connection to %s failed: %s", auth.url, exc)
@@ -220,11 +237,11 @@ class Agent:
                         self.disconnected_since = time.monotonic()
                         if not self.stopping.is_set():
                             self._write_state("disconnected", "connection lost; reconnecting", server=auth.url)
-                if welcomed:
-                    backoff = 0.5
-                else:
-                    backoff = min(backoff * 2, AGENT_RECONNECT_MAX_S)
-                await self._sleep(backoff)
+            if welcomed:
+                backoff = 0.5
+            else:
+                backoff = min(backoff * 2, AGENT_RECONNECT_MAX_S)
+            await self._sleep(backoff)
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
@@ -238,7 +255,7 @@ class Agent:
         self._write_state("connecting", f"connecting to {auth.url}", server=auth.url)
         async with session.ws_connect(
             ws_url(auth.url), headers=headers, max_msg_size=protocol.MAX_MESSAGE_BYTES,
-            heartbeat=max(5.0, self.heartbeat_s() * 2), autoping=True,
+            heartbeat=max(5.0, self.heartbeat_s() * 2), autoping=True, ssl=tls.aiohttp_ssl(auth.fingerprint),
         ) as ws:
             self._last_devices = await asyncio.to_thread(self.inventory.snapshot)
             hello = protocol.encode(
@@ -246,6 +263,7 @@ class Agent:
                 auth={"kind": auth.kind, "token": auth.token}, node_types=self.node_types(),
                 devices=self._last_devices, env=devinv.environment_summary(self.inventory),
                 runs=self._runs_summary(), pid=os.getpid(), instance=self.instance,
+                mounts={label: str(path) for label, path in self.cfg.mounts.items()}, one_shot=self.cfg.one_shot,
                 capabilities=[AGENT_CAP_MEMORY],  # runs are capped to their budget (server/run/memory.py)
             )
             await ws.send_str(hello)
@@ -261,8 +279,10 @@ class Agent:
                 raise protocol.ProtocolError(f"expected welcome, got {msg['type']}")
             if msg.get("credential"):
                 write_private_json(credential_file(self.cfg.home, self.cfg.name),
-                                   {"server": auth.url, "name": self.cfg.name, "credential": msg["credential"]})
+                                   {"server": auth.url, "name": self.cfg.name, "credential": msg["credential"],
+                                    "fingerprint": auth.fingerprint})
                 self.cfg.join_token = None  # one-time: spent
+            self._pin = auth.fingerprint
             self.server_heartbeat_s = msg.get("heartbeat_interval_s") or self.server_heartbeat_s
             self.server_grace_s = msg.get("resume_grace_s") or self.server_grace_s
             self.ws = ws
@@ -334,10 +354,13 @@ class Agent:
             rs = self.runs.get(msg["run_id"])
             if rs is not None:
                 await self._forget(rs, msg.get("reason") or "forgotten by the server")
+        elif mtype == "read_outputs":
+            self._spawn(self._serve_outputs(msg))
         elif mtype == "credential":  # reissued: the old credential no longer works
             server = self.state.get("server")
             write_private_json(credential_file(self.cfg.home, self.cfg.name),
-                               {"server": server, "name": self.cfg.name, "credential": msg["credential"]})
+                               {"server": server, "name": self.cfg.name, "credential": msg["credential"],
+                                "fingerprint": self._pin})
             log.info("the server reissued this worker's credential; the new one is stored")
         elif mtype == "reject":
             self._write_state("removed" if msg.get("removed") else "rejected", msg["reason"])
@@ -350,13 +373,13 @@ class Agent:
         rs.acked_seq = max(rs.acked_seq, seq)
         rs.events = [e for e in rs.events if e["seq"] > rs.acked_seq]
         if rs.finished and rs.acked_seq >= (rs.finished_seq or 0):
-            self.runs.pop(rs.run_id, None)
+            self._done_with(rs)
 
     async def _forget(self, rs: RunState, reason: str) -> None:
         rs.forgotten = True
         rs.events.clear()
         if rs.finished:
-            self.runs.pop(rs.run_id, None)
+            self._done_with(rs)
         else:
             log.info("run %s: %s; stopping it", rs.run_id, reason)
             self.stop_run(rs, "forget")
@@ -380,7 +403,7 @@ class Agent:
                         break
             await self._send_event(rs, ev)
         if rs.forgotten and rs.finished:
-            self.runs.pop(rs.run_id, None)
+            self._done_with(rs)
 
     async def start_run(self, msg: dict[str, Any]) -> None:
         """Start one run in its own subprocess (duplicates of a known run id are ignored)."""
@@ -389,6 +412,11 @@ class Agent:
             return
         rs = RunState(run_id, self._run_dir(run_id), list(msg["devices"]))
         self.runs[run_id] = rs
+        if self.cfg.one_shot and self.took_run is not None:
+            await self._finish_without_child(rs, "failed", f"the one-shot agent on worker {self.cfg.name} already "
+                                                           f"took its one run ({self.took_run})")
+            return
+        self.took_run = run_id
         offered = {d["name"] for d in (getattr(self, "_last_devices", None) or self.inventory.snapshot())}
         try:
             machine = [devnames.normalize_device(d) for d in msg["devices"]]
@@ -547,7 +575,7 @@ class Agent:
         for t in (grace, conn, warm):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
-        self._write_state("removed" if self.removed else "stopped")
+        self._write_state("removed" if self.removed else ("done" if self.took_run and self.cfg.one_shot else "stopped"))
         return 0
 
 
@@ -556,6 +584,11 @@ def default_name() -> str:
     host = socket.gethostname().split(".")[0]
     name = "".join(c if (c.isascii() and c.isalnum()) or c in "-_" else "-" for c in host).lstrip("-_")[:64]
     return name if protocol.worker_name_problem(name) is None else "worker"
+
+
+def one_shot_name() -> str:
+    """A one-shot agent's default name: the hostname and a random suffix (many share a machine)."""
+    return f"{default_name()[:55]}-{secrets.token_hex(3)}"
 
 
 def run_agent(cfg: AgentConfig) -> int:

@@ -11,6 +11,7 @@ from typing import Any
 from ...constants import AGENT_WS_PATH, RUNTIME_FILENAME
 from ..devices.simulated import SimulatedCard
 from ..sidecar.runtime_file import read_runtime
+from ..workers.protocol import POOL_SECRET_PREFIX
 
 
 def agents_dir(home: Path) -> Path:
@@ -52,9 +53,17 @@ def read_runtime_file(home: Path) -> dict[str, Any] | None:
     return read_runtime(Path(home))
 
 
+def unix_socket_of(server_url: str) -> str | None:
+    """The socket path of a ``unix:/path/agents.sock`` server URL (an SSH worker's tunnel), else None."""
+    return server_url[len("unix:"):] if server_url.startswith("unix:") else None
+
+
 def ws_url(server_url: str) -> str:
-    """``http://host:port`` -> ``ws://host:port/api/agents/ws`` (https -> wss)."""
+    """``http://host:port`` -> ``ws://host:port/api/agents/ws`` (https -> wss; ``unix:PATH`` -> the
+    socket's ``ws://localhost/...``)."""
     url = server_url.rstrip("/")
+    if unix_socket_of(url) is not None:
+        return "ws://localhost" + AGENT_WS_PATH
     if url.startswith("https://"):
         url = "wss://" + url[len("https://"):]
     elif url.startswith("http://"):
@@ -75,6 +84,9 @@ class AgentConfig:
     devices: list[str] | None = None  # --devices filter (None: every card found)
     simulate: list[SimulatedCard] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
+    mounts: dict[str, Path] = field(default_factory=dict)  # --mount label=folder (SPEC W9)
+    one_shot: bool = False  # take one run, exit when it ends (SPEC W8)
+    fingerprint: str | None = None  # --fingerprint: the TLS certificate pinned (SPEC S3)
 
 
 class AuthError(RuntimeError):
@@ -86,6 +98,7 @@ class AuthChoice:
     url: str
     kind: str
     token: str
+    fingerprint: str | None = None  # the server certificate's SHA-256, pinned for https URLs
 
 
 def resolve_auth(cfg: AgentConfig) -> AuthChoice:
@@ -102,12 +115,16 @@ def resolve_auth(cfg: AgentConfig) -> AuthChoice:
             f"no server to connect to: start the sidecar on this machine (xpufleet start) so "
             f"{Path(cfg.home) / RUNTIME_FILENAME} exists, or pass --server URL"
         )
+    same_cred = bool(cred) and (cfg.server is None or cred.get("server") == url)
+    pin = cfg.fingerprint or ((cred or {}).get("fingerprint") if same_cred else None)
     if cfg.join_token:  # an explicit --join wins: joining (again) replaces any stored credential
-        return AuthChoice(url, "join", cfg.join_token)
-    if cred and cred.get("credential") and (cfg.server is None or cred.get("server") == url):
-        return AuthChoice(url, "credential", cred["credential"])
+        kind = "pool" if cfg.join_token.startswith(POOL_SECRET_PREFIX + "_") else "join"
+        return AuthChoice(url, kind, cfg.join_token, pin)
+    if cred and cred.get("credential") and same_cred:
+        return AuthChoice(url, "credential", cred["credential"], pin)
     if runtime and runtime.get("token") and (cfg.server is None or _same_server(runtime.get("url"), url)):
-        return AuthChoice(runtime.get("url") or url, "session", runtime["token"])
+        return AuthChoice(runtime.get("url") or url, "session", runtime["token"],
+                          cfg.fingerprint or runtime.get("tls_fingerprint"))
     raise AuthError(
         f"no credential for {url}: get a join token from the server (Workers panel -> Add worker, or "
         f"POST /api/workers/join-tokens) and pass --join TOKEN"

@@ -25,12 +25,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...constants import RUN_STOP_GRACE_S, home_dir
+from ...constants import ENV_MOUNTS, RUN_STOP_GRACE_S, home_dir
+from ...nodes.mounts import MountError, parse_mounts
 from ..agent import agent as agentmod
 from ..agent import config as agentcfg
 from ..devices.inventory import Inventory
 from ..devices.names import DeviceSpecError, parse_device_list
 from ..devices.simulated import parse_simulate
+from ..sidecar.tls import TLSConfigError, normalize_fingerprint
 from ..workers import protocol
 from .text import safe
 
@@ -57,6 +59,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     s.add_argument("--join", metavar="TOKEN", help="one-time join token from the server (remote workers)")
     s.add_argument("--simulate", metavar="SPEC",
                    help='simulated CUDA cards for tests/demos, e.g. "cuda:0=24,cuda:1=24" (GiB; @UUID optional)')
+    s.add_argument("--mount", action="append", metavar="LABEL=FOLDER",
+                   help="a storage mount: node file inputs 'LABEL:file.csv' read FOLDER/file.csv here (repeatable)")
+    s.add_argument("--one-shot", action="store_true",
+                   help="take exactly one run and exit when it ends (with --join POOL_TOKEN: join that pool)")
+    s.add_argument("--fingerprint", metavar="SHA256",
+                   help="the TLS sidecar's certificate fingerprint to pin (the join command carries it)")
     t = sub.add_parser("stop", help="stop a worker agent started with `agent start`")
     t.add_argument("--name", help="worker name (default: the only running agent, else the hostname)")
     u = sub.add_parser("status", help="show this machine's worker agents",
@@ -135,17 +143,38 @@ def _pick_name(args: argparse.Namespace, home: Path) -> str:
 # --- start ------------------------------------------------------------------------------------------
 
 def _config(args: argparse.Namespace, home: Path) -> agentcfg.AgentConfig:
-    name = args.name or agentmod.default_name()
+    one_shot = bool(getattr(args, "one_shot", False))
+    # one-shot agents of a pool often share a machine (batch jobs): each gets a name of its own
+    name = args.name or (agentmod.one_shot_name() if one_shot else agentmod.default_name())
     bad_name = protocol.worker_name_problem(name)
     if bad_name:  # the server would refuse it; say so before starting anything
         raise DeviceSpecError(f"--name: {bad_name}")
+    join = args.join or os.environ.pop(ENV_JOIN_TOKEN, None) or None  # not passed on to runs
+    if join and join.startswith(protocol.POOL_SECRET_PREFIX + "_") and not one_shot:
+        raise DeviceSpecError("--join: this is a pool's shared credential; pool instances are one-shot agents: "
+                              "add --one-shot")
+    fingerprint = getattr(args, "fingerprint", None)
+    if fingerprint:
+        try:
+            fingerprint = normalize_fingerprint(fingerprint)
+        except TLSConfigError as exc:
+            raise DeviceSpecError(f"--fingerprint: {exc}") from None
+    try:
+        mount_map = parse_mounts(getattr(args, "mount", None))
+    except MountError as exc:
+        raise DeviceSpecError(f"--mount: {exc}") from None
+    extra_env = {ENV_MOUNTS: json.dumps({k: str(v) for k, v in mount_map.items()})} if mount_map else {}
     return agentcfg.AgentConfig(
         name=name,
         home=home,
         server=args.server,
-        join_token=args.join or os.environ.pop(ENV_JOIN_TOKEN, None) or None,  # not passed on to runs
+        join_token=join,
         devices=parse_device_list(args.devices),
         simulate=parse_simulate(args.simulate, name),
+        extra_env=extra_env,
+        mounts=mount_map,
+        one_shot=one_shot,
+        fingerprint=fingerprint,
     )
 
 
@@ -186,6 +215,12 @@ def _spawn(args: argparse.Namespace, cfg: agentcfg.AgentConfig, home: Path) -> i
         argv += ["--server", args.server]
     if args.simulate:
         argv += ["--simulate", args.simulate]
+    for label, folder in cfg.mounts.items():
+        argv += ["--mount", f"{label}={folder}"]
+    if cfg.one_shot:
+        argv += ["--one-shot"]
+    if cfg.fingerprint:
+        argv += ["--fingerprint", cfg.fingerprint]
     env = dict(os.environ)
     if cfg.join_token:
         env[ENV_JOIN_TOKEN] = cfg.join_token

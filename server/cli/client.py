@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ...constants import EVENTS_LONG_POLL_MAX_S, home_dir
+from ..sidecar import tls
 from ..sidecar.runtime_file import read_runtime, runtime_path
 
 
@@ -36,10 +37,11 @@ class ApiError(RuntimeError):
 class Client:
     """``Client(url, token)``, or :meth:`from_home` for the sidecar of ``XPUFLEET_HOME``."""
 
-    def __init__(self, url: str, token: str | None, timeout: float = 30.0) -> None:
+    def __init__(self, url: str, token: str | None, timeout: float = 30.0, fingerprint: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.token = token
         self.timeout = timeout
+        self.fingerprint = fingerprint  # a TLS sidecar's certificate, pinned (SPEC S3)
 
     @classmethod
     def from_home(cls, home: Path | None = None, timeout: float = 30.0) -> Client:
@@ -50,7 +52,7 @@ class Client:
                 f"no sidecar is running for XPUFLEET_HOME={home} (no {runtime_path(home).name}): "
                 f"start one with `xpufleet start`"
             )
-        return cls(info["url"], info.get("token"), timeout)
+        return cls(info["url"], info.get("token"), timeout, info.get("tls_fingerprint"))
 
     # --- plumbing ---------------------------------------------------------------------------------
 
@@ -70,7 +72,7 @@ class Client:
             headers["Content-Type"] = "application/json"
         req = urllib.request.Request(url, data=data, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
+            with tls.urlopen(req, timeout or self.timeout, self.fingerprint) as resp:
                 content = resp.read()
                 if raw:
                     return content

@@ -28,7 +28,7 @@ def running_client(home: Path) -> tuple[Client, dict[str, Any]] | None:
     if not pid_alive(info.get("pid")):
         remove_runtime(home)
         return None
-    client = Client(info["url"], info.get("token"), timeout=5.0)
+    client = Client(info["url"], info.get("token"), timeout=5.0, fingerprint=info.get("tls_fingerprint"))
     try:
         client.health()
     except (SidecarUnreachable, ApiError):

@@ -24,6 +24,7 @@ from ...constants import VERSION
 from ...predictor import cli as predictor_cli
 from . import agent as agent_cli
 from . import estimate as estimate_cli
+from . import pools as pools_cli
 from . import runs as runs_cli
 from . import sidecar as sidecar_cli
 from . import ui as ui_cli
@@ -33,7 +34,7 @@ from .common import EXIT_RUN_FAILED, EXIT_UNREACHABLE, EXIT_USAGE, err
 from .text import safe
 
 # Every command module, in the order `xpufleet --help` lists them.
-COMMAND_MODULES = (sidecar_cli, runs_cli, estimate_cli, agent_cli, workers_cli, predictor_cli, ui_cli)
+COMMAND_MODULES = (sidecar_cli, runs_cli, estimate_cli, agent_cli, workers_cli, pools_cli, predictor_cli, ui_cli)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,6 +19,10 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("run", help="queue a graph (ComfyUI API format) and, by default, wait for it")
     p.add_argument("graph", help="graph file in ComfyUI's API format")
     p.add_argument("--target", help="local (default), any, or a worker name")
+    p.add_argument("--pool", help="a one-shot worker pool: the run goes to an idle instance of it")
+    p.add_argument("--record-outputs", nargs="?", const="keep", choices=("keep", "upload"),
+                   help="record each node's outputs (kept where the run runs; 'upload': also copied to the "
+                        "sidecar at the end); read them with GET /api/runs/ID/outputs")
     dev = p.add_mutually_exclusive_group()
     dev.add_argument("--device", help="one device: auto, cpu, cuda, cuda:N, xpu:N, mps (falls back if missing)")
     dev.add_argument("--devices", help="a device set, e.g. cuda:0,cuda:1 (every device must be offered)")
@@ -97,9 +101,13 @@ def _run_options(args: argparse.Namespace) -> dict[str, Any]:
         options["deterministic"] = True
     if args.device:
         options["device"] = args.device
+    if getattr(args, "record_outputs", None):
+        options["record_outputs"] = "upload" if args.record_outputs == "upload" else True
     target: dict[str, Any] = {}
     if args.target:
         target["worker"] = args.target
+    if getattr(args, "pool", None):
+        target["pool"] = args.pool
     if args.devices:
         target["devices"] = [d.strip() for d in args.devices.split(",") if d.strip()]
     if args.memory_gib is not None:

@@ -39,6 +39,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = any free)")
     p.add_argument("--allowed-host", action="append", metavar="NAME",
                    help="another Host header name to answer to (e.g. behind a proxy); repeatable")
+    p.add_argument("--tls", action="store_true",
+                   help="serve HTTPS (between machines): a certificate generated under XPUFLEET_HOME/tls unless "
+                        "--tls-cert/--tls-key give one; join commands carry its SHA-256 fingerprint")
+    p.add_argument("--tls-cert", metavar="FILE", help="PEM certificate (chain) to serve with --tls")
+    p.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert (default: in the same file)")
     p.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_start)
 
@@ -52,8 +57,26 @@ def add_parser(sub: Any) -> None:
 
 
 
+def _tls_args(args: argparse.Namespace) -> list[str] | str:
+    """The TLS options checked (an error text) and as passed on to the background child."""
+    if args.tls_key and not args.tls_cert:
+        return "--tls-key needs --tls-cert"
+    out = []
+    for flag, value in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key)):
+        if value:
+            path = Path(value).expanduser()
+            if not path.is_file():
+                return f"{flag} {value}: no such file"
+            out += [flag, str(path.resolve())]
+    return (["--tls"] if args.tls or args.tls_cert else []) + out
+
+
 def cmd_start(args: argparse.Namespace) -> int:
     home = ensure_home(home_dir())
+    tls_args = _tls_args(args)
+    if isinstance(tls_args, str):
+        err(tls_args)
+        return EXIT_USAGE
     if args.foreground:
         return _start_foreground(args, home)
     running = running_client(home)
@@ -65,6 +88,7 @@ def cmd_start(args: argparse.Namespace) -> int:
            "--port", str(args.port), "--ready-fd", str(write_fd)]
     for name in args.allowed_host or ():
         cmd += ["--allowed-host", name]
+    cmd += tls_args
     log_path = home / SIDECAR_LOG_NAME
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
@@ -73,6 +97,9 @@ def cmd_start(args: argparse.Namespace) -> int:
     message = _read_ready(read_fd, SIDECAR_START_TIMEOUT_S)
     if message.startswith("http"):
         print(f"XPU Fleet sidecar running at {message} (pid {proc.pid}, home {home})")
+        fingerprint = (read_runtime(home) or {}).get("tls_fingerprint")
+        if fingerprint:
+            print(f"TLS certificate fingerprint (agents pin it: --fingerprint): {fingerprint}")
         return EXIT_OK
     if proc.poll() is None and not message:
         err(f"the sidecar did not get ready within {SIDECAR_START_TIMEOUT_S:g} s; see {log_path}")
@@ -115,6 +142,7 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 def _start_foreground(args: argparse.Namespace, home: Path) -> int:
     from ..sidecar.app import AlreadyRunning, SidecarConfig, run_foreground
+    from ..sidecar.tls import TLSConfigError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     ready_fd = args.ready_fd
@@ -134,13 +162,20 @@ def _start_foreground(args: argparse.Namespace, home: Path) -> int:
         return EXIT_RUN_FAILED
     try:
         config = SidecarConfig.from_env(home, host=args.host, port=args.port,
-                                        allowed_hosts=tuple(args.allowed_host or ()))
+                                        allowed_hosts=tuple(args.allowed_host or ()),
+                                        tls=bool(args.tls or args.tls_cert),
+                                        tls_cert=Path(args.tls_cert).expanduser() if args.tls_cert else None,
+                                        tls_key=Path(args.tls_key).expanduser() if args.tls_key else None)
     except ValueError as exc:  # a bad XPUFLEET_LOCAL_SHARED_CARDS names itself
         report(f"error: {exc}")
         err(str(exc))
         return EXIT_USAGE
     try:
         return run_foreground(config, ready=report)
+    except TLSConfigError as exc:
+        report(f"error: {exc}")
+        err(str(exc))
+        return EXIT_USAGE
     except AlreadyRunning as exc:
         report(f"error: {exc}")
         err(str(exc))
@@ -226,6 +261,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         return EXIT_OK
     runs = ", ".join(f"{n} {s}" for s, n in st["runs"].items() if n) or "none"
     print(f"XPU Fleet sidecar {st['version']} running at {info['url']} (pid {st['pid']}, home {st['home']})")
+    if info.get("tls_fingerprint"):
+        print(f"TLS certificate fingerprint: {info['tls_fingerprint']}")
     print(f"runs: {runs}")
     for s in st["slots"]:  # labels name workers and their devices: text from the agents
         shared = f" (shared by {', '.join(s['providers'])})" if len(s["providers"]) > 1 else ""

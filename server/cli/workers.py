@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 import urllib.parse
 from typing import Any
 
 from .client import Client
-from .common import EXIT_OK
+from .common import EXIT_OK, EXIT_RUN_FAILED
 from .text import safe
 
 
@@ -23,7 +24,9 @@ def _add_workers_parser(subparsers: Any) -> None:
     w = subparsers.add_parser("workers", help="list and manage the sidecar's workers",
                               description="Workers known to the running sidecar (default: list them).")
     w.add_argument("--json", action="store_true", help="machine-readable output")
-    wsub = w.add_subparsers(dest="workers_command", metavar="{list,drain,undrain,remove,reissue,join-token,rejected,mode}")
+    wsub = w.add_subparsers(
+        dest="workers_command",
+        metavar="{list,drain,undrain,remove,reissue,join-token,rejected,mode,add-ssh,disable,enable}")
     # --json also after the subcommand (`xpufleet workers list --json`); SUPPRESS keeps the outer value
     json_opt = argparse.ArgumentParser(add_help=False)
     json_opt.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
@@ -37,6 +40,24 @@ def _add_workers_parser(subparsers: Any) -> None:
                         parents=[json_opt])
     j.add_argument("--name", help="bind the token to this worker name")
     wsub.add_parser("rejected", help="refused agent connections with their reason", parents=[json_opt])
+    a = wsub.add_parser("add-ssh", parents=[json_opt],
+                        help="add an SSH worker: reach user@host through your OpenSSH set-up, install xpufleet "
+                             "there and start its agent; its connection comes back through the ssh tunnel")
+    a.add_argument("name", help="worker name")
+    a.add_argument("host", help="user@host (or a Host of your ~/.ssh/config)")
+    a.add_argument("--port", type=int, help="the host's sshd port (default: ssh's, usually 22)")
+    a.add_argument("--identity", help="private key file on this machine (default: ssh's own choice)")
+    a.add_argument("--python", help="the host's Python with xpufleet's dependencies (default python3)")
+    a.add_argument("--remote-dir", help="the worker's folder on the host (default ~/.xpufleet-ssh/NAME)")
+    a.add_argument("--devices", help="cards its agent offers, e.g. cuda:0,cuda:1 (default: all)")
+    a.add_argument("--mount", action="append", metavar="LABEL=FOLDER", help="a storage mount on the host")
+    a.add_argument("--simulate", metavar="SPEC", help="simulated CUDA cards (tests and demos)")
+    a.add_argument("--no-wait", action="store_true", help="return at once instead of waiting until it is Online")
+    a.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for Online (default 180)")
+    for cmd, text in (("disable", "SSH worker: stop its agent and end ssh (listed as Disabled)"),
+                      ("enable", "SSH worker: connect it again")):
+        c = wsub.add_parser(cmd, help=text, parents=[json_opt])
+        c.add_argument("name", help="worker name")
     m = wsub.add_parser("mode", help="a card's mode: exclusive (default) or shared by memory", parents=[json_opt])
     m.add_argument("name", help="worker name")
     m.add_argument("device", help="the worker's card, e.g. cuda:1")
@@ -56,6 +77,10 @@ def run_workers(args: argparse.Namespace) -> int:
         out = client.request("DELETE", f"/api/workers/{urllib.parse.quote(args.name)}")
     elif cmd == "join-token":
         out = client.request("POST", "/api/workers/join-tokens", {"name": args.name} if args.name else {})
+    elif cmd == "add-ssh":
+        return _add_ssh(client, args)
+    elif cmd in ("disable", "enable"):
+        out = client.request("POST", f"/api/workers/{urllib.parse.quote(args.name)}/{cmd}")
     elif cmd == "mode":
         out = client.request("PUT", f"/api/workers/{urllib.parse.quote(args.name)}/devices/"
                                     f"{urllib.parse.quote(args.device)}/mode", {"mode": args.mode})
@@ -84,9 +109,38 @@ def run_workers(args: argparse.Namespace) -> int:
     elif cmd == "remove":
         print(f"worker {safe(out['removed'])} removed ({len(out['failed_runs'])} waiting run(s) failed, "
               f"{len(out['interrupted_runs'])} running run(s) interrupted)")
+        cleanup = out.get("remote_cleanup")
+        if cleanup is not None:
+            print(f"  on the host: {cleanup.get('dir') or ''} "
+                  + ("deleted" if cleanup.get("removed") else f"not deleted: {cleanup.get('detail')}"))
     else:
         print(safe(f"worker {out['name']}: {out['status']}" + (f" ({out['status_reason']})" if out["status_reason"] else "")))
     return EXIT_OK
+
+
+def _add_ssh(client: Client, args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"name": args.name, "host": args.host}
+    for key in ("port", "identity", "python", "remote_dir", "devices", "simulate"):
+        if getattr(args, key) is not None:
+            body[key] = getattr(args, key)
+    if args.mount:
+        body["mounts"] = list(args.mount)
+    out = client.request("POST", "/api/workers/ssh", body)
+    deadline = time.monotonic() + args.timeout
+    path = f"/api/workers/{urllib.parse.quote(args.name)}"
+    shown = ""
+    while not args.no_wait and out["status"] != "Online" and time.monotonic() < deadline:
+        line = f"{out['status']}: {out['status_reason']}"
+        if line != shown and not args.json:
+            print(f"worker {args.name}: {line}", file=sys.stderr)
+            shown = line
+        time.sleep(0.5)  # the Workers data has no push channel
+        out = client.request("GET", path)
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"worker {args.name}: {out['status']}" + (f" ({out['status_reason']})" if out["status_reason"] else ""))
+    return EXIT_OK if args.no_wait or out["status"] == "Online" else EXIT_RUN_FAILED
 
 
 def _print_workers(workers: list[dict[str, Any]]) -> None:
@@ -122,6 +176,12 @@ def _print_workers(workers: list[dict[str, Any]]) -> None:
                   f", {safe(d['mode'])}{safe(same)}")
             for line in memory_lines(d.get("memory")):
                 print(f"    {safe(line)}")
+        if w.get("ssh"):
+            ssh = w["ssh"]
+            print(safe(f"  via ssh {ssh['host']}" + (f" -p {ssh['port']}" if ssh.get("port") else "")
+                  + f", folder {ssh['remote_dir']}: {ssh.get('state')}" + (f" ({ssh['detail']})" if ssh.get("detail") else "")))
+        if w.get("mounts"):
+            print(safe("  mounts: " + ", ".join(f"{m['label']}={m['folder']}" for m in w["mounts"])))
         for r in w["runs"]:
             budget = f", budget {r['budget_gib']:g} GiB ({r['budget_source']})" if r.get("budget_gib") is not None else ""
             use = (r.get("memory_in_use") or {}).get("devices") or {}

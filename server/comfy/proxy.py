@@ -45,7 +45,7 @@ from ..sidecar.runtime_file import pid_alive, read_runtime
 
 log = logging.getLogger("xpufleet")
 
-FORWARDED_RESOURCES = ("runs", "workers", "estimates", "services", "sweeps", "studies")
+FORWARDED_RESOURCES = ("runs", "workers", "pools", "estimates", "services", "sweeps", "studies")
 _UP_HEADERS = ("Content-Type", "Accept", "Last-Event-ID")
 _DOWN_HEADERS = ("Content-Type", "Content-Disposition", "Cache-Control", "Last-Modified", "ETag",
                  "X-Accel-Buffering")
@@ -70,6 +70,13 @@ class Sidecar:
     token: str
     pid: int | None
     version: str | None
+    fingerprint: str | None = None  # a TLS sidecar's certificate, pinned (SPEC S3)
+
+    def ssl(self) -> Any:
+        """``ssl=`` for aiohttp: the pinned certificate, or default verification."""
+        from ..sidecar.tls import aiohttp_ssl
+
+        return aiohttp_ssl(self.fingerprint)
 
     def public(self) -> dict[str, Any]:
         return {"running": True, "url": self.url, "pid": self.pid, "version": self.version}
@@ -80,7 +87,8 @@ def find_sidecar(home: Path) -> Sidecar | None:
     info = read_runtime(home)
     if info is None or not pid_alive(info.get("pid")):
         return None
-    return Sidecar(str(info["url"]).rstrip("/"), str(info["token"]), info.get("pid"), info.get("version"))
+    return Sidecar(str(info["url"]).rstrip("/"), str(info["token"]), info.get("pid"), info.get("version"),
+                   info.get("tls_fingerprint"))
 
 
 def upstream_path(raw_tail: str) -> str:
@@ -169,7 +177,7 @@ class SidecarProxy:
         if found is None:
             return None
         try:
-            async with self._client().get(f"{found.url}/api/health",
+            async with self._client().get(f"{found.url}/api/health", ssl=found.ssl(),
                                           timeout=aiohttp.ClientTimeout(total=_HEALTH_TIMEOUT_S)) as resp:
                 return found if resp.status == 200 else None
         except (aiohttp.ClientError, asyncio.TimeoutError):
@@ -200,7 +208,7 @@ class SidecarProxy:
         headers["Authorization"] = f"Bearer {sidecar.token}"
         try:
             async with self._client().request(request.method, url, data=body or None, headers=headers,
-                                              allow_redirects=False) as up:
+                                              ssl=sidecar.ssl(), allow_redirects=False) as up:
                 resp = web.StreamResponse(status=up.status, reason=up.reason)
                 for name in _DOWN_HEADERS:
                     if name in up.headers:

@@ -71,7 +71,7 @@ def prepare(adm: MemoryAdmission, graph: Any, target: Any, resolution: Resolutio
                 f"options.target.memory_gib on a run this server may run on its own {dev}: memory admission for "
                 f"this server's cards is off ({ENV_LOCAL_SHARED_CARDS}={dev} turns it on for that card); send the "
                 f"run to a worker with options.target.worker, or leave memory_gib out")
-    if not split.memory and not split.slot:
+    if split.mixed and not split.memory and not split.slot:  # (no candidate at all: a pool/mount run waits)
         texts = "; ".join(f"{', '.join(c.devices)} on {'this server' if c.provider == LOCAL_PROVIDER else c.provider}"
                           for c in split.mixed)
         raise AdmissionError(f"the device set mixes cards shared by memory and exclusive cards ({texts}): make "

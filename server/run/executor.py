@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,19 +86,25 @@ def _normalise(node_id: str, class_type: str, cls: type, result: Any, ui: dict[s
     return result
 
 
+OutputsHook = Callable[[str, str, type, tuple, Any], None]
+
+
 def execute_graph(
     graph: Mapping[str, Any],
     ctx: RunContext | None = None,
     node_classes: Mapping[str, type] | None = None,
+    on_outputs: OutputsHook | None = None,
 ) -> ExecutionResult:
     """Validate then run ``graph``; returns every executed node's outputs.
 
     With ``ctx`` the nodes report to that run context (events, stop flag, devices); without it they
-    report to the host or logging. Raises GraphValidationError, NodeExecutionError or RunStopped.
+    report to the host or logging. ``on_outputs(node_id, class_type, cls, outputs, ui)`` sees each
+    node's results as it finishes (``record_outputs``). Raises GraphValidationError, NodeExecutionError
+    or RunStopped.
     """
     if ctx is not None and runtime.current() is not ctx:
         with runtime.use(ctx):
-            return execute_graph(graph, ctx, node_classes)
+            return execute_graph(graph, ctx, node_classes, on_outputs)
     classes = node_classes if node_classes is not None else default_node_classes()
     graph = {str(k): v for k, v in graph.items()} if isinstance(graph, Mapping) else graph
     check_graph(graph, classes)
@@ -150,4 +156,6 @@ def execute_graph(
             "node_finished",
             {"node": nid, "class_type": ct, "seconds": round(time.perf_counter() - started, 4), "index": index, "total": len(order)},
         )
+        if on_outputs is not None:
+            on_outputs(nid, ct, cls, result.outputs[nid], result.ui.get(nid))
     return result

@@ -37,6 +37,7 @@ from typing import Any
 from ...constants import VERSION
 from .events import EventSink
 from .memory import apply_memory_budget, is_out_of_memory, peak_memory, simulated_card_memory
+from .outputs import OutputRecorder, record_mode
 from .spec import SPEC_FILENAME, RunSpec
 
 
@@ -182,9 +183,10 @@ def _execute(spec: dict[str, Any], run_dir: Path, sink: EventSink, facts: dict[s
     )
     sink.emit("run_started", {"run_id": spec.get("run_id"), "pid": os.getpid(), "devices": devices,
                               "device_aliases": aliases, "placement": placement})
+    recorder = recorder_for(spec, run_dir, sink)
     try:
         with runtime.use(ctx), (tracker if tracker is not None else contextlib.nullcontext()):
-            execute_graph(spec["graph"], ctx)
+            execute_graph(spec["graph"], ctx, on_outputs=recorder.record if recorder is not None else None)
     except GraphValidationError as exc:
         return "failed", "the graph failed validation: " + format_errors(exc.response), {"validation": exc.response}
     except NodeExecutionError as exc:
@@ -201,8 +203,20 @@ def _execute(spec: dict[str, Any], run_dir: Path, sink: EventSink, facts: dict[s
     except Exception as exc:  # noqa: BLE001 - anything else is still reported, never a silent death
         traceback.print_exc()
         return "failed", f"{type(exc).__name__}: {exc}", {}
+    finally:
+        if recorder is not None:
+            sink.emit("outputs_recorded", recorder.finish())
     # A stop that came after the last stop check changes nothing: the graph finished, it succeeded.
     return "succeeded", None, {}
+
+
+def recorder_for(spec: dict[str, Any], run_dir: Path, sink: EventSink) -> OutputRecorder | None:
+    """The run's output recorder when ``options.record_outputs`` asks for one (SPEC W5)."""
+    mode = record_mode(spec.get("options") or {})
+    if mode is None:
+        return None
+    return OutputRecorder(run_dir, spec.get("run_id"), mode,
+                          warn=lambda kind, message: sink.emit("run_warning", {"kind": kind, "message": message}))
 
 
 def _oom_facts(spec: dict[str, Any], tracker: Any) -> dict[str, Any]:

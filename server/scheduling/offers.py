@@ -34,6 +34,9 @@ class ProviderInfo:
 
     ``online``: connected now (the sidecar is always online). ``draining``: takes no new runs.
     Workers that connected once since the server started stay known while offline (their runs wait).
+    ``mounts``: the storage mount labels it declares (SPEC W9). ``disabled``: an SSH worker the user
+    disabled (listed, never chosen for a new run). ``note``: why it takes no new run when that is not
+    draining (``has taken its one run`` for a one-shot instance, ``is disabled``).
     """
 
     name: str
@@ -41,6 +44,9 @@ class ProviderInfo:
     online: bool = True
     draining: bool = False
     is_local: bool = False
+    mounts: frozenset[str] = frozenset()
+    disabled: bool = False
+    note: str = ""
 
     @property
     def label(self) -> str:

@@ -26,7 +26,8 @@ class RunTarget:
 
     ``worker``: ``"local"``, ``"any"`` or a worker name; ``devices``: a device set (strict: every device
     must be offered); ``device``: one device without a set (``auto``, a kind, or a card; a local run
-    falls back when the machine lacks it); ``pool``: a one-shot worker pool.
+    falls back when the machine lacks it); ``pool``: a one-shot worker pool. ``mounts``: the storage
+    mount labels the graph's file inputs name (SPEC W9; only a worker declaring them all can run it).
     """
 
     worker: str = LOCAL
@@ -36,6 +37,7 @@ class RunTarget:
     memory_gib: float | None = None
     memory_source: str | None = None
     wait: bool | None = None
+    mounts: tuple[str, ...] = ()
 
 
 MEMORY_SOURCES = ("user", "estimate", "measured")
@@ -51,6 +53,10 @@ class Resolution:
     requested: tuple[str, ...]
     device_set: bool
     warnings: tuple[dict[str, Any], ...] = ()
+    # Why it waits while it has no candidate yet (a pool with no instance that can take it, no worker
+    # with the mount it needs); ``dynamic``: resolve it again when providers change (pools, mounts).
+    note: str | None = None
+    dynamic: bool = False
 
     @property
     def queue_key(self) -> str:
@@ -111,7 +117,17 @@ def _local_resolution(local: ProviderInfo, t: RunTarget) -> Resolution:
     return Resolution(LOCAL, cands, (device,), False, tuple(warnings))
 
 
-def _provider_candidates(p: ProviderInfo, t: RunTarget) -> list[Candidate]:
+def _labels(labels: Sequence[str]) -> str:
+    return ", ".join(f"'{m}'" for m in labels)
+
+
+def _lacks_mounts(p: ProviderInfo, t: RunTarget) -> list[str]:
+    return [m for m in t.mounts if m not in p.mounts]
+
+
+def _provider_candidates(p: ProviderInfo, t: RunTarget, check_mounts: bool = True) -> list[Candidate]:
+    if check_mounts and _lacks_mounts(p, t):
+        return []
     if t.devices is not None:
         if all(d in p.device_names() for d in t.devices):
             return [Candidate(p.name, t.devices)]
@@ -132,46 +148,78 @@ def resolve_target(
     providers: Sequence[ProviderInfo],
     pools: Mapping[str, Sequence[str]] | None = None,
 ) -> Resolution:
-    """Candidates for a run (SPEC Q3); raise TargetError (400) with the message to show.
+    """Candidates for a run (SPEC Q3, W8, W9); raise TargetError (400) with the message to show.
 
     ``providers``: this server (``is_local``) and every worker that connected since the server started,
-    online or not. ``pools``: one-shot worker pools by name -> their workers' names.
+    online or not. ``pools``: one-shot worker pools by name -> the names of their live instances. A pool
+    instance takes runs for its pool only; a disabled worker is never chosen for a new run. A run whose
+    graph names mount labels goes to a worker declaring them all: a named worker without them is a 400,
+    ``any`` and pool runs wait for one (``dynamic``: the dispatcher resolves them again).
     """
+    pools = pools or {}
+    instances = {n for members in pools.values() for n in members}
     local = next((p for p in providers if p.is_local), None)
     workers = sorted((p for p in providers if not p.is_local), key=lambda p: p.name)
     requested = t.devices if t.devices is not None else (t.device or "auto",)
     wanted = ", ".join(requested)
+    mounts = f" with mount {_labels(t.mounts)}" if t.mounts else ""
     if t.pool is not None:
-        members = (pools or {}).get(t.pool)
+        members = pools.get(t.pool)
         if members is None:
-            raise TargetError(f"unknown pool '{t.pool}': no one-shot worker pool with this name is known")
+            raise TargetError(f"unknown pool '{t.pool}': no one-shot worker pool with this name is known "
+                              f"(xpufleet pools create {t.pool})")
         member_set = set(members)
         cands = [c for p in workers if p.name in member_set for c in _provider_candidates(p, t)]
+        note = None
         if not cands:
-            raise TargetError(f"no worker of pool '{t.pool}' offers {wanted}")
-        return Resolution(f"pool:{t.pool}", tuple(cands), requested, t.devices is not None)
+            note = (f"no instance of pool '{t.pool}' is connected; the run waits for one to join" if not members
+                    else f"no connected instance of pool '{t.pool}' offers {wanted}{mounts}; the run waits for "
+                         f"one that does")
+        return Resolution(f"pool:{t.pool}", tuple(cands), requested, t.devices is not None, note=note, dynamic=True)
     if t.worker == LOCAL:
         if local is None:
             raise TargetError("this server runs no local runs (no local provider)")
+        if t.mounts:
+            raise TargetError(
+                f"the graph reads storage mount {_labels(t.mounts)} (a 'label:file' input), which resolves on "
+                f"workers only: target a worker that declares it (xpufleet agent start --mount "
+                f"{t.mounts[0]}=FOLDER), or any")
         return _local_resolution(local, t)
     if t.worker == "any":
-        cands = [c for p in workers for c in _provider_candidates(p, t)]
-        local_ok = _any_may_use_local(t)
+        eligible = [p for p in workers if p.name not in instances and not p.disabled]
+        cands = [c for p in eligible for c in _provider_candidates(p, t)]
+        local_ok = _any_may_use_local(t) and not t.mounts
         if local is not None and local_ok:
             cands += _provider_candidates(local, t)
+        if not cands and t.mounts and any(_provider_candidates(p, t, check_mounts=False) for p in eligible):
+            note = (f"no worker seen since the server started declares mount {_labels(t.mounts)}; the run waits "
+                    f"for one (xpufleet agent start --mount {t.mounts[0]}=FOLDER)")
+            return Resolution("any", (), requested, t.devices is not None, note=note, dynamic=True)
         if not cands:
-            seen = ", ".join(p.name for p in workers) or "none"
-            why = "" if local_ok else (
+            seen = ", ".join(p.name for p in eligible) or "none"
+            why = "" if _any_may_use_local(t) else (
                 "; a CUDA set of more than one card, or one card other than cuda:0, runs on workers only"
             )
             server = " and this server does not either" if local_ok and local is not None else ""
             raise TargetError(
                 f"no worker seen since the server started offers {wanted}{server} (workers: {seen}){why}"
             )
-        return Resolution("any", tuple(cands), requested, t.devices is not None)
+        return Resolution("any", tuple(cands), requested, t.devices is not None, dynamic=bool(t.mounts))
     worker = next((p for p in workers if p.name == t.worker), None)
     if worker is None:
         raise TargetError(f"unknown worker '{t.worker}': no worker with this name has connected since the server started")
+    pool = next((name for name, members in pools.items() if worker.name in members), None)
+    if pool is not None:
+        raise TargetError(f"worker '{worker.name}' is a one-shot instance of pool '{pool}': target the pool "
+                          f"(options.target.pool = \"{pool}\")")
+    if worker.disabled:
+        raise TargetError(f"worker '{worker.name}' is disabled: enable it (xpufleet workers enable {worker.name}) "
+                          f"or choose another target")
+    lacking = _lacks_mounts(worker, t)
+    if lacking:
+        have = ", ".join(sorted(worker.mounts)) or "none"
+        raise TargetError(f"worker '{worker.name}' has no storage mount {_labels(lacking)} (its mounts: {have}); "
+                          f"start its agent with --mount {lacking[0]}=FOLDER, or choose another target")
     cands = _provider_candidates(worker, t)
     if not cands:
         missing = [d for d in requested if not _single_choices(worker, d)]

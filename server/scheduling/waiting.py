@@ -11,8 +11,12 @@ from .state import SlotState
 def provider_reason(name: str, prov: ProviderInfo | None) -> str:
     if prov is None:
         return f"worker {name} is not connected; the run waits for it"
+    if prov.disabled:
+        return f"{prov.label} {prov.note or 'is disabled'}"
     if not prov.online:
         return f"{prov.label} is disconnected; the run waits for it to reconnect"
+    if prov.note:
+        return f"{prov.label} {prov.note}"
     return f"{prov.label} is draining"
 
 

@@ -18,6 +18,7 @@ import gc
 import logging
 import os
 import signal
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -25,6 +26,7 @@ from pathlib import Path
 from aiohttp import web
 
 from ...constants import (
+    AGENT_SOCKET_NAME,
     ENV_RUN_QUEUE_MAX_CONCURRENT,
     MAX_REQUEST_LINE_BYTES,
     SIDECAR_LOCK_NAME,
@@ -34,13 +36,15 @@ from ...constants import (
 from ...predictor.routes import add_sidecar_routes as add_predictor_routes
 from ..run.warm import warm_up
 from ..scheduling import parse_limits
-from . import auth, openapi
+from . import auth, openapi, tls
 from .config import SidecarConfig
 from .dispatcher import Dispatcher
 from .http import errors_middleware
 from .keys import CONFIG_KEY, DISPATCHER_KEY, LOCAL_PROVIDER_KEY, STARTED_KEY, STORE_KEY
 from .local import LocalProvider, probe_local_devices
 from .routes import estimates as estimates_routes
+from .routes import outputs as outputs_routes
+from .routes import pools as pools_routes
 from .routes import run_files as run_files_routes
 from .routes import runs as runs_routes
 from .routes import status as status_routes
@@ -84,7 +88,8 @@ def create_app(config: SidecarConfig) -> web.Application:
     app[CONFIG_KEY] = config
     app[STARTED_KEY] = time.time()
     openapi.setup(app)
-    for routes in (status_routes, runs_routes, run_files_routes, workers_routes, estimates_routes, ui_routes):
+    for routes in (status_routes, runs_routes, run_files_routes, workers_routes, pools_routes, outputs_routes,
+                   estimates_routes, ui_routes):
         routes.setup(app)
     add_predictor_routes(app, dispatcher.card_snapshots)
     app.cleanup_ctx.append(_store_ctx)
@@ -141,13 +146,14 @@ def home_lock(home: Path):
 
 async def serve(config: SidecarConfig, ready: Callable[[str], None] | None = None) -> int:
     """Run the sidecar until SIGTERM/SIGINT; ``ready(url)`` is called once it listens."""
+    ssl_context = _tls_context(config)
     app = create_app(config)
     # A request line long enough for every path the API documents (an artifact path of MAX_PATH_CHARS
     # characters, percent-encoded), so its refusal is the route's JSON 400, not aiohttp's plain text.
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0,
                            max_line_size=MAX_REQUEST_LINE_BYTES)
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port)
+    site = web.TCPSite(runner, config.host, config.port, ssl_context=ssl_context)
     try:
         await site.start()
     except OSError as exc:
@@ -156,11 +162,17 @@ async def serve(config: SidecarConfig, ready: Callable[[str], None] | None = Non
                       f"(choose another port with --port)") from None
     gc.freeze()  # start-up objects never die: keep them out of the collector's full passes
     port = int(runner.addresses[0][1])
-    url = url_for(config.host, port)
+    await _agent_socket(runner, config)
+    url = url_for(config.host, port, tls=ssl_context is not None)
     write_runtime(config.home, {"url": url, "host": config.host, "port": port, "pid": os.getpid(),
                                 "token": config.token, "version": VERSION, "home": str(config.home),
-                                "started_at": app[STARTED_KEY]})
-    log.info("XPU Fleet sidecar %s listening on %s (home %s)", VERSION, url, config.home)
+                                "started_at": app[STARTED_KEY], "tls_fingerprint": config.tls_fingerprint,
+                                "agent_socket": str(config.agent_socket) if config.agent_socket else None})
+    log.info("XPU Fleet sidecar %s listening on %s (home %s)%s", VERSION, url, config.home,
+             f"; TLS certificate {config.tls_fingerprint}" if config.tls_fingerprint else "")
+    if ssl_context is None and not auth.is_loopback_host(config.host):
+        log.warning("listening on %s with plain HTTP: tokens and run inputs cross the network in clear; "
+                    "start with --tls (SPEC S3)", config.host)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -175,6 +187,36 @@ async def serve(config: SidecarConfig, ready: Callable[[str], None] | None = Non
         await runner.cleanup()
         remove_runtime(config.home, os.getpid())
     return 0
+
+
+def _tls_context(config: SidecarConfig) -> ssl.SSLContext | None:
+    """The HTTPS context of ``--tls`` (a certificate generated under XPUFLEET_HOME unless one is given);
+    sets ``config.tls_fingerprint``."""
+    if not config.tls:
+        return None
+    if config.tls_cert is not None:
+        cert, key = config.tls_cert, config.tls_key or config.tls_cert
+    else:
+        cert, key = tls.generate_certificate(config.home / tls.TLS_DIRNAME, config.host)
+    context = tls.server_context(cert, key)
+    config.tls_fingerprint = tls.cert_fingerprint(cert)
+    return context
+
+
+async def _agent_socket(runner: web.AppRunner, config: SidecarConfig) -> None:
+    """Also listen on ``$XPUFLEET_HOME/agents.sock`` (owner only): SSH workers' tunnels end there, so
+    they need no TCP port and no TLS of their own (ssh encrypts)."""
+    path = config.home / AGENT_SOCKET_NAME
+    try:
+        old_umask = os.umask(0o177)
+        try:
+            await web.UnixSite(runner, str(path)).start()
+        finally:
+            os.umask(old_umask)
+        os.chmod(path, 0o600)
+        config.agent_socket = path
+    except (OSError, ValueError) as exc:  # e.g. a home path longer than a socket path may be
+        log.warning("no agent socket at %s (%s): SSH workers tunnel to the TCP port instead", path, exc)
 
 
 def run_foreground(config: SidecarConfig, ready: Callable[[str], None] | None = None) -> int:

@@ -106,11 +106,17 @@ class HostPolicy:
         return self.allow_ip_literals and _is_ip(host)
 
 
+def is_loopback_host(bind_host: str) -> bool:
+    """True when ``bind_host`` is a loopback name or address (this machine only)."""
+    bound = split_host(bind_host)
+    return bound in LOOPBACK_NAMES or _is_loopback_ip(bound)
+
+
 def host_policy(bind_host: str, extra_names: Iterable[str] = ()) -> HostPolicy:
     """The policy for a server bound to ``bind_host`` plus configured names."""
     names = {n.strip().lower().rstrip(".") for n in extra_names if n and n.strip()}
     bound = split_host(bind_host)
-    loopback = bound in LOOPBACK_NAMES or _is_loopback_ip(bound)
+    loopback = is_loopback_host(bind_host)
     if not loopback:
         names.add(bound)
         # Reached from other machines: by its IP, or by this machine's name.

@@ -34,6 +34,14 @@ class SidecarConfig:
     stop_grace_s: float = RUN_STOP_GRACE_S
     validate_local_graphs: bool = True
     local_shared: tuple[str, ...] = ()  # this server's cards admitted by memory (off by default)
+    # TLS (SPEC S3): ``tls`` serves HTTPS with ``tls_cert``/``tls_key``, or a certificate generated under
+    # $XPUFLEET_HOME/tls; ``tls_fingerprint`` is set once the certificate is loaded.
+    tls: bool = False
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_fingerprint: str | None = None
+    # The Unix socket (in XPUFLEET_HOME, owner only) where SSH workers' tunnels end; set once it listens.
+    agent_socket: Path | None = None
 
     @staticmethod
     def from_env(home: Path, **kw: Any) -> SidecarConfig:

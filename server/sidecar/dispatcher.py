@@ -7,7 +7,8 @@ changing its devices) and then plans once. Statuses are persisted as runs move
 ``waiting_reason`` says what it waits for.
 
 Other issues plug in here: worker providers (:meth:`Dispatcher.register_provider`,
-:meth:`providers_changed`), one-shot pools (:attr:`Dispatcher.pools`), admission by memory on shared
+:meth:`providers_changed`), one-shot pools (:attr:`Dispatcher.pools`; pool and mount runs are
+resolved again as providers change: dynamic.py), admission by memory on shared
 cards (:attr:`Dispatcher.memory`, :mod:`..memory`: it plans the runs' shared candidates before the slot
 rule plans the exclusive ones), extra admission predicates (:attr:`Dispatcher.admit_hooks`), card
 snapshots for the predictor.
@@ -41,8 +42,10 @@ from ..scheduling import (
     SlotState,
     TargetError,
     build_state,
+    explain_wait,
     resolve_target,
 )
+from .dynamic import DynamicRuns
 from .hub import EventHub
 from .providers import provider_info
 from .requests import RequestError, RunRequest
@@ -56,7 +59,7 @@ REASONS_REFRESH_S = 0.5  # waiting_reason texts of runs already explained are re
 # --- the dispatcher -----------------------------------------------------------------------------------
 
 
-class Dispatcher:
+class Dispatcher(DynamicRuns):
     """Owns the queue, the slot holdings and the providers; see the module docstring."""
 
     def __init__(self, store: Store, home: Path, overrides: LimitOverrides | None = None,
@@ -68,7 +71,12 @@ class Dispatcher:
         self.stop_grace_s = stop_grace_s
         self.hub = EventHub()
         self.providers: dict[str, Any] = {}
-        self.pools: dict[str, list[str]] = {}  # one-shot worker pools (filled by the worker issue)
+        # One-shot worker pools: name -> its live instances (the registry fills it, SPEC W8); a pool in
+        # ``closed_pools`` (name -> why) takes no new submission.
+        self.pools: dict[str, list[str]] = {}
+        self.closed_pools: dict[str, str] = {}
+        # Why a queued pool run waits, from the registry (pool name -> text, or None for the plan's own).
+        self.pool_reason: Callable[[str], str | None] | None = None
         self.admit_hooks: list[AdmitFn] = []  # extra admission predicates (memory ledger)
         self.card_snapshot_sources: list[Callable[[], list[dict[str, Any]]]] = []
         self._queue = SlotQueue()
@@ -80,6 +88,11 @@ class Dispatcher:
         self._reasons: dict[str, str | None] = {}
         self._slot_reasons: dict[str, str | None] = {}  # the slot rule's part of a waiting_reason
         self._cands: dict[str, tuple[Candidate, ...]] = {}  # every queued run's candidates, submission order
+        # Queued runs resolved again when providers change (pool runs, runs that need mounts), in
+        # submission order, and why those without a candidate yet wait.
+        self._dynamic: dict[str, RunTarget] = {}
+        self._notes: dict[str, str] = {}
+        self._reresolve = False
         self.memory = MemoryAdmission(self)
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
@@ -100,8 +113,10 @@ class Dispatcher:
         self.providers_changed()
 
     def providers_changed(self) -> None:
-        """A provider connected, left, started or stopped draining, or changed its devices."""
+        """A provider connected, left, started or stopped draining, or changed its devices or mounts
+        (pool membership too): re-plan, and resolve the dynamic runs again first."""
         self._state = None
+        self._reresolve = bool(self._dynamic)
         self.wake()
 
     def slot_state(self) -> SlotState:
@@ -152,6 +167,7 @@ class Dispatcher:
         self.memory.load()
         for run_id, cands in self.store.queued():
             self._cands[run_id] = tuple(Candidate.from_json(c) for c in cands)
+        self._load_dynamic()
         self.slot_state()
         self._resplit()
         await self.memory.start()
@@ -201,8 +217,9 @@ class Dispatcher:
 
     def validate_graph(self, request: RunRequest, resolution: Resolution) -> None:
         """Check the graph against this server's node classes when it can only run here."""
-        if not self.validate_local_graphs or any(c.provider != LOCAL_PROVIDER for c in resolution.candidates):
-            return
+        if not self.validate_local_graphs or resolution.dynamic or any(
+                c.provider != LOCAL_PROVIDER for c in resolution.candidates):
+            return  # a worker validates what it runs (pool and mount runs never run here)
         from ..run.validation import GraphValidationError, format_errors, validate_report
 
         try:
@@ -228,6 +245,14 @@ class Dispatcher:
             resolution = self.resolve(request.target)
         except TargetError as exc:
             raise RequestError(str(exc)) from None
+        t = request.target
+        if t.pool is not None and t.pool in self.closed_pools:
+            raise RequestError(self.closed_pools[t.pool])
+        if request.options.get("record_outputs") is True and any(
+                getattr(self.providers.get(c.provider), "one_shot", False) for c in resolution.candidates):
+            raise RequestError("options.record_outputs is off for a one-shot worker: its agent exits when the run "
+                               "ends, so nothing could read the outputs it keeps; use \"upload\" (copied here "
+                               "first) or leave it out")
         if not graph_checked:
             self.validate_graph(request, resolution)
         try:  # the budget and the memory decision (SPEC M): a rejection writes nothing
@@ -255,6 +280,10 @@ class Dispatcher:
         self.memory.admitted(run_id, RunMemory(run_id, prep.info.graph_key, prep.info.n_cards, budget),
                              resolution.candidates)
         self._unexplained.add(run_id)
+        if resolution.dynamic:
+            self._dynamic[run_id] = t
+            if resolution.note:
+                self._notes[run_id] = resolution.note
         self.wake()
         return {"run_id": run_id, "status": "queued"}
 
@@ -270,6 +299,9 @@ class Dispatcher:
     def schedule(self) -> None:
         """One planning pass (the loop calls it on every wake-up)."""
         self.plans += 1
+        providers_changed = self._reresolve
+        if self._reresolve:
+            self._resolve_dynamic()
         if not self._queue:
             return
         state = self.slot_state()
@@ -279,12 +311,20 @@ class Dispatcher:
         for placement in result.placements:
             self._place(placement.run_id, placement.provider, placement.devices)
         changed: dict[str, str | None] = {}
+        if providers_changed:  # a pass may not look at a run whose providers cannot take it: say why now
+            for run_id in list(self._dynamic):
+                run = self._queue.get(run_id)
+                if run is not None and run_id not in self._unexplained:
+                    slot = self._slot_reasons[run_id] = explain_wait(run, state) if run.candidates else None
+                    text = self._waiting_text(run_id, self.memory.reason(run_id, slot))
+                    if self._reasons.get(run_id) != text:
+                        self._reasons[run_id] = changed[run_id] = text
         for run_id in list(self._unexplained):  # a new run gets its reason at once
             self._unexplained.discard(run_id)
             run = self._queue.get(run_id)
             if run is not None:
                 slot = self._slot_reasons[run_id] = result.explain(run) if run.candidates else None
-                self._reasons[run_id] = changed[run_id] = self.memory.reason(run_id, slot)
+                self._reasons[run_id] = changed[run_id] = self._waiting_text(run_id, self.memory.reason(run_id, slot))
         # The others are refreshed at most every REASONS_REFRESH_S: placements never wait for texts.
         loop = asyncio.get_running_loop()
         since = loop.time() - self._reasons_at
@@ -296,7 +336,7 @@ class Dispatcher:
             for run_id in set(slot_texts) | self.memory.dirty_runs():
                 if run_id not in self._queue:
                     continue
-                reason = self.memory.reason(run_id, self._slot_reasons.get(run_id))
+                reason = self._waiting_text(run_id, self.memory.reason(run_id, self._slot_reasons.get(run_id)))
                 if self._reasons.get(run_id) != reason:
                     self._reasons[run_id] = changed[run_id] = reason
         elif (result.blocked or dirty) and self._reasons_timer is None:
@@ -311,6 +351,16 @@ class Dispatcher:
     def _place(self, run_id: str, provider_name: str, devices: tuple[str, ...],
                memory_keys: tuple[str, ...] | None = None) -> None:
         provider = self.providers.get(provider_name)
+        claim = getattr(provider, "claim", None)  # a one-shot instance takes one run, ever
+        if claim is not None:
+            if not claim(run_id):
+                if memory_keys is not None:
+                    self.memory.unplaced(run_id)
+                self.providers_changed()  # it took another run in this pass: plan this one again
+                return
+            if getattr(provider, "one_shot", False):
+                self.providers_changed()  # it takes no other run from now on
+        self._forget_dynamic(run_id)
         placement = "local" if getattr(provider, "is_local", False) else "worker"
         run_dir = str(self.home / RUNS_DIR_NAME / run_id) if placement == "local" else None
         self._queue.remove(run_id)
@@ -400,6 +450,7 @@ class Dispatcher:
         return run is None or run["status"] in TERMINAL_STATUSES
 
     def _release(self, run_id: str) -> None:
+        self._forget_dynamic(run_id)
         self.memory.release(run_id)
         self._cands.pop(run_id, None)
         if self._holdings.pop(run_id, None) is not None:
@@ -440,12 +491,11 @@ class Dispatcher:
         """Delete a finished run (record, events, local run directory)."""
         run = self.store.delete_run(run_id)
         self.memory.records.forget(run_id)
-        run_dir = run.get("run_dir")
         runs_root = (self.home / RUNS_DIR_NAME).resolve()
-        if run_dir:
-            path = Path(run_dir).resolve()
-            if path.parent == runs_root and path.name == run_id:
-                shutil.rmtree(path, ignore_errors=True)
+        # a worker run has a folder here too when its recorded outputs were uploaded
+        path = Path(run.get("run_dir") or runs_root / run_id).resolve()
+        if path.parent == runs_root and path.name == run_id:
+            shutil.rmtree(path, ignore_errors=True)
         self.hub.notify(run_id)
         return run
 

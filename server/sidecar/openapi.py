@@ -78,7 +78,8 @@ SCHEMAS: dict[str, Any] = {
                                              "larger measured peak + 20%); user (default): typed, never changed"},
             "wait": {"type": "boolean", "description": "when the budget does not fit now: true waits, false "
                                                        "rejects (default: a named worker rejects, any waits)"},
-            "pool": {"type": "string", "description": "a one-shot worker pool"},
+            "pool": {"type": "string", "description": "a one-shot worker pool: an idle instance takes the run "
+                                                      "(it waits while none is idle)"},
         },
     },
     "RunOptions": {
@@ -89,7 +90,10 @@ SCHEMAS: dict[str, Any] = {
             "seed": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1,
                      "description": "overrides every node's seed"},
             "deterministic": {"type": "boolean"},
-            "record_outputs": {"type": "boolean"},
+            "record_outputs": {"oneOf": [{"type": "boolean"}, {"type": "string", "enum": ["upload"]}],
+                               "description": "record each node's outputs (SPEC W5): true = kept where the run "
+                                              "runs, \"upload\" = also copied to this server at the end; "
+                                              "refused for a pool target"},
             "device": {"type": "string", "description": "auto, cpu, cuda, cuda:N, xpu:N, mps (no set)"},
             "target": {"oneOf": [{"type": "string"}, {"$ref": "#/components/schemas/Target"}]},
         },

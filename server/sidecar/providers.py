@@ -62,4 +62,7 @@ def provider_info(p: Any) -> ProviderInfo:
         online=bool(getattr(p, "online", True)),
         draining=bool(getattr(p, "draining", False)),
         is_local=bool(getattr(p, "is_local", False)),
+        mounts=frozenset(getattr(p, "mounts", ()) or ()),
+        disabled=bool(getattr(p, "disabled", False)),
+        note=str(getattr(p, "note", "") or ""),
     )

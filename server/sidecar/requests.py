@@ -6,6 +6,7 @@ to fix, and an option that is not built yet is refused by name rather than accep
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,7 @@ from ...constants import (
     MAX_RUN_NAME_CHARS,
     WORKER_NAME_RE,
 )
+from ...nodes import mounts
 from ..devices.names import device_kind, normalize_device
 from ..scheduling.routing import MEMORY_SOURCES, RunTarget, TargetError
 from .errors import ApiError
@@ -54,6 +56,7 @@ class RunRequest:
 
 
 OPTION_FIELDS = ("name", "seed", "deterministic", "record_outputs", "device", "target")
+RECORD_MODES = ("upload",)  # record_outputs: true / false / "upload" (SPEC W5; upload: beyond the seed)
 
 
 def parse_run_request(body: Any) -> RunRequest:
@@ -87,17 +90,22 @@ def parse_run_request(body: Any) -> RunRequest:
     if seed is not None:
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
             raise RequestError("options.seed: must be an integer between 0 and 2^63-1")
-    for flag in ("deterministic", "record_outputs"):
-        if flag in options and options[flag] is not None and not isinstance(options[flag], bool):
-            raise RequestError(f"options.{flag}: must be true or false")
-    if options.get("record_outputs"):
-        raise RequestError(not_available("options.record_outputs", "recorded node outputs (SPEC W5)"))
+    if options.get("deterministic") is not None and not isinstance(options["deterministic"], bool):
+        raise RequestError("options.deterministic: must be true or false")
+    record = options.get("record_outputs")
+    if record is not None and not isinstance(record, bool) and record not in RECORD_MODES:
+        raise RequestError("options.record_outputs: must be true (kept on the worker), \"upload\" (also copied "
+                           "to this server when the run ends) or false")
     try:
         target = parse_target(options)
     except TargetError as exc:
         raise RequestError(str(exc)) from None
-    if target.pool is not None:
-        raise RequestError(not_available("options.target.pool", "one-shot worker pools (SPEC W8)"))
+    if record and target.pool is not None:
+        raise RequestError("options.record_outputs is off for a one-shot pool (options.target.pool): its agent "
+                           "exits when the run ends, so nothing could read the outputs it keeps; leave it out")
+    labels = mounts.labels_in_graph(graph)
+    if labels:
+        target = dataclasses.replace(target, mounts=tuple(labels))
     clean = {k: v for k, v in options.items() if v is not None}
     if name is not None:
         clean["name"] = name

@@ -1,7 +1,9 @@
 """``$XPUFLEET_HOME/runtime.json``: how same-machine clients and agents find the running sidecar.
 
-``{"url", "host", "port", "pid", "token", "version", "home", "started_at"}``, written atomically with
-mode 0600 (the token is the session's credential) once the server listens, removed when it stops.
+``{"url", "host", "port", "pid", "token", "version", "home", "started_at", "tls_fingerprint",
+"agent_socket"}``, written atomically with mode 0600 (the token is the session's credential) once the
+server listens, removed when it stops. ``tls_fingerprint`` (``--tls``) is what same-machine clients pin;
+``agent_socket`` is the server's Unix socket, where SSH workers' tunnels end.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ def runtime_path(home: Path | None = None) -> Path:
     return (home if home is not None else home_dir()) / RUNTIME_FILENAME
 
 
-def url_for(host: str, port: int) -> str:
+def url_for(host: str, port: int, tls: bool = False) -> str:
     """The URL a same-machine client uses (a wildcard bind is reached through loopback)."""
     if host in ("0.0.0.0", "", "*"):
         host = "127.0.0.1"
@@ -35,7 +37,7 @@ def url_for(host: str, port: int) -> str:
         host = "::1"
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
-    return f"http://{host}:{port}"
+    return f"{'https' if tls else 'http'}://{host}:{port}"
 
 
 def write_runtime(home: Path, info: dict[str, Any]) -> Path:

@@ -319,6 +319,24 @@ class Store:
         with self.transaction() as db:
             db.execute("UPDATE runs SET cancel_requested=1 WHERE id=?", (run_id,))
 
+    def set_candidates(self, candidates: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
+        """Replace the candidates of queued runs resolved again (pool instances, mounts that came)."""
+        if not candidates:
+            return
+        with self.transaction() as db:
+            db.executemany("UPDATE runs SET candidates=? WHERE id=? AND status='queued'",
+                           [(_dumps(list(c)), run_id) for run_id, c in candidates.items()])
+
+    def queued_targets(self, targets: Sequence[str] = ("any",), prefix: str = "pool:") -> list[dict[str, Any]]:
+        """Queued runs whose target is one of ``targets`` or starts with ``prefix``, with their graph
+        and options, in submission order (the dispatcher resolves such runs again after a restart)."""
+        marks = ",".join("?" * len(targets))
+        rows = self.query(f"SELECT id, target, graph, options FROM runs WHERE status='queued' AND "
+                          f"(target IN ({marks}) OR substr(target, 1, ?)=?) ORDER BY seq",
+                          (*targets, len(prefix), prefix))
+        return [{"id": r["id"], "target": r["target"], "graph": json.loads(r["graph"]),
+                 "options": json.loads(r["options"])} for r in rows]
+
     def set_budget(self, run_id: str, budget_gib: float | None, budget_source: str | None) -> None:
         """A queued run's budget changed (the memory ledger raised it or gave it the default)."""
         with self.transaction() as db:

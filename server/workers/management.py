@@ -79,7 +79,12 @@ class WorkerManagement:
                 await conn.ws.close(code=4410, message=b"removed")
         if st.provider is not None:
             self.dispatcher.unregister_provider(name)
-        return {"removed": name, "failed_runs": failed, "interrupted_runs": interrupted}
+        out: dict[str, Any] = {"removed": name, "failed_runs": failed, "interrupted_runs": interrupted}
+        if self.ssh is not None and self.ssh.has(name):  # end ssh, delete what it stored on the host
+            out["remote_cleanup"] = await self.ssh.forget(name)
+        if st.pool is not None:
+            self._depart(st)
+        return out
 
     def _queued_for(self, name: str) -> list[dict[str, Any]]:
         rows = self.store.query("SELECT id FROM runs WHERE status='queued' AND target=? ORDER BY seq", (name,))
@@ -92,6 +97,12 @@ class WorkerManagement:
         one must join again, so a one-time join token for its name comes back too.
         """
         st = self.get(name)
+        if st.auth == "ssh":
+            raise WorkerError(f"worker {name} is an SSH worker: the server reaches it through ssh, it has no "
+                              f"credential to reissue", 409)
+        if st.pool is not None:
+            raise WorkerError(f"worker {name} is an instance of pool {st.pool}: it joined with the pool's shared "
+                              f"credential (xpufleet pools reissue {st.pool})", 409)
         if st.auth != "credential":
             raise WorkerError(
                 f"worker {name} connects with this server's session token (same machine): it has no "
@@ -121,5 +132,8 @@ class WorkerManagement:
             db.execute("INSERT INTO worker_join_tokens(token_hash, name, created_at, expires_at) VALUES (?,?,?,?)",
                        (hash_secret(token), name, now, now + ttl))
         url = server_url or self.server_url() or "http://SERVER:PORT"
-        cmd = f"xpufleet agent start --server {url} --join {token}" + (f" --name {name}" if name else "")
-        return {"join_token": token, "name": name, "expires_at": now + ttl, "command": cmd}
+        fingerprint = self.tls_fingerprint()
+        pin = f" --fingerprint {fingerprint}" if fingerprint and url.startswith("https://") else ""
+        cmd = f"xpufleet agent start --server {url}{pin} --join {token}" + (f" --name {name}" if name else "")
+        return {"join_token": token, "name": name, "expires_at": now + ttl, "command": cmd,
+                "fingerprint": fingerprint}

@@ -15,6 +15,11 @@ agent -> sidecar
   ``event``      {run_id, seq, event_type, payload, ts}: one event of a run's child, with the
                  child's per-run ``seq`` (1, 2, ...). Replays after a reconnect repeat seqs the
                  sidecar may already hold; it stores each seq once.
+  ``outputs_data`` {request_id, ok, error, size, offset, data, eof}: the answer to ``read_outputs``
+                 (``data`` base64, at most ``OUTPUTS_CHUNK_BYTES`` raw bytes per answer)
+  ``refused_server`` {name, version, pinned, seen}: sent INSTEAD of hello by an agent that refused this
+                 server's TLS certificate (its SHA-256 fingerprint is not the pinned one); no secret is
+                 in it, the sidecar only records it under "Rejected connections" and closes
 sidecar -> agent
   ``start_run``  {run_id, graph, options, devices, budget_gib}: machine device names, in the order
                  the run lists them (run cuda:0 = ``devices[0]``)
@@ -26,6 +31,11 @@ sidecar -> agent
   ``credential`` {credential}: a reissued credential; the agent keeps it instead of the old one
   ``reject``     {reason, removed}: mid-session with ``removed: true``, the worker was removed: the
                  agent stops
+  ``read_outputs`` {request_id, run_id, file, offset, length}: bytes of a file the run recorded
+                 (``record_outputs``, SPEC W5), relative to the run's outputs folder on the worker
+
+``hello`` also carries ``mounts`` ({label: folder}, SPEC W9) and ``one_shot`` (SPEC W8: the agent takes
+one run and exits); ``auth.kind`` ``pool`` is a pool's shared credential.
 
 Pure: no I/O. :func:`validate` raises :class:`ProtocolError` naming the field to fix.
 """
@@ -45,10 +55,13 @@ from ...constants import (
     WORKER_NAME_RE,
     WORKER_RESUME_GRACE_S,
 )
+from ...nodes.mounts import LABEL_RE as MOUNT_LABEL_RE
 
-AUTH_KINDS = ("session", "credential", "join")
+AUTH_KINDS = ("session", "credential", "join", "pool")
+POOL_SECRET_PREFIX = "xfp"  # a pool's shared credential starts "xfp_"; the agent then says auth.kind "pool"
 RESERVED_NAMES = frozenset({LOCAL_PROVIDER, "any"})  # run targets, never worker names
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # a graph can be large; a frame beyond this is refused
+OUTPUTS_CHUNK_BYTES = 4 * 1024 * 1024  # raw bytes per outputs_data answer (base64 keeps it under the cap)
 
 
 class ProtocolError(ValueError):
@@ -169,6 +182,12 @@ def _hello(msg: dict[str, Any]) -> None:
     if instance is not None and not 1 <= len(instance) <= 64:
         raise ProtocolError("hello: 'instance' must be 1-64 characters")
     _check_runs(msg)
+    mounts = _opt(msg, "mounts", dict, "an object {label: folder}")
+    for label, folder in (mounts or {}).items():
+        if not isinstance(folder, str) or not MOUNT_LABEL_RE.match(str(label)):
+            raise ProtocolError(f"hello: mount {label!r} must be a label (2-32 letters, digits, '_', '-') "
+                                f"with a folder string")
+    _opt(msg, "one_shot", bool, "true for an agent that takes one run and exits")
     caps = _opt(msg, "capabilities", list, "a list of capability names")
     if caps is not None and not all(isinstance(c, str) for c in caps):
         raise ProtocolError("hello: every entry of 'capabilities' must be a string")
@@ -233,6 +252,43 @@ def _ack(msg: dict[str, Any]) -> None:
     _req(msg, "seq", int, "the last stored seq")
 
 
+def _read_outputs(msg: dict[str, Any]) -> None:
+    _req(msg, "request_id", str, "the request id")
+    _req(msg, "run_id", str, "the run id")
+    name = _req(msg, "file", str, "a file path relative to the run's outputs folder")
+    if name.startswith(("/", "\\")) or ".." in name.replace("\\", "/").split("/"):
+        raise ProtocolError("read_outputs: 'file' must be relative to the outputs folder, without '..'")
+    if _req(msg, "offset", int, "a byte offset") < 0:
+        raise ProtocolError("read_outputs: 'offset' must be 0 or more")
+    length = _req(msg, "length", int, "a number of bytes")
+    if not 0 < length <= OUTPUTS_CHUNK_BYTES:
+        raise ProtocolError(f"read_outputs: 'length' must be 1..{OUTPUTS_CHUNK_BYTES}")
+
+
+def _outputs_data(msg: dict[str, Any]) -> None:
+    _req(msg, "request_id", str, "the request id")
+    ok = _req(msg, "ok", bool, "whether the file was read")
+    if not ok:
+        _req(msg, "error", str, "why it was not read")
+        _opt(msg, "status", int, "an HTTP status for the error (404, 409)")
+        return
+    _req(msg, "size", int, "the file's size in bytes")
+    _req(msg, "offset", int, "the offset of this chunk")
+    _req(msg, "data", str, "the chunk, base64")
+    _req(msg, "eof", bool, "true when this chunk reaches the end of the file")
+
+
+def _refused_server(msg: dict[str, Any]) -> None:
+    name = _req(msg, "name", str, "the worker's name")
+    if not WORKER_NAME_RE.match(name):
+        raise ProtocolError("refused_server: 'name' is not a worker name")
+    _req(msg, "version", str, "the agent's version string")
+    for key in ("pinned", "seen"):
+        value = _req(msg, key, str, "a certificate fingerprint")
+        if len(value) > 200:
+            raise ProtocolError(f"refused_server: {key!r} is too long for a fingerprint")
+
+
 _VALIDATORS = {
     "hello": _hello,
     "heartbeat": _heartbeat,
@@ -244,9 +300,13 @@ _VALIDATORS = {
     "forget_run": _run_ref,
     "ack": _ack,
     "credential": _credential,
+    "read_outputs": _read_outputs,
+    "outputs_data": _outputs_data,
+    "refused_server": _refused_server,
 }
-AGENT_TO_SIDECAR = frozenset({"hello", "heartbeat", "event"})
-SIDECAR_TO_AGENT = frozenset({"welcome", "reject", "start_run", "cancel_run", "forget_run", "ack", "credential"})
+AGENT_TO_SIDECAR = frozenset({"hello", "heartbeat", "event", "outputs_data", "refused_server"})
+SIDECAR_TO_AGENT = frozenset({"welcome", "reject", "start_run", "cancel_run", "forget_run", "ack", "credential",
+                              "read_outputs"})
 
 
 def validate(msg: Any, allowed: frozenset[str] | None = None) -> dict[str, Any]:

@@ -31,7 +31,41 @@ class WorkerProvider:
     @property
     def draining(self) -> bool:
         st = self._state
-        return st is None or st.drained
+        return st is None or st.drained or self.disabled or (st.one_shot and st.taken is not None)
+
+    @property
+    def disabled(self) -> bool:
+        """An SSH worker the user disabled: listed, never given a new run."""
+        return self.registry.is_disabled(self.name)
+
+    @property
+    def note(self) -> str:
+        st = self._state
+        if self.disabled:
+            return f"is disabled (xpufleet workers enable {self.name})"
+        if st is not None and st.one_shot and st.taken is not None:
+            return "has taken its one run (one-shot)"
+        return ""
+
+    @property
+    def mounts(self) -> frozenset[str]:
+        st = self._state
+        return frozenset(st.mounts) if st is not None else frozenset()
+
+    def claim(self, run_id: str) -> bool:
+        """The dispatcher is about to place ``run_id`` here: a one-shot worker takes one run, ever."""
+        st = self._state
+        if st is None or not st.one_shot:
+            return True
+        if st.taken is not None and st.taken != run_id:
+            return False
+        st.taken = run_id
+        return True
+
+    @property
+    def one_shot(self) -> bool:
+        st = self._state
+        return st is not None and st.one_shot
 
     @property
     def capabilities(self) -> tuple[str, ...]:

@@ -29,6 +29,8 @@ from typing import Any
 
 from . import protocol
 from .management import WorkerManagement
+from .outputs import OutputsAccess
+from .pools import PoolManagement
 from .records import SCHEMA, SCHEMA_NAME, SCHEMA_VERSION
 from .session import AgentSessions
 from .state import WorkerError, WorkerState
@@ -36,7 +38,8 @@ from .status import WorkersPanel
 
 log = logging.getLogger("xpufleet.workers")
 
-class WorkerRegistry(AgentSessions, WorkerManagement, WorkersPanel):
+
+class WorkerRegistry(AgentSessions, WorkerManagement, PoolManagement, OutputsAccess, WorkersPanel):
     """Workers, their connections and their runs (one per sidecar; lives on the event loop)."""
 
     def __init__(
@@ -46,16 +49,21 @@ class WorkerRegistry(AgentSessions, WorkerManagement, WorkersPanel):
         session_token: Callable[[], str | None] | str | None,
         server_node_types: Callable[[], list[str]] | None = None,
         server_url: Callable[[], str | None] | str | None = None,
+        tls_fingerprint: Callable[[], str | None] | None = None,
     ) -> None:
         self.store = store
         self.dispatcher = dispatcher
         self._session_token = session_token
         self._server_node_types = server_node_types or _default_node_types
         self._server_url = server_url
+        self._tls_fingerprint = tls_fingerprint
         self.workers: dict[str, WorkerState] = {}
         self.started_at = time.monotonic()
         self._grace_started = False
         self._announced_warnings: set[str] = set()
+        self._uploading: set[str] = set()
+        self._upload_tasks: set[asyncio.Task[Any]] = set()
+        self.ssh: Any = None  # SshWorkers (server/ssh/manager.py), attached by the routes' setup
         store.ensure_schema(SCHEMA_NAME, SCHEMA, SCHEMA_VERSION)
         memory = getattr(dispatcher, "memory", None)
         if memory is not None:  # a card's mode decides whether it admits runs by memory
@@ -66,6 +74,7 @@ class WorkerRegistry(AgentSessions, WorkerManagement, WorkersPanel):
                 env=json.loads(row["env"]), node_types=json.loads(row["node_types"]),
                 devices=json.loads(row["devices"]), created_at=row["created_at"], last_seen=row["last_seen"],
             )
+        self._init_pools()
 
     # --- small helpers ------------------------------------------------------------------------------
     def session_token(self) -> str | None:
@@ -75,6 +84,14 @@ class WorkerRegistry(AgentSessions, WorkerManagement, WorkersPanel):
     def server_url(self) -> str | None:
         url = self._server_url
         return url() if callable(url) else url
+
+    def tls_fingerprint(self) -> str | None:
+        """The certificate fingerprint join commands carry (None without --tls)."""
+        return self._tls_fingerprint() if self._tls_fingerprint is not None else None
+
+    def is_disabled(self, name: str) -> bool:
+        """An SSH worker the user disabled (SPEC W7)."""
+        return self.ssh is not None and self.ssh.is_disabled(name)
 
     def server_node_types(self) -> list[str]:
         try:
@@ -131,10 +148,14 @@ class WorkerRegistry(AgentSessions, WorkerManagement, WorkersPanel):
                 f"worker {name} was disconnected for more than {grace:g} s (XPUFLEET_WORKER_RESUME_GRACE_S); "
                 f"the run was interrupted",
             )
+        if st is not None:
+            self._maybe_depart(st)  # a one-shot instance that did not come back has left
 
 
     async def close(self) -> None:
         """Server stopping: close agent connections (they reconnect to the next server; runs go on)."""
+        for task in list(self._upload_tasks):
+            task.cancel()
         for st in self.workers.values():
             if st.grace_handle is not None:
                 st.grace_handle.cancel()

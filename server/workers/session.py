@@ -9,6 +9,7 @@ import hmac
 import json
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from ...constants import AGENT_HELLO_TIMEOUT_S, AGENT_PROTOCOL, TERMINAL_STATUSES, VERSION
@@ -22,6 +23,16 @@ from .state import REJECTIONS_KEPT, WorkerState
 log = logging.getLogger("xpufleet.workers")
 
 
+@dataclass
+class Admission:
+    """What :meth:`AgentSessions.authenticate` decided about a hello."""
+
+    reason: str | None = None  # why it is refused (None: admitted)
+    join_hash: str | None = None  # a one-time join token to mark used
+    credential: str | None = None  # a new credential to hand over
+    pool: str | None = None  # the pool whose shared credential it presented
+
+
 class Connection:
     """One agent WebSocket (aiohttp ``WebSocketResponse``)."""
 
@@ -32,6 +43,19 @@ class Connection:
         self.identity = agent_identity(hello or {})
         self.lock = asyncio.Lock()
         self.opened = time.time()
+        self.pending: dict[str, asyncio.Future[dict[str, Any]]] = {}  # read_outputs requests in flight
+
+    def answer(self, msg: dict[str, Any]) -> None:
+        """An ``outputs_data`` reply: hand it to the request waiting for it."""
+        fut = self.pending.pop(msg["request_id"], None)
+        if fut is not None and not fut.done():
+            fut.set_result(msg)
+
+    def fail_pending(self) -> None:
+        for fut in self.pending.values():
+            if not fut.done():
+                fut.set_exception(ConnectionError(f"worker {self.name} disconnected"))
+        self.pending.clear()
 
     @property
     def closed(self) -> bool:
@@ -82,51 +106,58 @@ class AgentSessions:
             (name,))
         return dict(rows[0]) if rows else None
 
-    def authenticate(self, hello: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
-        """Check a hello: ``(reason_to_refuse, join_token_hash_to_consume, new_credential)``."""
+    def authenticate(self, hello: dict[str, Any]) -> Admission:
+        """Check a hello: refused with a reason, or admitted (with what to record)."""
         name = hello["name"]
         if hello["protocol"] != AGENT_PROTOCOL:
-            return (f"protocol mismatch: the agent speaks protocol {hello['protocol']}, the server "
-                    f"{AGENT_PROTOCOL}; install the same xpufleet version on both machines"), None, None
+            return Admission(f"protocol mismatch: the agent speaks protocol {hello['protocol']}, the server "
+                             f"{AGENT_PROTOCOL}; install the same xpufleet version on both machines")
         bad_name = protocol.worker_name_problem(name)
         if bad_name:
-            return bad_name, None, None
+            return Admission(bad_name)
         auth = hello["auth"]
         kind, token = auth["kind"], auth["token"]
-        join_hash = None
-        credential = None
+        out = Admission()
         if kind == "session":
             expected = self.session_token()
             if not expected or not hmac.compare_digest(token.encode("utf-8", "surrogatepass"),
                                                        expected.encode("utf-8", "surrogatepass")):
-                return ("wrong session token: a same-machine agent reads it from the running server's "
-                        "runtime.json; a remote worker joins with --join TOKEN"), None, None
+                return Admission("wrong session token: a same-machine agent reads it from the running server's "
+                                 "runtime.json; a remote worker joins with --join TOKEN")
         elif kind == "credential":
             rows = self.store.query("SELECT credential_hash FROM workers WHERE name=?", (name,))
             if not rows or not rows[0]["credential_hash"]:
-                return (f"no credential is valid for worker {name!r} (it was removed, or never joined): "
-                        f"join again with a new token (POST /api/workers/join-tokens)"), None, None
+                return Admission(f"no credential is valid for worker {name!r} (it was removed, or never joined): "
+                                 f"join again with a new token (POST /api/workers/join-tokens)")
             if not secret_matches(token, rows[0]["credential_hash"]):
-                return (f"bad credential for worker {name!r} (revoked or reissued): join again with a new "
-                        f"token"), None, None
+                return Admission(f"bad credential for worker {name!r} (revoked or reissued): join again with a new "
+                                 f"token")
+        elif kind == "pool":
+            pool, why = self.admit_pool(token, name)
+            if why is not None:
+                return Admission(why)
+            if not hello.get("one_shot"):
+                return Admission(f"a pool's credential joins one-shot agents only: start the agent with "
+                                 f"--one-shot --join ... (pool {pool})")
+            out.pool = pool
         else:  # join
             rows = self.store.query("SELECT * FROM worker_join_tokens WHERE token_hash=?", (hash_secret(token),))
             row = rows[0] if rows else None
             if row is None:
-                return "unknown join token: ask the server for a new one (POST /api/workers/join-tokens)", None, None
+                return Admission("unknown join token: ask the server for a new one (POST /api/workers/join-tokens)")
             if row["used_at"] is not None:
-                return "this join token was already used (tokens are one-time): ask for a new one", None, None
+                return Admission("this join token was already used (tokens are one-time): ask for a new one")
             if row["expires_at"] < time.time():
-                return "this join token has expired: ask for a new one", None, None
+                return Admission("this join token has expired: ask for a new one")
             if row["name"] and row["name"] != name:
-                return (f"this join token is for worker {row['name']!r}, not {name!r}: start the agent with "
-                        f"--name {row['name']}"), None, None
-            join_hash = row["token_hash"]
-            credential = new_secret("xfc")
+                return Admission(f"this join token is for worker {row['name']!r}, not {name!r}: start the agent "
+                                 f"with --name {row['name']}")
+            out.join_hash = row["token_hash"]
+            out.credential = new_secret("xfc")
         if hello["version"] != VERSION:
-            return (f"version mismatch: the agent runs xpufleet {hello['version']}, the server {VERSION}; "
-                    f"install the same version on both machines"), None, None
-        return None, join_hash, credential
+            return Admission(f"version mismatch: the agent runs xpufleet {hello['version']}, the server {VERSION}; "
+                             f"install the same version on both machines")
+        return out
 
 
     def name_in_use(self, hello: dict[str, Any], peer: str | None) -> str | None:
@@ -164,6 +195,13 @@ class AgentSessions:
             return
         try:
             hello = protocol.decode(first.data, protocol.AGENT_TO_SIDECAR)
+            if hello["type"] == "refused_server":  # an agent that does not trust this server's certificate
+                self.record_rejection(hello["name"], peer, hello["version"], (
+                    f"the agent refused this server's TLS certificate: it pins {hello['pinned']}, this server "
+                    f"presents {hello['seen']}; give it the join command this server prints (with its "
+                    f"--fingerprint)"))
+                await ws.close(code=4403, message=b"noted")
+                return
             if hello["type"] != "hello":
                 raise protocol.ProtocolError(f"the first message must be hello, not {hello['type']}")
         except protocol.ProtocolError as exc:
@@ -173,17 +211,17 @@ class AgentSessions:
                 await ws.send_str(json.dumps({"type": "reject", "reason": f"bad hello: {exc}"}))
             await ws.close(code=4400, message=b"bad hello")
             return
-        reason, join_hash, credential = self.authenticate(hello)
-        if reason is None:
-            reason = self.name_in_use(hello, peer)
-        if reason is not None:
-            self.record_rejection(hello["name"], peer, hello.get("version"), reason)
+        admission = self.authenticate(hello)
+        if admission.reason is None:
+            admission.reason = self.name_in_use(hello, peer)
+        if admission.reason is not None:
+            self.record_rejection(hello["name"], peer, hello.get("version"), admission.reason)
             with contextlib.suppress(Exception):
-                await ws.send_str(protocol.encode("reject", reason=reason))
+                await ws.send_str(protocol.encode("reject", reason=admission.reason))
             await ws.close(code=4403, message=b"refused")
             return
         conn = Connection(ws, hello["name"], peer, hello)
-        st = await self._attach(conn, hello, join_hash, credential)
+        st = await self._attach(conn, hello, admission)
         try:
             async for frame in ws:
                 if frame.type != aiohttp.WSMsgType.TEXT:
@@ -198,24 +236,34 @@ class AgentSessions:
                     await self._on_heartbeat(st, conn, msg)
                 elif msg["type"] == "event":
                     await self._on_event(st, conn, msg)
+                elif msg["type"] == "outputs_data":
+                    conn.answer(msg)
         finally:
+            conn.fail_pending()
             self._detach(st, conn)
 
-    async def _attach(self, conn: Connection, hello: dict[str, Any], join_hash: str | None,
-                      credential: str | None) -> WorkerState:
+    async def _attach(self, conn: Connection, hello: dict[str, Any], admission: Admission) -> WorkerState:
         name = hello["name"]
         now = time.time()
+        join_hash, credential = admission.join_hash, admission.credential
         st = self.workers.get(name)
         if st is None:
             st = self.workers[name] = WorkerState(name=name, created_at=now)
         if credential is not None:
             st.auth = "credential"
-        elif hello["auth"]["kind"] == "session" and st.auth != "credential":
+        elif admission.pool is not None:
+            st.auth = "pool"
+        elif hello["auth"]["kind"] == "session" and st.auth not in ("credential", "ssh"):
             st.auth = "session"
         st.version = hello["version"]
         st.env = dict(hello.get("env") or {})
         st.node_types = list(hello["node_types"])
         st.devices = _clean_devices(hello["devices"])
+        st.mounts = dict(hello.get("mounts") or {})  # a change re-resolves runs waiting for a mount
+        st.one_shot = bool(hello.get("one_shot"))
+        held = [r["run_id"] for r in hello.get("runs") or []]
+        if st.one_shot and st.taken is None and held:
+            st.taken = held[0]  # after a server restart: the run it took before
         st.capabilities = tuple(hello.get("capabilities") or ())
         st.last_seen = now
         with self.store.transaction() as db:
@@ -233,6 +281,8 @@ class AgentSessions:
             if join_hash is not None:
                 db.execute("UPDATE worker_join_tokens SET used_at=?, used_by=? WHERE token_hash=?",
                            (now, name, join_hash))
+        if admission.pool is not None:
+            self._joined(st, admission.pool)
         old = st.conn
         st.conn = conn
         st.connected_since_start = True
@@ -257,6 +307,8 @@ class AgentSessions:
             self.dispatcher.register_provider(st.provider)
         else:
             self.dispatcher.providers_changed()
+        if st.pool is not None:
+            self._sync_pools()
         await self._reconcile(st, conn, hello, active)
         self._log_limit_warnings(name)
         return st
@@ -296,7 +348,10 @@ class AgentSessions:
         if self.workers.get(st.name) is st and self._active_runs(st.name):
             self._schedule_grace(st)
         log.info("worker %s disconnected", st.name)
-        self.dispatcher.providers_changed()
+        if not self._maybe_depart(st):  # a one-shot instance that left is forgotten
+            self.dispatcher.providers_changed()
+            if st.pool is not None:
+                self._sync_pools()
 
     async def send_start(self, conn: Connection, run: dict[str, Any], devices: list[str]) -> bool:
         """Send one run to an agent."""
@@ -336,6 +391,9 @@ class AgentSessions:
             return
         if run["status"] == "assigned":
             self.dispatcher.run_process_started(run_id, None)
+        if msg["event_type"] == "run_finished" and self.wants_upload(run):
+            self.start_upload(st, conn, run, msg)  # the run ends once its outputs are copied here
+            return
         self.dispatcher.ingest(run_id, [{"seq": msg["seq"], "type": msg["event_type"],
                                          "payload": msg["payload"], "ts": msg.get("ts")}])
         if msg["event_type"] == "run_finished":

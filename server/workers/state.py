@@ -44,6 +44,10 @@ class WorkerState:
     disconnected_at: float | None = None  # monotonic
     grace_handle: asyncio.TimerHandle | None = None
     provider: WorkerProvider | None = None
+    mounts: dict[str, str] = field(default_factory=dict)  # storage mounts: label -> folder (SPEC W9)
+    one_shot: bool = False  # takes one run, then its agent exits (SPEC W8)
+    pool: str | None = None  # the one-shot pool this instance joined
+    taken: str | None = None  # the run a one-shot worker took
     capabilities: tuple[str, ...] = ()  # from the agent's hello (e.g. "memory_cap")
 
     @property

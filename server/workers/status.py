@@ -54,6 +54,17 @@ def worker_status(
     return "Online", ""
 
 
+def ssh_status(status: str, reason: str, ssh: dict[str, Any]) -> tuple[str, str]:
+    """An SSH worker's status: Disabled when the user disabled it; while its agent is not connected, what
+    the ssh connection is doing (pure)."""
+    if ssh["disabled"]:
+        return "Disabled", "disabled: its ssh connection is ended and its agent stopped; enable it to use it again"
+    if status == "Disconnected" and ssh.get("state"):
+        detail = ssh["state"] + (f": {ssh['detail']}" if ssh.get("detail") else "")
+        return status, detail + (f"; {reason}" if reason and "has not connected" not in reason else "")
+    return status, reason
+
+
 # --- live state ------------------------------------------------------------------------------------
 
 
@@ -88,6 +99,9 @@ class WorkersPanel:
             disconnected_for_s=disconnected_for, ever_connected=st.connected_since_start,
             runs_in_grace=len(active) if st.grace_handle is not None else 0, grace_s=protocol.resume_grace_s(),
         )
+        ssh = self.ssh.describe(name) if self.ssh is not None and self.ssh.has(name) else None
+        if ssh is not None:
+            status, reason = ssh_status(status, reason, ssh)
         modes = self._modes(name)
         devices = []
         for d in st.devices:
@@ -136,9 +150,34 @@ class WorkersPanel:
             "queued": len(self._queued_for(name)),
             "warnings": self.limit_warnings(name, state),
             "peer": st.conn.peer if st.conn is not None else None,
+            "mounts": [{"label": k, "folder": v} for k, v in sorted(st.mounts.items())],
+            "one_shot": st.one_shot,
+            "one_shot_taken": st.taken if st.one_shot else None,
+            "pool": st.pool,
+            "ssh": ssh,
+            # what the second click does (seed 000: remove, delete an SSH worker, disable one with runs)
+            "confirm": self._confirm_texts(name, st, ssh, active),
+            # seed 000, Queue on...: a draining or disabled worker is listed but cannot be chosen; a pool
+            # instance is chosen through its pool
+            "selectable": status not in ("Disabled", "Draining") and st.pool is None,
         }
 
+    def _confirm_texts(self, name: str, st: Any, ssh: dict[str, Any] | None,
+                       active: list[dict[str, Any]]) -> dict[str, str]:
+        queued = len(self._queued_for(name))
+        remove = (f"Remove {name}: " + ("end its ssh connection, delete the entry and everything it stored on "
+                                        f"{ssh['host']} ({ssh['remote_dir']})" if ssh is not None
+                                        else "revoke its credential and disconnect it")
+                  + (f"; {queued} queued run(s) waiting for it fail" if queued else "")
+                  + (f"; its {len(active)} running run(s) end interrupted" if active else ""))
+        out = {"remove": remove}
+        if ssh is not None and not ssh["disabled"]:
+            out["disable"] = (f"Disable {name}: end its ssh connection and stop its agent"
+                              + (f"; its {len(active)} running run(s) end interrupted" if active else "")
+                              + "; queued runs for it wait until it is enabled")
+        return out
+
     def list(self) -> list[dict[str, Any]]:
-        """Every known worker, by name."""
+        """Every known worker but pool instances (listed with their pool), by name."""
         state = self._slot_state()
-        return [self.describe(n, state) for n in sorted(self.workers)]
+        return [self.describe(n, state) for n in sorted(self.workers) if self.workers[n].pool is None]

@@ -6,9 +6,19 @@ import importlib.util
 import sys
 from pathlib import Path
 
-for _name in ("sidecar_harness", "scripted_agent"):
+import pytest
+
+for _name in ("sidecar_harness", "scripted_agent", "fleet_harness"):  # fleet_harness: the remote-worker tests
     if _name not in sys.modules:
         _spec = importlib.util.spec_from_file_location(_name, Path(__file__).with_name(f"{_name}.py"))
         _module = importlib.util.module_from_spec(_spec)
         sys.modules[_name] = _module
         _spec.loader.exec_module(_module)
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    """Processes a remote-worker test starts (fleet_harness.Fleet); all stopped at the end, by PID."""
+    f = sys.modules["fleet_harness"].Fleet(tmp_path)
+    yield f
+    f.close()

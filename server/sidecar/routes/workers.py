@@ -4,7 +4,9 @@
 
 * ``GET /api/agents/ws``: the agent WebSocket. Exempt from the session-token middleware: the agent
   authenticates in its ``hello`` (session token, worker credential or one-time join token).
-* ``GET /api/workers`` -> ``{"workers": [...]}`` (every field of seed 000's Workers panel),
+* ``GET /api/workers`` -> ``{"workers": [...], "pools": [...], "add_worker": {...}}`` (every field of
+  seed 000's Workers panel; pool instances are listed with their pool),
+* ``POST /api/workers/ssh`` (add an SSH worker), ``POST /api/workers/{name}/disable`` / ``/enable``,
   ``GET /api/workers/{name}``, ``POST /api/workers/{name}/drain`` / ``/undrain``,
   ``DELETE /api/workers/{name}`` (remove), ``POST /api/workers/{name}/reissue``,
   ``POST /api/workers/join-tokens``, ``GET /api/workers/rejected``,
@@ -19,11 +21,13 @@ from typing import Any
 from aiohttp import web
 
 from ....constants import AGENT_WS_PATH, WORKER_NAME_RE
+from ...ssh.manager import FIELDS, SshWorkers
 from ...workers import protocol
 from ...workers.registry import WorkerError, WorkerRegistry
 from .. import auth, openapi
 from ..http import json_error, read_object
 from ..keys import CONFIG_KEY, DISPATCHER_KEY, STORE_KEY
+from ..runtime_file import read_runtime
 
 log = logging.getLogger("xpufleet.workers")
 
@@ -47,7 +51,19 @@ async def agent_ws(request: web.Request) -> web.StreamResponse:
 
 
 async def list_workers(request: web.Request) -> web.Response:
-    return web.json_response({"workers": _registry(request).list()})
+    reg = _registry(request)
+    return web.json_response({"workers": reg.list(), "pools": reg.list_pools(), "add_worker": _add_worker(request)})
+
+
+def _add_worker(request: web.Request) -> dict[str, Any]:
+    """How the Workers panel's "Add worker" opens (seed 000: "via SSH" when only this machine can reach
+    the server)."""
+    config = request.app[CONFIG_KEY]
+    if auth.is_loopback_host(config.host):
+        return {"default": "ssh", "reason": f"this server listens on {config.host} only: other machines cannot "
+                                            f"reach it, so a worker elsewhere is added via SSH"}
+    return {"default": "join", "reason": "other machines reach this server: they join with a one-time token"
+                                         + ("" if config.tls_fingerprint else " (plain HTTP: start with --tls)")}
 
 
 async def get_worker(request: web.Request) -> web.Response:
@@ -71,7 +87,7 @@ async def remove(request: web.Request) -> web.Response:
 async def reissue(request: web.Request) -> web.Response:
     await read_object(request, set(), optional=True)
     reg = _registry(request)
-    return web.json_response(await reg.reissue(request.match_info["name"], _server_url(request)))
+    return web.json_response(await reg.reissue(request.match_info["name"], server_url(request)))
 
 
 async def join_tokens(request: web.Request) -> web.Response:
@@ -82,8 +98,23 @@ async def join_tokens(request: web.Request) -> web.Response:
     ttl = body.get("ttl_s")
     if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float)):
         raise WorkerError("ttl_s must be a number of seconds")
-    out = _registry(request).join_token(name, ttl, _server_url(request))
+    out = _registry(request).join_token(name, ttl, server_url(request))
     return web.json_response(out, status=201)
+
+
+async def add_ssh(request: web.Request) -> web.Response:
+    body = await read_object(request, FIELDS)
+    return web.json_response(_registry(request).ssh.add(body), status=201)
+
+
+async def disable(request: web.Request) -> web.Response:
+    await read_object(request, set(), optional=True)
+    return web.json_response(await _registry(request).ssh.disable(request.match_info["name"]))
+
+
+async def enable(request: web.Request) -> web.Response:
+    await read_object(request, set(), optional=True)
+    return web.json_response(await _registry(request).ssh.enable(request.match_info["name"]))
 
 
 async def rejected(request: web.Request) -> web.Response:
@@ -98,8 +129,22 @@ async def set_mode(request: web.Request) -> web.Response:
     return web.json_response(out)
 
 
-def _server_url(request: web.Request) -> str:
+def server_url(request: web.Request) -> str:
+    """The URL other machines use in a join command: the one this request came to."""
     return f"{request.scheme}://{request.host}"
+
+
+def _tunnel_target(config: Any) -> Any:
+    """Where SSH workers' tunnels end here: the agent socket, else (plain HTTP only) the TCP port."""
+
+    def target() -> str | None:
+        if config.agent_socket is not None:
+            return str(config.agent_socket)
+        info = read_runtime(config.home) or {}
+        url = str(info.get("url") or "")
+        return f"127.0.0.1:{info['port']}" if url.startswith("http://") and info.get("port") else None
+
+    return target
 
 
 def _card_snapshots(reg: WorkerRegistry) -> Any:
@@ -129,8 +174,10 @@ def setup(app: web.Application) -> None:
     store = app[STORE_KEY]
     dispatcher = app[DISPATCHER_KEY]
     config = app[CONFIG_KEY]
-    registry = WorkerRegistry(store, dispatcher, session_token=lambda: getattr(config, "token", None))
+    registry = WorkerRegistry(store, dispatcher, session_token=lambda: getattr(config, "token", None),
+                              tls_fingerprint=lambda: getattr(config, "tls_fingerprint", None))
     app[REGISTRY_KEY] = registry
+    ssh = SshWorkers(registry, _tunnel_target(config))
     dispatcher.card_snapshot_sources.append(_card_snapshots(registry))
     auth.add_exemption(app, AGENT_WS_PATH)
     r = app.router
@@ -138,6 +185,9 @@ def setup(app: web.Application) -> None:
     r.add_get("/api/workers", list_workers)
     r.add_get("/api/workers/rejected", rejected)
     r.add_post("/api/workers/join-tokens", join_tokens)
+    r.add_post("/api/workers/ssh", add_ssh)
+    r.add_post("/api/workers/{name}/disable", disable)
+    r.add_post("/api/workers/{name}/enable", enable)
     r.add_get("/api/workers/{name}", get_worker)
     r.add_delete("/api/workers/{name}", remove)
     r.add_post("/api/workers/{name}/drain", drain)
@@ -148,8 +198,10 @@ def setup(app: web.Application) -> None:
 
     async def on_startup(app: web.Application) -> None:
         registry.start()
+        ssh.start_all()
 
     async def on_shutdown(app: web.Application) -> None:
+        await ssh.close()
         await registry.close()
 
     app.on_startup.append(on_startup)
@@ -174,8 +226,22 @@ def _describe(app: web.Application) -> None:
         ("get", AGENT_WS_PATH): {"summary": "worker agents' WebSocket (auth in the hello message)",
                                  "responses": {"101": {"description": "switching protocols"},
                                                "400": {"description": "not a WebSocket request"}}},
-        ("get", "/api/workers"): {"summary": "every known worker with status, devices, slots and runs",
-                                  "responses": resp("{\"workers\": [...]}", 401, 403)},
+        ("get", "/api/workers"): {
+            "summary": "every known worker with status, devices, slots and runs; the one-shot pools; how "
+                       "\"Add worker\" opens",
+            "description": "Each worker: name, status (Online, Degraded, Draining, Disconnected, Disabled), "
+                           "status_reason, auth (session, credential, pool, ssh), version, devices, runs, "
+                           "mounts [{label, folder}], one_shot, one_shot_taken, pool, ssh {host, port, "
+                           "remote_dir, state, detail, pid, connects, disabled} (SSH workers), selectable "
+                           "(false for Disabled workers and pool instances), confirm {remove, disable} (what "
+                           "the second click does). pools: [{name, revoked, idle, busy, queued, instances}]. "
+                           "add_worker: {default: ssh|join, reason}.",
+            "responses": {"200": {"description": "the Workers data", "content": {"application/json": {"schema": {
+                "type": "object", "required": ["workers", "pools", "add_worker"],
+                "properties": {"workers": {"type": "array", "items": {"type": "object"}},
+                               "pools": {"type": "array", "items": {"type": "object"}},
+                               "add_worker": {"type": "object"}}}}}},
+                          **{k: v for k, v in resp("", 401, 403).items() if k != "200"}}},
         ("get", "/api/workers/rejected"): {"summary": "refused agent connections with their reason",
                                            "responses": resp("{\"rejected\": [...]}", 401, 403)},
         ("post", "/api/workers/join-tokens"): {
@@ -197,6 +263,25 @@ def _describe(app: web.Application) -> None:
         ("post", "/api/workers/{name}/reissue"): {
             "summary": "a new credential for a joined worker (the old one stops working)",
             "parameters": [name], "responses": resp("delivered, or a join token", 400, 404, 409)},
+        ("post", "/api/workers/ssh"): {
+            "summary": "add an SSH worker: the server reaches user@host through OpenSSH, installs xpufleet in a "
+                       "folder of its own there, starts the agent and tunnels its connection back",
+            "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                "type": "object", "required": ["name", "host"], "additionalProperties": False,
+                "properties": {
+                    "name": {"type": "string"}, "host": {"type": "string", "description": "user@host"},
+                    "port": {"type": "integer"}, "identity": {"type": "string", "description": "key file here"},
+                    "python": {"type": "string", "description": "the host's python (default python3)"},
+                    "remote_dir": {"type": "string", "description": "default .xpufleet-ssh/NAME in the home"},
+                    "devices": {"type": "string"}, "simulate": {"type": "string"},
+                    "mounts": {"type": "array", "items": {"type": "string"}, "description": "LABEL=/folder"}}}}}},
+            "responses": {"201": {"description": "the worker"},
+                          **{k: v for k, v in resp("", 400, 401, 403, 409).items() if k != "200"}}},
+        ("post", "/api/workers/{name}/disable"): {
+            "summary": "SSH worker: stop its agent (running runs end interrupted), end ssh; listed as Disabled",
+            "parameters": [name], "responses": resp("the worker", 404, 409)},
+        ("post", "/api/workers/{name}/enable"): {"summary": "SSH worker: connect it again", "parameters": [name],
+                                                 "responses": resp("the worker", 404, 409)},
         ("put", "/api/workers/{name}/devices/{device}/mode"): {
             "summary": "a card's mode: exclusive (default) or shared by memory (CUDA/MPS on workers)",
             "parameters": [name, device],

@@ -224,3 +224,70 @@ def test_normalize_device():
     with pytest.raises(ValueError):
         normalize_device("auto")
     assert Candidate.from_json(Candidate("w", ("cuda:0",)).to_json()) == Candidate("w", ("cuda:0",))
+
+
+# --- one-shot pools, storage mounts, disabled workers (SPEC W7-W9) ------------------------------------
+
+
+def wprov(name: str, *devices: str, mounts: tuple[str, ...] = (), disabled: bool = False) -> ProviderInfo:
+    return ProviderInfo(name, tuple(DeviceOffer(d) for d in devices), mounts=frozenset(mounts), disabled=disabled)
+
+
+def test_a_pool_run_waits_for_an_instance_and_is_resolved_again():
+    a = prov("a", "cpu", "cuda:0")
+    res = resolve({"target": {"pool": "spot"}}, CPU_ONLY, a, pools={"spot": []})
+    assert res.candidates == () and res.dynamic and res.target == "pool:spot"
+    assert res.note == "no instance of pool 'spot' is connected; the run waits for one to join"
+    res = resolve({"target": {"pool": "spot", "devices": ["cuda:1"]}}, CPU_ONLY, a, pools={"spot": ["a"]})
+    assert res.candidates == () and "no connected instance of pool 'spot' offers cuda:1" in res.note
+    res = resolve({"target": {"pool": "spot"}}, CPU_ONLY, a, pools={"spot": ["a"]})
+    assert cands(res) == [("a", ("cuda:0",))] and res.note is None and res.dynamic
+
+
+def test_pool_instances_take_only_their_pools_runs():
+    inst, other = prov("spot-1", "cpu", "cuda:0"), prov("box", "cpu", "cuda:0")
+    pools = {"spot": ["spot-1"]}
+    assert cands(resolve({"target": "any", "device": "cuda"}, CPU_ONLY, inst, other, pools=pools)) == [
+        ("box", ("cuda:0",))]
+    with pytest.raises(TargetError, match="one-shot instance of pool 'spot': target the pool"):
+        resolve({"target": "spot-1"}, CPU_ONLY, inst, other, pools=pools)
+    with pytest.raises(TargetError, match="no worker seen since the server started offers cuda"):
+        resolve({"target": "any", "device": "cuda"}, CPU_ONLY, inst, pools=pools)
+
+
+def test_a_disabled_worker_is_listed_but_never_chosen():
+    off, on = wprov("off", "cpu", "cuda:0", disabled=True), wprov("on", "cpu", "cuda:0")
+    with pytest.raises(TargetError, match="worker 'off' is disabled: enable it"):
+        resolve({"target": "off"}, CPU_ONLY, off, on)
+    assert [c.provider for c in resolve({"target": "any", "device": "cuda"}, CPU_ONLY, off, on).candidates] == ["on"]
+
+
+def _mounted(options: dict, labels: tuple[str, ...], *providers: ProviderInfo, pools=None):
+    import dataclasses
+
+    return resolve_target(dataclasses.replace(parse_target(options), mounts=labels), list(providers), pools or {})
+
+
+def test_mount_labels_route_to_workers_that_declare_them():
+    ds = wprov("ds", "cpu", mounts=("datasets",))
+    both = wprov("both", "cpu", mounts=("datasets", "models"))
+    bare = wprov("bare", "cpu")
+    res = _mounted({"target": "any"}, ("datasets",), CPU_ONLY, bare, both, ds)
+    assert [c.provider for c in res.candidates] == ["both", "ds"] and res.dynamic  # never this server
+    assert [c.provider for c in _mounted({"target": "any"}, ("datasets", "models"), CPU_ONLY, both, ds).candidates] \
+        == ["both"]
+    res = _mounted({"target": "any"}, ("archive",), CPU_ONLY, bare, ds)
+    assert res.candidates == () and res.dynamic and "declares mount 'archive'" in res.note
+    assert "--mount archive=FOLDER" in res.note
+    with pytest.raises(TargetError, match="worker 'bare' has no storage mount 'datasets' \\(its mounts: none\\)"):
+        _mounted({"target": "bare"}, ("datasets",), CPU_ONLY, bare)
+    with pytest.raises(TargetError, match="its mounts: datasets\\)"):
+        _mounted({"target": "ds"}, ("models",), CPU_ONLY, ds)
+    assert [c.provider for c in _mounted({"target": "ds"}, ("datasets",), CPU_ONLY, ds).candidates] == ["ds"]
+    with pytest.raises(TargetError, match="resolves on workers only"):
+        _mounted({}, ("datasets",), CPU_ONLY, ds)
+    # no worker offers the device at all: still the usual 400, mounts or not
+    with pytest.raises(TargetError, match="offers cuda"):
+        _mounted({"target": "any", "device": "cuda"}, ("datasets",), CPU_ONLY, bare)
+    pooled = _mounted({"target": {"pool": "p"}}, ("datasets",), CPU_ONLY, ds, bare, pools={"p": ["ds", "bare"]})
+    assert [c.provider for c in pooled.candidates] == ["ds"]

@@ -98,3 +98,45 @@ def test_capabilities_and_per_run_memory_are_checked():
     beat["runs"][0]["memory"] = {"cuda:1": "lots"}
     with pytest.raises(protocol.ProtocolError, match="field 'memory' must map devices to GiB"):
         protocol.validate(beat)
+
+
+# --- remote workers: mounts, one-shot, recorded outputs, a refused certificate (SPEC W5, W8, W9, S3) -------
+
+
+def test_hello_carries_mounts_and_one_shot():
+    msg = protocol.validate(_hello(mounts={"datasets": "/srv/data"}, one_shot=True,
+                                   auth={"kind": "pool", "token": "xfp_x"}))
+    assert msg["mounts"] == {"datasets": "/srv/data"} and msg["one_shot"] is True
+    for bad, needle in (({"mounts": {"d": "/x"}}, "mount 'd'"), ({"mounts": {"datasets": 3}}, "mount 'datasets'"),
+                        ({"mounts": ["x"]}, "'mounts' must be"), ({"one_shot": "yes"}, "one_shot")):
+        with pytest.raises(protocol.ProtocolError, match=needle):
+            protocol.validate(_hello(**bad))
+
+
+def test_outputs_messages():
+    read = {"type": "read_outputs", "request_id": "q", "run_id": "r", "file": "8/outputs.json", "offset": 0,
+            "length": 1024}
+    assert protocol.decode(json.dumps(read), protocol.SIDECAR_TO_AGENT)["file"] == "8/outputs.json"
+    for over, needle in (({"file": "../x"}, "without '..'"), ({"file": "/etc/passwd"}, "relative"),
+                         ({"file": "a\\..\\b"}, "without '..'"), ({"offset": -1}, "0 or more"),
+                         ({"length": protocol.OUTPUTS_CHUNK_BYTES + 1}, "'length' must be")):
+        with pytest.raises(protocol.ProtocolError, match=needle):
+            protocol.validate({**read, **over})
+    data = {"type": "outputs_data", "request_id": "q", "ok": True, "size": 3, "offset": 0, "data": "YWJj",
+            "eof": True}
+    assert protocol.decode(json.dumps(data), protocol.AGENT_TO_SIDECAR)["eof"] is True
+    failed = {"type": "outputs_data", "request_id": "q", "ok": False, "error": "no such file", "status": 404}
+    assert protocol.validate(failed)["status"] == 404
+    with pytest.raises(protocol.ProtocolError, match="'error'"):
+        protocol.validate({"type": "outputs_data", "request_id": "q", "ok": False})
+    with pytest.raises(protocol.ProtocolError, match="unknown message type 'read_outputs'"):
+        protocol.decode(json.dumps(read), protocol.AGENT_TO_SIDECAR)
+
+
+def test_refused_server_carries_no_secret_field():
+    msg = {"type": "refused_server", "name": "box", "version": "0.1.0", "pinned": "sha256:AA", "seen": "sha256:BB"}
+    assert protocol.decode(json.dumps(msg), protocol.AGENT_TO_SIDECAR)["seen"] == "sha256:BB"
+    with pytest.raises(protocol.ProtocolError, match="too long"):
+        protocol.validate({**msg, "seen": "x" * 500})
+    with pytest.raises(protocol.ProtocolError, match="not a worker name"):
+        protocol.validate({**msg, "name": "a/b"})

@@ -1,0 +1,73 @@
+"""``xpufleet pools ...``: one-shot worker pools (SPEC W8) on the command line.
+
+``pools create NAME`` prints the shared credential and the command each instance runs (a batch job, a
+cloud instance's start-up script); ``pools`` lists the pools with their live instances; ``revoke``
+stops the credential working, ``reissue`` gives a new one, ``remove`` deletes the pool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import urllib.parse
+from typing import Any
+
+from .client import Client
+from .common import EXIT_OK
+
+
+def add_parser(subparsers: Any) -> None:
+    """Add ``pools ...`` to the ``xpufleet`` command's subparsers."""
+    p = subparsers.add_parser("pools", help="one-shot worker pools: a shared credential for many instances",
+                              description="One-shot worker pools of the running sidecar (default: list them).")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    sub = p.add_subparsers(dest="pools_command", metavar="{list,create,revoke,reissue,remove}")
+    json_opt = argparse.ArgumentParser(add_help=False)
+    json_opt.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
+    sub.add_parser("list", help="every pool with its live instances", parents=[json_opt])
+    for cmd, text in (("create", "a new pool: its shared credential and the command instances run"),
+                      ("revoke", "the pool's credential stops working (no new instance joins)"),
+                      ("reissue", "a new credential for the pool (the old one stops working)"),
+                      ("remove", "delete the pool; runs waiting for it fail")):
+        c = sub.add_parser(cmd, help=text, parents=[json_opt])
+        c.add_argument("name", help="pool name")
+    p.set_defaults(func=run_pools)
+
+
+def run_pools(args: argparse.Namespace) -> int:
+    """``xpufleet pools ...`` through the running sidecar's API."""
+    client = Client.from_home()
+    cmd = getattr(args, "pools_command", None) or "list"
+    name = urllib.parse.quote(getattr(args, "name", "") or "")
+    if cmd == "list":
+        out = client.request("GET", "/api/pools")
+    elif cmd == "create":
+        out = client.request("POST", "/api/pools", {"name": args.name})
+    elif cmd in ("revoke", "reissue"):
+        out = client.request("POST", f"/api/pools/{name}/{cmd}")
+    else:
+        out = client.request("DELETE", f"/api/pools/{name}")
+    if args.json:
+        print(json.dumps(out, indent=2))
+    elif cmd in ("create", "reissue"):
+        print(f"pool {out['name']}: on each instance (one run each, then it exits), run:\n  {out['command']}\n"
+              f"(the credential is shown once; `xpufleet pools reissue {out['name']}` replaces it)")
+    elif cmd == "list":
+        _print(out["pools"])
+    elif cmd == "revoke":
+        print(f"pool {out['name']}: credential revoked; {len(out['instances'])} live instance(s) finish their runs")
+    else:
+        print(f"pool {out['removed']} removed ({len(out['failed_runs'])} waiting run(s) failed)")
+    return EXIT_OK
+
+
+def _print(pools: list[dict[str, Any]]) -> None:
+    if not pools:
+        print("no pools yet: `xpufleet pools create NAME`")
+        return
+    for p in pools:
+        state = " (credential revoked)" if p["revoked"] else ""
+        print(f"{p['name']}{state}: {p['idle']} idle, {p['busy']} busy, {p['queued']} run(s) waiting")
+        for i in p["instances"]:
+            run = f", run {i['one_shot_taken'][:8]}" if i.get("one_shot_taken") else ""
+            print(f"  {i['name']}: {i['status']}{run}")

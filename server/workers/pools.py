@@ -1,0 +1,223 @@
+"""One-shot worker pools (SPEC W8): a shared credential that many instances join with; each instance
+is a one-shot agent that takes exactly one run and exits when it ends.
+
+* ``create`` gives the credential (``xfp_...``, only its hash is kept) and the command an instance runs
+  (``xpufleet agent start --one-shot --join TOKEN``, e.g. in a batch job or a cloud instance's start-up).
+* An instance joins under its own name (one-shot agents default to the hostname plus a random suffix);
+  it is listed with its pool while it is connected or still has a run, and forgotten once it has left
+  (departed instances are not listed).
+* ``target.pool`` routes a run to an idle instance (the dispatcher's ``pools``: pool -> live instances);
+  a run waits while none is idle. An instance is never chosen for ``any`` or by name.
+* ``revoke`` makes the credential stop working (new instances are refused, with the reason shown under
+  "Rejected connections"; runs already on instances go on); ``reissue`` gives a new credential;
+  ``remove`` deletes the pool and fails the runs waiting for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+from ..sidecar.auth import new_secret
+from . import protocol
+from .records import hash_secret
+from .state import WorkerError, WorkerState
+
+SCHEMA_NAME = "pools"
+SCHEMA_VERSION = 1
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS worker_pools (
+    name TEXT PRIMARY KEY,
+    credential_hash TEXT,
+    created_at REAL NOT NULL,
+    revoked_at REAL
+);
+CREATE TABLE IF NOT EXISTS pool_instances (
+    name TEXT PRIMARY KEY,
+    pool TEXT NOT NULL,
+    joined_at REAL NOT NULL
+);
+"""
+
+
+class PoolManagement:
+    """The pool part of :class:`~.registry.WorkerRegistry` (mixed in)."""
+
+    def _init_pools(self) -> None:
+        self.store.ensure_schema(SCHEMA_NAME, SCHEMA, SCHEMA_VERSION)
+        for row in self.store.query("SELECT name, pool FROM pool_instances"):
+            st = self.workers.get(row["name"])
+            if st is not None:
+                st.pool, st.one_shot = row["pool"], True
+        self._sync_pools()
+
+    def _pool_rows(self) -> list[Any]:
+        return self.store.query("SELECT * FROM worker_pools ORDER BY name")
+
+    def _pool_row(self, name: str) -> Any:
+        rows = self.store.query("SELECT * FROM worker_pools WHERE name=?", (name,))
+        if not rows:
+            raise WorkerError(f"no pool named {name!r} (see GET /api/pools)", 404)
+        return rows[0]
+
+    def instances(self, pool: str) -> list[WorkerState]:
+        return [st for n, st in sorted(self.workers.items()) if st.pool == pool]
+
+    def _sync_pools(self) -> None:
+        """Tell the dispatcher each pool's live instances, and which pools take no new run."""
+        pools: dict[str, list[str]] = {}
+        closed: dict[str, str] = {}
+        for row in self._pool_rows():
+            pools[row["name"]] = [st.name for st in self.instances(row["name"]) if st.online]
+            if row["revoked_at"] is not None:
+                closed[row["name"]] = (f"pool {row['name']!r}: its credential was revoked, so no instance can join; "
+                                       f"get a new one (xpufleet pools reissue {row['name']})")
+        self.dispatcher.pools = pools
+        self.dispatcher.closed_pools = closed
+        self.dispatcher.pool_reason = self.pool_waiting_reason
+        self.dispatcher.providers_changed()
+
+    # --- credential -----------------------------------------------------------------------------------
+    def _command(self, token: str, server_url: str | None) -> str:
+        url = server_url or self.server_url() or "http://SERVER:PORT"
+        fingerprint = self.tls_fingerprint()
+        pin = f" --fingerprint {fingerprint}" if fingerprint and url.startswith("https://") else ""
+        return f"xpufleet agent start --one-shot --server {url}{pin} --join {token}"
+
+    def create_pool(self, name: Any, server_url: str | None = None) -> dict[str, Any]:
+        """A new pool and its shared credential (shown once)."""
+        if not isinstance(name, str) or protocol.worker_name_problem(name):
+            raise WorkerError(f"invalid pool name {name!r}: letters, digits, '.', '_', '-' (up to 64, starting "
+                              f"with a letter or digit), not 'local' or 'any'")
+        if self.store.query("SELECT 1 FROM worker_pools WHERE name=?", (name,)):
+            raise WorkerError(f"a pool named {name!r} exists already (xpufleet pools reissue {name} gives it a new "
+                              f"credential)", 409)
+        token = new_secret(protocol.POOL_SECRET_PREFIX)
+        with self.store.transaction() as db:
+            db.execute("INSERT INTO worker_pools(name, credential_hash, created_at) VALUES (?,?,?)",
+                       (name, hash_secret(token), time.time()))
+        self._sync_pools()
+        return {"name": name, "credential": token, "command": self._command(token, server_url)}
+
+    def reissue_pool(self, name: str, server_url: str | None = None) -> dict[str, Any]:
+        """A new credential for the pool (the old one stops working; live instances go on)."""
+        self._pool_row(name)
+        token = new_secret(protocol.POOL_SECRET_PREFIX)
+        with self.store.transaction() as db:
+            db.execute("UPDATE worker_pools SET credential_hash=?, revoked_at=NULL WHERE name=?",
+                       (hash_secret(token), name))
+        self._sync_pools()
+        return {"name": name, "credential": token, "command": self._command(token, server_url)}
+
+    def revoke_pool(self, name: str) -> dict[str, Any]:
+        """The pool's credential stops working: no new instance joins (runs on instances go on)."""
+        self._pool_row(name)
+        with self.store.transaction() as db:
+            db.execute("UPDATE worker_pools SET credential_hash=NULL, revoked_at=? WHERE name=?", (time.time(), name))
+        self._sync_pools()
+        return self.describe_pool(name)
+
+    async def remove_pool(self, name: str) -> dict[str, Any]:
+        """Delete the pool: revoke its credential, fail the runs waiting for it, let idle instances go."""
+        self._pool_row(name)
+        failed = []
+        for row in self.store.query("SELECT id FROM runs WHERE status='queued' AND target=? ORDER BY seq",
+                                    (f"pool:{name}",)):
+            self.dispatcher.run_ended(row["id"], "failed", f"pool {name} was removed while this run waited for it")
+            failed.append(row["id"])
+        with self.store.transaction() as db:
+            db.execute("DELETE FROM worker_pools WHERE name=?", (name,))
+        for st in self.instances(name):
+            if not self._active_runs(st.name):
+                await self._dismiss(st, f"pool {name} was removed from the server")
+        self._sync_pools()
+        return {"removed": name, "failed_runs": failed}
+
+    async def _dismiss(self, st: WorkerState, reason: str) -> None:
+        """Tell an idle instance to leave (it stops) and forget it."""
+        conn, st.conn = st.conn, None
+        self._depart(st)
+        if conn is not None:
+            await conn.send("reject", reason=reason, removed=True)
+            with contextlib.suppress(Exception):
+                await conn.ws.close(code=4410, message=b"removed")
+
+    def admit_pool(self, token: str, name: str) -> tuple[str | None, str | None]:
+        """``(pool, None)`` for a valid pool credential, else ``(None, reason)``."""
+        rows = self.store.query("SELECT name, revoked_at FROM worker_pools WHERE credential_hash=?",
+                                (hash_secret(token),))
+        if not rows:
+            revoked = self.store.query("SELECT name FROM worker_pools WHERE revoked_at IS NOT NULL")
+            hint = " (a pool's credential was revoked or reissued)" if revoked else ""
+            return None, (f"unknown or revoked pool credential{hint}: ask for the pool's current one "
+                          f"(xpufleet pools reissue NAME)")
+        pool = rows[0]["name"]
+        st = self.workers.get(name)
+        if st is not None and st.pool != pool:
+            return None, (f"worker name {name!r} is taken by another worker: start the one-shot agent without "
+                          f"--name (it picks a unique one) or with another name")
+        return pool, None
+
+    # --- instances --------------------------------------------------------------------------------------
+    def _joined(self, st: WorkerState, pool: str) -> None:
+        st.pool, st.one_shot = pool, True
+        with self.store.transaction() as db:
+            db.execute("INSERT INTO pool_instances(name, pool, joined_at) VALUES (?,?,?)"
+                       " ON CONFLICT(name) DO UPDATE SET pool=excluded.pool", (st.name, pool, time.time()))
+
+    def _maybe_depart(self, st: WorkerState) -> bool:
+        """A one-shot worker that is gone and holds no run has left: forget it (True when it did)."""
+        if not st.one_shot or st.online or self._active_runs(st.name):
+            return False
+        if st.pool is None and st.taken is None:
+            return False  # a lone one-shot worker that never took its run may come back
+        self._depart(st)
+        return True
+
+    def _depart(self, st: WorkerState) -> None:
+        if st.grace_handle is not None:
+            st.grace_handle.cancel()
+            st.grace_handle = None
+        with self.store.transaction() as db:
+            db.execute("DELETE FROM pool_instances WHERE name=?", (st.name,))
+            db.execute("DELETE FROM workers WHERE name=?", (st.name,))
+            db.execute("DELETE FROM worker_device_modes WHERE worker=?", (st.name,))
+        if self.workers.get(st.name) is st:
+            self.workers.pop(st.name, None)
+            if st.provider is not None:
+                self.dispatcher.unregister_provider(st.name)
+        if st.pool is not None:
+            self._sync_pools()
+
+    # --- the Workers data ---------------------------------------------------------------------------------
+    def pool_waiting_reason(self, pool: str) -> str | None:
+        """Why a pool run waits (None: the plan's own text says it better)."""
+        live = [st for st in self.instances(pool) if st.online]
+        if any(st.taken is None for st in live):
+            return None
+        revoked = self.store.query("SELECT 1 FROM worker_pools WHERE name=? AND revoked_at IS NOT NULL", (pool,))
+        more = (f"; the pool's credential is revoked (xpufleet pools reissue {pool})" if revoked
+                else "; another instance joins with `xpufleet agent start --one-shot --join <the pool's credential>`")
+        if not live:
+            return f"waiting for an instance of pool {pool} to join{more}"
+        return f"waiting for an idle instance of pool {pool} ({len(live)} connected, each has taken its run){more}"
+
+    def describe_pool(self, name: str, state: Any = None) -> dict[str, Any]:
+        row = self._pool_row(name)
+        instances = [self.describe(st.name, state) for st in self.instances(name)]
+        queued = self.store.query("SELECT COUNT(*) AS n FROM runs WHERE status='queued' AND target=?",
+                                  (f"pool:{name}",))[0]["n"]
+        return {
+            "name": name,
+            "created_at": row["created_at"],
+            "revoked": row["revoked_at"] is not None,
+            "instances": instances,
+            "idle": sum(1 for i in instances if i["connected"] and not i["one_shot_taken"]),
+            "busy": sum(1 for i in instances if i["one_shot_taken"]),
+            "queued": int(queued),
+        }
+
+    def list_pools(self) -> list[dict[str, Any]]:
+        state = self._slot_state()
+        return [self.describe_pool(r["name"], state) for r in self._pool_rows()]

@@ -1,0 +1,188 @@
+"""The dispatcher's dynamic runs (SPEC W8, W9): pool runs and runs that need a mount wait with a reason
+while no provider can take them and are resolved again when providers change; a one-shot instance takes
+one run even when its slots could hold two; after a restart the dynamic runs are found again. Real
+Dispatcher and SQLite store, providers that record what they are given."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from xpufleet.server.scheduling import DeviceOffer
+from xpufleet.server.sidecar.dispatcher import Dispatcher
+from xpufleet.server.sidecar.requests import parse_run_request
+from xpufleet.server.sidecar.store import Store
+
+GRAPH = {"1": {"class_type": "XPUDataset", "inputs": {"name": "iris"}}}
+CSV = {"1": {"class_type": "XPUDataset", "inputs": {"name": "csv", "path": "datasets:iris.csv"}}}
+
+
+class Local:
+    name, is_local, online, draining = "local", True, True, False
+
+    def devices(self) -> list[DeviceOffer]:
+        return [DeviceOffer("cpu")]
+
+    async def start_run(self, run: dict[str, Any], devices: list[str]) -> None:
+        raise AssertionError("nothing here should run on this server")
+
+    async def cancel(self, run_id: str) -> bool:
+        return True
+
+
+class Worker:
+    is_local, draining = False, False
+
+    def __init__(self, name: str, one_shot: bool = False, mounts: tuple[str, ...] = ()) -> None:
+        self.name, self.one_shot, self.mounts = name, one_shot, frozenset(mounts)
+        self.online = True
+        self.started: list[str] = []
+        self.taken: str | None = None
+
+    @property
+    def note(self) -> str:
+        return "has taken its one run (one-shot)" if self.one_shot and self.taken else ""
+
+    @property
+    def draining(self) -> bool:  # noqa: F811 - a property, as WorkerProvider's
+        return bool(self.one_shot and self.taken)
+
+    def claim(self, run_id: str) -> bool:
+        if not self.one_shot:
+            return True
+        if self.taken not in (None, run_id):
+            return False
+        self.taken = run_id
+        return True
+
+    def devices(self) -> list[DeviceOffer]:
+        return [DeviceOffer("cpu")]  # a CPU slot holds two runs: only claim() keeps a one-shot to one
+
+    async def start_run(self, run: dict[str, Any], devices: list[str]) -> None:
+        self.started.append(run["id"])
+
+    async def cancel(self, run_id: str) -> bool:
+        return True
+
+
+def _submit(d: Dispatcher, graph: dict[str, Any], **options: Any) -> str:
+    return d.submit(parse_run_request({"graph": graph, "options": options}))["run_id"]
+
+
+async def _settle(d: Dispatcher) -> None:
+    for _ in range(20):
+        await asyncio.sleep(0.01)
+    d.schedule()
+    await asyncio.sleep(0.6)  # past REASONS_REFRESH_S: the waiting reasons are written
+    d.schedule()
+    await asyncio.sleep(0.01)
+
+
+def test_pool_runs_wait_and_one_shot_instances_take_one_each(tmp_path):
+    async def main() -> None:
+        store = Store(tmp_path / "state.db")
+        d = Dispatcher(store, tmp_path)
+        d.register_provider(Local())
+        d.pools = {"spot": []}
+        await d.start()
+        first, second = _submit(d, GRAPH, target={"pool": "spot"}), _submit(d, GRAPH, target={"pool": "spot"})
+        await _settle(d)
+        assert store.get_run(first)["waiting_reason"] == \
+            "no instance of pool 'spot' is connected; the run waits for one to join"
+        inst = Worker("spot-a", one_shot=True)
+        d.pools = {"spot": ["spot-a"]}
+        d.register_provider(inst)
+        await _settle(d)
+        assert inst.started == [first]  # one run, though its CPU slot holds two
+        run = store.get_run(second)
+        assert run["status"] == "queued" and "has taken its one run" in run["waiting_reason"]
+        assert run["candidates"] == [{"provider": "spot-a", "devices": ["cpu"]}]
+        d.pool_reason = lambda pool: f"waiting for an idle instance of pool {pool}"
+        d.providers_changed()
+        await _settle(d)
+        assert store.get_run(second)["waiting_reason"] == "waiting for an idle instance of pool spot"
+        late = Worker("spot-b", one_shot=True)
+        d.pools = {"spot": ["spot-a", "spot-b"]}
+        d.register_provider(late)
+        await _settle(d)
+        assert late.started == [second]
+        await d.shutdown()
+        store.close()
+
+    asyncio.run(main())
+
+
+def test_runs_that_need_a_mount_wait_for_a_worker_that_has_it_even_after_a_restart(tmp_path):
+    async def main() -> None:
+        store = Store(tmp_path / "state.db")
+        d = Dispatcher(store, tmp_path)
+        d.register_provider(Local())
+        bare = Worker("bare")
+        d.register_provider(bare)
+        await d.start()
+        rid = _submit(d, CSV, target="any")
+        d.pools = {"later": []}
+        pooled = _submit(d, GRAPH, target={"pool": "later"})
+        await _settle(d)
+        assert "declares mount 'datasets'" in store.get_run(rid)["waiting_reason"]
+        assert bare.started == []
+        await d.shutdown()
+        # a restart: the queued runs are found again and resolved against the providers that come
+        d2 = Dispatcher(store, tmp_path)
+        d2.register_provider(Local())
+        d2.pools = {"later": []}
+        await d2.start()
+        assert set(d2._dynamic) == {rid, pooled}
+        ds = Worker("ds", mounts=("datasets",))
+        d2.register_provider(ds)
+        inst = Worker("later-1", one_shot=True)
+        d2.pools = {"later": ["later-1"]}
+        d2.register_provider(inst)
+        await _settle(d2)
+        assert ds.started == [rid] and inst.started == [pooled]
+        assert store.get_run(rid)["worker_id"] == "ds"
+        assert d2._dynamic == {}  # placed runs are no longer resolved again
+        await d2.shutdown()
+        store.close()
+
+    asyncio.run(main())
+
+
+def test_a_closed_pool_refuses_new_runs(tmp_path):
+    async def main() -> None:
+        store = Store(tmp_path / "state.db")
+        d = Dispatcher(store, tmp_path)
+        d.register_provider(Local())
+        d.pools = {"spot": []}
+        d.closed_pools = {"spot": "pool 'spot': its credential was revoked"}
+        await d.start()
+        try:
+            _submit(d, GRAPH, target={"pool": "spot"})
+        except Exception as exc:  # noqa: BLE001 - RequestError, a 400
+            assert getattr(exc, "status", None) == 400 and "revoked" in str(exc)
+        else:
+            raise AssertionError("a revoked pool took a run")
+        await d.shutdown()
+        store.close()
+
+    asyncio.run(main())
+
+
+def test_record_outputs_kept_on_a_one_shot_worker_is_refused(tmp_path):
+    async def main() -> None:
+        store = Store(tmp_path / "state.db")
+        d = Dispatcher(store, tmp_path)
+        d.register_provider(Local())
+        d.register_provider(Worker("once", one_shot=True))
+        await d.start()
+        try:
+            _submit(d, GRAPH, target="once", record_outputs=True)
+        except Exception as exc:  # noqa: BLE001 - RequestError, a 400
+            assert getattr(exc, "status", None) == 400 and "one-shot worker" in str(exc)
+        else:
+            raise AssertionError("record_outputs kept on a one-shot worker was accepted")
+        assert _submit(d, GRAPH, target="once", record_outputs="upload")  # copied here before it exits
+        await d.shutdown()
+        store.close()
+
+    asyncio.run(main())
