@@ -334,7 +334,10 @@ class Trainer:
             self.strategy.finish()
         model = self.strategy.unwrap_model(self.model)
         model.eval()
-        return model, self._metrics(duration, samples)
+        metrics = self._metrics(duration, samples)
+        if metrics["samples_per_s"] is not None:  # the run's throughput (every rank's samples), once
+            self._metric("samples_per_s", metrics["samples_per_s"], self.step)
+        return model, metrics
 
     @property
     def effective_batch_size(self) -> int:
@@ -547,7 +550,8 @@ class Trainer:
             "checkpoints": h.checkpoints,
             "tensorboard_dir": str(self.board.dir) if self.board is not None and self.board.dir else None,
             "duration_s": duration,
-            "samples_per_s": samples / duration if duration > 0 else None,
+            # every rank's samples (ddp ranks each read an equal share): the throughput of the whole run
+            "samples_per_s": samples * self.strategy.world_size / duration if duration > 0 else None,
         }
 
 
