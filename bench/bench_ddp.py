@@ -8,7 +8,9 @@ safetensors file), the same per-rank batches (DistributedSampler, same seed) and
   samples/s (every rank's samples over the loop's duration) and, per rank, the time from the submit
   request to the end of its first training batch;
 * torchrun: ``torchrun --standalone --nproc-per-node 2 bench/torchrun_baseline.py``, a plain DDP
-  script: the same figures, start-up measured from launching torchrun;
+  script: the same figures, start-up measured from launching torchrun; twice: as tutorials write it
+  (TensorDataset, default_collate) and with ``--gather`` (each batch read with one index_select, as
+  XPU Fleet's datasets do), which isolates the training loop from the data path;
 * one process, one thread, the effective batch (2 x the per-rank batch: the same training as ddp).
 
 Repetitions alternate the three; medians are printed, with the final losses (equal for ours and
@@ -120,9 +122,12 @@ class Fleet:
         self.log.close()
 
 
-def baseline(data: Path, args: argparse.Namespace, seed: int, single: bool = False) -> dict[str, Any]:
+def baseline(data: Path, args: argparse.Namespace, seed: int, single: bool = False,
+             gather: bool = False) -> dict[str, Any]:
     script = [str(HERE / "torchrun_baseline.py"), "--data", str(data), "--hidden", args.hidden,
               "--epochs", str(args.epochs), "--lr", str(args.lr), "--seed", str(seed)]
+    if gather or single:
+        script.append("--gather")
     if single:
         cmd = [sys.executable, *script, "--single", "--batch-size", str(2 * args.batch_size)]
     else:
@@ -154,13 +159,14 @@ def main() -> int:
     make_data(data, args.samples, args.features, args.classes)
     g = graph(data, args)
     fleet = Fleet(home)
-    ours, torchrun, single = [], [], []
+    ours, torchrun, gathered, single = [], [], [], []
     try:
         warm = dict(g, **{"6": {**g["6"], "inputs": {**g["6"]["inputs"], "epochs": 1, "max_steps": 5}}})
         first = fleet.run(warm, seed)  # the agent's first ddp run (its warm-start parent may still be loading)
         for _ in range(args.reps):
             ours.append(fleet.run(g, seed))
             torchrun.append(baseline(data, args, seed))
+            gathered.append(baseline(data, args, seed, gather=True))
             single.append(baseline(data, args, seed, single=True))
     finally:
         fleet.stop()
@@ -181,18 +187,23 @@ def main() -> int:
           f"runs {[round(r['samples_per_s']) for r in ours]}")
     print(f"torchrun --nproc-per-node 2 plain DDP script:            {med(torchrun, 'samples_per_s'):,.0f} samples/s  "
           f"runs {[round(r['samples_per_s']) for r in torchrun]}")
-    print(f"one process, one thread, batch {2 * args.batch_size}:                 {med(single, 'samples_per_s'):,.0f} "
+    print(f"torchrun, the same script reading batches by gather:    {med(gathered, 'samples_per_s'):,.0f} samples/s  "
+          f"runs {[round(r['samples_per_s']) for r in gathered]}")
+    print(f"one process, one thread, batch {2 * args.batch_size} (gather):        {med(single, 'samples_per_s'):,.0f} "
           f"samples/s  runs {[round(r['samples_per_s']) for r in single]}")
-    ratio = med(ours, "samples_per_s") / med(torchrun, "samples_per_s")
-    paired = statistics.median(o["samples_per_s"] / t["samples_per_s"] for o, t in zip(ours, torchrun, strict=True))
-    print(f"throughput ratio ours / torchrun: {ratio:.3f} (goal >= 0.95; median of paired ratios {paired:.3f})")
+    for label, base in (("torchrun (tutorial data path)", torchrun), ("torchrun (same data path)", gathered)):
+        ratio = med(ours, "samples_per_s") / med(base, "samples_per_s")
+        paired = statistics.median(o["samples_per_s"] / t["samples_per_s"] for o, t in zip(ours, base, strict=True))
+        print(f"throughput ratio ours / {label}: {ratio:.3f} (goal >= 0.95; median of paired ratios {paired:.3f})")
     print(f"speed-up of 2 ranks over one process with one thread: {med(ours, 'samples_per_s') / med(single, 'samples_per_s'):.2f}x "
           f"(torchrun: {med(torchrun, 'samples_per_s') / med(single, 'samples_per_s'):.2f}x)")
     print(f"submit -> end of the first batch, ours (warm agent): {startup(ours)}; the agent's first ddp run: "
           f"{', '.join(f'rank {k} {t:.2f} s' for k, t in enumerate(first['startup']))}")
     print(f"launch -> end of the first batch, torchrun: {startup(torchrun)}")
     print(f"final train loss (mean over ranks, last epoch): ours {ours[-1]['train_loss']:.6f}, torchrun "
-          f"{torchrun[-1]['train_loss']:.6f}, one process (batch {2 * args.batch_size}) {single[-1]['train_loss']:.6f}")
+          f"{torchrun[-1]['train_loss']:.6f} / {gathered[-1]['train_loss']:.6f}, one process (batch "
+          f"{2 * args.batch_size}) {single[-1]['train_loss']:.6f}")
+    print(f"load average during the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     return 0
 
 

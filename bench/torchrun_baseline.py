@@ -16,6 +16,25 @@ import os
 import time
 
 
+class Gathered:
+    """A map-style dataset whose ``__getitems__`` returns a whole batch with one gather per tensor."""
+
+    def __init__(self, x, y) -> None:
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return int(self.x.shape[0])
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+    def __getitems__(self, indices):
+        import torch
+
+        idx = torch.as_tensor(indices, dtype=torch.long)
+        return self.x.index_select(0, idx), self.y.index_select(0, idx)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", required=True, help="safetensors file with x (N, F) float32 and y (N,) int64")
@@ -25,6 +44,9 @@ def main() -> int:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=0, help="model init and DistributedSampler seed")
     ap.add_argument("--single", action="store_true", help="one process, no torch.distributed")
+    ap.add_argument("--gather", action="store_true",
+                    help="read each batch with one index_select (__getitems__), as XPU Fleet's datasets do, "
+                         "instead of TensorDataset's per-sample indexing and default_collate")
     args = ap.parse_args()
 
     import torch
@@ -42,9 +64,10 @@ def main() -> int:
         rank, world = dist.get_rank(), dist.get_world_size()
     data = load_file(args.data)
     x, y = data["x"], data["y"]
-    dataset = TensorDataset(x, y)
+    dataset = Gathered(x, y) if args.gather else TensorDataset(x, y)
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
-    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
+    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler,
+                        collate_fn=(lambda batch: batch) if args.gather else None)
     sizes = [x.shape[1], *(int(h) for h in args.hidden.split(","))]
     torch.manual_seed(args.seed)
     layers: list[nn.Module] = [nn.Flatten()]
