@@ -30,8 +30,10 @@ SEED = 7
 CARDS = ["cuda:0", "cuda:1"]
 
 
-def graph(batch: int = 32, **loop: Any) -> dict[str, Any]:
+def graph(batch: int = 32, schedule: str | None = None, **loop: Any) -> dict[str, Any]:
     """Synthetic data: 516 training samples (8 batches of 64 + 4) and 129 validation samples (odd)."""
+    if schedule:
+        loop["lr_scheduler"] = ["10", 0]
     inputs = {"model": ["4", 0], "dataloader": ["2", 0], "optimizer": ["5", 0], "loss": ["6", 0], "epochs": 3,
               "max_steps": 0, "device": "auto", "precision": "fp32", "val_dataloader": ["3", 0],
               "tensorboard": False, "strategy": "ddp", "accumulate_steps": 1, "grad_clip_norm": 0.0}
@@ -54,6 +56,8 @@ def graph(batch: int = 32, **loop: Any) -> dict[str, Any]:
                                                       "precision": "fp32"}},
         "9": {"class_type": "XPUModelSaver", "inputs": {"model": ["7", 0], "filename": "model.safetensors",
                                                         "format": "safetensors", "location": "run_dir"}},
+        **({"10": {"class_type": "XPULRScheduler", "inputs": {"name": schedule, "interval": "step"}}}
+           if schedule else {}),
     }
 
 
@@ -112,8 +116,10 @@ def reference(g: dict[str, Any], tmp_path: Path, seed: int = SEED, batch: int = 
         (opt,) = N["XPUOptimizer"]().make(o["name"], o["lr"], o["weight_decay"], o["momentum"])
         (loss,) = N["XPULoss"]().make("cross_entropy")
         t = {k: v for k, v in g["7"]["inputs"].items() if k not in ("model", "dataloader", "optimizer", "loss",
-                                                                    "val_dataloader")}
+                                                                    "val_dataloader", "lr_scheduler")}
         t.update(strategy="single", device="cpu")
+        if "10" in g:
+            (t["lr_scheduler"],) = N["XPULRScheduler"]().make(**g["10"]["inputs"])
         return N["XPUTrainingLoop"]().train(model, loader, opt, loss, val_dataloader=val_loader, **t)["result"]
 
 
@@ -122,8 +128,9 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[k] - b[k].detach()).abs().max()) for k in a)
 
 
-@pytest.mark.parametrize("loop", [{}, {"accumulate_steps": 2}, {"grad_clip_norm": 0.05}],
-                         ids=["plain", "accumulate_steps_2", "grad_clip_norm"])
+@pytest.mark.parametrize("loop", [{}, {"accumulate_steps": 2}, {"grad_clip_norm": 0.05},
+                                  {"schedule": "onecycle", "max_steps": 19}],
+                         ids=["plain", "accumulate_steps_2", "grad_clip_norm", "onecycle_max_steps"])
 def test_two_ranks_of_batch_32_equal_one_process_of_batch_64(tmp_path, loop):
     g = graph(32, **loop)
     run = Run(tmp_path / "ddp", g).go()
@@ -144,6 +151,8 @@ def test_two_ranks_of_batch_32_equal_one_process_of_batch_64(tmp_path, loop):
     assert [r["rank"] for r in facts["ddp"]["ranks"]] == [0, 1] and len(facts["ddp"]["first_batch_at"]) == 2
     assert [e["rank"] for e in facts["ddp_exits"]] == [0, 1] and all(e["returncode"] == 0 for e in facts["ddp_exits"])
     assert set(run.finish["peak_memory"]["ranks"]) == {"0", "1"}
+    if loop.get("max_steps"):
+        assert ref["steps"] == loop["max_steps"] and run.finish["final_metrics"]["samples_per_s"] > 0
     if loop.get("grad_clip_norm"):  # the clip really clipped: without it the weights differ
         unclipped, _ = reference(graph(32), tmp_path)
         assert max_diff(run.weights(), unclipped.state_dict()) > 1e-3
