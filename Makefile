@@ -6,7 +6,7 @@ TORCH_CPU ?= torch==2.13.0
 # CPU wheel on local disk); elsewhere: make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
 TORCH_INDEX ?=
 
-.PHONY: install test test-unit test-e2e test-comfy lint demo bench clean
+.PHONY: install test test-unit test-e2e test-comfy test-browser lint demo bench clean
 
 # CPU torch first: a bare `torch` requirement would otherwise pull a multi-GB CUDA build.
 install:
@@ -17,19 +17,25 @@ lint:
 	$(PYTHON) -m ruff check .
 
 test-unit:
-	$(PYTHON) -m pytest -q -m "not e2e and not comfy"
+	$(PYTHON) -m pytest -q -m "not e2e and not comfy and not browser"
 
 test-e2e:
-	$(PYTHON) -m pytest -q -m "e2e and not comfy"
+	$(PYTHON) -m pytest -q -m "e2e and not comfy and not browser"
 
 # In a real ComfyUI: set COMFYUI_DIR and COMFYUI_PYTHON (.ci/run builds one); skipped when unset.
 test-comfy:
-	$(PYTHON) -m pytest -q -m comfy
+	$(PYTHON) -m pytest -q -m "comfy and not browser"
+
+# Headless Chromium (Debian's /usr/bin/chromium) driven by Playwright: the standalone page, and the
+# front end in the real ComfyUI when COMFYUI_DIR/COMFYUI_PYTHON are set. Screenshots: $$XPUFLEET_ARTIFACTS.
+test-browser:
+	$(PYTHON) -m pytest -q -m browser
 
 test: install lint
-	$(PYTHON) -m pytest -q -m "not e2e and not comfy"
-	$(PYTHON) -m pytest -q -m "e2e and not comfy"
-	$(PYTHON) -m pytest -q -m comfy
+	$(PYTHON) -m pytest -q -m "not e2e and not comfy and not browser"
+	$(PYTHON) -m pytest -q -m "e2e and not comfy and not browser"
+	$(PYTHON) -m pytest -q -m "comfy and not browser"
+	$(PYTHON) -m pytest -q -m browser
 
 demo: install
 	$(PYTHON) examples/demo.py

@@ -24,7 +24,7 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8288
 HEARTBEAT_INTERVAL_S = 10.0
 WORKER_RESUME_GRACE_S = 300.0
-HEARTBEAT_LATE_S = 3 * HEARTBEAT_INTERVAL_S  # Degraded after this long without a heartbeat
+HEARTBEAT_LATE_BEATS = 3  # Degraded after this many heartbeat intervals without one
 CUDA_CONTEXT_MIB = 768  # measured ~650 MiB on a CUDA 12 card; counted per run on a CUDA card
 MEASURED_PEAK_HEADROOM = 1.2  # default budget = measured peak + 20%
 DDP_COLLECTIVE_TIMEOUT_S = 30 * 60  # a rank waits this long in a collective (rendezvous included)
@@ -113,6 +113,9 @@ ENV_TEST_DDP_RAISE = "XPUFLEET_TEST_DDP_RAISE"
 MEMORY_ESTIMATE_TIMEOUT_S = 5.0  # the meta-device build of a graph's models is abandoned after this long
 ESTIMATE_ALLOCATOR_FRACTION = 0.2  # the static estimate adds 20% for the caching allocator
 ESTIMATE_CUDA_LIBRARIES_MIB = 128  # ... and 128 MiB for the CUDA libraries' workspaces
+MEMORY_OVERTAKES_BEFORE_HOLD = 3  # a waiting run overtaken this often on a shared card holds that card for itself
+ENV_LOCAL_SHARED_CARDS = "XPUFLEET_LOCAL_SHARED_CARDS"  # "cuda:0,cuda:1": this server's cards admitted by memory
+AGENT_CAP_MEMORY = "memory_cap"  # the hello capability of an agent that caps a run's allocator to its budget
 
 
 def home_dir(env: dict[str, str] | None = None) -> Path:

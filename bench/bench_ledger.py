@@ -7,8 +7,9 @@ The fleet: 8 workers with 8 CUDA cards each, all shared by memory (4 workers of 
 one named card, 20% "any card" (64 candidates), 10% device sets of 2-4 cards on one worker. Steady state:
 one running run ends, its worker's heartbeat reports the card's free memory (what the runs on it use
 plus up to 2 GiB of other users' processes), the admission decision places what now fits (reserved on
-the ledger) and the placed runs start; new submissions keep the queue full. Each new submission also
-gets the submit-time decision (admit / wait / reject with its text), measured separately.
+the ledger; a run overtaken three times on a card holds it, as in the dispatcher) and the placed runs
+start; new submissions keep the queue full. Each new submission also gets the submit-time decision
+(admit / wait / reject with its text), measured separately.
 
 Measured: decisions per second and placements per second of decision time, and the latency of each
 decision, for the incremental MemoryQueue and, as the baseline in the same process, the reference rule
@@ -27,7 +28,7 @@ import time
 from typing import Any
 
 from xpufleet.server.ledger.fit import Ledger
-from xpufleet.server.ledger.queue import MemoryQueue, MemoryRun, plan_reference
+from xpufleet.server.ledger.queue import MemoryHolds, MemoryQueue, MemoryRun, plan_reference
 
 WORKERS = 8
 CARDS = 8
@@ -66,6 +67,7 @@ def steady_state(incremental: bool, queued: int, decisions: int, seed: int) -> d
     for key, label, total in cards:
         ledger.set_card(key, label, "cuda", total_gib=total, free_gib=total)
     queue = MemoryQueue(ledger)
+    ref_holds = MemoryHolds()  # the anti-starvation holds, kept the same way by the baseline
     waiting: list[MemoryRun] = []  # the baseline's queue in submission order
     n = 0
     submit_ms: list[float] = []
@@ -101,7 +103,7 @@ def steady_state(incremental: bool, queued: int, decisions: int, seed: int) -> d
         if incremental:
             placed = queue.plan()
         else:
-            placed = plan_reference(waiting, ledger)
+            placed = plan_reference(waiting, ledger, ref_holds)
             gone = {p.run_id for p in placed}
             waiting[:] = [r for r in waiting if r.run_id not in gone]
         for p in placed:
@@ -127,7 +129,9 @@ def steady_state(incremental: bool, queued: int, decisions: int, seed: int) -> d
         while (len(queue) if incremental else len(waiting)) < queued:
             submit()
     total = sum(lat)
-    return {"first": first, "first_ms": first_dt * 1e3, "decisions": decisions, "placements": placed,
+    holds = queue.holds if incremental else ref_holds
+    return {"holds": len(holds.by_key), "first": first, "first_ms": first_dt * 1e3, "decisions": decisions,
+            "placements": placed,
             "decisions_per_s": decisions / total, "placements_per_s": placed / total,
             "p50_ms": statistics.median(lat) * 1e3, "p99_ms": pct(lat, 0.99) * 1e3, "max_ms": max(lat) * 1e3,
             "mean_ms": total / len(lat) * 1e3, "submit_p50_ms": statistics.median(submit_ms),
@@ -156,7 +160,8 @@ def main() -> None:
         print(f"  steady state (a run ends, a heartbeat, one decision): {r['decisions']} decisions placing "
               f"{r['placements']} runs; {r['decisions_per_s']:,.0f} decisions/s, {r['placements_per_s']:,.0f} "
               f"placements/s of decision time; decision mean {r['mean_ms']:.3f} ms, p50 {r['p50_ms']:.3f} ms, "
-              f"p99 {r['p99_ms']:.3f} ms, max {r['max_ms']:.3f} ms; {r['running']} runs on the cards at the end")
+              f"p99 {r['p99_ms']:.3f} ms, max {r['max_ms']:.3f} ms; {r['running']} runs on the cards at the end, "
+              f"{r['holds']} cards held for an overtaken run")
     print(f"submit-time decisions (ledger.decide with the text): {fast['submit_per_s']:,.0f}/s, p50 "
           f"{fast['submit_p50_ms']:.4f} ms, p99 {fast['submit_p99_ms']:.4f} ms; verdicts {fast['verdicts']}")
     upto = args.baseline_decisions

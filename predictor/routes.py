@@ -1,7 +1,8 @@
 """HTTP routes of the predictor.
 
 - Inside ComfyUI (``add_comfy_routes``): ``GET {prefix}/snapshot`` and ``POST {prefix}/predict``, with
-  the ComfyUI process's own allocator figures and ComfyUI's model folders.
+  the ComfyUI process's own allocator figures and ComfyUI's model folders; a ``predict`` body naming
+  ``worker`` + ``device`` uses that card's figures, asked from this machine's sidecar.
 - On the sidecar (``add_sidecar_routes``): ``GET /api/snapshot`` and ``POST /api/predict``; a body
   naming ``worker`` + ``device`` uses that worker card's heartbeat figures, otherwise this machine's.
 
@@ -85,9 +86,40 @@ def add_comfy_routes(routes: Any, prefix: str) -> None:
     async def _predict(request: Any) -> Any:
         body = await _read_body(request)
         if body.get("worker") is not None:
-            raise ApiError(400, "worker cards are predicted by the sidecar (POST /api/predict); "
-                                "here only this ComfyUI's own devices")
+            # A worker's card: its figures from the sidecar, the models from ComfyUI's own folders.
+            return await _answer(body, await _sidecar_card(body["worker"], body.get("device")))
         return await _answer_own_device(body, body.get("device"))
+
+
+async def _sidecar_card(worker: Any, device: Any) -> Any:
+    """A worker card's snapshot, asked from this machine's sidecar (``GET /api/snapshot?worker=&device=``,
+    the token kept here); its 4xx answers pass through, 503 when no sidecar runs."""
+    import dataclasses
+
+    import aiohttp
+
+    from ..constants import home_dir
+    from ..server.comfy.proxy import find_sidecar, no_sidecar_message
+    from .snapshot import Snapshot
+
+    if not isinstance(worker, str) or not isinstance(device, str) or not worker or not device:
+        raise ApiError(400, "name both worker and device (strings), e.g. {\"worker\": \"gpu-box\", \"device\": \"cuda:0\"}")
+    home = home_dir()
+    sidecar = find_sidecar(home)
+    if sidecar is None:
+        raise ApiError(503, no_sidecar_message(home, " (a worker's card is known to the sidecar only)"))
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+            async with session.get(f"{sidecar.url}/api/snapshot", params={"worker": worker, "device": device},
+                                   headers={"Authorization": f"Bearer {sidecar.token}"}) as resp:
+                answer = await resp.json(content_type=None)
+                status = resp.status
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+        raise ApiError(503, no_sidecar_message(home, f" ({sidecar.url} does not answer: {exc})")) from None
+    if status != 200:
+        raise ApiError(status, str((answer or {}).get("error") or f"the sidecar answered {status}"))
+    names = {f.name for f in dataclasses.fields(Snapshot)}
+    return Snapshot(**{k: v for k, v in answer["snapshot"].items() if k in names})
 
 
 async def _own_snapshots(device: str | None) -> dict[str, Any]:

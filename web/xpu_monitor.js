@@ -1,12 +1,173 @@
-// XPU Fleet front-end extension for ComfyUI (placeholder until the UI issue: registers the extension
-// and its settings so ComfyUI loads the plugin's web folder).
+// XPU Fleet's ComfyUI front-end extension (SPEC UI1): the success-rate, VRAM and RAM capsules in the
+// top bar, Queue on... beside ComfyUI's Run button, and the Runs and Workers bottom-panel tabs. Every
+// call goes to this ComfyUI's own /xpufleet/ routes (the predictor here, the sidecar through the proxy,
+// the token kept on the server side). The only .js file of web/: ComfyUI loads each .js file of a
+// plugin's web folder as an extension, so the rest are .mjs modules loaded from here, the panels and
+// the chart library only when first opened.
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
+import { Fleet } from "./lib/api.mjs";
+import { CapsuleBar, SETTINGS } from "./lib/capsule.mjs";
+import { h } from "./lib/dom.mjs";
+import { resolveLanguage, setLanguage, t } from "./lib/i18n.mjs";
 
+const LANGUAGE = "XPUFleet.Language";
 const AUTOSTART = "XPUFleet.Sidecar.AutoStart";
+const SIDECAR = "XPUFleet.Sidecar.URL";
+const RUNS_TAB = "xpufleet-runs";
+const WORKERS_TAB = "xpufleet-workers";
+
+const fleet = new Fleet({
+  fetch: (url, init) => api.fetchApi(url, init),
+  apiBase: "/xpufleet/api",
+  predictPath: "/xpufleet/predict",
+  snapshotPath: "/xpufleet/snapshot",
+  kind: "comfy",
+});
+
+function settingValue(id) {
+  const store = app.extensionManager?.setting;
+  return store ? store.get(id) : app.ui?.settings?.getSettingValue(id);
+}
+
+const settings = {
+  get: settingValue,
+  set: (id, value) => app.extensionManager?.setting?.set(id, value),
+};
+
+function applyLanguage(value = settingValue(LANGUAGE)) {
+  setLanguage(resolveLanguage(value, settingValue("Comfy.Locale") || navigator.language));
+}
+applyLanguage();
+
+document.head.append(h("link", { rel: "stylesheet", href: new URL("./xpufleet.css", import.meta.url).href }));
+
+// --- the canvas graph ------------------------------------------------------------------------------
+
+/** The workflow the capsule predicts: the canvas in ComfyUI's UI format (bypassed nodes say so). */
+function canvasWorkflow() {
+  try {
+    return app.graph ? app.graph.serialize() : null;
+  } catch {
+    return null;
+  }
+}
+
+/** The graph Queue on... sends: ComfyUI's own graph-to-prompt (API format). */
+async function canvasPrompt() {
+  const name = app.extensionManager?.workflow?.activeWorkflow?.filename || "";
+  try {
+    const { output } = await app.graphToPrompt();
+    return { prompt: Object.keys(output || {}).length ? output : null, name };
+  } catch (err) {
+    return { prompt: null, name, problem: `${t("app.prompt_failed")}: ${err?.message || err}` };
+  }
+}
+
+async function localDevices() {
+  // the sidecar runs on this machine (the proxy finds it through this machine's XPUFLEET_HOME)
+  const snap = await fleet.snapshot();
+  const names = (snap.snapshots || []).map((s) => s.device);
+  return ["cpu", ...names.filter((d) => d !== "cpu")];
+}
+
+// --- the panels (bottom panel tabs) ----------------------------------------------------------------
+
+const mounted = new Set();
+let runsPanel = null;
+let workersPanel = null;
+
+async function getRunsPanel() {
+  if (!runsPanel) {
+    const { RunsPanel } = await import("./lib/runs_panel.mjs");
+    runsPanel = new RunsPanel({ fleet, openWorkers: () => showTab(WORKERS_TAB) });
+  }
+  return runsPanel;
+}
+
+async function getWorkersPanel() {
+  if (!workersPanel) {
+    const { WorkersPanel } = await import("./lib/workers_panel.mjs");
+    workersPanel = new WorkersPanel({ fleet, openRun: (id) => openRun(id) });
+  }
+  return workersPanel;
+}
+
+function showTab(id) {
+  if (mounted.has(id)) return;
+  app.extensionManager?.command?.execute(`Workspace.ToggleBottomPanelTab.${id}`);
+}
+
+async function openRun(runId) {
+  const panel = await getRunsPanel();
+  panel.focus(runId);
+  showTab(RUNS_TAB);
+}
+
+const panelGetters = {};
+
+function tab(id, titleKey, getPanel) {
+  panelGetters[id] = getPanel;
+  return {
+    id,
+    get title() { return t(titleKey); },
+    type: "custom",
+    render: (el) => {
+      // ComfyUI reuses one element when the user switches tabs (no destroy in between): end the other
+      const before = el.dataset.xfTab;
+      if (before && before !== id) {
+        mounted.delete(before);
+        panelGetters[before]().then((p) => p.unmount());
+      }
+      el.dataset.xfTab = id;
+      mounted.add(id);
+      el.style.height = "100%";
+      getPanel().then((p) => { if (mounted.has(id) && el.dataset.xfTab === id) p.mount(el); });
+    },
+    destroy: () => {
+      mounted.delete(id);
+      getPanel().then((p) => p.unmount());
+    },
+  };
+}
+
+// --- Queue on... -----------------------------------------------------------------------------------
+
+async function queueOn() {
+  const { openQueueDialog } = await import("./lib/queue_dialog.mjs");
+  await openQueueDialog({
+    fleet, graph: canvasPrompt, localDevices,
+    openRuns: (runId) => openRun(runId),
+    openWorkers: () => showTab(WORKERS_TAB),
+  });
+}
+
+const queueButton = h("button", {
+  type: "button", class: "xf-queue-on xf-root p-button p-component p-button-secondary p-button-sm",
+  title: t("app.queue_tooltip"), "aria-label": t("app.queue_on"), dataset: { xpufleet: "queue-on" }, onclick: () => queueOn(),
+}, t("app.queue_on"));
+
+/** Keep the button beside ComfyUI's Run button (the action bar is Vue's and may be rebuilt). */
+function placeQueueButton() {
+  if (queueButton.isConnected) return;
+  const group = document.querySelector(".actionbar-content .queue-button-group") || document.querySelector(".queue-button-group");
+  if (group) group.after(queueButton);
+}
+
+// --- the capsules ----------------------------------------------------------------------------------
+
+const capsules = new CapsuleBar({ fleet, settings, workflow: canvasWorkflow });
+
+function placeCapsules() {
+  if (capsules.element.isConnected) return;
+  const menu = app.menu?.element || document.querySelector(".comfyui-menu-right");
+  if (menu) menu.prepend(capsules.element);
+}
+
+// --- the sidecar -----------------------------------------------------------------------------------
 
 // Starts a sidecar on this machine when none runs (the server decides: POST /xpufleet/sidecar/start
-// answers started=false when one already runs). The Queue on... dialog goes through /xpufleet/api/...
+// answers started=false when one already runs).
 async function ensureSidecar() {
   try {
     const state = await (await api.fetchApi("/xpufleet/sidecar")).json();
@@ -18,33 +179,89 @@ async function ensureSidecar() {
   }
 }
 
-function settingValue(id) {
-  const store = app.extensionManager?.setting;
-  return store ? store.get(id) : app.ui?.settings?.getSettingValue(id);
+/** The "sidecar URL" setting: shows where this ComfyUI reaches its sidecar (read from the server). */
+function sidecarStatus() {
+  const out = h("span", { class: "xf-hint", dataset: { xpufleet: "sidecar-status" } }, t("common.loading"));
+  api.fetchApi("/xpufleet/sidecar").then((r) => r.json()).then((s) => {
+    out.textContent = s.running ? t("settings.sidecar_running", { url: s.url, pid: s.pid }) : `${t("settings.sidecar_stopped")} (${s.home})`;
+  }).catch((err) => { out.textContent = String(err?.message || err); });
+  return out;
 }
+
+// ComfyUI calls a setting's onChange before it stores the new value: read it a moment later
+const rescan = () => setTimeout(() => capsules.settingsChanged(), 0);
 
 app.registerExtension({
   name: "XPUFleet.Monitor",
   settings: [
-    {
-      id: "XPUFleet.Language",
-      name: "XPU Fleet: label language",
-      type: "combo",
-      options: ["en", "zh"],
-      defaultValue: "en",
-    },
-    {
-      id: AUTOSTART,
-      name: "XPU Fleet: start the sidecar when none runs",
-      tooltip: "Starts `xpufleet start` on this machine (queued runs, workers) when ComfyUI opens or when turned on.",
-      type: "boolean",
-      defaultValue: false,
-      onChange: (value) => {
-        if (value) ensureSidecar();
-      },
-    },
+    { id: LANGUAGE, category: ["XPU Fleet", "General", "Language"], name: t("settings.language"), type: "combo",
+      options: [{ text: t("settings.language_auto"), value: "auto" }, { text: "中文", value: "zh" }, { text: "English", value: "en" }],
+      defaultValue: "auto", onChange: (value) => { applyLanguage(value); capsules.render(); } },
+    { id: SETTINGS.refresh, category: ["XPU Fleet", "Capsule", "Refresh"], name: t("settings.refresh"), type: "number",
+      defaultValue: 5, attrs: { min: 1, max: 600, step: 1 }, onChange: rescan },
+    { id: SETTINGS.showSuccess, category: ["XPU Fleet", "Capsule", "Success"], name: t("settings.show_success"), type: "boolean",
+      defaultValue: true, onChange: rescan },
+    { id: SETTINGS.showVram, category: ["XPU Fleet", "Capsule", "VRAM"], name: t("settings.show_vram"), type: "boolean",
+      defaultValue: true, onChange: rescan },
+    { id: SETTINGS.showRam, category: ["XPU Fleet", "Capsule", "RAM"], name: t("settings.show_ram"), type: "boolean",
+      defaultValue: true, onChange: rescan },
+    { id: SETTINGS.device, category: ["XPU Fleet", "Capsule", "Device"], name: t("settings.device"), type: "combo",
+      tooltip: t("settings.device_tip"), defaultValue: "",
+      // ComfyUI calls this without the current value: read it, and list the cards the capsule's menu found
+      options: () => [...new Set(["auto", settingValue(SETTINGS.device) || "auto", ...capsules.knownDevices])]
+        .map((v) => ({ text: v, value: v === "auto" ? "" : v })),
+      onChange: rescan },
+    { id: AUTOSTART, category: ["XPU Fleet", "Sidecar", "AutoStart"], name: t("settings.autostart"), tooltip: t("settings.autostart_tip"),
+      type: "boolean", defaultValue: false, onChange: (value) => { if (value) ensureSidecar(); } },
+    { id: SIDECAR, category: ["XPU Fleet", "Sidecar", "URL"], name: t("settings.sidecar"), tooltip: t("settings.sidecar_tip"),
+      type: () => sidecarStatus(), defaultValue: "" },
   ],
+  commands: [
+    { id: "XPUFleet.QueueOn", label: () => t("app.queue_on"), icon: "pi pi-send", function: () => queueOn() },
+    { id: "XPUFleet.ShowRuns", label: () => t("app.show_runs"), icon: "pi pi-list", function: () => showTab(RUNS_TAB) },
+    { id: "XPUFleet.ShowWorkers", label: () => t("app.show_workers"), icon: "pi pi-server", function: () => showTab(WORKERS_TAB) },
+  ],
+  menuCommands: [{ path: ["XPU Fleet"], commands: ["XPUFleet.QueueOn", "XPUFleet.ShowRuns", "XPUFleet.ShowWorkers"] }],
+  bottomPanelTabs: [tab(RUNS_TAB, "runs.title", getRunsPanel), tab(WORKERS_TAB, "workers.title", getWorkersPanel)],
+
+  async beforeRegisterNodeDef(nodeType) {
+    // a widget edited on the canvas (LiteGraph calls onWidgetChanged from setValue) rescans the graph
+    const previous = nodeType.prototype.onWidgetChanged;
+    nodeType.prototype.onWidgetChanged = function (...args) {
+      capsules.requestScan();
+      return previous?.apply(this, args);
+    };
+  },
+
+  async afterConfigureGraph() {
+    capsules.requestScan();
+  },
+
+  nodeCreated() {
+    // a node added (by hand, a paste, or a loaded API-format file): its widget values are set right
+    // after, in the same task, so the debounced scan sees them
+    capsules.requestScan();
+  },
+
   async setup() {
+    // "auto" follows ComfyUI's own language (its Comfy.Locale setting's change event)
+    app.ui?.settings?.addEventListener?.("Comfy.Locale.change", (e) => {
+      setLanguage(resolveLanguage(settingValue(LANGUAGE), e.detail?.value || navigator.language));
+      capsules.render();
+    });
+    applyLanguage();
+    placeCapsules();
+    placeQueueButton();
+    api.addEventListener("graphChanged", () => capsules.requestScan());
+    for (const type of ["execution_success", "execution_error", "execution_interrupted", "reconnected"]) {
+      api.addEventListener(type, () => capsules.requestScan());
+    }
+    // ComfyUI's Vue top bar may be rebuilt (menu position setting): put our elements back
+    new MutationObserver(() => { placeCapsules(); placeQueueButton(); })
+      .observe(document.body, { childList: true, subtree: false });
+    const bar = document.querySelector(".comfyui-body-top") || document.querySelector(".comfyui-menu")?.parentElement;
+    if (bar) new MutationObserver(() => { placeCapsules(); placeQueueButton(); }).observe(bar, { childList: true, subtree: true });
+    capsules.start();
     if (settingValue(AUTOSTART)) await ensureSidecar();
   },
 });

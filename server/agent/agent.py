@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ...constants import (
+    AGENT_CAP_MEMORY,
     AGENT_HELLO_TIMEOUT_S,
     AGENT_PROTOCOL,
     AGENT_RECONNECT_MAX_S,
@@ -41,7 +42,7 @@ from ..run import ddp
 from ..run.events import describe_exit
 from ..run.launcher import LaunchError, ProcessGroup, member_env, single
 from ..run.spec import RunSpec, build_spec
-from ..run.warm import warm_up
+from ..run.warm import default_starter, warm_up
 from ..workers import protocol
 from .config import (
     AgentConfig,
@@ -54,6 +55,7 @@ from .config import (
     write_private_json,
     ws_url,
 )
+from .usage import run_memory
 
 log = logging.getLogger("xpufleet.agent")
 
@@ -139,21 +141,22 @@ class Agent:
     def node_types(self) -> list[str]:
         """Node classes this agent's runner can execute (compared with the sidecar's)."""
         if self._node_types is None:
-            try:
-                from ...nodes import NODE_CLASS_MAPPINGS
+            from ...nodes import NODE_CLASS_MAPPINGS  # shipped with the agent: a broken import is a bug
 
-                self._node_types = sorted(NODE_CLASS_MAPPINGS)
-            except Exception as exc:  # a broken optional dependency: report no node types
-                log.error("node classes unavailable: %s", exc)
-                self._node_types = []
+            self._node_types = sorted(NODE_CLASS_MAPPINGS)
         return self._node_types
 
-    def _runs_summary(self) -> list[dict[str, Any]]:
-        return [
-            {"run_id": r.run_id, "last_seq": r.last_seq, "status": r.status()}
-            for r in self.runs.values()
-            if not r.forgotten
-        ]
+    def _runs_summary(self, memory: dict[str, dict[str, float]] | None = None) -> list[dict[str, Any]]:
+        """The runs this agent holds; ``memory``: GiB per card each run's processes use (NVML)."""
+        out = []
+        for r in self.runs.values():
+            if r.forgotten:
+                continue
+            entry: dict[str, Any] = {"run_id": r.run_id, "last_seq": r.last_seq, "status": r.status()}
+            if memory and memory.get(r.run_id):
+                entry["memory"] = memory[r.run_id]
+            out.append(entry)
+        return out
 
     async def _send(self, text: str) -> bool:
         ws = self.ws
@@ -241,6 +244,7 @@ class Agent:
                 auth={"kind": auth.kind, "token": auth.token}, node_types=self.node_types(),
                 devices=self._last_devices, env=devinv.environment_summary(self.inventory),
                 runs=self._runs_summary(), pid=os.getpid(),
+                capabilities=[AGENT_CAP_MEMORY],  # runs are capped to their budget (server/run/memory.py)
             )
             await ws.send_str(hello)
             first = await asyncio.wait_for(ws.receive(), timeout=AGENT_HELLO_TIMEOUT_S)
@@ -289,8 +293,13 @@ class Agent:
                 self._last_devices = await asyncio.to_thread(self.inventory.snapshot)
             except Exception as exc:
                 log.warning("device probe failed: %s", exc)
+            try:
+                memory = await asyncio.to_thread(run_memory, self.inventory, self.runs.values())
+            except Exception as exc:  # per-run figures are extra: never stop the heartbeat
+                log.warning("per-run memory probe failed: %s", exc)
+                memory = {}
             ok = await self._send(protocol.encode(
-                "heartbeat", devices=self._last_devices, runs=self._runs_summary(), ts=time.time()))
+                "heartbeat", devices=self._last_devices, runs=self._runs_summary(memory), ts=time.time()))
             if not ok:
                 return
 
@@ -433,7 +442,7 @@ class Agent:
             self._relay(rs, rank, events)
 
         rs.group = ProcessGroup(single(rs.run_id, rs.run_dir, env, stop_grace_s=RUN_STOP_GRACE_S),
-                                on_events=on_events)
+                                on_events=on_events, starter=default_starter())
         followers = ddp.Followers(rs.group, rs.run_dir, spec.world_size, env)
         pump = asyncio.create_task(self._pump(rs))
         try:

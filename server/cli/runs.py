@@ -22,6 +22,9 @@ def add_parser(sub: Any) -> None:
     dev.add_argument("--device", help="one device: auto, cpu, cuda, cuda:N, xpu:N, mps (falls back if missing)")
     dev.add_argument("--devices", help="a device set, e.g. cuda:0,cuda:1 (every device must be offered)")
     p.add_argument("--memory-gib", type=float, help="memory budget per card (GiB) for shared cards")
+    p.add_argument("--memory-source", choices=("user", "estimate", "measured"),
+                   help="where --memory-gib came from: user (typed, default, never changed), estimate (from "
+                        "`xpufleet estimate`: raised to a larger measured peak + 20%%)")
     p.add_argument("--queue-wait", dest="queue_wait", action="store_true", default=None,
                    help="target.wait: wait in the queue when the budget does not fit now")
     p.add_argument("--no-queue-wait", dest="queue_wait", action="store_false",
@@ -81,6 +84,8 @@ def _run_options(args: argparse.Namespace) -> dict[str, Any]:
         target["devices"] = [d.strip() for d in args.devices.split(",") if d.strip()]
     if args.memory_gib is not None:
         target["memory_gib"] = args.memory_gib
+    if getattr(args, "memory_source", None):
+        target["memory_source"] = args.memory_source
     if args.queue_wait is not None:
         target["wait"] = args.queue_wait
     if target:

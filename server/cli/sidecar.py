@@ -25,7 +25,7 @@ from ...constants import (
 )
 from ..sidecar.runtime_file import ensure_home, pid_alive, read_runtime, remove_runtime
 from .client import ApiError, SidecarUnreachable
-from .common import EXIT_OK, EXIT_RUN_FAILED, EXIT_UNREACHABLE, err, running_client
+from .common import EXIT_OK, EXIT_RUN_FAILED, EXIT_UNREACHABLE, EXIT_USAGE, err, running_client
 
 SERVER_MODULE = "xpufleet.server"
 
@@ -131,8 +131,13 @@ def _start_foreground(args: argparse.Namespace, home: Path) -> int:
         report(f"error: a sidecar is already running at {running[1]['url']} (pid {running[1]['pid']})")
         err(f"a sidecar is already running at {running[1]['url']} (pid {running[1]['pid']})")
         return EXIT_RUN_FAILED
-    config = SidecarConfig.from_env(home, host=args.host, port=args.port,
-                                    allowed_hosts=tuple(args.allowed_host or ()))
+    try:
+        config = SidecarConfig.from_env(home, host=args.host, port=args.port,
+                                        allowed_hosts=tuple(args.allowed_host or ()))
+    except ValueError as exc:  # a bad XPUFLEET_LOCAL_SHARED_CARDS names itself
+        report(f"error: {exc}")
+        err(str(exc))
+        return EXIT_USAGE
     try:
         return run_foreground(config, ready=report)
     except AlreadyRunning as exc:

@@ -18,11 +18,11 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _add_workers_parser(subparsers: Any) -> None:
-    """``xpufleet workers [list|drain|undrain|remove|reissue|join-token|rejected]`` (SPEC §9)."""
+    """``xpufleet workers [list|drain|undrain|remove|reissue|join-token|rejected|mode]`` (SPEC §9)."""
     w = subparsers.add_parser("workers", help="list and manage the sidecar's workers",
                               description="Workers known to the running sidecar (default: list them).")
     w.add_argument("--json", action="store_true", help="machine-readable output")
-    wsub = w.add_subparsers(dest="workers_command", metavar="{list,drain,undrain,remove,reissue,join-token,rejected}")
+    wsub = w.add_subparsers(dest="workers_command", metavar="{list,drain,undrain,remove,reissue,join-token,rejected,mode}")
     # --json also after the subcommand (`xpufleet workers list --json`); SUPPRESS keeps the outer value
     json_opt = argparse.ArgumentParser(add_help=False)
     json_opt.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
@@ -36,6 +36,10 @@ def _add_workers_parser(subparsers: Any) -> None:
                         parents=[json_opt])
     j.add_argument("--name", help="bind the token to this worker name")
     wsub.add_parser("rejected", help="refused agent connections with their reason", parents=[json_opt])
+    m = wsub.add_parser("mode", help="a card's mode: exclusive (default) or shared by memory", parents=[json_opt])
+    m.add_argument("name", help="worker name")
+    m.add_argument("device", help="the worker's card, e.g. cuda:1")
+    m.add_argument("mode", choices=("exclusive", "shared"))
     w.set_defaults(func=run_workers)
 
 
@@ -51,6 +55,9 @@ def run_workers(args: argparse.Namespace) -> int:
         out = client.request("DELETE", f"/api/workers/{urllib.parse.quote(args.name)}")
     elif cmd == "join-token":
         out = client.request("POST", "/api/workers/join-tokens", {"name": args.name} if args.name else {})
+    elif cmd == "mode":
+        out = client.request("PUT", f"/api/workers/{urllib.parse.quote(args.name)}/devices/"
+                                    f"{urllib.parse.quote(args.device)}/mode", {"mode": args.mode})
     else:
         out = client.request("GET", "/api/workers/rejected")
     if args.json:
@@ -68,6 +75,9 @@ def run_workers(args: argparse.Namespace) -> int:
                   f"from {r.get('address') or '?'}: {r['reason']}")
         if not out["rejected"]:
             print("no rejected connections")
+    elif cmd == "mode":
+        print(f"worker {out['worker']}: {out['device']} is {out['mode']}"
+              + (" (runs need a budget there: target.memory_gib)" if out["mode"] == "shared" else ""))
     elif cmd == "remove":
         print(f"worker {out['removed']} removed ({len(out['failed_runs'])} waiting run(s) failed, "
               f"{len(out['interrupted_runs'])} running run(s) interrupted)")
@@ -107,7 +117,36 @@ def _print_workers(workers: list[dict[str, Any]]) -> None:
             same = "".join(f", same card as {s['device']} on {s['provider']}" for s in d["same_card_as"])
             print(f"  {d['name']}{sim}:{mem}, slots {d['slots_used']}/{d['slot_limit'] if d['slot_limit'] is not None else '-'}"
                   f", {d['mode']}{same}")
+            for line in memory_lines(d.get("memory")):
+                print(f"    {line}")
         for r in w["runs"]:
-            print(f"  run {r['id'][:8]} {r['status']} on {', '.join(r['devices'])}")
+            budget = f", budget {r['budget_gib']:g} GiB ({r['budget_source']})" if r.get("budget_gib") is not None else ""
+            use = (r.get("memory_in_use") or {}).get("devices") or {}
+            used = "".join(f", uses {v:g} GiB on {k} (NVML)" for k, v in use.items())
+            print(f"  run {r['id'][:8]} {r['status']} on {', '.join(r['devices'])}{budget}{used}")
         if w.get("last_rejection"):
             print(f"  last rejected: {w['last_rejection']['reason']}")
+
+
+def memory_lines(card: dict[str, Any] | None) -> list[str]:
+    """A card shared by memory, as the Workers panel draws it: in use, reserved, running, free for new budgets
+    after the CUDA context, the runs on it."""
+    if not card:
+        return []
+    if not card.get("admits_by_memory"):
+        return [card["note"]] if card.get("note") else []
+    out = []
+    if card.get("total_gib") is not None:
+        free = card["free_for_budgets_gib"]
+        out.append(f"memory: {card['in_use_gib']:g} GiB in use, {card['reserved_gib']:g} reserved, "
+                   f"{card['running_gib']:g} running (budgets + {card['context_gib']:g} GiB CUDA context each), "
+                   f"{free:g} GiB free for a new budget")
+    if card.get("note"):
+        out.append(card["note"])
+    if card.get("held_for"):
+        out.append(card["held_for"]["text"])
+    for r in card.get("runs") or []:
+        budget = "no budget" if r["budget_gib"] is None else f"budget {r['budget_gib']:g} GiB"
+        used = f", uses {r['in_use_gib']:g} GiB (NVML)" if r.get("in_use_gib") is not None else ""
+        out.append(f"run {r['id'][:8]} {r['state']}, {budget}{used}")
+    return out

@@ -15,7 +15,9 @@
   (or later, once the graph has one); until then it waits (see :mod:`.fit`'s ``NO_BUDGET`` text).
 
 Only CUDA allocator peaks are peaks: MPS reports the memory its driver holds at the end of a run (not a
-peak), and a simulated card measures nothing on a card, so neither becomes a default budget.
+peak), and a simulated card measures nothing on a card, so neither becomes a default budget of a real card.
+A run whose cards are all simulated takes its default from simulated peaks only (``SIMULATED_SOURCES``: the
+most tensor storage a run on simulated cards held on the CPU), labelled "simulated peak" wherever it shows.
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...constants import MEASURED_PEAK_HEADROOM
+from .fit import gib_text
 
 USER, MEASURED, ESTIMATE = "user", "measured", "estimate"
 SOURCES = (USER, MEASURED, ESTIMATE)
 PEAK_SOURCES = frozenset({"cuda"})  # what measures a peak a default budget may come from
+SIMULATED_SOURCES = frozenset({"simulated"})  # ... for a run that can only go to simulated cards
 
 
 class BudgetError(ValueError):
@@ -65,6 +69,11 @@ class DefaultBudget:
     peak_gib: float
     run_id: str
     n_cards: int
+    source: str = "cuda"  # what measured the peak ("simulated": a simulated card's tensor bytes)
+
+
+def _peak_words(source: str | None) -> str:
+    return "simulated peak" if source == "simulated" else "peak"
 
 
 def default_budget(peaks: Iterable[MeasuredPeak], graph_key: str, n_cards: int,
@@ -78,7 +87,7 @@ def default_budget(peaks: Iterable[MeasuredPeak], graph_key: str, n_cards: int,
             best = p
     if best is None:
         return None
-    return DefaultBudget(with_headroom(best.peak_gib), best.peak_gib, best.run_id, n_cards)
+    return DefaultBudget(with_headroom(best.peak_gib), best.peak_gib, best.run_id, n_cards, best.source)
 
 
 @dataclass(frozen=True)
@@ -91,31 +100,45 @@ class Budget:
     peak_gib: float | None = None
     declared_gib: float | None = None
     reason: str | None = None  # why it is not what was declared
+    peak_source: str | None = None  # measured from a simulated card ("simulated"); None: a CUDA peak
 
     def label(self) -> str:
         """The Runs panel's budget column: ``6.0 GiB``, ``7.4 GiB (peak of run a1b2c3d4 + 20%)``,
         ``3.2 GiB (est.)``."""
         if self.source == ESTIMATE:
-            return f"{self.gib:.1f} GiB (est.)"
+            return f"{gib_text(self.gib)} GiB (est.)"
         if self.source == MEASURED and self.from_run:
-            return f"{self.gib:.1f} GiB (peak of run {self.from_run[:8]} + 20%)"
-        return f"{self.gib:.1f} GiB"
+            return f"{gib_text(self.gib)} GiB ({_peak_words(self.peak_source)} of run {self.from_run[:8]} + 20%)"
+        return f"{gib_text(self.gib)} GiB"
 
     def to_json(self) -> dict[str, Any]:
         return {"budget_gib": self.gib, "budget_source": self.source, "budget_from_run": self.from_run,
                 "budget_peak_gib": self.peak_gib, "budget_declared_gib": self.declared_gib,
-                "budget_reason": self.reason, "budget_label": self.label()}
+                "budget_reason": self.reason, "budget_label": self.label(), "budget_peak_source": self.peak_source}
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> Budget:
+        """The inverse of :meth:`to_json` (stored budgets)."""
+        return Budget(float(data["budget_gib"]), str(data["budget_source"]), data.get("budget_from_run"),
+                      data.get("budget_peak_gib"), data.get("budget_declared_gib"), data.get("budget_reason"),
+                      data.get("budget_peak_source"))
 
 
 def _measured(default: DefaultBudget, declared: float | None = None, reason: str | None = None) -> Budget:
-    return Budget(default.budget_gib, MEASURED, default.run_id, default.peak_gib, declared, reason)
+    source = default.source if default.source != "cuda" else None
+    return Budget(default.budget_gib, MEASURED, default.run_id, default.peak_gib, declared, reason, source)
+
+
+def _peaked(default: DefaultBudget) -> str:
+    if default.source == "simulated":
+        return f"had a simulated peak of {gib_text(default.peak_gib)} GiB (+20%)"
+    return f"peaked at {gib_text(default.peak_gib)} GiB (+20%)"
 
 
 def _raise_reason(declared: float, default: DefaultBudget, later: bool) -> str:
     when = "while the run waited, run" if later else "run"
-    return (f"raised from the estimate {declared:.1f} GiB to {default.budget_gib:.1f} GiB: {when} "
-            f"{default.run_id[:8]} of the same graph on {cards_text(default.n_cards)} peaked at "
-            f"{default.peak_gib:.1f} GiB (+20%)")
+    return (f"raised from the estimate {gib_text(declared)} GiB to {gib_text(default.budget_gib)} GiB: {when} "
+            f"{default.run_id[:8]} of the same graph on {cards_text(default.n_cards)} {_peaked(default)}")
 
 
 def resolve_budget(memory_gib: float | None, memory_source: str | None, default: DefaultBudget | None, *,
@@ -170,9 +193,9 @@ def raise_waiting(budget: Budget | None, default: DefaultBudget, fits_somewhere:
     if budget.source == ESTIMATE or budget.declared_gib is not None:
         reason = _raise_reason(declared, default, later=True)
     else:
-        reason = (f"raised from {budget.gib:.1f} GiB to {default.budget_gib:.1f} GiB: while the run waited, run "
-                  f"{default.run_id[:8]} of the same graph on {cards_text(default.n_cards)} peaked at "
-                  f"{default.peak_gib:.1f} GiB (+20%)")
+        reason = (f"raised from {gib_text(budget.gib)} GiB to {gib_text(default.budget_gib)} GiB: while the run "
+                  f"waited, run {default.run_id[:8]} of the same graph on {cards_text(default.n_cards)} "
+                  f"{_peaked(default)}")
     raised = _measured(default, declared, reason)
     if not fits_somewhere(raised.gib):
         return Raise(raised, f"{reason}, more than any card this run may use has")
@@ -194,10 +217,11 @@ def oom_message(budget: Budget, device: str) -> str:
     """The error of a run that ran out of memory under its budget: where the budget came from and what to
     declare instead."""
     if budget.source == MEASURED and budget.from_run:
-        came = f"the measured peak of run {budget.from_run[:8]} + 20%"
+        what = "simulated" if budget.peak_source == "simulated" else "measured"
+        came = f"the {what} peak of run {budget.from_run[:8]} + 20%"
     else:
         came = _SOURCE_WORDS.get(budget.source, budget.source)
-    return (f"out of memory on {device} under its budget of {budget.gib:.1f} GiB ({came}): declare a larger "
+    return (f"out of memory on {device} under its budget of {gib_text(budget.gib)} GiB ({came}): declare a larger "
             f"options.target.memory_gib")
 
 
@@ -234,10 +258,10 @@ def suggest(graph: Mapping[str, Any], default: DefaultBudget | None, *, n_cards:
     if default is not None:
         headroom = default.budget_gib - default.peak_gib
         items = ({"name": "measured_peak", "gib": default.peak_gib,
-                  "label": f"peak of run {default.run_id[:8]} on {cards_text(n_cards)}"},
+                  "label": f"{_peak_words(default.source)} of run {default.run_id[:8]} on {cards_text(n_cards)}"},
                  {"name": "headroom", "gib": round(headroom, 4), "label": "+20%"})
         return Suggestion(MEASURED, default.budget_gib, default.budget_gib, items, from_run=default.run_id,
-                          n_cards=n_cards)
+                          n_cards=n_cards, extra={"peak_source": default.source})
     if estimate is None:
         from ...predictor.estimate import estimate_graph as estimate
     est = estimate(graph)

@@ -143,13 +143,21 @@ class _Holding:
     started: bool
 
 
+def gib_text(gib: float) -> str:
+    """A budget in the texts: one decimal as the seed writes them (``12.0``), two below 1 GiB (``0.05``),
+    so a small budget is never shown as another number."""
+    return f"{gib:.1f}" if gib >= 1 or gib == 0 else f"{gib:.2f}"
+
+
 def _gib(value: int) -> str:
     return f"{value / GIB:.1f}"
 
 
 def _free_gib(room: int) -> str:
-    """A free figure rounded down to 0.1 GiB (never shown larger than it is), at least 0."""
-    return f"{math.floor(max(0, room) * 10 / GIB + 1e-6) / 10:.1f}"  # 1e-6: GiB figures are rounded to bytes
+    """A free figure rounded down to 0.1 GiB (0.01 below 1 GiB; never shown larger than it is), at least 0."""
+    step = 10 if room >= GIB or room <= 0 else 100
+    value = math.floor(max(0, room) * step / GIB + 1e-6) / step  # 1e-6: GiB figures are rounded to bytes
+    return f"{value:.1f}" if step == 10 else f"{value:.2f}"
 
 
 class Ledger:
@@ -333,7 +341,7 @@ class Ledger:
     def needs_text(self, card: Card, budget: int) -> str:
         """``needs 6.0 GiB (+0.8 GiB CUDA context)`` (no context part off CUDA or with a zero context)."""
         context = self.context_for(card)
-        return f"needs {_gib(budget)} GiB" + (f" (+{_gib(context)} GiB CUDA context)" if context else "")
+        return f"needs {gib_text(budget / GIB)} GiB" + (f" (+{_gib(context)} GiB CUDA context)" if context else "")
 
     def card_text(self, key: str, budget: int | None) -> str | None:
         """Why ``budget`` does not fit on one card now (None when it fits)."""
@@ -385,6 +393,39 @@ class Ledger:
                 texts.append(text)
         shown = "; ".join(texts)
         return shown + (f"; and {extra} other candidate{'s' if extra != 1 else ''}" if extra else "")
+
+    def card_view(self, key: str) -> dict[str, Any] | None:
+        """One card as the Workers panel draws it (GiB): the heartbeat's total and free, what the runs'
+        budgets reserve and hold (each + its CUDA context), what is free for a new budget once the CUDA
+        context is taken off, and the runs on it (None: not a card of this ledger)."""
+        card = self.cards.get(key)
+        if card is None:
+            return None
+        context = self.context_for(card)
+        room = card.room()
+        runs = [{"id": r, "state": "running", "budget_gib": None if b is None else round(b / GIB, 3)}
+                for r, b in card.running.items()]
+        runs += [{"id": r, "state": "reserved", "budget_gib": None if b is None else round(b / GIB, 3)}
+                 for r, b in card.reserved.items()]
+        note = None
+        if card.total is None:
+            note = self.card_text(key, GIB)  # the MPS and "not reported yet" texts
+        elif card.unbudgeted:
+            holders = [r["id"] for r in runs if r["budget_gib"] is None]
+            note = (f"held by run {', '.join(short_id(r) for r in holders)}, which has no budget and holds the "
+                    f"card alone until it ends")
+        return {
+            "shared": card.shared,
+            "total_gib": None if card.total is None else round(card.total / GIB, 3),
+            "free_gib": None if card.free is None else round(card.free / GIB, 3),
+            "in_use_gib": None if card.total is None or card.free is None else round((card.total - card.free) / GIB, 3),
+            "reserved_gib": round(card.reserved_sum / GIB, 3),
+            "running_gib": round(card.running_sum / GIB, 3),
+            "context_gib": round(context / GIB, 3),
+            "free_for_budgets_gib": None if room is None else float(_free_gib(room - context)),
+            "runs": runs,
+            "note": note,
+        }
 
     # --- decisions ----------------------------------------------------------------------------------
 

@@ -5,7 +5,14 @@ its candidates (a card, or a device set) on which its budget fits by :mod:`.fit`
 placed before it in the same pass (they are reserved on the ledger as they are placed). No memory is held
 for a run that does not fit: a smaller run submitted later may start first on a card with room for it but
 not for the earlier one (the seed asks that runs wait until memory frees, and leaves the order among them
-open; holding memory for the earliest run would leave it idle while that run waits).
+open; holding memory for the earliest run at once would leave the card idle while that run waits).
+
+Starvation is bounded the way seed 000 bounds it for device-set runs, by a hold (:class:`MemoryHolds`):
+each time a run is placed on a card, the earliest waiting run that wants that card and could fit it once
+it is empty (its budget + context <= the card's total) is *overtaken* there; after
+``MEMORY_OVERTAKES_BEFORE_HOLD`` (3) overtakes on one card that run *holds* the card: no run submitted
+after it starts there until it has started (or left the queue). The runs already on the card end, its
+room grows, and the holder starts. Holds are fixed for the length of a pass and updated after it.
 
 :class:`MemoryQueue` gives the same placements without looking at every waiting run. After a pass, no
 waiting run fits anywhere; a later pass can only place runs that want a card whose room grew (the ledger
@@ -19,9 +26,10 @@ run found against all its candidates, and then looks at the new runs.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
+from ...constants import MEMORY_OVERTAKES_BEFORE_HOLD
 from .fit import FITS, Ledger, to_bytes
 
 INF = float("inf")
@@ -43,23 +51,117 @@ class MemoryPlacement:
     keys: tuple[str, ...]
 
 
-def _first_fit(ledger: Ledger, run: MemoryRun, budget: int | None) -> int | None:
+@dataclass
+class MemoryHolds:
+    """Which waiting run holds which card (see the module docstring), and how often runs were overtaken.
+
+    ``by_key``: card key -> the run id holding it; ``overtaken``: (run id, card key) -> overtakes so far.
+    Pure bookkeeping: the planner says who was overtaken (:meth:`overtake`) and who left (:meth:`drop_run`)."""
+
+    limit: int = MEMORY_OVERTAKES_BEFORE_HOLD
+    by_key: dict[str, str] = field(default_factory=dict)
+    overtaken: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def holder(self, key: str) -> str | None:
+        return self.by_key.get(key)
+
+    def held_by(self, run_id: str) -> list[str]:
+        return [k for k, r in self.by_key.items() if r == run_id]
+
+    def overtake(self, run_id: str, key: str) -> bool:
+        """``run_id`` was overtaken on ``key``; True when it now holds the card."""
+        n = self.overtaken.get((run_id, key), 0) + 1
+        self.overtaken[(run_id, key)] = n
+        if n >= self.limit and key not in self.by_key:
+            self.by_key[key] = run_id
+            return True
+        return False
+
+    def drop_run(self, run_id: str) -> list[str]:
+        """The run started or left the queue: its holds end (the keys it held are returned)."""
+        keys = self.held_by(run_id)
+        for k in keys:
+            del self.by_key[k]
+        for pair in [p for p in self.overtaken if p[0] == run_id]:
+            del self.overtaken[pair]
+        return keys
+
+    def release(self, key: str) -> None:
+        """The hold on ``key`` ends (its holder can no longer go there)."""
+        run_id = self.by_key.pop(key, None)
+        if run_id is not None:
+            self.overtaken.pop((run_id, key), None)
+
+
+def _could_hold(ledger: Ledger, key: str, budget: float) -> bool:
+    """Whether a run of ``budget`` bytes could ever run on the shared card ``key`` (then it may hold it)."""
+    card = ledger.cards.get(key)
+    if card is None or not card.shared or card.total is None or budget == INF:
+        return False
+    return budget + ledger.context_for(card) <= card.total
+
+
+def _blocked(holds: MemoryHolds | None, keys: Sequence[str], run_id: str, seq: int,
+             seq_of: Callable[[str], int | None]) -> bool:
+    """A candidate is blocked for a run when one of its cards is held by a run submitted before it."""
+    if not holds or not holds.by_key:
+        return False
+    for key in keys:
+        holder = holds.by_key.get(key)
+        if holder is not None and holder != run_id:
+            hs = seq_of(holder)
+            if hs is not None and hs < seq:
+                return True
+    return False
+
+
+def _first_fit(ledger: Ledger, run: MemoryRun, budget: int | None, holds: MemoryHolds | None = None,
+               seq: int = 0, seq_of: Callable[[str], int | None] = lambda _r: None) -> int | None:
     for i, keys in enumerate(run.candidates):
-        if ledger.candidate_status(keys, budget) == FITS:
+        if ledger.candidate_status(keys, budget) == FITS and not _blocked(holds, keys, run.run_id, seq, seq_of):
             return i
     return None
 
 
-def plan_reference(runs: Iterable[MemoryRun], ledger: Ledger) -> list[MemoryPlacement]:
-    """The rule as a full pass over ``runs`` (submission order); placed runs are reserved on ``ledger``."""
+def _check_holds(holds: MemoryHolds, ledger: Ledger, budgets: Mapping[str, float]) -> None:
+    """Before a pass: a hold whose holder is gone, or whose budget could not fit the card, ends (the card
+    is re-examined). ``budgets``: the waiting runs' budgets in bytes (INF: none)."""
+    for key, run_id in list(holds.by_key.items()):
+        budget = budgets.get(run_id)
+        if budget is None or not _could_hold(ledger, key, budget):
+            holds.release(key)
+            ledger.grown.add(key)
+
+
+def plan_reference(runs: Iterable[MemoryRun], ledger: Ledger, holds: MemoryHolds | None = None) -> list[MemoryPlacement]:
+    """The rule as a full pass over ``runs`` (submission order); placed runs are reserved on ``ledger``.
+    With ``holds`` the pass respects them and updates them after it (overtakes, new holds)."""
+    runs = list(runs)
+    seqs = {r.run_id: i for i, r in enumerate(runs)}
+    budgets = {r.run_id: to_bytes(r.budget_gib) if r.budget_gib is not None else INF for r in runs}
+    if holds is not None:
+        for pair in [p for p in holds.overtaken if p[0] not in seqs]:
+            del holds.overtaken[pair]  # runs that left the queue
+        _check_holds(holds, ledger, budgets)
     out: list[MemoryPlacement] = []
-    for run in runs:
+    for i, run in enumerate(runs):
         budget = to_bytes(run.budget_gib) if run.budget_gib is not None else None
-        i = _first_fit(ledger, run, budget)
-        if i is not None:
-            keys = run.candidates[i]
+        c = _first_fit(ledger, run, budget, holds, i, seqs.get)
+        if c is not None:
+            keys = run.candidates[c]
             ledger.reserve(run.run_id, keys, run.budget_gib)
-            out.append(MemoryPlacement(run.run_id, i, keys))
+            out.append(MemoryPlacement(run.run_id, c, keys))
+    if holds is not None and out:
+        placed = {p.run_id for p in out}
+        for p in out:
+            holds.drop_run(p.run_id)
+        for p in out:
+            for key in p.keys:
+                head = next((r for r in runs[:seqs[p.run_id]] if r.run_id not in placed
+                             and any(key in c for c in r.candidates)
+                             and _could_hold(ledger, key, budgets[r.run_id])), None)
+                if head is not None:
+                    holds.overtake(head.run_id, key)
     return out
 
 
@@ -162,8 +264,9 @@ class MemoryQueue:
     Exclusive cards (not shared) do not limit by memory here: give this queue runs whose candidates are
     cards shared by memory, and the slot rule the rest."""
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: Ledger, holds: MemoryHolds | None = None) -> None:
         self.ledger = ledger
+        self.holds = holds if holds is not None else MemoryHolds()
         self._seq = 0
         self._runs: dict[int, MemoryRun] = {}
         self._budget: dict[int, float] = {}  # seq -> budget bytes (INF: no budget)
@@ -174,6 +277,8 @@ class MemoryQueue:
         self._upto = 0  # runs with seq <= upto were decided by the last pass
         self._fresh = True  # no pass yet: the first looks at every run
         self._planning = False  # positions in a pass's heap must stay put: compact after it
+        self._placed_seqs: dict[str, int] = {}  # runs placed by the current pass -> their seq
+        self._drop_after: list[str] = []  # runs that left during the pass: their holds end after it
         self._to_compact: set[str] = set()
 
     def __len__(self) -> int:
@@ -202,11 +307,19 @@ class MemoryQueue:
             cards.add(seq, budget)
         self._new.append(seq)
 
+    def seq_of(self, run_id: str) -> int | None:
+        return self._by_id.get(run_id)
+
     def remove(self, run_id: str) -> MemoryRun | None:
         seq = self._by_id.pop(run_id, None)
         if seq is None:
             return None
         run = self._runs.pop(seq)
+        if self._planning:
+            self._drop_after.append(run_id)  # holds stay as they were for the rest of the pass
+        else:
+            for key in self.holds.drop_run(run_id):
+                self.ledger.grown.add(key)  # the runs after it may go there again
         budgets = self._budget
         for key in dict.fromkeys(k for keys in run.candidates for k in keys):
             cards = self._cards[key]
@@ -252,39 +365,79 @@ class MemoryQueue:
         if limit is None:
             return
         pos = cards.tree.first_at_most(limit, start)
-        if pos is not None and cards.seqs[pos] <= self._upto:
-            heapq.heappush(heap, (cards.seqs[pos], key, pos))
+        if pos is None:
+            return
+        seq = cards.seqs[pos]
+        holder = self.holds.by_key.get(key)
+        if holder is not None:
+            hs = self._seq_any(holder)
+            if hs is not None and hs < seq:
+                return  # the card is held for an earlier run: nothing after it starts here
+        if seq <= self._upto:
+            heapq.heappush(heap, (seq, key, pos))
 
     def _place(self, seq: int, out: list[MemoryPlacement]) -> bool:
         run = self._runs.get(seq)
         if run is None:
             return False
         budget = self._budget[seq]
-        i = _first_fit(self.ledger, run, None if budget == INF else int(budget))
+        i = _first_fit(self.ledger, run, None if budget == INF else int(budget), self.holds, seq, self._seq_any)
         if i is None:
             return False
         keys = run.candidates[i]
         self.ledger.reserve(run.run_id, keys, run.budget_gib)
         out.append(MemoryPlacement(run.run_id, i, keys))
+        self._placed_seqs[run.run_id] = seq
         self.remove(run.run_id)
         return True
 
     def plan(self) -> list[MemoryPlacement]:
-        """Place what fits now (the placements of :func:`plan_reference` over :meth:`runs`)."""
+        """Place what fits now (the placements of :func:`plan_reference` over :meth:`runs`); then count
+        the overtakes of the pass (which may make a waiting run hold a card)."""
+        if self.holds.by_key:
+            holders = set(self.holds.by_key.values())
+            _check_holds(self.holds, self.ledger,
+                         {r: self._budget[self._by_id[r]] for r in holders if r in self._by_id})
         grown = self.ledger.pop_grown()
         out: list[MemoryPlacement] = []
+        self._placed_seqs = {}
+        self._drop_after = []
         self._planning = True
         try:
             self._pass(grown, out)
         finally:
             self._planning = False
+        for run_id in self._drop_after:
+            for key in self.holds.drop_run(run_id):
+                self.ledger.grown.add(key)
         for key in self._to_compact:
             self._cards[key].compact(self._budget)
         self._to_compact = set()
         self._new = []
         self._recheck = []
         self._upto = self._seq
+        for p in out:
+            for key in p.keys:
+                head = self._head(key, self._placed_seqs[p.run_id])
+                if head is not None:
+                    self.holds.overtake(self._runs[head].run_id, key)
         return out
+
+    def _seq_any(self, run_id: str) -> int | None:
+        """A run's seq, also for a run placed earlier in the current pass."""
+        seq = self._by_id.get(run_id)
+        return seq if seq is not None else self._placed_seqs.get(run_id)
+
+    def _head(self, key: str, before: int) -> int | None:
+        """The earliest waiting run (seq < ``before``) that wants ``key`` and could run there once it is empty."""
+        cards = self._cards.get(key)
+        card = self.ledger.cards.get(key)
+        if cards is None or card is None or not card.shared or card.total is None:
+            return None
+        pos = cards.tree.first_at_most(card.total - self.ledger.context_for(card), 0)
+        if pos is None or cards.seqs[pos] >= before:
+            return None
+        return cards.seqs[pos]
 
     def _pass(self, grown: set[str], out: list[MemoryPlacement]) -> None:
         if self._fresh:

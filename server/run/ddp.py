@@ -197,21 +197,22 @@ def failure_message(e: MemberExit, world_size: int) -> str:
 
 
 def merge_peaks(exits: list[MemberExit]) -> dict[str, Any] | None:
-    """Peak memory of a group: per card the largest any rank used (seed 000), and each rank's own."""
+    """Peak memory of a group: per card the largest any rank used (seed 000), and each rank's own under
+    ``ranks``. Measured (CUDA) and simulated figures (a rank reports its own card) merge the same way."""
     ranks = {str(e.rank): (e.finished or {}).get("peak_memory") for e in exits if e.finished is not None}
     if not ranks:
         return None
-    first = next((p for p in ranks.values() if isinstance(p, dict)), None)
-    out: dict[str, Any] = dict(first or {"measured": False, "reason": "no rank reported its peak"})
-    measured = [p for p in ranks.values() if isinstance(p, dict) and p.get("measured")]
-    if measured:
+    reported = [p for p in ranks.values() if isinstance(p, dict)]
+    with_cards = [p for p in reported if p.get("devices")]
+    out: dict[str, Any] = dict(with_cards[0] if with_cards else reported[0] if reported else
+                               {"measured": False, "reason": "no rank reported its peak"})
+    if with_cards:
         cards: dict[str, float] = {}
-        for p in measured:
-            for card, value in (p.get("devices") or {}).items():
+        for p in with_cards:
+            for card, value in p["devices"].items():
                 cards[card] = max(cards.get(card, 0.0), float(value))
-        out.update(measured[0])
-        out["measured"] = True
-        out["devices"] = cards
+        out["devices"] = dict(sorted(cards.items()))
+        out["measured"] = any(p.get("measured") for p in with_cards)
     out["ranks"] = ranks
     return out
 

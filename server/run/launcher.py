@@ -286,7 +286,7 @@ class ProcessGroup:
 
     spec: GroupSpec
     on_events: EventsCallback
-    starter: Starter | None = None
+    starter: Starter | None = None  # None: cold; the sidecar and the agent pass warm.default_starter()
     _members: list[_Member] = field(default_factory=list, init=False)
     _stop_reason: str | None = field(default=None, init=False)
     _first_failure: MemberExit | None = field(default=None, init=False)
@@ -302,9 +302,7 @@ class ProcessGroup:
 
     async def start(self) -> None:
         """Start every member (in parallel); raise LaunchError, with the others ended, if one fails."""
-        from .warm import default_starter
-
-        starter = self.starter or default_starter()
+        starter = self.starter or ColdStarter()
         self._members = [_Member(m) for m in self.spec.members]
         results = await asyncio.gather(*(self._start_member(starter, m) for m in self._members),
                                        return_exceptions=True)
@@ -329,8 +327,6 @@ class ProcessGroup:
         return task
 
     async def _add(self, members: list[MemberSpec]) -> None:
-        from .warm import default_starter
-
         first = len(self._members)
         if [m.rank for m in members] != list(range(first, first + len(members))):
             raise ValueError(f"added members must be ranks {first}.. in order")
@@ -338,7 +334,7 @@ class ProcessGroup:
             log.info("run %s: not adding ranks %s: the group is ending", self.spec.run_id,
                      ",".join(str(m.rank) for m in members))
             return
-        starter = self.starter or default_starter()
+        starter = self.starter or ColdStarter()
         self.spec.members.extend(members)
         new = [_Member(m) for m in members]
         self._members.extend(new)

@@ -1,4 +1,16 @@
-"""A run's memory on its cards: the allocator cap to its budget (SPEC W2, M) and the measured peak."""
+"""A run's memory on its cards (SPEC W2, M): the allocator cap to its budget, and what it used.
+
+* Real CUDA cards: the allocator is capped to the budget before any node runs
+  (``torch.cuda.set_per_process_memory_fraction``), so a run over its budget runs out of memory alone; the
+  figure reported is the allocator's high-water mark per card.
+* MPS: there is no peak counter; the figure is what the driver holds at the end of the run
+  (``torch.mps.driver_allocated_memory``, caches included), labelled so.
+* Simulated cards (SPEC W6): the run executes on the CPU, so there is no allocator to cap and no CUDA
+  figure. :func:`simulated_card_memory` counts the tensor storage the run process holds (a
+  ``TorchDispatchMode``: every storage an op creates, from the op until its last tensor is gone) and, with
+  a budget, fails the run with an out-of-memory error when that count goes over the budget: a simulated
+  cap, so a test can show a run exceeding its budget. Its figure is labelled simulated, never CUDA.
+"""
 
 from __future__ import annotations
 
@@ -8,24 +20,71 @@ from typing import Any
 from ...constants import BYTES_PER_GB
 
 GIB = BYTES_PER_GB  # one definition of a GiB: constants.py
+SIMULATED_LABEL = "simulated card: the most tensor storage the run held on the CPU (not a CUDA figure)"
+MPS_LABEL = "memory the MPS driver held at the end of the run (caches included; MPS has no peak counter)"
 
 
-def peak_memory() -> dict[str, Any]:
-    """CUDA allocator high-water mark per card of this process; ``measured: false`` without CUDA."""
+def peak_memory(simulated: Any = None, devices: list[str] | None = None) -> dict[str, Any]:
+    """What this process used per card: the CUDA allocator's high-water mark, MPS driver-held memory at the
+    end, or (``simulated``: a :func:`simulated_card_memory`) a simulated card's tensor bytes, each labelled;
+    ``measured: false`` with the reason when nothing was measured on a card."""
+    if simulated is not None:
+        cards = [d for d in (devices or ["cuda:0"]) if d.startswith("cuda")] or ["cuda:0"]
+        return {"measured": False, "simulated": True, "unit": "GiB", "kind": "simulated_tensor_bytes",
+                "label": SIMULATED_LABEL, "devices": {d: round(simulated.peak / GIB, 6) for d in cards}}
     torch = sys.modules.get("torch")
     if torch is None:
         return {"measured": False, "reason": "the run did not use torch"}
     try:
-        if not torch.cuda.is_available() or not torch.cuda.is_initialized():
-            return {"measured": False, "reason": "the run used no CUDA device (no peak counter on cpu/mps/xpu)"}
-        cards = {}
-        for i in range(torch.cuda.device_count()):
-            peak = torch.cuda.max_memory_allocated(i)
-            if peak:
-                cards[f"cuda:{i}"] = round(peak / GIB, 4)
-        return {"measured": True, "unit": "GiB", "kind": "cuda_max_memory_allocated", "devices": cards}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            cards = {}
+            for i in range(torch.cuda.device_count()):
+                peak = torch.cuda.max_memory_allocated(i)
+                if peak:
+                    cards[f"cuda:{i}"] = round(peak / GIB, 4)
+            return {"measured": True, "unit": "GiB", "kind": "cuda_max_memory_allocated", "devices": cards}
+        mps = getattr(torch, "mps", None)
+        if mps is not None and torch.backends.mps.is_available():
+            held = mps.driver_allocated_memory()
+            if held:
+                return {"measured": True, "unit": "GiB", "kind": "mps_driver_allocated", "label": MPS_LABEL,
+                        "devices": {"mps:0": round(held / GIB, 4)}}
+        return {"measured": False, "reason": "the run used no CUDA device (no peak counter on cpu/xpu; MPS held "
+                                             "no memory)"}
     except Exception as exc:  # noqa: BLE001 - a broken CUDA state must not hide the run's result
         return {"measured": False, "reason": f"could not read the CUDA peak: {exc}"}
+
+
+def simulated_oom_text(device: str, live: int, budget_gib: float) -> str:
+    return (f"simulated out of memory on {device}: the run's tensors reached {live / GIB:.3f} GiB, over its "
+            f"budget of {budget_gib:.3f} GiB (simulated card: the cap counts tensor storage on the CPU)")
+
+
+def simulated_card_memory(budget_gib: float | None = None, device: str = "cuda:0") -> Any:
+    """A ``TorchDispatchMode`` (enter it around the run) counting the run's tensor bytes on a simulated
+    card; with ``budget_gib`` it raises ``torch.OutOfMemoryError`` when they go over (see the module doc).
+    Imports torch: call it only in the run process."""
+    import torch
+
+    from ...predictor.meta_sim import LiveBytes
+
+    cap = None if budget_gib is None else int(float(budget_gib) * GIB)
+
+    class _Capped(LiveBytes):
+        budget = budget_gib
+        card = device
+
+        def track(self, tensor: Any) -> None:
+            super().track(tensor)
+            if cap is not None and self.live > cap:
+                raise torch.OutOfMemoryError(simulated_oom_text(device, self.live, float(budget_gib or 0)))
+
+    return _Capped()
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """An allocator failure (CUDA, the simulated cap): ``torch.OutOfMemoryError`` or CUDA's older text."""
+    return type(exc).__name__ == "OutOfMemoryError" or "CUDA out of memory" in str(exc)
 
 
 def memory_fractions(budget_gib: float, totals_bytes: list[int]) -> list[float]:

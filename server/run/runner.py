@@ -10,7 +10,10 @@ write end of a pipe as the events fd.
 Events are JSON lines ``{"seq", "type", "payload", "ts"}`` (``seq`` from 1, per run; events.py) written
 to the events fd and appended to ``RUN_DIR/events.jsonl`` (so a parent that died can recover what the
 run reported). The last event is always ``run_finished`` ``{"status", "error", "final_metrics",
-"peak_memory", "execution_facts"}`` (plus ``validation`` for a graph that failed validation).
+"peak_memory", "execution_facts"}`` (plus ``validation`` for a graph that failed validation, and
+``out_of_memory`` {device, budget_gib, simulated} when the run failed for lack of memory: the server then
+says where the budget came from). On simulated cards the run's tensor bytes are counted (and capped to
+``budget_gib``): see :mod:`.memory`.
 
 ddp (SPEC §4, server/run/ddp.py): a follower rank runs this same module on the same run directory with
 ``XPUFLEET_DDP_RANK=k`` set: it executes only the ddp loops and the nodes feeding them, writes its events
@@ -40,7 +43,7 @@ from typing import Any
 from ...constants import VERSION
 from . import ddp
 from .events import EventSink
-from .memory import apply_memory_budget, peak_memory
+from .memory import apply_memory_budget, is_out_of_memory, peak_memory, simulated_card_memory
 from .spec import SPEC_FILENAME, RunSpec
 
 
@@ -109,6 +112,8 @@ def run(run_dir: Path, events_fd: int | None = None, stdin: Any = None) -> int:
     sink = EventSink(pipe, events_path)
     status, error, extra = "failed", None, {}
     facts: dict[str, Any] = {}
+    tracker: Any = None
+    devices: list[str] = []
     try:
         spec = RunSpec.read(run_dir).to_json()
         for key, value in (spec.get("env") or {}).items():
@@ -118,13 +123,16 @@ def run(run_dir: Path, events_fd: int | None = None, stdin: Any = None) -> int:
         if rank and role is None:
             raise RuntimeError(f"this process is ddp rank {rank}, but the run has no ddp loop to train")
         apply_memory_budget(spec, facts, role)
-        status, error, extra = _execute(spec, run_dir, sink, facts, stdin, role)
+        # A ddp rank's memory is its own card's (rank k on cards[k]).
+        devices = [role.cards[rank]] if role is not None else list(spec.get("devices") or [])
+        tracker = _simulated_tracker(spec, facts, devices)
+        status, error, extra = _execute(spec, run_dir, sink, facts, stdin, tracker, role)
     except Exception as exc:  # noqa: BLE001 - spec unreadable: still end with run_finished
         traceback.print_exc()
         status, error = "failed", f"the run could not start: {type(exc).__name__}: {exc}"
     finally:
         payload = {"status": status, "error": error, "final_metrics": dict(sink.final_metrics),
-                   "peak_memory": peak_memory(), "execution_facts": facts, **extra}
+                   "peak_memory": peak_memory(tracker, devices), "execution_facts": facts, **extra}
         sink.emit("run_finished", payload)
         sink.close()
     code = 0 if status == "succeeded" else 1
@@ -147,8 +155,21 @@ def _leave_ddp(code: int, peer_lost: bool) -> None:
     shutdown()
 
 
+def _simulated_tracker(spec: dict[str, Any], facts: dict[str, Any], devices: list[str]) -> Any:
+    """On simulated CUDA cards: count the run's tensor bytes, capped to the budget (a simulated cap)."""
+    cuda = [d for d in devices if d.startswith("cuda")]
+    if not spec.get("simulated") or not cuda:
+        return None
+    budget = spec.get("budget_gib")
+    machine = (spec.get("device_aliases") or {}).get(cuda[0], cuda[0])
+    if budget is not None:
+        facts["simulated_cap"] = {"budget_gib": budget, "device": machine,
+                                  "counts": "tensor storage the run holds on the CPU (simulated card)"}
+    return simulated_card_memory(budget, machine)
+
+
 def _execute(spec: dict[str, Any], run_dir: Path, sink: EventSink, facts: dict[str, Any],
-             stdin: Any, role: Any = None) -> tuple[str, str | None, dict[str, Any]]:
+             stdin: Any, tracker: Any = None, role: Any = None) -> tuple[str, str | None, dict[str, Any]]:
     from ...nodes import runtime
     from ...nodes.ddp import DdpPeerLost
     from .executor import GraphValidationError, NodeExecutionError, execute_graph, format_errors
@@ -190,7 +211,7 @@ def _execute(spec: dict[str, Any], run_dir: Path, sink: EventSink, facts: dict[s
         parallel = ddp.parallel_loops_error(graph) if role is not None else None
         if parallel is not None:
             raise parallel
-        with runtime.use(ctx):
+        with runtime.use(ctx), (tracker if tracker is not None else contextlib.nullcontext()):
             execute_graph(graph, ctx)
     except GraphValidationError as exc:
         return "failed", "the graph failed validation: " + format_errors(exc.response), {"validation": exc.response}
@@ -200,6 +221,8 @@ def _execute(spec: dict[str, Any], run_dir: Path, sink: EventSink, facts: dict[s
                                      "traceback": exc.traceback})
         if isinstance(exc.original, runtime.RunStopped):
             return _stopped(watcher)
+        if is_out_of_memory(exc.original):
+            return "failed", str(exc), {"out_of_memory": _oom_facts({**spec, "devices": devices}, tracker)}
         return "failed", str(exc), ({"ddp_peer_lost": True} if isinstance(exc.original, DdpPeerLost) else {})
     except runtime.RunStopped:
         return _stopped(watcher)
@@ -208,6 +231,14 @@ def _execute(spec: dict[str, Any], run_dir: Path, sink: EventSink, facts: dict[s
         return "failed", f"{type(exc).__name__}: {exc}", {}
     # A stop that came after the last stop check changes nothing: the graph finished, it succeeded.
     return "succeeded", None, {}
+
+
+def _oom_facts(spec: dict[str, Any], tracker: Any) -> dict[str, Any]:
+    """Which card ran out of memory (the machine's name for it) under which budget."""
+    cuda = [d for d in (spec.get("devices") or []) if d.startswith(("cuda", "mps", "xpu"))]
+    first = cuda[0] if cuda else "cuda:0"
+    return {"device": (spec.get("device_aliases") or {}).get(first, first), "budget_gib": spec.get("budget_gib"),
+            "simulated": tracker is not None}
 
 
 def _stopped(watcher: StopWatcher) -> tuple[str, str | None, dict[str, Any]]:

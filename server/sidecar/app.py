@@ -1,7 +1,7 @@
 """The sidecar's application (SPEC §12) and its serving loop.
 
 :func:`create_app` builds the aiohttp application: the security middleware (auth.py), JSON errors
-(http.py), the route modules (routes/: status, runs, run files, workers; the predictor's own routes),
+(http.py), the route modules (routes/: status, runs, run files, workers, estimates; the predictor's own routes),
 the OpenAPI document, and start/stop through ``cleanup_ctx``. The shared objects are found under the
 app keys of keys.py.
 
@@ -34,9 +34,11 @@ from .dispatcher import Dispatcher
 from .http import errors_middleware
 from .keys import CONFIG_KEY, DISPATCHER_KEY, LOCAL_PROVIDER_KEY, STARTED_KEY, STORE_KEY
 from .local import LocalProvider, probe_local_devices
+from .routes import estimates as estimates_routes
 from .routes import run_files as run_files_routes
 from .routes import runs as runs_routes
 from .routes import status as status_routes
+from .routes import ui as ui_routes
 from .routes import workers as workers_routes
 from .runtime_file import ensure_home, remove_runtime, url_for, write_runtime
 from .store import Store
@@ -69,12 +71,14 @@ def create_app(config: SidecarConfig) -> web.Application:
     store = Store(config.home / STATE_DB_NAME)
     dispatcher = Dispatcher(store, config.home, overrides, validate_local_graphs=config.validate_local_graphs,
                             stop_grace_s=config.stop_grace_s)
+    dispatcher.memory.configure(config.local_shared, (lambda: probe_local_devices(config.home))
+                                if config.local_devices is None else None)
     app[STORE_KEY] = store
     app[DISPATCHER_KEY] = dispatcher
     app[CONFIG_KEY] = config
     app[STARTED_KEY] = time.time()
     openapi.setup(app)
-    for routes in (status_routes, runs_routes, run_files_routes, workers_routes):
+    for routes in (status_routes, runs_routes, run_files_routes, workers_routes, estimates_routes, ui_routes):
         routes.setup(app)
     add_predictor_routes(app, dispatcher.card_snapshots)
     app.cleanup_ctx.append(_store_ctx)

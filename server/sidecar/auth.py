@@ -6,7 +6,8 @@
   one, compared in constant time (``hmac.compare_digest``). Reads need it too (run graphs, logs and
   metrics can hold paths and data other local users should not read); only ``GET /api/health`` and
   ``GET /api/openapi.json`` are public. Routes with their own credentials (worker agents) register an
-  exemption with :func:`add_exemption`.
+  exemption with :func:`add_exemption`. Other bearer credentials (the standalone page's browser
+  sessions, routes/ui.py) are accepted through :func:`add_bearer_check`.
 * The ``Host`` header must name this server: a loopback name or address, or a configured name
   (``--allowed-host``, ``XPUFLEET_ALLOWED_HOSTS``); when bound to a non-loopback address, IP literals
   and the machine's hostname too. A browser page on another origin that rebinds its DNS name to
@@ -30,6 +31,7 @@ from .http import json_error
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
 PUBLIC_ROUTES = frozenset({("GET", "/api/health"), ("HEAD", "/api/health"), ("GET", "/api/openapi.json")})
 EXEMPTIONS_KEY = web.AppKey("xpufleet_auth_exemptions", list)
+BEARER_CHECKS_KEY = web.AppKey("xpufleet_auth_bearer_checks", list)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -124,6 +126,12 @@ def add_exemption(app: web.Application, path_prefix: str) -> None:
     app[EXEMPTIONS_KEY].append(path_prefix)
 
 
+def add_bearer_check(app: web.Application, check: Callable[[str], bool]) -> None:
+    """Accept, besides the session token, any bearer token ``check(token)`` says is valid (it must
+    compare in constant time). Call before the app starts."""
+    app.setdefault(BEARER_CHECKS_KEY, []).append(check)
+
+
 def security_middleware(token: str, policy: HostPolicy) -> Callable[..., Awaitable[web.StreamResponse]]:
     """Host check on every request; bearer token on every ``/api`` route that is not public."""
 
@@ -149,7 +157,8 @@ def security_middleware(token: str, policy: HostPolicy) -> Callable[..., Awaitab
                         "$XPUFLEET_HOME/runtime.json)",
                         headers={"WWW-Authenticate": 'Bearer realm="xpufleet"'},
                     )
-                if not token_matches(given, token):
+                if not token_matches(given, token) and \
+                        not any(check(given) for check in request.app.get(BEARER_CHECKS_KEY, ())):
                     return json_error(403, "wrong token: use the token of the running server's runtime.json")
         return await handler(request)
 

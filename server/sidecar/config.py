@@ -11,6 +11,7 @@ from ...constants import (
     DEFAULT_HOST,
     DEFAULT_PORT,
     ENV_ALLOWED_HOSTS,
+    ENV_LOCAL_SHARED_CARDS,
     ENV_RUN_QUEUE_MAX_CONCURRENT,
     MAX_REQUEST_BODY_BYTES,
     RUN_STOP_GRACE_S,
@@ -32,10 +33,35 @@ class SidecarConfig:
     local_devices: list[dict[str, Any]] | None = None
     stop_grace_s: float = RUN_STOP_GRACE_S
     validate_local_graphs: bool = True
+    local_shared: tuple[str, ...] = ()  # this server's cards admitted by memory (off by default)
 
     @staticmethod
     def from_env(home: Path, **kw: Any) -> SidecarConfig:
         extra = tuple(h for h in os.environ.get(ENV_ALLOWED_HOSTS, "").split(",") if h.strip())
         kw["allowed_hosts"] = tuple(kw.get("allowed_hosts") or ()) + extra
         kw.setdefault("limits", os.environ.get(ENV_RUN_QUEUE_MAX_CONCURRENT))
+        kw.setdefault("local_shared", parse_local_shared(os.environ.get(ENV_LOCAL_SHARED_CARDS)))
         return SidecarConfig(home=home, **kw)
+
+
+def parse_local_shared(text: str | None) -> tuple[str, ...]:
+    """``XPUFLEET_LOCAL_SHARED_CARDS="cuda:0,cuda:1"``: this server's CUDA/MPS cards admitted by memory
+    (beyond the seed: local runs are child processes, so their allocator can be capped). Raises ValueError
+    naming the variable for a name that is not a CUDA or MPS card."""
+    from ..devices.names import device_kind, normalize_device
+
+    out: list[str] = []
+    for raw in (text or "").split(","):
+        if not raw.strip():
+            continue
+        try:
+            name = normalize_device(raw.strip(), allow_kind=False)
+        except ValueError as exc:
+            raise ValueError(f"{ENV_LOCAL_SHARED_CARDS}: {exc}") from None
+        if name == "mps":
+            name = "mps:0"
+        if device_kind(name) not in ("cuda", "mps"):
+            raise ValueError(f"{ENV_LOCAL_SHARED_CARDS}: {name} is not a CUDA or MPS card (only those can be "
+                             f"shared by memory)")
+        out.append(name)
+    return tuple(dict.fromkeys(out))

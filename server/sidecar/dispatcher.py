@@ -7,8 +7,10 @@ changing its devices) and then plans once. Statuses are persisted as runs move
 ``waiting_reason`` says what it waits for.
 
 Other issues plug in here: worker providers (:meth:`Dispatcher.register_provider`,
-:meth:`providers_changed`), one-shot pools (:attr:`Dispatcher.pools`), the memory ledger
-(:attr:`Dispatcher.admit_hooks`, extra admission predicates), card snapshots for the predictor.
+:meth:`providers_changed`), one-shot pools (:attr:`Dispatcher.pools`), admission by memory on shared
+cards (:attr:`Dispatcher.memory`, :mod:`..memory`: it plans the runs' shared candidates before the slot
+rule plans the exclusive ones), extra admission predicates (:attr:`Dispatcher.admit_hooks`), card
+snapshots for the predictor.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from ...constants import LOCAL_PROVIDER, RUN_STOP_GRACE_S, RUNS_DIR_NAME, TERMINAL_STATUSES
+from ..memory.admission import MemoryAdmission
+from ..memory.records import RunMemory
+from ..memory.submit import AdmissionError, prepare
 from ..scheduling import (
     AdmitFn,
     Candidate,
@@ -40,7 +45,7 @@ from ..scheduling import (
 )
 from .hub import EventHub
 from .providers import provider_info
-from .requests import RequestError, RunRequest, not_available
+from .requests import RequestError, RunRequest
 from .store import NewEvent, Store, StoreError
 
 log = logging.getLogger("xpufleet.dispatcher")
@@ -73,6 +78,9 @@ class Dispatcher:
         self._reasons_timer: asyncio.TimerHandle | None = None
         self._holdings: dict[str, tuple[str, tuple[str, ...]]] = {}
         self._reasons: dict[str, str | None] = {}
+        self._slot_reasons: dict[str, str | None] = {}  # the slot rule's part of a waiting_reason
+        self._cands: dict[str, tuple[Candidate, ...]] = {}  # every queued run's candidates, submission order
+        self.memory = MemoryAdmission(self)
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._bg: set[asyncio.Task[Any]] = set()
@@ -105,7 +113,24 @@ class Dispatcher:
                 for w in self._state.warnings:
                     log.warning("slot limits: %s", w)
                 self._last_state_warnings = list(self._state.warnings)
+            if self.memory.sync(self._state, self._cands):
+                self._resplit()
         return self._state
+
+    def _resplit(self) -> None:
+        """The cards shared by memory changed: the slot queue gets each run's exclusive candidates again."""
+        self._queue = SlotQueue()
+        for run_id, cands in self._cands.items():
+            self._queue.add(QueuedRun(run_id, self.memory.slot_candidates(cands)))
+        self._unexplained |= set(self._cands)
+
+    def holdings(self) -> dict[str, tuple[str, tuple[str, ...]]]:
+        """Run id -> (provider, devices) of every assigned or running run."""
+        return self._holdings
+
+    def queued_candidates(self) -> dict[str, tuple[Candidate, ...]]:
+        """Every queued run's candidates, in submission order."""
+        return self._cands
 
     def provider_infos(self) -> list[ProviderInfo]:
         return [provider_info(p) for p in self.providers.values()]
@@ -124,9 +149,12 @@ class Dispatcher:
         """Recover after a restart, load the queue, and start the queue loop."""
         self._wake = asyncio.Event()
         await self._recover()
+        self.memory.load()
         for run_id, cands in self.store.queued():
-            self._queue.add(QueuedRun(run_id, tuple(Candidate.from_json(c) for c in cands)))
-            self._unexplained.add(run_id)
+            self._cands[run_id] = tuple(Candidate.from_json(c) for c in cands)
+        self.slot_state()
+        self._resplit()
+        await self.memory.start()
         self._task = asyncio.create_task(self._loop(), name="xpufleet-dispatcher")
         self.wake()
 
@@ -148,6 +176,7 @@ class Dispatcher:
                     log.exception("provider %s: shutdown failed", p.name)
         for t in list(self._bg):
             t.cancel()
+        await self.memory.shutdown()
         self.hub.notify_all()
 
     def wake(self) -> None:
@@ -195,29 +224,31 @@ class Dispatcher:
             resolution = self.resolve(request.target)
         except TargetError as exc:
             raise RequestError(str(exc)) from None
-        t = request.target
-        if t.memory_gib is not None and any(c.provider == LOCAL_PROVIDER for c in resolution.candidates):
-            raise RequestError(not_available(
-                "options.target.memory_gib on a run this server may run itself",
-                "memory budgets for this server's own devices (SPEC M; budgets apply to worker cards)"))
         self.validate_graph(request, resolution)
-        budget_source = None
-        if t.memory_gib is not None:
-            budget_source = t.memory_source or "user"
-        run_id = self.store.create_run(
-            graph=request.graph,
-            options=request.options,
-            target=resolution.target,
-            requested=list(resolution.requested),
-            candidates=[c.to_json() for c in resolution.candidates],
-            queue_key=resolution.queue_key,
-            name=request.name,
-            seed=request.seed,
-            budget_gib=t.memory_gib,
-            budget_source=budget_source,
-            warnings=list(resolution.warnings),
-        )
-        self._queue.add(QueuedRun(run_id, resolution.candidates))
+        try:  # the budget and the memory decision (SPEC M): a rejection writes nothing
+            prep = prepare(self.memory, request.graph, request.target, resolution, self.slot_state())
+        except AdmissionError as exc:
+            raise RequestError(str(exc)) from None
+        budget = prep.budget
+        with self.store.transaction():
+            run_id = self.store.create_run(
+                graph=request.graph,
+                options=request.options,
+                target=resolution.target,
+                requested=list(resolution.requested),
+                candidates=[c.to_json() for c in resolution.candidates],
+                queue_key=resolution.queue_key,
+                name=request.name,
+                seed=request.seed,
+                budget_gib=budget.gib if budget else None,
+                budget_source=budget.source if budget else None,
+                warnings=list(resolution.warnings),
+            )
+            self.memory.records.record_run(run_id, prep.info.graph_key, prep.info.n_cards, budget)
+        self._cands[run_id] = resolution.candidates
+        self._queue.add(QueuedRun(run_id, self.memory.slot_candidates(resolution.candidates)))
+        self.memory.admitted(run_id, RunMemory(run_id, prep.info.graph_key, prep.info.n_cards, budget),
+                             resolution.candidates)
         self._unexplained.add(run_id)
         self.wake()
         return {"run_id": run_id, "status": "queued"}
@@ -237,6 +268,8 @@ class Dispatcher:
         if not self._queue:
             return
         state = self.slot_state()
+        for run_id, cand, keys in self.memory.plan():  # shared cards first: the memory ledger decides there
+            self._place(run_id, cand.provider, cand.devices, memory_keys=keys)
         result = self._queue.plan(state, admit=self._admit if self.admit_hooks else None, explain=False)
         for placement in result.placements:
             self._place(placement.run_id, placement.provider, placement.devices)
@@ -245,16 +278,23 @@ class Dispatcher:
             self._unexplained.discard(run_id)
             run = self._queue.get(run_id)
             if run is not None:
-                self._reasons[run_id] = changed[run_id] = result.explain(run)
+                slot = self._slot_reasons[run_id] = result.explain(run) if run.candidates else None
+                self._reasons[run_id] = changed[run_id] = self.memory.reason(run_id, slot)
         # The others are refreshed at most every REASONS_REFRESH_S: placements never wait for texts.
         loop = asyncio.get_running_loop()
         since = loop.time() - self._reasons_at
-        if result.blocked and since >= REASONS_REFRESH_S:
+        dirty = self.memory.has_dirty
+        if (result.blocked or dirty) and since >= REASONS_REFRESH_S:
             self._reasons_at = loop.time()
-            for run_id, reason in result.reasons().items():
-                if run_id in self._queue and self._reasons.get(run_id) != reason:
+            slot_texts = result.reasons()
+            self._slot_reasons.update((r, t) for r, t in slot_texts.items() if r in self._queue)
+            for run_id in set(slot_texts) | self.memory.dirty_runs():
+                if run_id not in self._queue:
+                    continue
+                reason = self.memory.reason(run_id, self._slot_reasons.get(run_id))
+                if self._reasons.get(run_id) != reason:
                     self._reasons[run_id] = changed[run_id] = reason
-        elif result.blocked and self._reasons_timer is None:
+        elif (result.blocked or dirty) and self._reasons_timer is None:
             self._reasons_timer = loop.call_later(REASONS_REFRESH_S - since, self._reasons_due)
         if changed:
             self.store.set_waiting_reasons(changed)
@@ -263,19 +303,29 @@ class Dispatcher:
         self._reasons_timer = None
         self.wake()
 
-    def _place(self, run_id: str, provider_name: str, devices: tuple[str, ...]) -> None:
+    def _place(self, run_id: str, provider_name: str, devices: tuple[str, ...],
+               memory_keys: tuple[str, ...] | None = None) -> None:
         provider = self.providers.get(provider_name)
         placement = "local" if getattr(provider, "is_local", False) else "worker"
         run_dir = str(self.home / RUNS_DIR_NAME / run_id) if placement == "local" else None
         self._queue.remove(run_id)
+        self._cands.pop(run_id, None)
         self._reasons.pop(run_id, None)
+        self._slot_reasons.pop(run_id, None)
+        if memory_keys is None:
+            self.memory.placed_elsewhere(run_id)
         if provider is None or not self.store.assign(run_id, provider=provider_name, placement=placement,
                                                       devices=list(devices), run_dir=run_dir):
+            if memory_keys is not None:
+                self.memory.unplaced(run_id)
             return
         self._holdings[run_id] = (provider_name, tuple(devices))
         self.slot_state().hold(run_id, provider_name, devices)
         self.hub.notify(run_id)
         run = self.store.get_run(run_id, with_graph=True)
+        if run is not None:  # the cap the run's process gets (a default is never a cap on an exclusive card)
+            keys = memory_keys if memory_keys is not None else self.memory.keys_of(Candidate(provider_name, devices))
+            run["budget_gib"] = self.memory.budget_to_send(run_id, keys)
         self._spawn(self._start_on(provider, run, list(devices)))
 
     def _spawn(self, coro: Any) -> None:
@@ -299,6 +349,8 @@ class Dispatcher:
         for ev in events:
             payload = ev.get("payload")
             ts = ev.get("ts")
+            if ev.get("type") == "run_finished" and isinstance(payload, Mapping):
+                payload = self.memory.finishing(run_id, dict(payload))  # an OOM under a budget says whose
             batch.append(NewEvent(
                 type=str(ev.get("type")),
                 payload=payload if isinstance(payload, Mapping) else {"value": payload},
@@ -320,17 +372,21 @@ class Dispatcher:
                     facts["device_aliases"] = p["device_aliases"]
                 self.store.set_execution_facts(run_id, facts)
         if result.finished is not None:
+            finished = next(ev for ev in reversed(batch) if ev.type == "run_finished")
+            self.memory.finished(run_id, result.finished, finished.payload.get("peak_memory"))
             self._release(run_id)
         if result.stored:
             self.hub.notify(run_id)
 
     def run_process_started(self, run_id: str, pid: int | None = None) -> None:
         if self.store.mark_running(run_id, pid=pid):
+            self.memory.started(run_id)
             self.hub.notify(run_id)
 
     def run_ended(self, run_id: str, status: str, error: str | None) -> None:
         """The run's process is gone without having reported ``run_finished``."""
         if self.store.finish(run_id, status, error=error):
+            self.memory.finished(run_id, status, None)
             self.hub.notify(run_id)
         self._release(run_id)
 
@@ -339,6 +395,8 @@ class Dispatcher:
         return run is None or run["status"] in TERMINAL_STATUSES
 
     def _release(self, run_id: str) -> None:
+        self.memory.release(run_id)
+        self._cands.pop(run_id, None)
         if self._holdings.pop(run_id, None) is not None:
             if self._state is not None:
                 self._state.release(run_id)
@@ -361,6 +419,7 @@ class Dispatcher:
             self._queue.remove(run_id)
             self._reasons.pop(run_id, None)
             self.store.finish(run_id, "cancelled", error=why or "cancelled while queued")
+            self._release(run_id)
             self.wake()
         else:
             self.store.append_events(run_id, [NewEvent("cancel_requested", {"reason": reason})])
@@ -375,6 +434,7 @@ class Dispatcher:
     def delete(self, run_id: str) -> dict[str, Any]:
         """Delete a finished run (record, events, local run directory)."""
         run = self.store.delete_run(run_id)
+        self.memory.records.forget(run_id)
         run_dir = run.get("run_dir")
         runs_root = (self.home / RUNS_DIR_NAME).resolve()
         if run_dir:

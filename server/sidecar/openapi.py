@@ -42,9 +42,13 @@ SCHEMAS: dict[str, Any] = {
             "worker": {"type": "string", "description": "\"local\" (default), \"any\" or a worker name"},
             "devices": {"type": "array", "items": {"type": "string"}, "minItems": 1,
                         "description": "a device set: the run takes every slot at once"},
-            "memory_gib": {"type": "number", "exclusiveMinimum": 0, "description": "budget per card (GiB)"},
-            "memory_source": {"type": "string", "enum": ["user", "estimate", "measured"]},
-            "wait": {"type": "boolean"},
+            "memory_gib": {"type": "number", "exclusiveMinimum": 0, "description": "budget per card (GiB) on "
+                                                                                   "cards shared by memory"},
+            "memory_source": {"type": "string", "enum": ["user", "estimate", "measured"],
+                              "description": "estimate: the dialog's unmodified static estimate (raised to a "
+                                             "larger measured peak + 20%); user (default): typed, never changed"},
+            "wait": {"type": "boolean", "description": "when the budget does not fit now: true waits, false "
+                                                       "rejects (default: a named worker rejects, any waits)"},
             "pool": {"type": "string", "description": "a one-shot worker pool"},
         },
     },
@@ -87,6 +91,13 @@ SCHEMAS: dict[str, Any] = {
             "final_metrics": {"type": ["object", "null"]}, "cursor": {"type": "integer"},
             "created_at": {"type": "number"}, "started_at": {"type": ["number", "null"]},
             "finished_at": {"type": ["number", "null"]}, "graph": {"type": "object"},
+            "budget": {"type": ["object", "null"], "description": "memory budget per card: gib, source "
+                       "(user|measured|estimate), from_run (the run whose peak it is), peak_gib, peak_source, "
+                       "declared_gib and reason (a raise), label (the Runs panel's budget column)"},
+            "graph_key": {"type": ["string", "null"], "description": "the runtime-graph key peaks are filed under"},
+            "n_cards": {"type": ["integer", "null"]},
+            "memory_peak": {"type": ["object", "null"], "description": "a finished run's per-card figure: gib, "
+                            "source (cuda peak | mps driver-held at the end | simulated tensor bytes), label"},
         },
     },
     "Event": {

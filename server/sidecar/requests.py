@@ -100,8 +100,6 @@ def parse_run_request(body: Any) -> RunRequest:
         raise RequestError(str(exc)) from None
     if target.pool is not None:
         raise RequestError(not_available("options.target.pool", "one-shot worker pools (SPEC W8)"))
-    if target.wait is not None:
-        raise RequestError(not_available("options.target.wait", "waiting for memory on shared cards (SPEC M)"))
     clean = {k: v for k, v in options.items() if v is not None}
     if name is not None:
         clean["name"] = name

@@ -319,6 +319,11 @@ class Store:
         with self.transaction() as db:
             db.execute("UPDATE runs SET cancel_requested=1 WHERE id=?", (run_id,))
 
+    def set_budget(self, run_id: str, budget_gib: float | None, budget_source: str | None) -> None:
+        """A queued run's budget changed (the memory ledger raised it or gave it the default)."""
+        with self.transaction() as db:
+            db.execute("UPDATE runs SET budget_gib=?, budget_source=? WHERE id=?", (budget_gib, budget_source, run_id))
+
     def set_waiting_reasons(self, reasons: Mapping[str, str | None]) -> None:
         """Update ``waiting_reason`` of queued runs in one transaction."""
         if not reasons:

@@ -5,7 +5,11 @@ The agent dials and speaks first (``hello``); the sidecar answers ``welcome`` or
 closes). After that:
 
 agent -> sidecar
-  ``heartbeat``  {devices, runs, ts} every ``HEARTBEAT_INTERVAL_S``
+  ``hello``      {name, version, protocol, auth, node_types, devices, env, runs, capabilities}:
+                 ``capabilities`` lists what the agent can do beyond the protocol (``memory_cap``: it caps a
+                 run's allocator to its budget; an agent that does not say so never gets a budgeted run)
+  ``heartbeat``  {devices, runs, ts} every ``HEARTBEAT_INTERVAL_S``; each run may carry ``memory``
+                 {device: GiB}: what its processes use per card by NVML's per-process figures
   ``event``      {run_id, seq, event_type, payload, ts}: one event of a run's child, with the
                  child's per-run ``seq`` (1, 2, ...). Replays after a reconnect repeat seqs the
                  sidecar may already hold; it stores each seq once.
@@ -34,6 +38,7 @@ from ...constants import (
     ENV_HEARTBEAT_INTERVAL_S,
     ENV_WORKER_RESUME_GRACE_S,
     HEARTBEAT_INTERVAL_S,
+    HEARTBEAT_LATE_BEATS,
     LOCAL_PROVIDER,
     WORKER_NAME_RE,
     WORKER_RESUME_GRACE_S,
@@ -66,7 +71,7 @@ def heartbeat_interval_s() -> float:
 
 def heartbeat_late_s() -> float:
     """A worker whose last heartbeat is older than this is Degraded (three missed beats)."""
-    return 3.0 * heartbeat_interval_s()
+    return HEARTBEAT_LATE_BEATS * heartbeat_interval_s()
 
 
 def resume_grace_s() -> float:
@@ -135,6 +140,10 @@ def _check_runs(msg: dict[str, Any]) -> None:
             raise ProtocolError(f"{msg['type']}: each entry of 'runs' needs a string 'run_id'")
         if not isinstance(r.get("last_seq", 0), int):
             raise ProtocolError(f"{msg['type']}: run {r['run_id']!r} field 'last_seq' must be an integer")
+        mem = r.get("memory")
+        if mem is not None and (not isinstance(mem, dict) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in mem.values())):
+            raise ProtocolError(f"{msg['type']}: run {r['run_id']!r} field 'memory' must map devices to GiB")
 
 
 def _hello(msg: dict[str, Any]) -> None:
@@ -155,6 +164,9 @@ def _hello(msg: dict[str, Any]) -> None:
     _check_devices(msg)
     _opt(msg, "env", dict, "an object describing the environment")
     _check_runs(msg)
+    caps = _opt(msg, "capabilities", list, "a list of capability names")
+    if caps is not None and not all(isinstance(c, str) for c in caps):
+        raise ProtocolError("hello: every entry of 'capabilities' must be a string")
 
 
 def _heartbeat(msg: dict[str, Any]) -> None:

@@ -33,6 +33,17 @@ class WorkerProvider:
         st = self._state
         return st is None or st.drained
 
+    @property
+    def capabilities(self) -> tuple[str, ...]:
+        """What the connected agent announced in its hello (``memory_cap``: it caps budgeted runs)."""
+        st = self._state
+        return st.capabilities if st is not None else ()
+
+    def device_details(self) -> list[dict[str, Any]]:
+        """The devices as the last heartbeat reported them (total/free GiB, simulated)."""
+        st = self._state
+        return list(st.devices) if st is not None else []
+
     def devices(self) -> list[DeviceOffer]:
         st = self._state
         if st is None:
@@ -45,6 +56,11 @@ class WorkerProvider:
         st = self._state
         if st is None or st.conn is None:
             raise RuntimeError(f"worker {self.name} disconnected before the run could be sent to it")
+        if run.get("budget_gib") is not None:
+            from ..memory.admission import can_cap, cap_refusal
+
+            if not can_cap(self):
+                raise RuntimeError(cap_refusal(self.name))
         if not await self.registry.send_start(st.conn, run, devices):
             raise RuntimeError(f"worker {self.name} disconnected before the run could be sent to it")
 

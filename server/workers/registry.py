@@ -57,6 +57,9 @@ class WorkerRegistry(AgentSessions, WorkerManagement, WorkersPanel):
         self._grace_started = False
         self._announced_warnings: set[str] = set()
         store.ensure_schema(SCHEMA_NAME, SCHEMA, SCHEMA_VERSION)
+        memory = getattr(dispatcher, "memory", None)
+        if memory is not None:  # a card's mode decides whether it admits runs by memory
+            memory.mode_of = self.device_mode
         for row in store.query("SELECT * FROM workers ORDER BY name"):
             self.workers[row["name"]] = WorkerState(
                 name=row["name"], auth=row["auth"], drained=bool(row["drained"]), version=row["version"],

@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from ...constants import AGENT_HELLO_TIMEOUT_S, AGENT_PROTOCOL, TERMINAL_STATUSES, VERSION
+from ..memory.admission import can_cap, cap_refusal
 from ..sidecar.auth import new_secret
 from . import protocol
 from .provider import WorkerProvider
@@ -192,6 +193,7 @@ class AgentSessions:
         st.env = dict(hello.get("env") or {})
         st.node_types = list(hello["node_types"])
         st.devices = _clean_devices(hello["devices"])
+        st.capabilities = tuple(hello.get("capabilities") or ())
         st.last_seen = now
         with self.store.transaction() as db:
             db.execute(
@@ -247,7 +249,12 @@ class AgentSessions:
                 continue
             if run["status"] == "assigned" and self.store.last_source_seq(run_id) == 0:
                 full = self.store.get_run(run_id, with_graph=True)
-                if full is not None:  # sent before the connection broke, never received: send again
+                if full is not None and full.get("budget_gib") is not None \
+                        and not can_cap(st.provider or WorkerProvider(self, st.name)):
+                    # seed 000: a run admitted by budget never starts on an agent that cannot cap it
+                    self.dispatcher.run_ended(run_id, "failed", f"{cap_refusal(st.name)}; it reconnected before "
+                                              f"this run (budget {full['budget_gib']:.1f} GiB) started")
+                elif full is not None:  # sent before the connection broke, never received: send again
                     await self.send_start(conn, full, list(run["devices"]))
                 continue
             self.dispatcher.run_ended(
@@ -285,6 +292,8 @@ class AgentSessions:
                        (json.dumps(devices), st.last_seen, st.name))
         if changed:
             self.dispatcher.providers_changed()
+        self.dispatcher.memory.report(st.name, devices)  # shared cards: total and free for the ledger
+        self.dispatcher.memory.run_usage(st.name, [r for r in msg.get("runs") or [] if r.get("memory")])
         for r in msg.get("runs") or []:
             run = self.store.get_run(r["run_id"])
             if run is None or run["worker_id"] != st.name or run["status"] in TERMINAL_STATUSES:

@@ -44,6 +44,7 @@ class WorkerState:
     disconnected_at: float | None = None  # monotonic
     grace_handle: asyncio.TimerHandle | None = None
     provider: WorkerProvider | None = None
+    capabilities: tuple[str, ...] = ()  # from the agent's hello (e.g. "memory_cap")
 
     @property
     def online(self) -> bool:

@@ -6,6 +6,8 @@ import time
 from typing import Any
 
 from ...constants import LOCAL_PROVIDER, VERSION
+from ..memory.admission import can_cap
+from ..memory.views import card_view
 from ..scheduling import build_state
 from . import protocol
 
@@ -106,6 +108,7 @@ class WorkersPanel:
                 "mode": modes.get(d["name"], "exclusive"),
                 "same_card_as": same,
                 "last_reported": not st.online,
+                "memory": card_view(self.dispatcher.memory, name, d["name"]) if st.provider is not None else None,
             })
         last_seen_age = None if st.last_seen is None else round(time.time() - st.last_seen, 1)
         return {
@@ -126,8 +129,10 @@ class WorkersPanel:
             "last_seen_age_s": last_seen_age,
             "simulated": any(d.get("simulated") for d in st.devices),
             "devices": devices,
-            "runs": [{"id": r["id"], "name": r["name"], "status": r["status"], "devices": r["devices"]}
-                     for r in active],
+            "runs": [{"id": r["id"], "name": r["name"], "status": r["status"], "devices": r["devices"],
+                      "budget_gib": r["budget_gib"], "budget_source": r["budget_source"],
+                      "memory_in_use": (r.get("execution_facts") or {}).get("memory_in_use")} for r in active],
+            "agent_caps_memory": can_cap(st.provider) if st.provider is not None else None,
             "queued": len(self._queued_for(name)),
             "warnings": self.limit_warnings(name, state),
             "peer": st.conn.peer if st.conn is not None else None,

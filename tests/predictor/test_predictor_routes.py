@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 
 import pytest
@@ -12,8 +13,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from xpufleet.constants import MAX_REQUEST_BODY_BYTES
+from xpufleet.predictor.resolve import DirsResolver
 from xpufleet.predictor.routes import add_sidecar_routes
-from xpufleet.predictor.scan import DirsResolver
 from xpufleet.predictor.service import apply_override, predict_workflow
 from xpufleet.predictor.snapshot import Snapshot, clear_cache
 
@@ -91,7 +92,7 @@ def test_comfy_predict_route_uses_comfy_folders(comfy_app, template):
     assert set(body["label"]) == {"zh", "en"} and body["color"].startswith("#")
 
 
-def test_comfy_predict_bad_input(comfy_app, template):
+def test_comfy_predict_bad_input(comfy_app, template, xpufleet_home):
     app, _root = comfy_app
     wf = template("image_flux2_klein_text_to_image.json")
     evil = template("image_flux2_klein_text_to_image.json")
@@ -107,7 +108,8 @@ def test_comfy_predict_bad_input(comfy_app, template):
             (json.dumps({"workflow": evil}).encode(), 400, "climbs out"),
             (json.dumps({"workflow": wf, "options": {"turbo": True}}).encode(), 400, "unknown option"),
             (json.dumps({"workflow": wf, "extra": 1}).encode(), 400, "unknown field"),
-            (json.dumps({"workflow": wf, "worker": "w", "device": "cuda:0"}).encode(), 400, "sidecar"),
+            (json.dumps({"workflow": wf, "worker": "w", "device": "cuda:0"}).encode(), 503, "no XPU Fleet sidecar"),
+            (json.dumps({"workflow": wf, "worker": "w"}).encode(), 400, "name both worker and device"),
             (json.dumps({"workflow": wf, "device": "cuda:9"}).encode(), 404, "no device"),
             (json.dumps({"workflow": wf, "snapshot": {"vram_free_gb": "lots"}}).encode(), 400, "snapshot.vram_free_gb"),
         ]
@@ -119,6 +121,51 @@ def test_comfy_predict_bad_input(comfy_app, template):
         assert r.status == 413 and "error" in await r.json()
 
     run(app, go)
+
+
+def test_comfy_predict_for_a_worker_card_asks_the_sidecar(comfy_app, template, xpufleet_home):
+    """A worker's card from inside ComfyUI: its figures from the sidecar of XPUFLEET_HOME (the token
+    from the runtime file, never from the browser), the models from ComfyUI's own folders."""
+    from xpufleet.predictor.snapshot import snapshot_from_card
+    from xpufleet.server.sidecar.runtime_file import write_runtime
+
+    app, _root = comfy_app
+    wf = template("image_flux2_klein_text_to_image.json")
+    card = dict(CARDS[0])
+    seen = []
+
+    async def snapshot(request):
+        seen.append((dict(request.query), request.headers.get("Authorization")))
+        if request.headers.get("Authorization") != "Bearer xfs_test":
+            return web.json_response({"error": "wrong token"}, status=403)
+        if request.query.get("device") != "cuda:0":
+            return web.json_response({"error": "no card gpu-box/cuda:9"}, status=404)
+        return web.json_response({"snapshot": snapshot_from_card(card).to_dict()})
+
+    fake = web.Application()
+    fake.router.add_get("/api/snapshot", snapshot)
+
+    async def go(client):
+        async with TestClient(TestServer(fake, host="127.0.0.1")) as sidecar:
+            write_runtime(xpufleet_home, {"url": str(sidecar.make_url("")).rstrip("/"), "pid": os.getpid(),
+                                          "token": "xfs_test", "version": "test"})
+            r = await client.post("/xpufleet/predict", json={"workflow": wf, "worker": "gpu-box", "device": "cuda:0"})
+            body = await r.json()
+            assert r.status == 200, body
+            r = await client.post("/xpufleet/predict", json={"workflow": wf, "worker": "gpu-box", "device": "cuda:9"})
+            missing = (r.status, await r.json())
+        return body, missing
+
+    body, missing = run(app, go)
+    assert seen[0] == ({"worker": "gpu-box", "device": "cuda:0"}, "Bearer xfs_test")
+    assert body["snapshot"]["worker"] == "gpu-box" and body["snapshot"]["vram_free_gb"] == 6.0
+    assert body["scan"]["resolver"]["source"] == "comfyui"
+    assert body["explanation"]["models"]["m_peak_gb"] == pytest.approx(8.0)
+    direct = predict_workflow(wf, snapshot_from_card(card), resolver=DirsResolver(named={
+        "diffusion_models": [_root / "diffusion_models"], "text_encoders": [_root / "text_encoders"],
+        "vae": [_root / "vae"]}))
+    assert body["p_success"] == direct["p_success"]
+    assert missing == (404, {"error": "no card gpu-box/cuda:9"})  # the sidecar's answer passes through
 
 
 CARDS = [

@@ -1,4 +1,4 @@
-"""Makes tests/server/sidecar_harness.py importable as ``sidecar_harness`` (test dirs are not packages)."""
+"""Makes tests/server/sidecar_harness.py and scripted_agent.py importable by name (test dirs are not packages)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import importlib.util
 import sys
 from pathlib import Path
 
-if "sidecar_harness" not in sys.modules:
-    _spec = importlib.util.spec_from_file_location("sidecar_harness", Path(__file__).with_name("sidecar_harness.py"))
-    _module = importlib.util.module_from_spec(_spec)
-    sys.modules["sidecar_harness"] = _module
-    _spec.loader.exec_module(_module)
+for _name in ("sidecar_harness", "scripted_agent"):
+    if _name not in sys.modules:
+        _spec = importlib.util.spec_from_file_location(_name, Path(__file__).with_name(f"{_name}.py"))
+        _module = importlib.util.module_from_spec(_spec)
+        sys.modules[_name] = _module
+        _spec.loader.exec_module(_module)

@@ -10,6 +10,7 @@ from aiohttp import web
 from ....constants import (
     RUNS_DIR_NAME,
 )
+from ...memory.views import run_fields
 from ..dispatcher import Dispatcher
 from ..errors import ApiError
 from ..keys import CONFIG_KEY, DISPATCHER_KEY, STORE_KEY
@@ -27,11 +28,18 @@ def run_or_404(request: web.Request, with_graph: bool = False) -> dict[str, Any]
     return run
 
 
-def public_run(run: dict[str, Any], dispatcher: Dispatcher | None = None) -> dict[str, Any]:
+def public_run(run: dict[str, Any], dispatcher: Dispatcher | None = None,
+               memory: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A run as the API shows it; with the dispatcher, its queue position and memory fields (budget with
+    its source, graph key, per-card figure: ``memory`` when the caller fetched them for a whole page)."""
     out = dict(run)
     out.pop("pid", None)
     if dispatcher is not None and run["status"] == "queued":
         out["queue_position"] = dispatcher.queue_position(run["id"])
+    if memory is None and dispatcher is not None:
+        memory = run_fields(dispatcher.memory, [run]).get(run["id"])
+    if memory is not None:
+        out.update(memory)
     return out
 
 

@@ -15,6 +15,7 @@ from ....constants import (
     RUNS_PAGE_MAX,
     TERMINAL_STATUSES,
 )
+from ...memory.views import run_fields
 from ..errors import ApiError
 from ..http import INT_PARAM_MAX, NO_BODY, float_param, int_param, read_json
 from ..keys import STORE_KEY
@@ -45,7 +46,8 @@ async def list_runs(request: web.Request) -> web.Response:
         statuses=statuses, name=request.query.get("name") or None, worker=request.query.get("worker") or None,
         limit=limit, offset=offset)
     d = dispatcher_of(request)
-    return web.json_response({"runs": [public_run(r, d) for r in runs], "total": total,
+    memory = run_fields(d.memory, runs)
+    return web.json_response({"runs": [public_run(r, d, memory.get(r["id"])) for r in runs], "total": total,
                               "limit": limit, "offset": offset})
 
 
@@ -65,8 +67,9 @@ async def cancel_run(request: web.Request) -> web.Response:
         reason = body.get("reason")
         if reason is not None and (not isinstance(reason, str) or len(reason) > 500):
             raise ApiError(400, "reason: must be a string of at most 500 characters")
-    run = await dispatcher_of(request).cancel(request.match_info["run_id"], reason)
-    return web.json_response(public_run(run))
+    d = dispatcher_of(request)
+    run = await d.cancel(request.match_info["run_id"], reason)
+    return web.json_response(public_run(run, d))
 
 
 async def delete_run(request: web.Request) -> web.Response:

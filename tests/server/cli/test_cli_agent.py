@@ -75,3 +75,18 @@ def test_agent_stop_with_several_agents_and_no_name_asks_for_one(tmp_path):
         for p in procs:
             p.stdin.close()
             p.wait(timeout=30)
+
+
+def test_a_shared_card_prints_its_memory_and_runs():
+    from xpufleet.server.cli.workers import memory_lines
+
+    card = {"admits_by_memory": True, "total_gib": 24.0, "in_use_gib": 17.7, "reserved_gib": 0.0, "running_gib": 4.75,
+            "context_gib": 0.75, "free_for_budgets_gib": 5.5, "note": None,
+            "held_for": {"text": "held for run a1b2c3d4: later runs do not start here until it starts"},
+            "runs": [{"id": "a1b2c3d4e5", "state": "running", "budget_gib": 4.0, "in_use_gib": 3.25}]}
+    assert memory_lines(card) == [
+        "memory: 17.7 GiB in use, 0 reserved, 4.75 running (budgets + 0.75 GiB CUDA context each), 5.5 GiB free for "
+        "a new budget", "held for run a1b2c3d4: later runs do not start here until it starts",
+        "run a1b2c3d4 running, budget 4 GiB, uses 3.25 GiB (NVML)"]
+    assert memory_lines(None) == [] and memory_lines({"admits_by_memory": False, "note": "shared here, but"}) == [
+        "shared here, but"]

@@ -342,3 +342,9 @@ def test_context_from_the_environment():
         context_mib_from_env({"XPUFLEET_EXECUTION_CUDA_CONTEXT_MIB": "-1"})
     with pytest.raises(ValueError):
         Ledger(-5)
+
+
+def test_small_budgets_and_free_figures_keep_two_decimals():
+    assert F.gib_text(12.0) == "12.0" and F.gib_text(0.05) == "0.05" and F.gib_text(0.14) == "0.14"
+    ledger = card(total=24, free=0.57)
+    assert text(ledger, 0.05) == "needs 0.05 GiB (+0.8 GiB CUDA context), cuda:1 on gpu-box has 0.57 GiB free"

@@ -10,6 +10,7 @@ import pytest
 from xpufleet.server.ledger.fit import Ledger
 from xpufleet.server.ledger.queue import (
     INF,
+    MemoryHolds,
     MemoryPlacement,
     MemoryQueue,
     MemoryRun,
@@ -104,6 +105,7 @@ def _world(seed: int, steps: int = 150) -> None:
         for ledger in (fast, ref_ledger):
             ledger.set_card(key, key, "cuda", total_gib=total, free_gib=total)
     q, ref = MemoryQueue(fast), []
+    ref_holds = MemoryHolds()
     running: list[str] = []
     n = 0
     for step in range(steps):
@@ -145,8 +147,10 @@ def _world(seed: int, steps: int = 150) -> None:
             budget = (run.budget_gib or 1) + rng.choice([0, 1, 5])
             q.set_budget(run.run_id, budget)
             ref[:] = [MemoryRun(r.run_id, budget, r.candidates) if r.run_id == run.run_id else r for r in ref]
-        got, want = q.plan(), plan_reference(ref, ref_ledger)
+        got, want = q.plan(), plan_reference(ref, ref_ledger, ref_holds)
         assert got == want, (seed, step)
+        assert q.holds.by_key == ref_holds.by_key, (seed, step)
+        assert q.holds.overtaken == ref_holds.overtaken, (seed, step)
         placed = {p.run_id for p in want}
         ref[:] = [r for r in ref if r.run_id not in placed]
         assert [r.run_id for r in q.runs()] == [r.run_id for r in ref]
@@ -179,3 +183,58 @@ def test_removed_runs_are_compacted_away_without_changing_the_order():
     assert placed == [r for r in left if r in placed] and placed[0] == left[0]
     ref = ledger_with(("a", 80, 80))
     assert placed == [p.run_id for p in plan_reference([MemoryRun(r, 1 + int(r[1:]) % 5, (("a",),)) for r in left], ref)]
+
+
+def test_a_run_overtaken_three_times_holds_the_card_until_it_starts():
+    """The anti-starvation hold: small runs may pass a large waiting one, but only so often."""
+    ledger = ledger_with(("a", 24, 24))
+    ledger.hold_running("x", ["a"], 12)  # 12.75 GiB counted: 11.25 GiB of room
+    q = MemoryQueue(ledger)
+    q.add(MemoryRun("large", 16, (("a",),)))
+    started: list[str] = []
+    for i in range(3):  # each small run overtakes "large", then ends
+        q.add(MemoryRun(f"small{i}", 4, (("a",),)))
+        placed = [p.run_id for p in q.plan()]
+        assert placed == [f"small{i}"]
+        started += placed
+        ledger.start(f"small{i}")
+        ledger.release(f"small{i}")
+    assert q.holds.holder("a") == "large" and q.holds.overtaken[("large", "a")] == 3
+    q.add(MemoryRun("small3", 4, (("a",),)))
+    assert q.plan() == []  # room for small3, but the card is held for the earlier run
+    ledger.release("x")  # the run ahead ends: the large run starts, then the hold ends
+    assert [p.run_id for p in q.plan()] == ["large"]
+    assert q.holds.holder("a") is None
+    assert [p.run_id for p in q.plan()] == ["small3"]  # 16.75 + 4.75 <= 24
+
+
+def test_a_hold_ends_when_the_holder_leaves_or_cannot_fit_the_card():
+    ledger = ledger_with(("a", 24, 24), ("b", 48, 48))
+    ledger.hold_running("x", ["a"], 18)  # 5.25 GiB of room: three 1 GiB runs (1.75 each) fit
+    holds = MemoryHolds(limit=1)
+    q = MemoryQueue(ledger, holds)
+    q.add(MemoryRun("large", 10, (("a",), ("b",))))
+    ledger.hold_running("y", ["b"], 40)
+    q.add(MemoryRun("small", 1, (("a",),)))
+    assert [p.run_id for p in q.plan()] == ["small"]
+    assert holds.holder("a") == "large"
+    q.set_budget("large", 30)  # raised beyond card a's 24 GiB: it can no longer hold a
+    q.add(MemoryRun("small2", 1, (("a",),)))
+    assert [p.run_id for p in q.plan()] == ["small2"] and holds.holder("a") is None
+    q.set_budget("large", 10)
+    q.add(MemoryRun("small3", 1, (("a",),)))
+    assert [p.run_id for p in q.plan()] == ["small3"] and holds.holder("a") == "large"
+    q.remove("large")  # cancelled: its hold ends at once
+    assert holds.by_key == {} and "a" in ledger.grown
+
+
+def test_the_reference_rule_respects_holds_the_same_way():
+    ledger = ledger_with(("a", 24, 24))
+    holds = MemoryHolds(by_key={"a": "r1"})
+    runs = [MemoryRun("r1", 30, (("a",),)), MemoryRun("r2", 1, (("a",),))]
+    assert plan_reference(runs, ledger, holds) == [MemoryPlacement("r2", 0, ("a",))]  # r1 cannot hold a 24 GiB card
+    holds = MemoryHolds(by_key={"a": "r1"})
+    ledger2 = ledger_with(("a", 24, 24))
+    ledger2.hold_running("x", ["a"], 20)
+    runs = [MemoryRun("r1", 10, (("a",),)), MemoryRun("r2", 1, (("a",),))]
+    assert plan_reference(runs, ledger2, holds) == []

@@ -217,6 +217,15 @@ def test_peaks_per_card_are_the_largest_any_rank_used_and_each_rank_is_listed():
     cpu = ddp.merge_peaks([exit_(0, 0, finished()), exit_(1, 0, finished())])
     assert cpu["measured"] is False and set(cpu["ranks"]) == {"0", "1"}
 
+    def simulated(card, gib):
+        return {"measured": False, "simulated": True, "unit": "GiB", "kind": "simulated_tensor_bytes",
+                "devices": {card: gib}}
+
+    sim = ddp.merge_peaks([exit_(0, 0, finished(peak=simulated("cuda:0", 0.01))),
+                           exit_(1, 0, finished(peak=simulated("cuda:1", 0.02)))])
+    assert sim["simulated"] is True and sim["measured"] is False
+    assert sim["devices"] == {"cuda:0": 0.01, "cuda:1": 0.02}
+
 
 def test_a_plain_group_is_passed_through():
     single = group(exit_(0, 1, finished("failed", "boom")))

@@ -35,3 +35,91 @@ def test_without_cuda_the_reason_is_recorded():
     facts: dict = {}
     apply_memory_budget({"devices": ["cuda:0"], "budget_gib": 6}, facts)
     assert facts["memory_cap"] == {"applied": False, "budget_gib": 6, "reason": "CUDA is not available"}
+
+
+def test_the_cap_is_applied_per_card_before_the_run(monkeypatch):
+    """The branch that runs on a real CUDA worker, with a stand-in of torch.cuda (no GPU here): every
+    card of the run gets set_per_process_memory_fraction(budget / its total) before any node runs."""
+    import torch
+
+    calls: list[tuple[float, int]] = []
+    totals = [24 * GIB, 80 * GIB, 8 * GIB]
+
+    class Props:
+        def __init__(self, i: int) -> None:
+            self.total_memory = totals[i]
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: Props(i))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, i: calls.append((f, i)))
+    facts: dict = {}
+    apply_memory_budget({"devices": ["cuda:0", "cuda:1", "cpu"], "budget_gib": 12}, facts)
+    assert calls == [(0.5, 0), (0.15, 1)]  # the run's two cards, not the third the process could see
+    assert facts["memory_cap"] == {"applied": True, "budget_gib": 12,
+                                   "fractions": {"cuda:0": 0.5, "cuda:1": 0.15}}
+
+
+def test_a_simulated_card_counts_tensor_bytes_and_caps_them_to_the_budget():
+    import torch
+
+    from xpufleet.server.run.memory import is_out_of_memory, peak_memory, simulated_card_memory
+
+    tracker = simulated_card_memory(None, "cuda:2")
+    with tracker:
+        a = torch.zeros(1024, 1024)  # 4 MiB
+        b = a + 1
+        del a, b
+    assert tracker.peak >= 8 * 1024**2 and tracker.live < tracker.peak
+    report = peak_memory(tracker, ["cuda:0"])
+    assert report["kind"] == "simulated_tensor_bytes" and report["measured"] is False and report["simulated"] is True
+    assert "not a CUDA figure" in report["label"] and report["devices"]["cuda:0"] >= 0.0078
+    capped = simulated_card_memory(6 / 1024, "cuda:2")  # 6 MiB
+    with pytest.raises(torch.OutOfMemoryError, match="simulated out of memory on cuda:2") as exc, capped:
+        keep = [torch.zeros(1024, 1024) for _ in range(2)]
+        del keep
+    assert is_out_of_memory(exc.value) and not is_out_of_memory(RuntimeError("shape mismatch"))
+    assert is_out_of_memory(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+
+
+def test_mps_reports_the_memory_its_driver_holds_labelled_as_such(monkeypatch):
+    import types
+
+    fake = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(is_available=lambda: False, is_initialized=lambda: False),
+        mps=types.SimpleNamespace(driver_allocated_memory=lambda: 3 * GIB),
+        backends=types.SimpleNamespace(mps=types.SimpleNamespace(is_available=lambda: True)))
+    monkeypatch.setitem(__import__("sys").modules, "torch", fake)
+    from xpufleet.server.run.memory import peak_memory
+
+    report = peak_memory()
+    assert report["kind"] == "mps_driver_allocated" and report["devices"] == {"mps:0": 3.0}
+    assert "MPS has no peak counter" in report["label"]
+
+
+def test_a_run_on_a_simulated_card_over_its_budget_fails_with_the_out_of_memory_facts(tmp_path):
+    import json
+    import os
+
+    import sidecar_harness as harness
+
+    from xpufleet.server.run import runner
+
+    g = harness.iris_graph(1)
+    g["4"]["inputs"]["hidden"] = "1024,1024"
+    spec = {"run_id": "r1", "graph": g, "options": {}, "devices": ["cuda:0"], "device_aliases": {"cuda:0": "cuda:3"},
+            "placement": "worker", "simulated": True, "env": {}, "budget_gib": 0.01,
+            "execution_facts": {"simulated_devices": True}}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    read_fd, write_fd = os.pipe()  # stdin stays open: the parent is there
+    try:
+        assert runner.run(tmp_path, stdin=os.fdopen(read_fd)) == 1
+    finally:
+        os.close(write_fd)
+    last = json.loads((tmp_path / "events.jsonl").read_text().splitlines()[-1])
+    assert last["type"] == "run_finished"
+    payload = last["payload"]
+    assert payload["status"] == "failed" and "simulated out of memory on cuda:3" in payload["error"]
+    assert payload["out_of_memory"] == {"device": "cuda:3", "budget_gib": 0.01, "simulated": True}
+    assert payload["execution_facts"]["simulated_cap"]["budget_gib"] == 0.01
+    assert payload["peak_memory"]["kind"] == "simulated_tensor_bytes"

@@ -85,3 +85,16 @@ def test_worker_names_that_cannot_be_used(name):
 
 def test_worker_names_that_can_be_used():
     assert [protocol.worker_name_problem(n) for n in ("gpu-box", "a.b_c", "x" * 64, "localhost")] == [None] * 4
+
+
+def test_capabilities_and_per_run_memory_are_checked():
+    assert protocol.validate(_hello(capabilities=["memory_cap"]))["capabilities"] == ["memory_cap"]
+    assert "capabilities" not in protocol.validate(_hello())  # an older agent says nothing: it cannot cap
+    with pytest.raises(protocol.ProtocolError, match="every entry of 'capabilities'"):
+        protocol.validate(_hello(capabilities=[1]))
+    beat = {"type": "heartbeat", "devices": [], "ts": 1.0,
+            "runs": [{"run_id": "r1", "last_seq": 2, "status": "running", "memory": {"cuda:1": 3.25}}]}
+    assert protocol.validate(beat)["runs"][0]["memory"] == {"cuda:1": 3.25}
+    beat["runs"][0]["memory"] = {"cuda:1": "lots"}
+    with pytest.raises(protocol.ProtocolError, match="field 'memory' must map devices to GiB"):
+        protocol.validate(beat)

@@ -17,6 +17,7 @@ from aiohttp.test_utils import TestServer
 
 from xpufleet.constants import AGENT_PROTOCOL, VERSION
 from xpufleet.server.sidecar.app import SidecarConfig, create_app
+from xpufleet.server.workers import protocol
 
 GRAPH = {"1": {"class_type": "XPUDataset", "inputs": {"name": "iris"}}}
 
@@ -149,10 +150,13 @@ def test_hello_welcome_list_drain_mode_and_restart_persistence(xpufleet_home, mo
                     break
                 await asyncio.sleep(0.05)
             assert (await sc.worker("gpu-box"))["devices"][1]["free_gib"] == 3.5
-            # no heartbeat for more than 3 intervals: Degraded, with the reason
-            await asyncio.sleep(0.8)
-            w = await sc.worker("gpu-box")
+            # no heartbeat for more than 3 intervals: Degraded, with the reason (polled, bounded)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 30
+            while (w := await sc.worker("gpu-box"))["status"] != "Degraded" and loop.time() < deadline:
+                await asyncio.sleep(0.05)
             assert w["status"] == "Degraded" and "late heartbeat" in w["status_reason"]
+            assert w["heartbeat_age_s"] >= protocol.heartbeat_late_s() - 0.1
             # modes
             status, body = await sc.call("PUT", "/api/workers/gpu-box/devices/cuda:1/mode", {"mode": "shared"})
             assert status == 200 and body["mode"] == "shared"
@@ -167,6 +171,13 @@ def test_hello_welcome_list_drain_mode_and_restart_persistence(xpufleet_home, mo
             assert status == 200 and body["status"] == "Draining"
             status, body = await sc.call("POST", "/api/runs", {"graph": GRAPH, "options": {
                 "target": {"worker": "gpu-box", "devices": ["cuda:1"]}}})
+            # cuda:1 is shared by memory now: a run there needs a budget (and an agent that caps it)
+            assert status == 400 and "declares no budget" in body["error"], body
+            status, body = await sc.call("POST", "/api/runs", {"graph": GRAPH, "options": {
+                "target": {"worker": "gpu-box", "devices": ["cuda:1"], "memory_gib": 2}}})
+            assert status == 400 and "cannot cap a run's memory" in body["error"], body
+            status, body = await sc.call("POST", "/api/runs", {"graph": GRAPH, "options": {
+                "target": {"worker": "gpu-box", "devices": ["cuda:0"]}}})
             assert status == 201
             run_id = body["run_id"]
             for _ in range(50):
@@ -178,13 +189,13 @@ def test_hello_welcome_list_drain_mode_and_restart_persistence(xpufleet_home, mo
             status, body = await sc.call("POST", "/api/workers/gpu-box/undrain")
             assert status == 200
             start = await agent.recv_type("start_run")
-            assert start["run_id"] == run_id and start["devices"] == ["cuda:1"] and start["graph"] == GRAPH
+            assert start["run_id"] == run_id and start["devices"] == ["cuda:0"] and start["graph"] == GRAPH
             await agent.event(run_id, 1, "run_started", {"pid": 1})
             await agent.event(run_id, 2, "run_finished", {"status": "succeeded", "error": None,
                                                           "execution_facts": {"visible_devices": ["cuda:0"]}})
             assert (await agent.recv_type("ack"))["seq"] == 2
             done = await _wait_status(sc, run_id, {"succeeded"})
-            assert done["worker_id"] == "gpu-box" and done["devices"] == ["cuda:1"]
+            assert done["worker_id"] == "gpu-box" and done["devices"] == ["cuda:0"]
             assert done["execution_facts"]["visible_devices"] == ["cuda:0"]
             await agent.close()
             for _ in range(50):

@@ -1,0 +1,12 @@
+"""Memory-shared cards in the sidecar (SPEC M; seed 000, "sharing a card"): the I/O around the pure rules
+of :mod:`..ledger`.
+
+* :mod:`.peaks`: what a finished run's ``peak_memory`` says (CUDA peak, MPS driver-held memory, a
+  simulated card's tensor bytes), pure;
+* :mod:`.records`: the SQLite tables (each run's graph key, number of cards and budget; every finished
+  run's per-card peak);
+* :mod:`.admission`: :class:`~.admission.MemoryAdmission`, the dispatcher's memory part: which cards admit
+  by memory, the ledger fed by heartbeats, the queue of runs waiting for memory, budgets at submit time and
+  while waiting, the texts;
+* :mod:`.views`: the budget and memory fields of the Runs and Workers data.
+"""

@@ -1,0 +1,243 @@
+"""What the browser tests and bench/bench_frontend.py share: Debian's Chromium driven by Playwright, a
+real sidecar with a real agent simulating CUDA cards, a record of the console, and ComfyUI page helpers.
+
+Loaded by path as ``browser_harness`` (tests/frontend/conftest.py, the benchmark); it loads
+``sidecar_harness`` (tests/server) and ``comfy_harness`` (tests/comfy_host) the same way.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TESTS = Path(__file__).resolve().parents[1]
+REPO = TESTS.parent
+CHROMIUM = os.environ.get("XPUFLEET_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+HEARTBEAT_S = "1"  # the agents' heartbeat in these tests: a changed free figure reaches the sidecar fast
+WAIT_S = 120.0  # the bound of every wait here (a loaded 2-core machine), never a sleep
+
+
+def load(name: str, path: Path) -> Any:
+    """Import a test helper module by path (test folders are not packages)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+sidecar_harness = load("sidecar_harness", TESTS / "server" / "sidecar_harness.py")
+comfy_harness = load("comfy_harness", TESTS / "comfy_host" / "comfy_harness.py")
+
+
+def browser_problem() -> str | None:
+    """Why no browser test can run here (None when Playwright and Chromium are there)."""
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "Playwright for Python is not installed (pip install playwright; never `playwright install`)"
+    if not (shutil.which(CHROMIUM) or Path(CHROMIUM).is_file()):
+        return f"no Chromium at {CHROMIUM}: apt-get install -y chromium (Debian's package)"
+    return None
+
+
+def launch(playwright: Any) -> Any:
+    return playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+
+
+# --- the sidecar and its agents ---------------------------------------------------------------------
+
+
+class Agent:
+    """``xpufleet agent start --foreground --simulate ...`` as a child, stopped by its PID."""
+
+    def __init__(self, home: Path, env: dict[str, str], name: str, simulate: str) -> None:
+        self.name = name
+        self.log_path = home / f"test-agent-{name}.log"
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "xpufleet.server", "agent", "start", "--foreground", "--name", name,
+                 "--simulate", simulate], env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+class Fleet:
+    """A real sidecar (``xpufleet start --port 0``) for ``home`` and agents with simulated cards."""
+
+    def __init__(self, home: Path, **env: str) -> None:
+        self.home = Path(home)
+        extra = {"XPUFLEET_HEARTBEAT_INTERVAL_S": HEARTBEAT_S, "OMP_NUM_THREADS": "1", **env}
+        self.env = {**os.environ, "XPUFLEET_HOME": str(self.home), **extra}
+        for name in ("CUDA_VISIBLE_DEVICES", "XPUFLEET_RUN_QUEUE_MAX_CONCURRENT"):
+            self.env.pop(name, None)
+        self.sidecar = sidecar_harness.Sidecar(self.home, env=extra)
+        self.agents: list[Agent] = []
+
+    def start(self) -> Fleet:
+        self.sidecar.start()
+        return self
+
+    @property
+    def url(self) -> str:
+        return self.sidecar.url
+
+    def call(self, method: str, path: str, body: Any = None) -> Any:
+        return self.sidecar.client.request(method, path, body)
+
+    def add_agent(self, name: str, simulate: str) -> Agent:
+        agent = Agent(self.home, self.env, name, simulate)
+        self.agents.append(agent)
+        self.wait_worker(name, "Online")
+        return agent
+
+    def wait_worker(self, name: str, status: str, timeout: float = WAIT_S) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        last: Any = None
+        while time.monotonic() < deadline:
+            workers = {w["name"]: w for w in self.call("GET", "/api/workers")["workers"]}
+            last = workers.get(name)
+            if last is not None and last["status"] == status:
+                return last
+            time.sleep(0.2)  # worker status has no push channel: a bounded poll
+        raise AssertionError(f"worker {name} not {status} within {timeout} s: {last}")
+
+    def wait_card_free(self, worker: str, device: str, free_gib: float, timeout: float = WAIT_S) -> None:
+        """Until the sidecar's snapshot of the card shows ``free_gib`` (the agent's next heartbeat)."""
+        q = urllib.parse.urlencode({"worker": worker, "device": device})
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            snap = self.call("GET", f"/api/snapshot?{q}")["snapshot"]
+            if abs(snap["vram_free_gb"] - free_gib) < 1e-6:
+                return
+            time.sleep(0.05)  # heartbeats have no push channel here: a bounded poll
+        raise AssertionError(f"{worker}/{device} did not report {free_gib} GiB free within {timeout} s")
+
+    def login_url(self) -> str:
+        """What `xpufleet ui` prints (the real command)."""
+        proc = subprocess.run([sys.executable, "-m", "xpufleet.server", "ui"], env=self.env, capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip()
+
+    def has_route(self, method: str, path: str) -> bool:
+        doc = self.call("GET", "/api/openapi.json")
+        return method.lower() in doc.get("paths", {}).get(path, {})
+
+    def stop(self) -> None:
+        for agent in self.agents:
+            agent.stop()
+        self.sidecar.stop()
+
+
+# --- the console ------------------------------------------------------------------------------------
+
+
+@dataclass
+class ConsoleLog:
+    """Console errors, uncaught page errors and failed responses of one page, host and port removed
+    so two servers' logs compare."""
+
+    errors: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+
+    def attach(self, page: Any) -> ConsoleLog:
+        def on_console(msg: Any) -> None:
+            if msg.type == "error":
+                where = _path((msg.location or {}).get("url", ""))
+                self.errors.append(f"console: {msg.text} @ {where}")
+
+        page.on("console", on_console)
+        page.on("pageerror", lambda exc: self.errors.append(f"pageerror: {exc}"))
+        page.on("response", lambda r: self.failed.append(f"{r.status} {_path(r.url)}") if r.status >= 400 else None)
+        return self
+
+    def beyond(self, baseline: ConsoleLog, allowed: tuple[str, ...] = ()) -> list[str]:
+        """What this log has that the baseline has not (``allowed``: substrings of expected ones)."""
+        seen = set(baseline.errors)
+        return [e for e in self.errors if e not in seen and not any(a in e for a in allowed)]
+
+
+def _path(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    return parts.path + (f"?{parts.query}" if parts.query else "") if parts.scheme else url
+
+
+# --- ComfyUI pages ----------------------------------------------------------------------------------
+
+APP_READY = "() => window.app && window.app.graph && document.querySelector('.comfyui-queue-button')"
+PLUGIN_READY = "() => document.querySelector('[data-xpufleet=capsule]') && document.querySelector('[data-xpufleet=queue-on]')"
+
+
+def comfy_settings(host: Any, values: dict[str, Any]) -> None:
+    """Set ComfyUI user settings one by one (POST /settings/{id}), before the page loads."""
+    for key, value in values.items():
+        status, body = host.request("POST", f"/settings/{key}", value)
+        assert status == 200, (key, status, body)
+
+
+def open_comfy(context: Any, url: str, log: ConsoleLog | None = None, plugin: bool = True) -> Any:
+    page = context.new_page()
+    if log is not None:
+        log.attach(page)
+    page.goto(url)
+    page.wait_for_function(APP_READY, timeout=WAIT_S * 1000)
+    if plugin:
+        page.wait_for_function(PLUGIN_READY, timeout=WAIT_S * 1000)
+    return page
+
+
+def load_api_graph(page: Any, graph: dict[str, Any], name: str) -> None:
+    page.evaluate("([g, n]) => app.loadApiJson(g, n)", [graph, name])
+
+
+def capsule(page: Any) -> dict[str, str]:
+    """The success capsule's data attributes and the bar's texts."""
+    return page.evaluate("""() => {
+        const bar = document.querySelector('[data-xpufleet=capsules]');
+        const c = bar.querySelector('[data-xpufleet=capsule]');
+        const v = bar.querySelector('[data-xpufleet=vram]');
+        return {...c.dataset, text: c.innerText, vram: v.innerText, vramFree: v.dataset.free,
+                ticks: bar.dataset.ticks, answerTick: bar.dataset.answerTick, scans: bar.dataset.scans};
+    }""")
+
+
+def widget_point(page: Any, node_title_or_type: str, widget: str) -> tuple[float, float]:
+    """The screen point of a node's widget value (ComfyUI's canvas -> client coordinates)."""
+    return tuple(page.evaluate("""([which, name]) => {
+        const n = app.graph.nodes.find((x) => x.type === which || x.title === which);
+        const w = n.widgets.find((x) => x.name === name);
+        return app.canvasPosToClientPos([n.pos[0] + n.size[0] * 0.6, n.pos[1] + (w.y ?? w.last_y) + 10]);
+    }""", [node_title_or_type, widget]))
+
+
+def choose_combo(page: Any, node: str, widget: str, value: str) -> None:
+    """Pick ``value`` in a combo widget on the canvas the way a user does (click, then the menu entry)."""
+    x, y = widget_point(page, node, widget)
+    page.mouse.click(x, y)
+    page.locator(".litecontextmenu .litemenu-entry", has_text=value).first.click(timeout=WAIT_S * 1000)
+
+
+def write_json(path: Path, data: Any) -> Path:
+    path.write_text(json.dumps(data))
+    return path

@@ -1,0 +1,114 @@
+// The one client of the server for both hosts: inside ComfyUI every call goes through ComfyUI's own
+// server (/xpufleet/..., the token stays there); on the standalone page straight to the sidecar's
+// /api/... with the browser session as a bearer token. Errors are the server's {"error": message}.
+
+export class ApiFailure extends Error {
+  constructor(status, message, body) {
+    super(message);
+    this.status = status;
+    this.body = body;
+  }
+}
+
+const enc = encodeURIComponent;
+
+function query(params) {
+  const parts = Object.entries(params || {})
+    .filter(([, v]) => v !== undefined && v !== null && v !== "")
+    .map(([k, v]) => `${enc(k)}=${enc(v)}`);
+  return parts.length ? `?${parts.join("&")}` : "";
+}
+
+export class Fleet {
+  /**
+   * @param {object} o
+   * @param {(url: string, init: object) => Promise<Response>} o.fetch  the host's fetch
+   * @param {string} o.apiBase       "/xpufleet/api" (ComfyUI) or "/api" (sidecar)
+   * @param {string} o.predictPath   "/xpufleet/predict" or "/api/predict"
+   * @param {string} o.snapshotPath  "/xpufleet/snapshot" or "/api/snapshot"
+   * @param {string} o.kind          "comfy" | "standalone"
+   */
+  constructor({ fetch, apiBase, predictPath, snapshotPath, kind }) {
+    this.fetchFn = fetch;
+    this.apiBase = apiBase;
+    this.predictPath = predictPath;
+    this.snapshotPath = snapshotPath;
+    this.kind = kind;
+  }
+
+  async request(method, url, body, { signal, raw } = {}) {
+    const init = { method, signal, headers: { Accept: "application/json" } };
+    if (body !== undefined) {
+      init.body = JSON.stringify(body);
+      init.headers["Content-Type"] = "application/json";
+    }
+    let resp;
+    try {
+      resp = await this.fetchFn(url, init);
+    } catch (err) {
+      if (err?.name === "AbortError") throw err;
+      throw new ApiFailure(0, `the server does not answer (${err?.message || err})`);
+    }
+    if (raw && resp.ok) return resp;
+    const text = await resp.text();
+    let data = null;
+    try { data = text ? JSON.parse(text) : null; } catch { data = null; }
+    if (!resp.ok) {
+      const message = (data && typeof data.error === "string") ? data.error : (text || resp.statusText || `HTTP ${resp.status}`);
+      throw new ApiFailure(resp.status, message, data);
+    }
+    return data;
+  }
+
+  api(method, path, body, opts) {
+    return this.request(method, this.apiBase + path, body, opts);
+  }
+
+  // --- runs ---
+  runs(params, opts) { return this.api("GET", `/runs${query(params)}`, undefined, opts); }
+  run(id, opts) { return this.api("GET", `/runs/${enc(id)}`, undefined, opts); }
+  submit(graph, options) { return this.api("POST", "/runs", { graph, options }); }
+  cancel(id) { return this.api("POST", `/runs/${enc(id)}/cancel`, {}); }
+  deleteRun(id) { return this.api("DELETE", `/runs/${enc(id)}`); }
+  events(id, cursor, wait, opts) {
+    return this.api("GET", `/runs/${enc(id)}/events${query({ cursor, wait, limit: 1000 })}`, undefined, opts);
+  }
+  metrics(id, opts) { return this.api("GET", `/runs/${enc(id)}/metrics`, undefined, opts); }
+  logs(id, tail, opts) { return this.api("GET", `/runs/${enc(id)}/logs${query({ tail })}`, undefined, opts); }
+  artifacts(id, opts) { return this.api("GET", `/runs/${enc(id)}/artifacts`, undefined, opts); }
+  artifactFile(id, path) {
+    const p = String(path).split("/").map(enc).join("/");
+    return this.api("GET", `/runs/${enc(id)}/artifacts/${p}`, undefined, { raw: true });
+  }
+  estimate(graph, options) { return this.api("POST", "/estimates", { graph, options }); }
+
+  // --- workers ---
+  workers(opts) { return this.api("GET", "/workers", undefined, opts); }
+  rejected(opts) { return this.api("GET", "/workers/rejected", undefined, opts); }
+  drain(name) { return this.api("POST", `/workers/${enc(name)}/drain`, {}); }
+  undrain(name) { return this.api("POST", `/workers/${enc(name)}/undrain`, {}); }
+  removeWorker(name) { return this.api("DELETE", `/workers/${enc(name)}`); }
+  reissue(name) { return this.api("POST", `/workers/${enc(name)}/reissue`, {}); }
+  joinToken(name) { return this.api("POST", "/workers/join-tokens", name ? { name } : {}); }
+  setMode(name, device, mode) {
+    return this.api("PUT", `/workers/${enc(name)}/devices/${enc(device)}/mode`, { mode });
+  }
+
+  // --- predictor ---
+  predict(body, opts) { return this.request("POST", this.predictPath, body, opts); }
+  snapshot(opts) { return this.request("GET", this.snapshotPath, undefined, opts); }
+}
+
+/** "gpu-box/cuda:0" -> {worker, device}; "cuda:0" -> {device}; "" or "auto" -> {} (this machine). */
+export function parseDeviceChoice(text) {
+  const value = String(text || "").trim();
+  if (!value || value === "auto") return {};
+  const slash = value.indexOf("/");
+  if (slash > 0) return { worker: value.slice(0, slash), device: value.slice(slash + 1) };
+  return { device: value };
+}
+
+export function deviceChoice({ worker, device } = {}) {
+  if (!device) return "auto";
+  return worker ? `${worker}/${device}` : device;
+}

@@ -1,0 +1,308 @@
+// The status-bar capsules (seed 001 section 7): the success rate with its level's colour and label,
+// VRAM and RAM beside it, and a tooltip with every input and intermediate of the prediction. The
+// figures all come from the server's answer (POST .../predict): no formula here.
+import { deviceChoice, parseDeviceChoice } from "./api.mjs";
+import { h, nextId, replace } from "./dom.mjs";
+import { gib, num } from "./format.mjs";
+import { language, t } from "./i18n.mjs";
+
+export const SETTINGS = {
+  refresh: "XPUFleet.Capsule.RefreshSeconds",
+  showSuccess: "XPUFleet.Capsule.ShowSuccess",
+  showVram: "XPUFleet.Capsule.ShowVRAM",
+  showRam: "XPUFleet.Capsule.ShowRAM",
+  device: "XPUFleet.Predict.Device",
+};
+export const DEBOUNCE_MS = 120; // a burst of widget edits is one request
+const MIN_REFRESH_S = 1;
+
+/**
+ * @param {object} o
+ * @param {import("./api.mjs").Fleet} o.fleet
+ * @param {{get(id): any, set(id, v): any}} o.settings
+ * @param {() => (object|null)} o.workflow  the graph to predict (UI or API format), null for none
+ */
+export class CapsuleBar {
+  constructor({ fleet, settings, workflow }) {
+    this.fleet = fleet;
+    this.settings = settings;
+    this.workflow = workflow;
+    this.answer = null;
+    this.error = null;
+    this.ticks = 0; // periodic refreshes started
+    this.scans = 0; // answers rendered
+    this.seq = 0;
+    this.inflight = false;
+    this.pending = false;
+    this.debounceTimer = null;
+    this.timer = null;
+    this.knownDevices = ["auto"];
+    const tipId = nextId("xf-tip");
+    this.success = h("button", { class: "xf-capsule xf-success", type: "button", "aria-haspopup": "menu",
+      "aria-describedby": tipId, dataset: { xpufleet: "capsule" }, onclick: () => this.toggleMenu() });
+    this.vram = h("span", { class: "xf-capsule xf-vram", tabindex: "0", "aria-describedby": tipId,
+      dataset: { xpufleet: "vram" } });
+    this.ram = h("span", { class: "xf-capsule xf-ram", tabindex: "0", "aria-describedby": tipId,
+      dataset: { xpufleet: "ram" } });
+    this.tip = h("div", { class: "xf-tooltip", role: "tooltip", id: tipId, hidden: true,
+      dataset: { xpufleet: "capsule-tooltip" } });
+    this.menu = h("div", { class: "xf-menu", role: "menu", hidden: true, dataset: { xpufleet: "device-menu" },
+      "aria-label": t("capsule.pick_device") });
+    this.element = h("div", { class: "xf-capsules xf-root", role: "group", "aria-label": t("capsule.group"),
+      dataset: { xpufleet: "capsules" } }, this.success, this.vram, this.ram);
+    // the tooltip and the menu float over the page: ComfyUI's top bar clips its overflow
+    this.floating = h("div", { class: "xf-root xf-floating" }, this.tip, this.menu);
+    for (const el of [this.success, this.vram, this.ram]) {
+      el.addEventListener("mouseenter", () => this.showTip(true));
+      el.addEventListener("mouseleave", () => this.showTip(false));
+      el.addEventListener("focus", () => this.showTip(true));
+      el.addEventListener("blur", () => this.showTip(false));
+    }
+    const onKey = (e) => {
+      if (e.key === "Escape") { this.showTip(false); if (!this.menu.hidden) { this.closeMenu(); this.success.focus(); } }
+    };
+    this.element.addEventListener("keydown", onKey);
+    this.floating.addEventListener("keydown", onKey);
+    this.onDocClick = (e) => { if (!this.element.contains(e.target) && !this.floating.contains(e.target)) this.closeMenu(); };
+    this.render();
+  }
+
+  // --- life cycle ---
+  start() {
+    this.stop();
+    document.body.append(this.floating);
+    document.addEventListener("mousedown", this.onDocClick);
+    this.requestScan(0);
+    this.schedule();
+  }
+
+  stop() {
+    clearTimeout(this.timer);
+    clearTimeout(this.debounceTimer);
+    document.removeEventListener("mousedown", this.onDocClick);
+    this.floating.remove();
+  }
+
+  /** Put a floating box under the capsules, inside the window. */
+  place(box) {
+    const r = this.element.getBoundingClientRect();
+    const width = Math.min(460, window.innerWidth - 16);
+    box.style.left = `${Math.max(8, Math.min(r.left, window.innerWidth - width - 8))}px`;
+    box.style.top = `${r.bottom + 6}px`;
+    box.style.maxHeight = `${Math.max(120, window.innerHeight - r.bottom - 20)}px`;
+  }
+
+  intervalMs() {
+    const s = Number(this.settings.get(SETTINGS.refresh));
+    return 1000 * Math.max(MIN_REFRESH_S, Number.isFinite(s) && s > 0 ? s : 5);
+  }
+
+  schedule() {
+    clearTimeout(this.timer);
+    this.timer = setTimeout(() => {
+      if (!document.hidden) {
+        this.ticks += 1;
+        this.element.dataset.ticks = String(this.ticks); // refreshes started (the tests count them)
+        this.run();
+      }
+      this.schedule();
+    }, this.intervalMs());
+  }
+
+  /** Rescan soon (the graph or a widget changed); `delay` 0 for at once. */
+  requestScan(delay = DEBOUNCE_MS) {
+    clearTimeout(this.debounceTimer);
+    this.debounceTimer = setTimeout(() => this.run(), delay);
+  }
+
+  settingsChanged() {
+    this.render();
+    this.schedule();
+    this.requestScan(0);
+  }
+
+  target() {
+    return parseDeviceChoice(this.settings.get(SETTINGS.device));
+  }
+
+  async run() {
+    if (this.inflight) { this.pending = true; return; }
+    this.inflight = true;
+    const seq = ++this.seq;
+    const tick = this.ticks;
+    try {
+      const workflow = this.workflow();
+      if (!workflow) {
+        this.answer = null;
+        this.error = null;
+      } else {
+        const answer = await this.fleet.predict({ workflow, ...this.target() });
+        if (seq === this.seq) { this.answer = answer; this.error = null; }
+      }
+    } catch (err) {
+      if (seq === this.seq) { this.error = err; this.answer = null; }
+    } finally {
+      this.inflight = false;
+      this.scans += 1;
+      this.element.dataset.answerTick = String(tick);
+      this.render();
+      if (this.pending) { this.pending = false; this.run(); }
+    }
+  }
+
+  // --- rendering ---
+  render() {
+    const show = (id) => this.settings.get(id) !== false;
+    this.success.hidden = !show(SETTINGS.showSuccess);
+    this.vram.hidden = !show(SETTINGS.showVram);
+    this.ram.hidden = !show(SETTINGS.showRam);
+    this.element.dataset.scans = String(this.scans);
+    this.element.dataset.ticks = String(this.ticks);
+    this.element.dataset.device = deviceChoice(this.target());
+    const a = this.answer;
+    const ds = this.success.dataset;
+    if (this.error) {
+      ds.level = "error";
+      delete ds.p;
+      this.success.style.removeProperty("--xf-level");
+      replace(this.success, h("span", { class: "xf-dot" }), t("capsule.unavailable"));
+      this.success.setAttribute("aria-label", `${t("capsule.success")}: ${t("capsule.unavailable")}`);
+      replace(this.vram, "VRAM —");
+      replace(this.ram, "RAM —");
+    } else if (!a) {
+      ds.level = "none";
+      delete ds.p;
+      this.success.style.removeProperty("--xf-level");
+      replace(this.success, h("span", { class: "xf-dot" }), t("capsule.no_graph"));
+      this.success.setAttribute("aria-label", `${t("capsule.success")}: ${t("capsule.no_graph")}`);
+      replace(this.vram, "VRAM —");
+      replace(this.ram, "RAM —");
+    } else {
+      const label = a.label?.[language()] || a.label?.en || a.level;
+      ds.level = a.level;
+      ds.p = String(a.p_success);
+      ds.mPeak = String(a.explanation?.inputs?.m_peak_gb ?? "");
+      ds.mTotal = String(a.explanation?.inputs?.m_total_gb ?? "");
+      this.success.style.setProperty("--xf-level", a.color);
+      const badge = (!a.complete || a.snapshot?.reason) ? h("span", { class: "xf-badge", "aria-hidden": "true" }, "!") : null;
+      replace(this.success, h("span", { class: "xf-dot" }), `${a.p_success}% ${label}`, badge);
+      const extra = !a.complete ? `; ${t("capsule.incomplete")}` : "";
+      this.success.setAttribute("aria-label", `${t("capsule.success")}: ${a.p_success}% ${label}${extra}`);
+      const snap = a.snapshot || {};
+      this.vram.dataset.free = String(snap.vram_free_gb);
+      this.vram.dataset.total = String(snap.vram_total_gb);
+      const sim = snap.simulated ? ` ${t("capsule.simulated_short")}` : "";
+      if (snap.kind === "cpu" || !snap.vram_total_gb) {
+        replace(this.vram, `VRAM: ${t("capsule.no_gpu")}`);
+      } else {
+        replace(this.vram, `VRAM ${t("capsule.free_of", { free: gib(snap.vram_free_gb), total: gib(snap.vram_total_gb) })}${sim}`);
+      }
+      const inter = a.explanation?.intermediates || {};
+      replace(this.ram, `RAM ${t("capsule.ram_free", { free: gib(snap.ram_free_gb) })} · ${t("capsule.virtual", { v: gib(inter.s_virt_gb) })}`);
+    }
+    this.renderTip();
+  }
+
+  renderTip() {
+    const a = this.answer;
+    if (this.error) {
+      replace(this.tip, h("div", { class: "xf-tip-title" }, t("capsule.unavailable")),
+        h("div", { class: "xf-error" }, String(this.error.message || this.error)));
+      return;
+    }
+    if (!a) {
+      replace(this.tip, h("div", {}, t("capsule.no_graph_hint")));
+      return;
+    }
+    const ex = a.explanation || {};
+    const inp = ex.inputs || {};
+    const it = ex.intermediates || {};
+    const snap = a.snapshot || {};
+    const label = a.label?.[language()] || a.label?.en;
+    const rows = (pairs) => h("table", { class: "xf-kv" }, h("tbody", {}, pairs.map(([k, v]) =>
+      h("tr", {}, h("th", { scope: "row" }, k), h("td", {}, v)))));
+    const where = snap.worker ? `${snap.worker} / ${snap.device}` : `${t("capsule.this_machine")}: ${snap.device}`;
+    const name = snap.name ? ` (${snap.name})` : "";
+    const deviceLine = [where + name];
+    if (snap.simulated) deviceLine.push(t("capsule.simulated_long"));
+    const models = (a.models || []).map((m) => h("li", { class: m.status === "found" ? "" : "xf-warn" },
+      `${m.name} — ${m.status === "found" ? gib(m.counted_gb ?? m.size_gb, 2) : t("capsule.model_status." + m.status, { reason: m.reason || "" })}`));
+    const warnings = (a.warnings || []).map((w) => h("li", { class: "xf-warn" }, w));
+    replace(this.tip,
+      h("div", { class: "xf-tip-title" }, `P_success = ${a.p_success}% — ${label}`),
+      h("div", { class: "xf-tip-device" }, deviceLine.join(" · ")),
+      snap.reason ? h("div", { class: "xf-warn" }, snap.reason) : null,
+      h("div", { class: "xf-tip-section" }, t("capsule.inputs")),
+      rows([
+        ["M_peak", gib(inp.m_peak_gb, 2)], ["M_total", gib(inp.m_total_gb, 2)],
+        ["V_free", gib(inp.vram_free_gb, 2)], ["V_alloc", gib(inp.vram_allocated_gb, 2)],
+        ["V_rsv", gib(inp.vram_reserved_gb, 2)], ["R_free", gib(inp.ram_free_gb, 2)],
+        ["C_used", gib(inp.commit_used_gb, 2)], ["C_limit", gib(inp.commit_limit_gb, 2)],
+      ]),
+      h("div", { class: "xf-tip-section" }, t("capsule.intermediates")),
+      rows([
+        ["V_reclaim", gib(it.v_reclaim_gb, 2)],
+        ["V_eff", gib(it.v_eff_gb, 2) + (it.v_eff_floored ? ` (${t("capsule.floored")})` : "")],
+        ["gamma (γ)", `${num(ex.gamma)} (${ex.platform}, ${ex.gamma_source})`],
+        ["V_eff × γ", gib(it.v_eff_platform_gb, 2)],
+        ["C_ram", gib(it.c_ram_gb, 2)], ["S_virt", gib(it.s_virt_gb, 2)],
+        ["D_peak", gib(it.d_peak_gb, 2)], ["D_load", gib(it.d_load_gb, 2)],
+        ["P_peak", num(it.p_peak, 4)], ["P_load", `${num(it.p_load, 4)} (${it.p_load_branch})`],
+      ]),
+      h("div", { class: "xf-tip-section" }, t("capsule.models", { n: (a.models || []).length })),
+      models.length ? h("ul", { class: "xf-list" }, models) : h("div", { class: "xf-hint" }, t("capsule.no_models")),
+      warnings.length ? h("ul", { class: "xf-list" }, warnings) : null,
+      h("div", { class: "xf-hint" }, t("capsule.click_to_pick")),
+    );
+  }
+
+  showTip(on) {
+    this.tip.hidden = !on || !this.menu.hidden;
+    if (!this.tip.hidden) this.place(this.tip);
+  }
+
+  // --- the device menu ---
+  async toggleMenu() {
+    if (!this.menu.hidden) { this.closeMenu(); return; }
+    this.tip.hidden = true;
+    replace(this.menu, h("div", { class: "xf-hint" }, t("common.loading")));
+    this.menu.hidden = false;
+    this.place(this.menu);
+    this.success.setAttribute("aria-expanded", "true");
+    const current = deviceChoice(this.target());
+    const items = [{ value: "auto", text: t("capsule.auto_device") }];
+    try {
+      const snap = await this.fleet.snapshot();
+      for (const s of snap.snapshots || []) {
+        items.push({ value: s.device, text: `${t("capsule.this_machine")}: ${s.device}${s.name ? ` (${s.name})` : ""}` });
+      }
+    } catch { /* this machine's list is optional */ }
+    let workerNote = null;
+    try {
+      const { workers } = await this.fleet.workers();
+      for (const w of workers || []) {
+        for (const d of w.devices || []) {
+          if (d.kind === "cpu") continue;
+          items.push({ value: `${w.name}/${d.name}`, text: `${w.name} / ${d.name}${d.simulated ? ` (${t("common.simulated")})` : ""}` });
+        }
+      }
+    } catch (err) {
+      workerNote = `${t("capsule.no_worker_cards")}: ${err.message}`;
+    }
+    this.knownDevices = items.map((i) => i.value);
+    const buttons = items.map((item) => h("button", {
+      type: "button", role: "menuitemradio", "aria-checked": item.value === current ? "true" : "false",
+      class: "xf-menu-item", dataset: { value: item.value },
+      onclick: () => { this.settings.set(SETTINGS.device, item.value === "auto" ? "" : item.value); this.closeMenu(); this.settingsChanged(); },
+    }, item.text));
+    replace(this.menu, h("div", { class: "xf-tip-section" }, t("capsule.pick_device")), buttons,
+      workerNote ? h("div", { class: "xf-hint" }, workerNote) : null);
+    (buttons.find((b) => b.getAttribute("aria-checked") === "true") || buttons[0])?.focus();
+  }
+
+  closeMenu() {
+    if (this.menu.hidden) return;
+    this.menu.hidden = true;
+    this.success.setAttribute("aria-expanded", "false");
+  }
+}

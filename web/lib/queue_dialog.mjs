@@ -1,0 +1,294 @@
+// The Queue on... dialog (seed 000, "排入佇列..."): sends the current graph as a queued run (the same
+// POST /api/runs as `xpufleet run`) to this server, a worker's cards or any free worker, with the
+// memory budget the server suggests (POST /api/estimates). The server decides everything; a rejection
+// shows here.
+import { ApiFailure } from "./api.mjs";
+import { field, h, nextId, replace } from "./dom.mjs";
+import { gib } from "./format.mjs";
+import { t } from "./i18n.mjs";
+
+const SELECTABLE = new Set(["Online", "Degraded", "Disconnected"]); // offline: the run waits for it
+const KINDS = [["", "queue.kind_auto"], ["cuda", "queue.kind_cuda"], ["cpu", "queue.kind_cpu"], ["mps", "queue.kind_mps"]];
+
+let openDialog = null;
+
+/**
+ * @param {object} o
+ * @param {import("./api.mjs").Fleet} o.fleet
+ * @param {() => Promise<{prompt: object|null, name: string, problem?: string}>} o.graph  the graph to send
+ * @param {() => Promise<string[]>} o.localDevices  this server's devices
+ * @param {(runId: string) => void} o.openRuns
+ * @param {() => void} o.openWorkers
+ */
+export async function openQueueDialog(o) {
+  if (openDialog) { openDialog.focus(); return openDialog; }
+  const dlg = new QueueDialog(o);
+  openDialog = dlg;
+  await dlg.open();
+  return dlg;
+}
+
+class QueueDialog {
+  constructor({ fleet, graph, localDevices, openRuns, openWorkers }) {
+    this.fleet = fleet;
+    this.getGraph = graph;
+    this.getLocalDevices = localDevices;
+    this.openRuns = openRuns;
+    this.openWorkers = openWorkers;
+    this.workers = [];
+    this.local = ["cpu"];
+    this.estimate = null;
+    this.estimateError = null;
+    this.budgetTouched = false;
+    this.titleId = nextId("xf-qtitle");
+    this.el = h("dialog", { class: "xf-dialog xf-root", "aria-labelledby": this.titleId,
+      dataset: { xpufleet: "queue-dialog" } });
+    this.el.addEventListener("close", () => this.destroy());
+    this.el.addEventListener("cancel", () => this.destroy());
+  }
+
+  focus() { this.el.querySelector("input, select, button")?.focus(); }
+
+  async open() {
+    document.body.append(this.el);
+    replace(this.el, h("h2", { id: this.titleId }, t("queue.title")), h("p", { class: "xf-hint" }, t("common.loading")));
+    this.el.showModal();
+    const [graph, workers, local] = await Promise.allSettled([
+      this.getGraph(), this.fleet.workers(), this.getLocalDevices()]);
+    this.graph = graph.status === "fulfilled" ? graph.value : { prompt: null, name: "", problem: String(graph.reason?.message || graph.reason) };
+    this.workers = workers.status === "fulfilled" ? (workers.value.workers || []) : [];
+    this.workersError = workers.status === "rejected" ? workers.reason : null;
+    if (local.status === "fulfilled" && local.value?.length) this.local = local.value;
+    this.build();
+  }
+
+  destroy() {
+    if (openDialog === this) openDialog = null;
+    this.el.remove();
+  }
+
+  close() {
+    if (this.el.open) this.el.close();
+    this.destroy();
+  }
+
+  // --- form ---
+  build() {
+    const name = `xf-target-${nextId()}`;
+    const targets = [];
+    const addTarget = (value, text, { disabled = false, note = "", status = "" } = {}) => {
+      const input = h("input", { type: "radio", name, value, disabled, id: nextId("xf-t"),
+        dataset: { target: value }, onchange: () => this.targetChanged() });
+      targets.push(h("div", { class: `xf-choice${disabled ? " xf-disabled" : ""}`, dataset: { status } },
+        input, h("label", { for: input.id }, text, note ? h("span", { class: "xf-hint" }, ` — ${note}`) : null)));
+      return input;
+    };
+    this.targetInputs = [addTarget("local", t("queue.this_server"))];
+    this.targetInputs[0].checked = true;
+    for (const w of this.workers) {
+      const devs = (w.devices || []).map((d) => d.name + (d.simulated ? "*" : "")).join(", ");
+      const selectable = SELECTABLE.has(w.status);
+      const why = selectable ? (w.status === "Disconnected" ? t("queue.waits_for_it") : "")
+        : t("queue.not_selectable", { status: t(`status.${w.status}`) });
+      this.targetInputs.push(addTarget(`worker:${w.name}`,
+        `${w.name} — ${t(`status.${w.status}`)} — ${devs || t("queue.no_devices")}`,
+        { disabled: !selectable, note: why, status: w.status }));
+    }
+    if (this.workers.some((w) => w.connected && !w.drained)) {
+      this.targetInputs.push(addTarget("any", t("queue.any")));
+    }
+    const noWorkers = this.workers.length ? null : h("div", { class: "xf-note", dataset: { xpufleet: "no-workers" } },
+      this.workersError ? `${t("queue.workers_unavailable")}: ${this.workersError.message}` : t("queue.no_workers"), " ",
+      h("button", { type: "button", class: "xf-link", onclick: () => { this.close(); this.openWorkers(); } }, t("queue.open_workers")));
+    this.devicesBox = h("fieldset", { class: "xf-devices" });
+    this.nameInput = h("input", { type: "text", value: this.graph.name || "", maxlength: "200", autocomplete: "off" });
+    this.seedInput = h("input", { type: "number", min: "0", step: "1", placeholder: t("queue.seed_none") });
+    this.detInput = h("input", { type: "checkbox", id: nextId("xf-det") });
+    this.recInput = h("input", { type: "checkbox", id: nextId("xf-rec") });
+    this.recNote = h("div", { class: "xf-hint" });
+    this.budgetInput = h("input", { type: "number", min: "0", step: "0.1", placeholder: t("queue.budget_none"),
+      oninput: () => { this.budgetTouched = true; } });
+    this.budgetBox = h("div", { class: "xf-budget", dataset: { xpufleet: "budget" } });
+    this.waitInput = h("input", { type: "checkbox", id: nextId("xf-wait") });
+    this.errorBox = h("div", { class: "xf-error", role: "alert", dataset: { xpufleet: "queue-error" } });
+    this.submitBtn = h("button", { type: "submit", class: "xf-primary", dataset: { xpufleet: "queue-submit" } }, t("queue.submit"));
+    const problem = this.graph.prompt ? null : h("div", { class: "xf-error" }, this.graph.problem || t("queue.no_graph"));
+    if (!this.graph.prompt) this.submitBtn.disabled = true;
+    const form = h("form", { method: "dialog", onsubmit: (e) => { e.preventDefault(); this.submit(); } },
+      h("h2", { id: this.titleId }, t("queue.title")),
+      problem,
+      h("fieldset", { class: "xf-targets", dataset: { xpufleet: "targets" } }, h("legend", {}, t("queue.target")), targets, noWorkers),
+      this.devicesBox,
+      h("div", { class: "xf-grid" },
+        field(t("queue.name"), this.nameInput),
+        field(t("queue.seed"), this.seedInput)),
+      h("div", { class: "xf-choice" }, this.detInput, h("label", { for: this.detInput.id }, t("queue.deterministic"))),
+      h("div", { class: "xf-choice" }, this.recInput, h("label", { for: this.recInput.id }, t("queue.record_outputs"))),
+      this.recNote,
+      h("fieldset", { class: "xf-budget-box" }, h("legend", {}, t("queue.budget")),
+        field(t("queue.budget_field"), this.budgetInput), this.budgetBox,
+        h("div", { class: "xf-choice" }, this.waitInput, h("label", { for: this.waitInput.id }, t("queue.wait")))),
+      this.errorBox,
+      h("div", { class: "xf-actions" },
+        h("button", { type: "button", onclick: () => this.close() }, t("common.cancel")), this.submitBtn));
+    replace(this.el, form);
+    this.targetChanged();
+    this.nameInput.focus();
+  }
+
+  selectedTarget() {
+    const input = this.targetInputs.find((i) => i.checked) || this.targetInputs[0];
+    const v = input.value;
+    if (v === "local" || v === "any") return { kind: v };
+    const name = v.slice("worker:".length);
+    return { kind: "worker", name, worker: this.workers.find((w) => w.name === name) };
+  }
+
+  targetChanged() {
+    const target = this.selectedTarget();
+    const box = this.devicesBox;
+    this.deviceChecks = [];
+    this.deviceSelect = null;
+    this.kindSelect = null;
+    if (target.kind === "local") {
+      this.deviceSelect = h("select", { dataset: { xpufleet: "local-device" } },
+        h("option", { value: "" }, t("queue.device_graph")),
+        this.local.map((d) => h("option", { value: d }, d)));
+      replace(box, h("legend", {}, t("queue.devices")), field(t("queue.one_device"), this.deviceSelect));
+    } else if (target.kind === "any") {
+      this.kindSelect = h("select", { dataset: { xpufleet: "any-kind" } }, KINDS.map(([v, k]) => h("option", { value: v }, t(k))));
+      replace(box, h("legend", {}, t("queue.devices")), field(t("queue.kind"), this.kindSelect, t("queue.first_free")));
+    } else {
+      const w = target.worker;
+      const rows = (w?.devices || []).map((d) => {
+        const input = h("input", { type: "checkbox", value: d.name, id: nextId("xf-d"), dataset: { device: d.name, kind: d.kind },
+          onchange: () => this.devicesChanged() });
+        const alias = h("span", { class: "xf-alias", dataset: { alias: d.name } });
+        this.deviceChecks.push({ input, alias, device: d });
+        const mem = d.total_gib ? ` · ${t("capsule.free_of", { free: gib(d.free_gib), total: gib(d.total_gib) })}` : "";
+        return h("div", { class: "xf-choice" }, input, h("label", { for: input.id },
+          `${d.name}${d.label ? ` (${d.label})` : ""}${mem}`,
+          d.simulated ? h("span", { class: "xf-tag xf-sim" }, t("common.simulated")) : null,
+          d.mode === "shared" ? h("span", { class: "xf-tag" }, t("workers.mode_shared")) : null), " ", alias);
+      });
+      replace(box, h("legend", {}, t("queue.devices")), rows.length ? rows : h("div", { class: "xf-hint" }, t("queue.no_devices")),
+        h("div", { class: "xf-hint" }, t("queue.first_free")));
+    }
+    // recorded outputs stay on the worker (SPEC W5): say so there
+    replace(this.recNote, target.kind === "local" ? "" : t("queue.record_note_worker"));
+    this.devicesChanged();
+  }
+
+  devicesChanged() {
+    const checked = this.deviceChecks.filter((c) => c.input.checked);
+    const kind = checked[0]?.device.kind;
+    this.deviceChecks.forEach((c) => {
+      c.input.disabled = Boolean(kind) && c.device.kind !== kind; // a set is of one kind
+      const at = checked.indexOf(c);
+      // the run sees its cards renumbered from 0 in the order the worker lists them
+      c.alias.textContent = at >= 0 && c.device.kind !== "cpu"
+        ? t("queue.in_run", { machine: c.device.name, run: `${c.device.kind}:${at}` }) : "";
+    });
+    this.loadEstimate();
+  }
+
+  targetOptions() {
+    const target = this.selectedTarget();
+    const options = {};
+    const tgt = {};
+    if (target.kind === "local") {
+      tgt.worker = "local";
+      if (this.deviceSelect?.value) options.device = this.deviceSelect.value;
+    } else if (target.kind === "any") {
+      tgt.worker = "any";
+      if (this.kindSelect?.value) options.device = this.kindSelect.value;
+    } else {
+      tgt.worker = target.name;
+      const devices = this.deviceChecks.filter((c) => c.input.checked).map((c) => c.device.name);
+      if (devices.length) tgt.devices = devices;
+    }
+    return { options, target: tgt, kind: target.kind };
+  }
+
+  async loadEstimate() {
+    const { target, kind } = this.targetOptions();
+    if (!this.graph.prompt) return;
+    if (kind === "local") {
+      replace(this.budgetBox, h("div", { class: "xf-hint" }, t("queue.budget_local")));
+      return;
+    }
+    if (this.estimateError?.status === 404) { this.renderEstimate(); return; } // not built on this server: ask once
+    const seq = (this.estimateSeq = (this.estimateSeq || 0) + 1);
+    replace(this.budgetBox, h("div", { class: "xf-hint" }, t("queue.estimating")));
+    try {
+      const answer = await this.fleet.estimate(this.graph.prompt, { target });
+      if (seq !== this.estimateSeq) return;
+      this.estimate = answer;
+      this.estimateError = null;
+    } catch (err) {
+      if (seq !== this.estimateSeq) return;
+      this.estimate = null;
+      this.estimateError = err;
+    }
+    this.renderEstimate();
+  }
+
+  renderEstimate() {
+    const e = this.estimate;
+    if (this.estimateError) {
+      const err = this.estimateError;
+      const text = err.status === 404 ? t("queue.estimate_missing") : `${t("queue.estimate_failed")}: ${err.message}`;
+      this.budgetBox.dataset.source = "unavailable";
+      replace(this.budgetBox, h("div", { class: "xf-note" }, text));
+      return;
+    }
+    if (!e) return;
+    this.budgetBox.dataset.source = e.source;
+    if (!this.budgetTouched) this.budgetInput.value = e.budget_gib ?? "";
+    const items = (e.items || []).map((i) => h("li", {}, `${i.label || i.name}: ${gib(i.gib, 2)}`));
+    let head;
+    if (e.source === "measured") head = t("queue.source_measured", { run: String(e.from_run || "").slice(0, 8) });
+    else if (e.source === "estimate") head = t("queue.source_estimate");
+    else head = t("queue.source_none");
+    replace(this.budgetBox,
+      h("div", {}, head, e.total_gib != null ? ` — ${gib(e.total_gib, 2)}` : ""),
+      items.length ? h("ul", { class: "xf-list" }, items) : null,
+      e.rough ? h("div", { class: "xf-warn" }, t("queue.rough"), (e.reasons || []).map((r) => h("div", {}, r))) : null);
+  }
+
+  // --- submit ---
+  async submit() {
+    replace(this.errorBox);
+    const { options, target } = this.targetOptions();
+    if (this.nameInput.value.trim()) options.name = this.nameInput.value.trim();
+    if (this.seedInput.value !== "") options.seed = Number(this.seedInput.value);
+    if (this.detInput.checked) options.deterministic = true;
+    if (this.recInput.checked) options.record_outputs = true;
+    const budget = this.budgetInput.value === "" ? null : Number(this.budgetInput.value);
+    const e = this.estimate;
+    if (budget !== null) {
+      const unchanged = e && !this.budgetTouched && e.budget_gib === budget;
+      // An unchanged measured suggestion is the server's own default: not sent (seed 000). An unchanged
+      // estimate is sent and marked as one; anything typed is the user's.
+      if (!(unchanged && e.source === "measured")) {
+        target.memory_gib = budget;
+        if (unchanged && e.source === "estimate") target.memory_source = "estimate";
+      }
+    }
+    if (this.waitInput.checked) target.wait = true;
+    options.target = target;
+    this.submitBtn.disabled = true;
+    try {
+      const answer = await this.fleet.submit(this.graph.prompt, options);
+      this.close();
+      this.openRuns(answer.run_id);
+    } catch (err) {
+      const lines = [err instanceof ApiFailure ? err.message : String(err)];
+      for (const [nid, entry] of Object.entries(err.body?.node_errors || {})) {
+        for (const ne of entry.errors || []) lines.push(`${t("queue.node")} ${nid}: ${ne.message}`);
+      }
+      replace(this.errorBox, lines.map((l) => h("div", {}, l)));
+      this.submitBtn.disabled = false;
+    }
+  }
+}

@@ -1,0 +1,319 @@
+// The Runs panel (seed 000): queued runs with status filters, live progress, warnings, waiting reasons,
+// worker and devices, the budget and where it came from, peak memory per card on hover, stop and
+// delete, a live loss/accuracy chart, the output log and the artifacts.
+import { MetricsChart } from "./chart.mjs";
+import { h, replace, saveBlob, sleep } from "./dom.mjs";
+import { bytes, duration, gib, shortId, when } from "./format.mjs";
+import { t } from "./i18n.mjs";
+
+const STATUSES = ["queued", "assigned", "running", "succeeded", "failed", "cancelled", "interrupted"];
+const ACTIVE = new Set(["queued", "assigned", "running"]);
+const LIST_REFRESH_MS = 2000;
+const LOG_TAIL = 64 * 1024;
+
+/** The budget column: figure, where it came from, "(est.)" for an estimate (seed 000). */
+export function budgetText(run) {
+  if (run.budget_gib === null || run.budget_gib === undefined) return t("runs.no_budget");
+  const est = run.budget_source === "estimate" ? ` ${t("runs.est")}` : "";
+  const src = run.budget_source ? ` · ${t(`runs.source.${run.budget_source}`)}` : "";
+  return `${gib(run.budget_gib)}${est}${src}`;
+}
+
+/** The peak-memory headline and the per-card text shown on hover. */
+export function peakText(run) {
+  const p = run.peak_memory;
+  if (!p) return { head: t("runs.peak_pending"), detail: "" };
+  if (!p.measured) return { head: t("runs.peak_not_measured"), detail: p.reason || "" };
+  const aliases = run.execution_facts?.device_aliases || {};
+  const cards = Object.entries(p.devices || {});
+  const max = cards.reduce((m, [, v]) => Math.max(m, Number(v) || 0), 0);
+  const detail = cards.map(([d, v]) => `${d}${aliases[d] && aliases[d] !== d ? ` (= ${aliases[d]})` : ""}: ${gib(v, 2)}`).join("\n");
+  return { head: t("runs.peak", { v: gib(max, 2), n: cards.length }), detail };
+}
+
+export class RunsPanel {
+  /**
+   * @param {object} o
+   * @param {import("./api.mjs").Fleet} o.fleet
+   * @param {() => void} o.openWorkers
+   */
+  constructor({ fleet, openWorkers }) {
+    this.fleet = fleet;
+    this.openWorkers = openWorkers;
+    this.filter = new Set();
+    this.selected = null;
+    this.runs = [];
+    this.container = null;
+  }
+
+  mount(container) {
+    if (this.container === container && container.contains(this.root)) return;
+    this.unmount();
+    this.container = container;
+    this.abort = new AbortController();
+    this.list = h("div", { class: "xf-run-list", role: "list", dataset: { xpufleet: "run-list" } });
+    this.detail = h("section", { class: "xf-run-detail", "aria-live": "polite", dataset: { xpufleet: "run-detail" } },
+      h("div", { class: "xf-hint" }, t("runs.pick")));
+    const chips = STATUSES.map((s) => h("button", { type: "button", class: "xf-chip", "aria-pressed": "false",
+      dataset: { status: s }, onclick: (e) => this.toggleFilter(s, e.currentTarget) }, t(`runs.status.${s}`)));
+    this.root = h("div", { class: "xf-panel xf-runs xf-root", dataset: { xpufleet: "runs-panel" } },
+      h("header", { class: "xf-panel-head" },
+        h("h2", {}, t("runs.title")),
+        h("div", { class: "xf-chips", role: "group", "aria-label": t("runs.filter") }, chips),
+        h("span", { class: "xf-grow" }),
+        h("button", { type: "button", onclick: () => this.refresh() }, t("common.refresh")),
+        h("button", { type: "button", dataset: { xpufleet: "open-workers" }, onclick: () => this.openWorkers() }, t("workers.title"))),
+      h("div", { class: "xf-panel-body" }, this.list, this.detail));
+    replace(container, this.root);
+    this.loop();
+    if (this.selected) this.select(this.selected);
+  }
+
+  unmount() {
+    this.abort?.abort();
+    this.chart?.destroy();
+    this.chart = null;
+    this.container = null;
+  }
+
+  focus(runId) {
+    this.selected = runId;
+    if (this.container) { this.refresh(); this.select(runId); }
+  }
+
+  toggleFilter(status, btn) {
+    if (this.filter.has(status)) this.filter.delete(status); else this.filter.add(status);
+    btn.setAttribute("aria-pressed", this.filter.has(status) ? "true" : "false");
+    this.refresh();
+  }
+
+  async loop() {
+    const signal = this.abort.signal;
+    while (!signal.aborted) {
+      await this.refresh();
+      await sleep(LIST_REFRESH_MS, signal);
+    }
+  }
+
+  async refresh() {
+    const signal = this.abort?.signal;
+    try {
+      const status = [...this.filter].join(",");
+      const page = await this.fleet.runs({ status, limit: 100 }, { signal });
+      this.runs = page.runs || [];
+      this.listError = null;
+      await this.loadProgress(signal);
+    } catch (err) {
+      if (err?.name === "AbortError") return;
+      this.listError = err;
+    }
+    this.renderList();
+  }
+
+  async loadProgress(signal) {
+    // the latest progress event of each running run (its record holds the last event cursor)
+    this.progress = this.progress || {};
+    await Promise.all(this.runs.filter((r) => r.status === "running").map(async (r) => {
+      try {
+        const page = await this.fleet.api("GET", `/runs/${encodeURIComponent(r.id)}/events?cursor=${Math.max(0, (r.cursor || 0) - 200)}&type=progress&limit=1000`, undefined, { signal });
+        const last = page.events?.[page.events.length - 1];
+        if (last) this.progress[r.id] = last.payload;
+      } catch { /* progress is a nicety */ }
+    }));
+  }
+
+  renderList() {
+    if (!this.root) return;
+    if (this.listError) {
+      replace(this.list, h("div", { class: "xf-error", role: "alert" }, this.listError.message));
+      return;
+    }
+    if (!this.runs.length) {
+      replace(this.list, h("div", { class: "xf-hint" }, this.filter.size ? t("runs.none_filtered") : t("runs.none")));
+      return;
+    }
+    replace(this.list, this.runs.map((r) => {
+      const prog = this.progress?.[r.id];
+      const bar = r.status === "running" && prog ? progressBar(prog) : null;
+      const where = r.worker_id ? `${r.worker_id}${r.devices?.length ? ` · ${r.devices.join(", ")}` : ""}`
+        : (r.placement === "local" ? `${t("queue.this_server")}${r.devices?.length ? ` · ${r.devices.join(", ")}` : ""}` : (r.target || ""));
+      return h("div", { role: "listitem", class: `xf-run-row${this.selected === r.id ? " xf-selected" : ""}`, dataset: { runId: r.id, status: r.status } },
+        h("button", { type: "button", class: "xf-run-pick", "aria-label": t("runs.open", { name: r.name || shortId(r.id) }),
+          "aria-current": this.selected === r.id ? "true" : "false", onclick: () => this.select(r.id) },
+          h("span", { class: `xf-status xf-status-${r.status}` }, t(`runs.status.${r.status}`)),
+          h("span", { class: "xf-run-name" }, r.name || shortId(r.id)),
+          h("span", { class: "xf-hint" }, ` ${shortId(r.id)} · ${where}`),
+          h("span", { class: "xf-budget-col", dataset: { xpufleet: "budget-col" } }, budgetText(r))),
+        bar,
+        r.waiting_reason ? h("div", { class: "xf-waiting", dataset: { xpufleet: "waiting" } }, r.waiting_reason) : null,
+        (r.warnings || []).map((w) => h("div", { class: "xf-warn", dataset: { kind: w.kind } }, `${w.kind}: ${w.message}`)));
+    }));
+  }
+
+  // --- one run ---
+  async select(runId) {
+    this.selected = runId;
+    this.renderList();
+    this.detailAbort?.abort();
+    this.detailAbort = new AbortController();
+    const signal = this.detailAbort.signal;
+    this.abort.signal.addEventListener("abort", () => this.detailAbort.abort(), { once: true });
+    this.chart?.destroy();
+    this.chart = null;
+    let run;
+    try {
+      run = await this.fleet.run(runId, { signal });
+    } catch (err) {
+      if (err?.name === "AbortError") return;
+      replace(this.detail, h("div", { class: "xf-error", role: "alert" }, err.message));
+      return;
+    }
+    this.run = run;
+    this.head = h("div", { class: "xf-run-head" });
+    this.progressBox = h("div", { class: "xf-progress-box", dataset: { xpufleet: "progress" } });
+    const chartBox = h("div", { class: "xf-chart-box" });
+    this.filesBox = h("div", { class: "xf-files", dataset: { xpufleet: "artifacts" } });
+    this.logBox = h("pre", { class: "xf-log", tabindex: "0", "aria-label": t("runs.log"), dataset: { xpufleet: "log" } });
+    replace(this.detail, this.head, this.progressBox,
+      h("h3", {}, t("runs.metrics")), chartBox,
+      h("details", { class: "xf-details", open: true }, h("summary", {}, t("runs.artifacts")), this.filesBox),
+      h("details", { class: "xf-details" }, h("summary", {}, t("runs.log")), this.logBox));
+    this.chart = new MetricsChart(chartBox);
+    this.renderHead();
+    try {
+      const m = await this.fleet.metrics(runId, { signal });
+      this.chart.setAll(m.metrics);
+    } catch (err) {
+      if (err?.name === "AbortError") return;
+    }
+    this.loadFiles(signal);
+    this.follow(runId, signal);
+  }
+
+  renderHead() {
+    const r = this.run;
+    const peak = peakText(r);
+    const facts = r.execution_facts || {};
+    const actions = [];
+    if (ACTIVE.has(r.status)) {
+      actions.push(h("button", { type: "button", class: "xf-danger", dataset: { xpufleet: "stop" },
+        onclick: async (e) => { e.currentTarget.disabled = true; await this.act(() => this.fleet.cancel(r.id)); } }, t("runs.stop")));
+    } else {
+      actions.push(h("button", { type: "button", dataset: { xpufleet: "delete" },
+        onclick: async () => { if (await this.act(() => this.fleet.deleteRun(r.id))) { this.selected = null; replace(this.detail, h("div", { class: "xf-hint" }, t("runs.deleted"))); this.refresh(); } } }, t("runs.delete")));
+    }
+    const aliases = Object.entries(facts.device_aliases || {}).filter(([a, m]) => a !== m).map(([a, m]) => `${m} → ${a}`);
+    replace(this.head,
+      h("h3", {}, r.name || shortId(r.id), " ", h("span", { class: `xf-status xf-status-${r.status}`, dataset: { xpufleet: "detail-status" } }, t(`runs.status.${r.status}`))),
+      h("div", { class: "xf-kvline" }, `${t("runs.id")}: ${r.id}`),
+      h("div", { class: "xf-kvline" }, `${t("runs.where")}: ${r.worker_id || (r.placement === "local" ? t("queue.this_server") : r.target || "—")}`,
+        r.devices?.length ? ` · ${t("runs.devices")}: ${r.devices.join(", ")}` : "",
+        aliases.length ? ` (${t("runs.in_run")}: ${aliases.join(", ")})` : ""),
+      h("div", { class: "xf-kvline" }, `${t("runs.budget")}: ${budgetText(r)}`),
+      h("div", { class: "xf-kvline xf-peak", tabindex: "0", title: peak.detail, "aria-label": `${peak.head}. ${peak.detail}`,
+        dataset: { xpufleet: "peak", detail: peak.detail } }, `${t("runs.peak_label")}: ${peak.head}`),
+      h("div", { class: "xf-kvline" }, `${t("runs.created")}: ${when(r.created_at)}`,
+        r.started_at && r.finished_at ? ` · ${t("runs.took")}: ${duration(r.finished_at - r.started_at)}` : ""),
+      r.waiting_reason ? h("div", { class: "xf-waiting" }, r.waiting_reason) : null,
+      r.error ? h("div", { class: "xf-error", dataset: { xpufleet: "run-error" } }, r.error) : null,
+      (r.warnings || []).map((w) => h("div", { class: "xf-warn", dataset: { kind: w.kind } }, `${w.kind}: ${w.message}`)),
+      r.final_metrics ? h("div", { class: "xf-kvline" }, `${t("runs.final")}: ${Object.entries(r.final_metrics).map(([k, v]) => `${k} ${typeof v === "number" ? v.toPrecision(4) : v}`).join(", ")}`) : null,
+      h("div", { class: "xf-actions" }, actions));
+  }
+
+  async act(fn) {
+    try {
+      await fn();
+      return true;
+    } catch (err) {
+      this.head.append(h("div", { class: "xf-error", role: "alert" }, err.message));
+      return false;
+    }
+  }
+
+  async follow(runId, signal) {
+    let cursor = 0;
+    // the chart already holds every metric up to now; new events extend it
+    try {
+      const first = await this.fleet.events(runId, 0, 0, { signal });
+      for (const ev of first.events) this.apply(ev, false);
+      cursor = first.cursor;
+      if (first.done) { await this.finished(runId, signal); return; }
+    } catch (err) {
+      if (err?.name === "AbortError") return;
+    }
+    while (!signal.aborted) {
+      let page;
+      try {
+        page = await this.fleet.events(runId, cursor, 10, { signal });
+      } catch (err) {
+        if (err?.name === "AbortError") return;
+        await sleep(2000, signal);
+        continue;
+      }
+      for (const ev of page.events) this.apply(ev, true);
+      cursor = page.cursor;
+      if (page.events.some((e) => ["run_started", "run_warning"].includes(e.type)) || this.run.status !== page.status) {
+        try { this.run = await this.fleet.run(runId, { signal }); this.renderHead(); } catch { /* next round */ }
+      }
+      if (page.done) { await this.finished(runId, signal); return; }
+    }
+  }
+
+  apply(ev, live) {
+    const p = ev.payload || {};
+    if (ev.type === "progress") replace(this.progressBox, progressBar(p));
+    else if (ev.type === "metric" && live) this.chart?.add(String(p.name), p.step, p.value);
+    else if (ev.type === "node_started") replace(this.progressBox, h("div", { class: "xf-hint" }, `${p.node} ${p.class_type || ""}`));
+  }
+
+  async finished(runId, signal) {
+    try {
+      this.run = await this.fleet.run(runId, { signal });
+      this.renderHead();
+      replace(this.progressBox);
+      const m = await this.fleet.metrics(runId, { signal });
+      this.chart?.setAll(m.metrics);
+      await this.loadFiles(signal);
+      this.refresh();
+    } catch { /* the panel may have closed */ }
+  }
+
+  async loadFiles(signal) {
+    const r = this.run;
+    try {
+      const a = await this.fleet.artifacts(r.id, { signal });
+      const files = (a.artifacts || []).map((f) => h("li", {},
+        f.downloadable ? h("button", { type: "button", class: "xf-link", onclick: () => this.download(r.id, f.path) }, f.path) : f.path,
+        ` · ${f.kind}${f.size !== undefined ? ` · ${bytes(f.size)}` : ""}`));
+      replace(this.filesBox, a.location ? h("div", { class: "xf-hint" }, t("runs.files_on", { where: a.location })) : null,
+        files.length ? h("ul", { class: "xf-list" }, files) : h("div", { class: "xf-hint" }, t("runs.no_files")));
+    } catch (err) {
+      if (err?.name !== "AbortError") replace(this.filesBox, h("div", { class: "xf-error" }, err.message));
+    }
+    try {
+      const log = await this.fleet.logs(r.id, LOG_TAIL, { signal });
+      this.logBox.textContent = log.text || (r.placement === "worker" ? t("runs.log_on_worker", { worker: r.worker_id }) : t("runs.log_empty"));
+    } catch (err) {
+      if (err?.name !== "AbortError") this.logBox.textContent = err.message;
+    }
+  }
+
+  async download(runId, path) {
+    try {
+      const resp = await this.fleet.artifactFile(runId, path);
+      saveBlob(await resp.blob(), path.split("/").pop());
+    } catch (err) {
+      this.filesBox.append(h("div", { class: "xf-error", role: "alert" }, err.message));
+    }
+  }
+}
+
+function progressBar(p) {
+  const value = Number(p.value || 0);
+  const max = Math.max(1, Number(p.max || 1));
+  const text = [p.text, p.loss !== undefined && p.loss !== null ? `loss ${Number(p.loss).toFixed(4)}` : ""].filter(Boolean).join(" · ");
+  return h("div", { class: "xf-progress" },
+    h("progress", { max: String(max), value: String(value), "aria-label": t("runs.progress") }),
+    h("span", { class: "xf-hint" }, ` ${value}/${max} ${text}`));
+}

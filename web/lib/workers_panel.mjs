@@ -1,0 +1,313 @@
+// The Workers panel (seed 000, "Workers 面板"): every worker with its status, version, environment,
+// node types, last rejection, heartbeat; each device's memory, slots and mode (memory bars for shared
+// cards); its runs; drain/undrain, remove and reissue (a second click that says what it will do);
+// add worker; rejected connections. Refreshed every 5 s while open. Simulated cards say so.
+import { h, replace, sleep } from "./dom.mjs";
+import { ago, gib, shortId } from "./format.mjs";
+import { t } from "./i18n.mjs";
+
+export const REFRESH_MS = 5000;
+const CONFIRM_MS = 6000; // a first click on remove/reissue arms it this long
+const SHAREABLE = new Set(["cuda", "mps"]);
+const LOOPBACK = /^(127\.|localhost$|\[::1\]$|::1$)/;
+
+export class WorkersPanel {
+  /**
+   * @param {object} o
+   * @param {import("./api.mjs").Fleet} o.fleet
+   * @param {(runId: string) => void} o.openRun
+   */
+  constructor({ fleet, openRun }) {
+    this.fleet = fleet;
+    this.openRun = openRun;
+    this.container = null;
+    this.armed = new Map(); // "remove:name" -> timer
+    this.joinAnswer = null;
+    this.addOpen = false;
+    this.refreshes = 0;
+  }
+
+  mount(container) {
+    if (this.container === container && container.contains(this.root)) return;
+    this.unmount();
+    this.container = container;
+    this.abort = new AbortController();
+    this.body = h("div", { class: "xf-workers-body", dataset: { xpufleet: "workers-body" } }, h("div", { class: "xf-hint" }, t("common.loading")));
+    this.addBox = h("div", { class: "xf-add-worker", hidden: !this.addOpen, dataset: { xpufleet: "add-worker" } });
+    this.root = h("div", { class: "xf-panel xf-workers xf-root", dataset: { xpufleet: "workers-panel" } },
+      h("header", { class: "xf-panel-head" },
+        h("h2", {}, t("workers.title")),
+        h("span", { class: "xf-hint" }, t("workers.every", { s: REFRESH_MS / 1000 })),
+        h("span", { class: "xf-grow" }),
+        h("button", { type: "button", "aria-expanded": String(this.addOpen), dataset: { xpufleet: "add-worker-button" },
+          onclick: (e) => this.toggleAdd(e.currentTarget) }, t("workers.add"))),
+      this.addBox, this.body);
+    replace(container, this.root);
+    this.renderAdd();
+    this.loop();
+  }
+
+  unmount() {
+    this.abort?.abort();
+    for (const timer of this.armed.values()) clearTimeout(timer);
+    this.armed.clear();
+    this.container = null;
+  }
+
+  async loop() {
+    const signal = this.abort.signal;
+    while (!signal.aborted) {
+      await this.refresh();
+      await sleep(REFRESH_MS, signal);
+    }
+  }
+
+  async refresh() {
+    const signal = this.abort?.signal;
+    try {
+      const [w, r] = await Promise.all([this.fleet.workers({ signal }), this.fleet.rejected({ signal })]);
+      this.workers = w.workers || [];
+      this.rejectedList = r.rejected || [];
+      this.error = null;
+    } catch (err) {
+      if (err?.name === "AbortError") return;
+      this.error = err;
+    }
+    this.refreshes += 1;
+    this.render();
+  }
+
+  render() {
+    if (!this.root) return;
+    this.root.dataset.refreshes = String(this.refreshes);
+    if (this.error) {
+      replace(this.body, h("div", { class: "xf-error", role: "alert" }, this.error.message));
+      return;
+    }
+    const known = new Set(this.workers.map((w) => w.name));
+    const rejected = this.rejectedList.filter((r) => !known.has(r.name));
+    const focus = focusKey(this.body);
+    replace(this.body,
+      this.workers.length ? this.workers.map((w) => this.card(w))
+        : h("div", { class: "xf-note", dataset: { xpufleet: "no-workers" } }, t("workers.none")),
+      h("section", { class: "xf-rejected", dataset: { xpufleet: "rejected" } },
+        h("h3", {}, t("workers.rejected")),
+        rejected.length ? h("ul", { class: "xf-list" }, rejected.map((r) => h("li", {},
+          `${r.name || "?"} (${r.address || "?"}${r.version ? `, ${r.version}` : ""}) — ${r.reason} · ${ago(r.age_s)}`)))
+          : h("div", { class: "xf-hint" }, t("workers.rejected_none"))));
+    restoreFocus(this.body, focus); // a refresh every 5 s must not take the keyboard focus away
+  }
+
+  card(w) {
+    const env = w.environment || {};
+    const envText = [env.hostname, env.os, env.python && `Python ${env.python}`, env.torch && `torch ${env.torch}`,
+      env.cpu_count && t("workers.cpus", { n: env.cpu_count })].filter(Boolean).join(" · ");
+    const nt = w.node_types;
+    let ntText = t("workers.types_unknown");
+    if (nt) {
+      ntText = nt.match ? t("workers.types_same") : [
+        nt.missing_on_worker?.length ? t("workers.types_missing", { list: nt.missing_on_worker.join(", ") }) : "",
+        nt.only_on_worker?.length ? t("workers.types_only", { list: nt.only_on_worker.join(", ") }) : ""].filter(Boolean).join("; ");
+    }
+    const version = w.version
+      ? `${w.version} ${w.version_match ? t("workers.version_same") : t("workers.version_differs", { server: w.server_version })}`
+      : "—";
+    const beat = w.connected ? t("workers.heartbeat", { ago: ago(w.heartbeat_age_s) })
+      : t("workers.last_seen", { ago: ago(w.last_seen_age_s) });
+    const actions = [
+      h("button", { type: "button", dataset: { xpufleet: w.drained ? "undrain" : "drain" },
+        onclick: () => this.act(() => (w.drained ? this.fleet.undrain(w.name) : this.fleet.drain(w.name))) },
+        w.drained ? t("workers.undrain") : t("workers.drain")),
+    ];
+    if (w.auth === "credential") {
+      actions.push(this.confirmButton(`reissue:${w.name}`, t("workers.reissue"),
+        t("workers.reissue_confirm", { name: w.name }), () => this.reissue(w.name)));
+    }
+    const running = (w.runs || []).length;
+    actions.push(this.confirmButton(`remove:${w.name}`, t("workers.remove"),
+      t("workers.remove_confirm", { name: w.name, queued: w.queued || 0, running }),
+      () => this.act(() => this.fleet.removeWorker(w.name)), "xf-danger"));
+    return h("article", { class: `xf-worker${w.drained ? " xf-drained" : ""}`, dataset: { worker: w.name, status: w.status },
+      "aria-label": `${w.name}: ${t(`status.${w.status}`)}` },
+      h("header", { class: "xf-worker-head" },
+        h("h3", {}, w.name),
+        h("span", { class: `xf-status xf-wstatus-${w.status}`, dataset: { xpufleet: "worker-status" } }, t(`status.${w.status}`)),
+        w.status_reason ? h("span", { class: "xf-hint" }, w.status_reason) : null,
+        w.simulated ? h("span", { class: "xf-tag xf-sim", dataset: { xpufleet: "simulated" } }, t("workers.simulated_worker")) : null,
+        h("span", { class: "xf-grow" }),
+        h("span", { class: "xf-actions" }, actions)),
+      h("dl", { class: "xf-facts" },
+        fact(t("workers.version"), version),
+        fact(t("workers.environment"), envText || "—"),
+        fact(t("workers.node_types"), ntText),
+        fact(t("workers.heartbeat_label"), beat),
+        w.last_rejection ? fact(t("workers.last_rejection"), `${w.last_rejection.reason}`) : null,
+        w.mounts ? fact(t("workers.mounts"), Object.keys(w.mounts).join(", ") || "—") : null,
+        (w.warnings || []).length ? fact(t("workers.warnings"), w.warnings.join("; ")) : null),
+      this.devicesTable(w),
+      h("div", { class: "xf-worker-runs" }, h("span", {}, `${t("workers.runs")}: `),
+        running ? (w.runs || []).map((r) => h("button", { type: "button", class: "xf-link", onclick: () => this.openRun(r.id) },
+          `${r.name || shortId(r.id)} (${t(`runs.status.${r.status}`)}${r.devices?.length ? `, ${r.devices.join(", ")}` : ""})`))
+          : t("workers.no_runs"),
+        w.queued ? h("span", { class: "xf-hint" }, ` · ${t("workers.queued", { n: w.queued })}`) : null));
+  }
+
+  devicesTable(w) {
+    const rows = (w.devices || []).map((d) => {
+      const mem = d.total_gib ? t("capsule.free_of", { free: gib(d.free_gib), total: gib(d.total_gib) })
+        : (d.free_gib !== null && d.free_gib !== undefined ? `${gib(d.free_gib)} ${t("workers.free")}` : "—");
+      const slots = `${d.slots_used ?? 0} / ${d.slot_limit ?? "—"}${d.limit_from ? ` (${d.limit_from})` : ""}`;
+      let mode = "—";
+      if (SHAREABLE.has(d.kind)) {
+        const shared = d.mode === "shared";
+        mode = h("button", { type: "button", class: "xf-toggle", "aria-pressed": String(shared), dataset: { xpufleet: "mode", device: d.name },
+          "aria-label": t("workers.mode_label", { device: d.name }),
+          onclick: () => this.act(() => this.fleet.setMode(w.name, d.name, shared ? "exclusive" : "shared")) },
+        shared ? t("workers.mode_shared") : t("workers.mode_exclusive"));
+      }
+      const same = (d.same_card_as || []).map((o) => `${o.provider}/${o.device}`).join(", ");
+      return [h("tr", { dataset: { device: d.name } },
+        h("th", { scope: "row" }, d.name, d.label ? h("span", { class: "xf-hint" }, ` ${d.label}`) : null,
+          d.simulated ? h("span", { class: "xf-tag xf-sim" }, t("common.simulated")) : null),
+        h("td", {}, mem, d.last_reported ? h("span", { class: "xf-hint" }, ` (${t("workers.last_reported")})`) : null),
+        h("td", {}, slots),
+        h("td", {}, mode)),
+      d.mode === "shared" || same ? h("tr", { class: "xf-subrow" }, h("td", { colspan: "4" },
+        d.mode === "shared" ? memoryBar(d) : null,
+        same ? h("div", { class: "xf-hint" }, t("workers.same_card", { list: same })) : null)) : null];
+    });
+    return h("table", { class: "xf-devices-table" },
+      h("thead", {}, h("tr", {}, [t("workers.device"), t("workers.memory"), t("workers.slots"), t("workers.mode")].map((c) => h("th", { scope: "col" }, c)))),
+      h("tbody", {}, rows));
+  }
+
+  confirmButton(key, label, confirmText, action, cls = "") {
+    const armed = this.armed.has(key);
+    return h("button", { type: "button", class: `${cls}${armed ? " xf-armed" : ""}`, dataset: { xpufleet: key.split(":")[0], armed: String(armed) },
+      "aria-label": armed ? confirmText : label,
+      onclick: async () => {
+        if (this.armed.has(key)) {
+          clearTimeout(this.armed.get(key));
+          this.armed.delete(key);
+          await action();
+          return;
+        }
+        this.armed.set(key, setTimeout(() => { this.armed.delete(key); this.render(); }, CONFIRM_MS));
+        this.render();
+        this.body.querySelector(`[data-armed="true"][data-xpufleet="${key.split(":")[0]}"]`)?.focus();
+      } }, armed ? confirmText : label);
+  }
+
+  async act(fn) {
+    try {
+      await fn();
+      await this.refresh();
+    } catch (err) {
+      this.body.prepend(h("div", { class: "xf-error", role: "alert" }, err.message));
+    }
+  }
+
+  async reissue(name) {
+    try {
+      const out = await this.fleet.reissue(name);
+      this.joinAnswer = out.delivered ? { note: t("workers.reissued", { name }) } : out;
+      this.addOpen = true;
+      this.renderAdd();
+      await this.refresh();
+    } catch (err) {
+      this.body.prepend(h("div", { class: "xf-error", role: "alert" }, err.message));
+    }
+  }
+
+  toggleAdd(btn) {
+    this.addOpen = !this.addOpen;
+    btn.setAttribute("aria-expanded", String(this.addOpen));
+    this.renderAdd();
+  }
+
+  renderAdd() {
+    this.addBox.hidden = !this.addOpen;
+    if (!this.addOpen) return;
+    const j = this.joinAnswer;
+    let joinPart;
+    if (j?.command) {
+      let host = "";
+      try { host = new URL(j.command.split(" --server ")[1]?.split(" ")[0] || "").hostname; } catch { host = ""; }
+      const cmd = h("input", { type: "text", readonly: true, value: j.command, class: "xf-command", "aria-label": t("workers.join_command"),
+        dataset: { xpufleet: "join-command" } });
+      joinPart = [cmd,
+        h("button", { type: "button", onclick: () => navigator.clipboard?.writeText(j.command).catch(() => cmd.select()) }, t("common.copy")),
+        h("div", { class: "xf-hint" }, t("workers.join_expires", { when: new Date(j.expires_at * 1000).toLocaleString() })),
+        LOOPBACK.test(host) ? h("div", { class: "xf-warn" }, t("workers.loopback_only")) : null];
+    } else if (j?.note) {
+      joinPart = h("div", { class: "xf-note" }, j.note);
+    } else {
+      joinPart = h("button", { type: "button", dataset: { xpufleet: "make-join" }, onclick: () => this.makeJoin() }, t("workers.make_join"));
+    }
+    replace(this.addBox,
+      h("h3", {}, t("workers.same_machine")),
+      h("code", { class: "xf-command" }, "xpufleet agent start"),
+      h("div", { class: "xf-hint" }, t("workers.same_machine_hint")),
+      h("h3", {}, t("workers.other_machine")),
+      joinPart);
+  }
+
+  async makeJoin() {
+    try {
+      this.joinAnswer = await this.fleet.joinToken();
+    } catch (err) {
+      this.joinAnswer = { note: err.message };
+    }
+    this.renderAdd();
+  }
+}
+
+function focusKey(root) {
+  const el = document.activeElement;
+  if (!el || !root.contains(el) || !el.dataset.xpufleet) return null;
+  return { what: el.dataset.xpufleet, worker: el.closest("[data-worker]")?.dataset.worker, device: el.dataset.device };
+}
+
+function restoreFocus(root, key) {
+  if (!key) return;
+  const scope = key.worker ? root.querySelector(`[data-worker="${CSS.escape(key.worker)}"]`) : root;
+  const sel = `[data-xpufleet="${CSS.escape(key.what)}"]${key.device ? `[data-device="${CSS.escape(key.device)}"]` : ""}`;
+  scope?.querySelector(sel)?.focus();
+}
+
+function fact(label, value) {
+  return [h("dt", {}, label), h("dd", {}, value)];
+}
+
+/** A shared card's memory, as the server's ledger reports it in `devices[].memory`
+ * (server/memory/views.py): in use (heartbeat total - free), reserved and running budgets, free for
+ * new budgets after the CUDA context; the runs on it and a hold or note below the bar. */
+function memoryBar(d) {
+  const total = Number(d.total_gib) || 0;
+  if (!total) return h("div", { class: "xf-hint" }, t("workers.bar_no_total"));
+  const M = d.memory && d.memory.admits_by_memory ? d.memory : null;
+  const parts = [];
+  if (M) {
+    parts.push(["used", Number(M.in_use_gib ?? Math.max(0, total - Number(d.free_gib || 0))), t("workers.bar_in_use")]);
+    parts.push(["reserved", Number(M.reserved_gib || 0) + Number(M.running_gib || 0), t("workers.bar_reserved")]);
+    parts.push(["free", Number(M.free_for_budgets_gib || 0), t("workers.bar_free")]);
+  } else {
+    parts.push(["used", Math.max(0, total - Number(d.free_gib || 0)), t("workers.bar_in_use")]);
+    parts.push(["free", Number(d.free_gib || 0), t("workers.bar_free_heartbeat")]);
+  }
+  const segs = parts.map(([cls, v, label]) => h("span", { class: `xf-seg xf-seg-${cls}`, style: { width: `${Math.min(100, (100 * v) / total)}%` },
+    title: `${label}: ${gib(v)}` }));
+  const legend = parts.map(([cls, v, label]) => h("span", { class: "xf-legend" }, h("span", { class: `xf-swatch xf-seg-${cls}` }), `${label} ${gib(v)}`));
+  const notes = [];
+  if (!M) notes.push(d.memory && d.memory.note ? d.memory.note : t("workers.bar_no_ledger"));
+  else {
+    if (M.note) notes.push(M.note);
+    if (M.held_for) notes.push(M.held_for.text);
+    for (const r of M.runs || []) notes.push(`${r.id.slice(0, 8)} ${r.state}: ${r.budget_label || (r.budget_gib == null ? "-" : gib(r.budget_gib))}`
+      + (r.in_use_gib != null ? ` (${gib(r.in_use_gib)} in use)` : ""));
+  }
+  return h("div", { class: "xf-membar-box", dataset: { xpufleet: "membar" } },
+    h("div", { class: "xf-membar", role: "img", "aria-label": parts.map(([, v, label]) => `${label} ${gib(v)}`).join(", ") }, segs),
+    h("div", { class: "xf-legends" }, legend),
+    ...notes.map((n) => h("div", { class: "xf-hint" }, n)));
+}
