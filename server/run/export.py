@@ -1,8 +1,8 @@
 """``xpufleet export GRAPH.json``: a graph as a standalone PyTorch script (SPEC N6, seed 000's "export
 as Python").
 
-The script is the library part of export_lib.py (one function per node, doing what the node does)
-followed by a ``main()`` that calls them in the graph's execution order, one block per node, with the
+The script is the library part of export_data.py and export_train.py (one function per node, doing
+what the node does) followed by a ``main()`` that calls them in the graph's execution order, one block per node, with the
 node's literal inputs written out and its links as variables (``n8_model``). It needs torch, numpy,
 scikit-learn and safetensors, not xpufleet, and with the same seed it reaches the graph's metrics
 (``--seed`` plays the run's seed). A TrainingLoop set to ddp exports as single-process training: the
@@ -32,9 +32,13 @@ class ExportError(ValueError):
 
 
 def _lib_source() -> str:
-    text = (Path(__file__).with_name("export_lib.py")).read_text(encoding="utf-8")
-    start = text.index(LIB_MARKER)
-    return text[text.index("\n", start) + 1:]
+    """The library part of a script: the code after the marker line of export_data.py, then of export_train.py."""
+    parts = ["from __future__ import annotations\n"]
+    for name in ("export_data.py", "export_train.py"):
+        text = (Path(__file__).with_name(name)).read_text(encoding="utf-8")
+        start = text.index(LIB_MARKER)
+        parts.append(text[text.index("\n", start) + 1:].rstrip("\n") + "\n\n")
+    return "\n".join(parts)
 
 
 def _var(nid: str, name: str = "") -> str:

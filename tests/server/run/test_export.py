@@ -13,7 +13,8 @@ import torch
 from xpufleet.nodes import NODE_CLASS_MAPPINGS as N
 from xpufleet.nodes import runtime
 from xpufleet.nodes.strategy import EXPORT_REASON
-from xpufleet.server.run import export_lib as lib
+from xpufleet.server.run import export_data as lib
+from xpufleet.server.run import export_train
 from xpufleet.server.run.executor import GraphValidationError
 from xpufleet.server.run.export import ExportError, export_script
 
@@ -123,4 +124,4 @@ def test_the_script_builds_the_same_models_and_losses():
                          ("bce_with_logits", torch.rand(6, 3)), ("l1", torch.randn(6, 3)),
                          ("smooth_l1", torch.randn(6, 3))):
         (spec,) = N["XPULoss"]().make(name, 0.1 if name == "cross_entropy" else 0.0)
-        assert torch.equal(lib.Loss(name, spec.label_smoothing)(out, target), spec.build()(out, target)), name
+        assert torch.equal(export_train.Loss(name, spec.label_smoothing)(out, target), spec.build()(out, target)), name
