@@ -28,7 +28,7 @@ WORKER_RESUME_GRACE_S = 300.0
 HEARTBEAT_LATE_BEATS = 3  # Degraded after this many heartbeat intervals without one
 CUDA_CONTEXT_MIB = 768  # measured ~650 MiB on a CUDA 12 card; counted per run on a CUDA card
 MEASURED_PEAK_HEADROOM = 1.2  # default budget = measured peak + 20%
-DDP_COLLECTIVE_TIMEOUT_S = 30 * 60
+DDP_COLLECTIVE_TIMEOUT_S = 30 * 60  # a rank waits this long in a collective (rendezvous included)
 MAX_REQUEST_BODY_BYTES = 8 * 1024 * 1024
 
 # --- slots (SPEC Q5) ---------------------------------------------------------------------------
@@ -118,6 +118,14 @@ MAX_CYCLE_PATH_SHOWN = 20  # node ids shown of one dependency cycle's path (its 
 MAX_DEPENDENT_OUTPUTS_LISTED = 50  # output nodes listed per failing node (ComfyUI's dependent_outputs)
 OFF_LOOP_BODY_BYTES = 256 * 1024  # bodies larger than this are parsed in a worker thread
 MAX_REQUEST_LINE_BYTES = 64 * 1024  # the HTTP request line (aiohttp's default is 8190)
+# --- ddp training (SPEC §4) ---------------------------------------------------------------------
+ENV_DDP_RANK = "XPUFLEET_DDP_RANK"  # set by the launcher on follower ranks 1..N-1 (rank 0 is the run)
+# Set on every rank unless the agent's own environment sets them: loopback only, one thread per rank.
+DDP_RANK_ENV_DEFAULTS = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+DDP_DIRNAME = "ddp"  # under the run dir: the rendezvous file and the followers' event logs
+DDP_RENDEZVOUS_FILENAME = "rendezvous"  # torch.distributed FileStore (file:// init_method)
+# Tests only: "RANK:BATCH" makes that rank raise a RuntimeError after that many training batches.
+ENV_TEST_DDP_RAISE = "XPUFLEET_TEST_DDP_RAISE"
 
 # --- memory budgets and the static estimate (SPEC M, issue 12) -----------------------------------
 # CUDA_CONTEXT_MIB (above) is what every run counts beside its budget on a CUDA card.

@@ -28,6 +28,20 @@ class RunStopped(Exception):
 
 
 @dataclass
+class DdpRole:
+    """This process's part in ddp training (SPEC §4), given by the runner of a worker run with two or
+    more cards of one kind: rank 0 is the run itself, ranks 1..N-1 are followers started when rank 0
+    reaches its first ddp loop (``ddp_ready``)."""
+
+    rank: int
+    world_size: int
+    cards: list[str]  # in-run names of the run's cards; rank k trains on cards[k]
+    rendezvous: Path  # the FileStore file in the run directory (torch.distributed ``file://`` init)
+    loops: frozenset[str] = frozenset()  # ids of the TrainingLoops the graph sets to ddp
+    simulated: bool = False  # simulated cards (SPEC W6): every rank computes on the CPU, backend gloo
+
+
+@dataclass
 class RunContext:
     """Everything a queued run gives its nodes.
 
@@ -51,6 +65,7 @@ class RunContext:
     ddp_allowed: bool = False
     rank: int = 0
     world_size: int = 1
+    ddp: DdpRole | None = None  # set when a ddp loop of this run may train on several cards
     # Set by the executor while a node runs, so events carry the node they came from.
     node_id: str | None = None
     class_type: str | None = None

@@ -1,4 +1,4 @@
-"""The training engine behind the TrainingLoop node (SPEC N4), and the evaluation/prediction helpers.
+"""The training engine behind the TrainingLoop node (SPEC N4).
 
 Design for speed: the per-batch path does only what a hand-written PyTorch loop does (move, forward,
 loss, backward, step) plus a stop check and a clock read. Losses are summed without a device sync on
@@ -6,11 +6,10 @@ every batch (a Python float on the CPU where ``.item()`` costs nothing, a list o
 at each report elsewhere); progress, ``train_loss_batch`` and TensorBoard points go out at most every
 ``NODE_PROGRESS_INTERVAL_S``.
 
-Design for ddp (a later issue): everything a multi-process strategy changes goes through a
-``Strategy`` object: wrapping the model (DistributedDataParallel), re-making each DataLoader with a
-DistributedSampler and ``set_epoch``, all-reducing loss sums and validation counts, agreeing on a stop
-per batch, and letting only rank 0 write checkpoints, TensorBoard files and events. ``SingleProcess``
-is the identity of all of that; ``resolve_strategy`` falls back to it with ``ddp_not_available``.
+Everything ddp changes goes through the loop's strategy object (nodes/strategy.py): the device, the
+model wrapper, the DataLoaders, sums over ranks, the per-batch agreement on stop and report, and
+rank 0 alone writing checkpoints, TensorBoard files and events (nodes/ddp.py). Precision lives in
+nodes/precision.py, evaluation and prediction in nodes/evaluation.py (re-exported here).
 """
 
 from __future__ import annotations
@@ -20,86 +19,29 @@ import copy
 import math
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..constants import CHECKPOINTS_DIRNAME, NODE_PROGRESS_INTERVAL_S, TENSORBOARD_DIRNAME
-from . import device as devmod
 from . import paths, runtime
-from . import types as T
+from .evaluation import accuracy_counts, batch_xy, evaluate, iter_inputs, predict_outputs
 from .hostmode import autograd, trainable
 from .models import spec_of
+from .precision import Precision, autocast, resolve_precision
 from .specs import LossSpec, OptimizerSpec, SchedulerSpec
+from .strategy import DDP_NEEDS, SingleProcess, ddp_unavailable_reason, resolve_strategy
+
+__all__ = [
+    "CHECKPOINT_FORMAT", "DDP_NEEDS", "History", "Precision", "SingleProcess", "TrainConfig", "Trainer",
+    "accuracy_counts", "autocast", "batch_xy", "ddp_unavailable_reason", "evaluate", "iter_inputs",
+    "load_checkpoint", "predict_outputs", "resolve_precision", "resolve_strategy", "save_checkpoint",
+    "stop_checker", "train",
+]
 
 CHECKPOINT_FORMAT = "xpufleet-checkpoint"
 CHECKPOINT_VERSION = 1
-DDP_NEEDS = "ddp needs a queued run on a worker with two or more cards"
-
-
-# --- strategy -----------------------------------------------------------------------------------------
-
-
-class SingleProcess:
-    """Training in this process on one device: every hook is the identity."""
-
-    name = "single"
-    world_size = 1
-    rank = 0
-    is_main = True
-    backend: str | None = None
-
-    def wrap_model(self, model: Any) -> Any:
-        return model
-
-    def unwrap_model(self, model: Any) -> Any:
-        return model
-
-    def prepare_loader(self, loader: Any, train: bool) -> Any:
-        return loader
-
-    def set_epoch(self, loader: Any, epoch: int) -> None:
-        sampler = getattr(loader, "sampler", None)
-        if hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(epoch)
-
-    def all_sum(self, values: Any) -> Any:
-        """Sum a tensor over ranks (validation loss/correct/count, train loss)."""
-        return values
-
-    def any_stop(self, local: bool) -> bool:
-        """A stop on any rank stops every rank at the same batch."""
-        return local
-
-    def facts(self) -> dict[str, Any]:
-        return {"strategy": self.name, "world_size": self.world_size}
-
-
-def ddp_unavailable_reason(ctx: runtime.RunContext | None) -> str:
-    """Why this run cannot train with ddp (seed 000's fallback cases); every case falls back for now."""
-    if ctx is None or ctx.placement == "canvas":
-        return f"the canvas Run executes in the ComfyUI process; {DDP_NEEDS}"
-    accel = [d for d in ctx.devices if d.split(":")[0] in ("cuda", "xpu")]
-    if ctx.placement != "worker":
-        return f"runs on this server (target {ctx.placement}) train in one process, even with a device set; {DDP_NEEDS}"
-    if len(accel) < 2:
-        what = ", ".join(ctx.devices) or "cpu"
-        return f"this run on a worker has {len(accel)} card{'s' if len(accel) != 1 else ''} ({what}); {DDP_NEEDS}"
-    if not ctx.ddp_allowed:
-        return f"this run was not started for ddp; {DDP_NEEDS}"
-    return "ddp training is not available in this version; the loop trains in a single process"
-
-
-def resolve_strategy(requested: str, node_label: str = "TrainingLoop") -> SingleProcess:
-    """The strategy object for ``requested`` (``single`` | ``ddp``), warning when ddp falls back."""
-    if requested not in T.STRATEGY_CHOICES:
-        raise ValueError(f"strategy must be one of {', '.join(T.STRATEGY_CHOICES)}, got {requested!r}")
-    if requested == "ddp":
-        reason = ddp_unavailable_reason(runtime.current())
-        runtime.warn("ddp_not_available", f"Node {node_label}: strategy ddp falls back to single-process training: "
-                     f"{reason}.", requested="ddp", strategy="single")
-    return SingleProcess()
 
 
 def _never() -> bool:
@@ -117,54 +59,6 @@ def stop_checker() -> Callable[[], bool]:
     if runtime.current() is not None or "comfy.model_management" in sys.modules:
         return runtime.should_stop
     return _never
-
-
-# --- precision ----------------------------------------------------------------------------------------
-
-
-@dataclass
-class Precision:
-    name: str  # what actually runs: fp32 | bf16 | fp16
-    dtype: Any  # autocast dtype, None for fp32
-    scaler: Any  # GradScaler for fp16 on an accelerator, else None
-
-
-def resolve_precision(requested: str, device: Any, node_label: str = "") -> Precision:
-    """Autocast settings for ``requested`` on ``device``; unsupported combinations fall back with a warning."""
-    import torch
-
-    if requested not in T.PRECISION_CHOICES:
-        raise ValueError(f"precision must be one of {', '.join(T.PRECISION_CHOICES)}, got {requested!r}")
-    kind = device.type
-    who = f"{node_label}: " if node_label else ""
-    if requested == "fp32":
-        return Precision("fp32", None, None)
-    if requested == "fp16" and kind == "cpu":
-        runtime.warn("precision_fallback", f"{who}fp16 autocast is not supported on the CPU; training in bf16 "
-                     f"instead.", requested="fp16", precision="bf16")
-        requested = "bf16"
-    if requested == "bf16" and kind == "cuda" and not torch.cuda.is_bf16_supported():
-        runtime.warn("precision_fallback", f"{who}this card does not support bf16; training in fp16 with loss "
-                     f"scaling instead.", requested="bf16", precision="fp16")
-        requested = "fp16"
-    if requested == "bf16":
-        return Precision("bf16", torch.bfloat16, None)
-    scaler = None
-    try:
-        scaler = torch.amp.GradScaler(kind)
-    except Exception as exc:  # a backend without a scaler still runs fp16 autocast
-        runtime.warn("precision_fallback", f"{who}no gradient scaler for {kind} ({exc}); fp16 without loss scaling.",
-                     requested="fp16", precision="fp16")
-    return Precision("fp16", torch.float16, scaler)
-
-
-def autocast(device: Any, precision: Precision) -> Any:
-    """An autocast context for ``precision`` (a no-op context for fp32)."""
-    import torch
-
-    if precision.dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=precision.dtype)
 
 
 # --- config -------------------------------------------------------------------------------------------
@@ -226,78 +120,6 @@ def _loader_len(loader: Any, what: str) -> int:
     except TypeError:
         raise ValueError(f"{what} has no length: the TrainingLoop needs a DataLoader over a map-style dataset "
                          f"(one you can index), not an iterable dataset") from None
-
-
-def _batch_xy(batch: Any) -> tuple[Any, Any]:
-    if isinstance(batch, (list, tuple)) and len(batch) >= 2:
-        return batch[0], batch[1]
-    if isinstance(batch, dict) and "x" in batch and "y" in batch:
-        return batch["x"], batch["y"]
-    raise ValueError(f"a batch must be (inputs, targets); the DataLoader gave {type(batch).__name__}")
-
-
-def accuracy_counts(out: Any, target: Any, loss_name: str) -> tuple[Any, int] | None:
-    """(correct as a device tensor, number of predictions) for classification losses, else None."""
-    if loss_name == "cross_entropy":
-        pred = out.argmax(dim=1)
-        if target.is_floating_point() and target.shape == out.shape:  # soft / one-hot labels
-            target = target.argmax(dim=1)
-        return (pred == target).sum(), int(target.numel())
-    if loss_name == "bce_with_logits":
-        t = target
-        if not t.is_floating_point() and out.dim() == 2 and out.shape[1] > 1 and t.dim() == 1:
-            return (out.argmax(dim=1) == t).sum(), int(t.numel())
-        if t.dim() == 1 and out.dim() == 2 and out.shape[1] == 1:
-            t = t.unsqueeze(1)
-        return ((out > 0) == (t > 0.5)).sum(), int(t.numel())
-    return None
-
-
-def evaluate(model: Any, loader: Any, loss_fn: Any, device: Any, precision: Precision,
-             strategy: SingleProcess | None = None) -> dict[str, Any]:
-    """Mean loss (per sample) and accuracy of ``model`` on ``loader``; one device sync at the end."""
-    import torch
-
-    strategy = strategy or SingleProcess()
-    was_training = model.training
-    model.eval()
-    move = device.type != "cpu"
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    correct = torch.zeros((), dtype=torch.float64, device=device)
-    n = 0
-    n_pred = 0
-    has_acc = True
-    try:
-        with torch.no_grad():
-            for batch in loader:
-                x, y = _batch_xy(batch)
-                if move:
-                    x = x.to(device, non_blocking=True)
-                    y = y.to(device, non_blocking=True)
-                with autocast(device, precision):
-                    out = model(x)
-                    loss = loss_fn(out, y)
-                bs = int(y.shape[0])
-                loss_sum += loss.detach().double() * bs
-                n += bs
-                if has_acc:
-                    got = accuracy_counts(out.float(), y, loss_fn.name)
-                    if got is None:
-                        has_acc = False
-                    else:
-                        correct += got[0]
-                        n_pred += got[1]
-    finally:
-        model.train(was_training)
-    totals = strategy.all_sum(torch.stack([loss_sum, correct, torch.tensor(float(n), dtype=torch.float64,
-                                           device=device), torch.tensor(float(n_pred), dtype=torch.float64,
-                                                                        device=device)]))
-    loss_total, correct_total, n_total, pred_total = (float(v) for v in totals.tolist())
-    return {
-        "loss": loss_total / n_total if n_total else float("nan"),
-        "accuracy": (correct_total / pred_total) if has_acc and pred_total else None,
-        "n_samples": int(n_total),
-    }
 
 
 class _Board:
@@ -369,14 +191,15 @@ class Trainer:
         if not isinstance(model, torch.nn.Module):
             raise ValueError(f"{cfg.node_label}: 'model' must be a torch module (connect a model builder)")
         self.cfg = cfg
-        self.strategy = resolve_strategy(cfg.strategy, cfg.node_label)
-        self.device = devmod.torch_device(cfg.device, cfg.node_label)
+        self.strategy = resolve_strategy(cfg.strategy, cfg.node_label, (loader, val_loader))
+        self.device = self.strategy.device(cfg.device, cfg.node_label)
         self.precision = resolve_precision(cfg.precision, self.device, cfg.node_label)
         # Train a copy: the input model stays as built (ComfyUI caches node outputs between runs).
         self.model = copy.deepcopy(model).to(self.device)
         self.spec = spec_of(model)
-        self.loader = self.strategy.prepare_loader(loader, train=True)
-        self.val_loader = self.strategy.prepare_loader(val_loader, train=False) if val_loader is not None else None
+        self.loader = self.strategy.prepare_loader(loader, train=True, seed=cfg.seed)
+        self.val_loader = (self.strategy.prepare_loader(val_loader, train=False, seed=cfg.seed)
+                           if val_loader is not None else None)
         self.n_batches = _loader_len(self.loader, "the dataloader")
         if self.n_batches == 0:
             raise ValueError(f"{cfg.node_label}: the dataloader yields no batches (empty dataset, or drop_last with "
@@ -471,7 +294,8 @@ class Trainer:
         """Validate now; every validation is a ``val_loss_step`` point at the current optimizer step."""
         if self.val_loader is None or self.n_val_batches == 0:
             return None
-        res = evaluate(self.train_model, self.val_loader, self.loss_fn, self.device, self.precision, self.strategy)
+        # The bare module: its weights are the same on every rank, and no DDP hook runs in validation.
+        res = evaluate(self.model, self.val_loader, self.loss_fn, self.device, self.precision, self.strategy)
         self._last_val_step, self._last_val = self.step, res
         self.history.val_loss_step.append([self.step, res["loss"]])
         self._metric("val_loss_step", res["loss"], self.step, epoch=shown_epoch)
@@ -502,11 +326,21 @@ class Trainer:
             if cfg.resume_from:
                 self.resume(cfg.resume_from)
             start = time.perf_counter()
-            samples = self._epochs()
+            try:
+                samples = self._epochs()
+            except Exception as exc:
+                lost = self.strategy.lost_peer(exc)
+                if lost is not None and lost is not exc:
+                    raise lost from exc
+                raise
             duration = time.perf_counter() - start
+            self.strategy.finish()
         model = self.strategy.unwrap_model(self.model)
         model.eval()
-        return model, self._metrics(duration, samples)
+        metrics = self._metrics(duration, samples)
+        if metrics["samples_per_s"] is not None:  # the run's throughput (every rank's samples), once
+            self._metric("samples_per_s", metrics["samples_per_s"], self.step)
+        return model, metrics
 
     @property
     def effective_batch_size(self) -> int:
@@ -534,14 +368,31 @@ class Trainer:
         interval = float(cfg.progress_interval_s)
         stop_check = stop_checker()
         check_at_reports = stop_check is _never
-        any_stop = self.strategy.any_stop
+        agree = self.strategy.agree
+        # ddp: the gradient all-reduce runs on the last micro-batch of each accumulation group only.
+        no_sync = self.strategy.no_sync(model) if accum > 1 else None
         params = [p for p in self.model.parameters() if p.requires_grad]
         samples = 0
         perf = time.perf_counter
         next_report = perf() + interval
         epochs = int(cfg.epochs)
+        first_batch = True
         opt.zero_grad(set_to_none=True)
         done = max_steps and self.step >= max_steps
+
+        def forward_backward(x: Any, y: Any, i: int) -> Any:
+            if amp_dtype is not None:
+                with torch.autocast(dev_type, dtype=amp_dtype):
+                    loss = loss_fn(model(x), y)
+            else:
+                loss = loss_fn(model(x), y)
+            back = loss if accum == 1 else loss / (last_group if i >= last_group_start else accum)
+            if scaler is not None:
+                scaler.scale(back).backward()
+            else:
+                back.backward()
+            return loss
+
         while self.epoch < epochs and not done:
             epoch = self.epoch
             self.strategy.set_epoch(self.loader, epoch)
@@ -558,19 +409,12 @@ class Trainer:
                     y = y.to(device, non_blocking=True)
                 if x.is_inference() or y.is_inference():  # a dataset made under ComfyUI's inference mode
                     x, y = trainable(x), trainable(y)
-                if amp_dtype is not None:
-                    with torch.autocast(dev_type, dtype=amp_dtype):
-                        loss = loss_fn(model(x), y)
+                is_step = accum == 1 or (i + 1) % accum == 0 or i + 1 == n_batches
+                if no_sync is not None and not is_step:
+                    with no_sync():
+                        loss = forward_backward(x, y, i)
                 else:
-                    loss = loss_fn(model(x), y)
-                if accum == 1:
-                    back = loss
-                else:
-                    back = loss / (last_group if i >= last_group_start else accum)
-                if scaler is not None:
-                    scaler.scale(back).backward()
-                else:
-                    back.backward()
+                    loss = forward_backward(x, y, i)
                 if on_cpu:
                     loss_sum += loss.item()
                 else:
@@ -578,7 +422,7 @@ class Trainer:
                 last_loss = loss
                 batches += 1
                 samples += int(y.shape[0])
-                if accum == 1 or (i + 1) % accum == 0 or i + 1 == n_batches:
+                if is_step:
                     if scaler is not None:
                         if clip:
                             scaler.unscale_(opt)
@@ -600,15 +444,22 @@ class Trainer:
                         self._validate(epoch + 1)
                     if max_steps and step >= max_steps:
                         done = True
-                if any_stop(stop_check()):
+                if first_batch:
+                    first_batch = False
+                    self.strategy.first_batch()
+                now = perf()
+                due_here = now >= next_report
+                if due_here:
+                    next_report = now + interval
+                # One answer on every rank (ddp: the flags of the previous batch, agreed by all-reduce).
+                stop, due = agree(stop_check(), due_here)
+                if stop:
                     self.stopped = True
                     break
                 if done:
                     break
-                now = perf()
-                if now >= next_report:
-                    next_report = now + interval
-                    if check_at_reports and any_stop(runtime.should_stop()):
+                if due:
+                    if check_at_reports and runtime.should_stop():
                         self.stopped = True
                         break
                     if pending:
@@ -616,6 +467,8 @@ class Trainer:
                         loss_dev = folded if loss_dev is None else loss_dev + folded
                         pending.clear()
                     self._report(epoch, i + 1, last_loss)
+            # Flags still in flight are drained; a stop among them is raised again at the next batch.
+            self.strategy.settle()
             if pending:
                 folded = torch.stack(pending).sum()
                 loss_dev = folded if loss_dev is None else loss_dev + folded
@@ -652,9 +505,11 @@ class Trainer:
     _last_val: dict[str, Any] | None = None
 
     def _report(self, epoch: int, batch: int, last_loss: Any) -> None:
+        value = float(last_loss.item()) if last_loss is not None else None
+        if value is not None and self.strategy.world_size > 1:
+            value = self.strategy.mean(value)  # train_loss_batch is the mean of every rank's latest batch
         if not self.strategy.is_main:
             return
-        value = float(last_loss.item()) if last_loss is not None else None
         lr = float(self.optimizer.param_groups[0]["lr"])
         # The text changes once per epoch only: hosted in ComfyUI, each distinct text gets its own ProgressBar.
         text = f"epoch {epoch + 1}/{self.cfg.epochs}"
@@ -698,7 +553,8 @@ class Trainer:
             "checkpoints": h.checkpoints,
             "tensorboard_dir": str(self.board.dir) if self.board is not None and self.board.dir else None,
             "duration_s": duration,
-            "samples_per_s": samples / duration if duration > 0 else None,
+            # every rank's samples (ddp ranks each read an equal share): the throughput of the whole run
+            "samples_per_s": samples * self.strategy.world_size / duration if duration > 0 else None,
         }
 
 
@@ -708,61 +564,3 @@ def train(model: Any, loader: Any, optimizer: OptimizerSpec, loss: LossSpec, cfg
     runs nodes under (ComfyUI's executor does; the model copy and the optimizer are made out of it)."""
     with autograd():
         return Trainer(model, loader, optimizer, loss, cfg, val_loader, scheduler).run()
-
-
-# --- prediction ---------------------------------------------------------------------------------------
-
-
-def iter_inputs(source: Any, batch_size: int) -> Iterator[tuple[Any, Any]]:
-    """(x, y-or-None) batches from a DataLoader, a dataset, or a tensor of inputs."""
-    import torch
-
-    if isinstance(source, torch.Tensor):
-        for start in range(0, source.shape[0], batch_size):
-            yield source[start:start + batch_size], None
-        return
-    if isinstance(source, torch.utils.data.DataLoader):
-        for batch in source:
-            if isinstance(batch, torch.Tensor):
-                yield batch, None
-            else:
-                yield _batch_xy(batch)
-        return
-    if hasattr(source, "x") and isinstance(source.x, torch.Tensor):
-        y = getattr(source, "y", None)
-        for start in range(0, source.x.shape[0], batch_size):
-            yield source.x[start:start + batch_size], (y[start:start + batch_size] if y is not None else None)
-        return
-    if hasattr(source, "__getitem__") and hasattr(source, "__len__"):
-        from .tensordata import collate
-
-        loader = torch.utils.data.DataLoader(source, batch_size=batch_size, shuffle=False, collate_fn=collate)
-        yield from iter_inputs(loader, batch_size)
-        return
-    raise ValueError(f"cannot predict on {type(source).__name__}: connect a dataset or a dataloader")
-
-
-def predict_outputs(model: Any, source: Any, device: Any, precision: Precision, batch_size: int = 256,
-                    stop: Callable[[], bool] | None = None) -> tuple[Any, Any]:
-    """Raw model outputs (float32, CPU) for every input, and the targets when the source has them."""
-    import torch
-
-    was_training = model.training
-    model.eval()
-    outs, ys = [], []
-    try:
-        with torch.no_grad():
-            for x, y in iter_inputs(source, batch_size):
-                if stop is not None and stop():
-                    raise runtime.stopped("stopped during prediction")
-                with autocast(device, precision):
-                    out = model(x.to(device, non_blocking=True))
-                outs.append(out.float().cpu())
-                if y is not None:
-                    ys.append(y)
-    finally:
-        model.train(was_training)
-    if not outs:
-        raise ValueError("nothing to predict: the dataset or dataloader is empty")
-    targets = torch.cat(ys) if ys and len(ys) == len(outs) else None
-    return torch.cat(outs), targets

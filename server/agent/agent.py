@@ -40,6 +40,7 @@ from ...constants import (
 from ..devices import inventory as devinv
 from ..devices import names as devnames
 from ..devices import renumbering as devren
+from ..run import ddp
 from ..run.events import describe_exit
 from ..run.launcher import LaunchError, ProcessGroup, member_env, single
 from ..run.spec import RunSpec, build_spec
@@ -460,11 +461,20 @@ class Agent(RemoteFeatures):
 
     async def _run_child(self, rs: RunState, msg: dict[str, Any], machine: list[str],
                          renum: devren.Renumbering) -> None:
-        self._spec(rs, msg, renum).write(rs.run_dir)
-        env = member_env(None, {**self.cfg.extra_env, **renum.env})
+        spec = self._spec(rs, msg, renum)
+        spec.write(rs.run_dir)
+        extra = {**self.cfg.extra_env, **renum.env}
+        # A run with a ddp loop: every rank on loopback with one thread, unless this agent's env says otherwise.
+        extra.update(ddp.rank_env(spec.graph, spec.world_size, {**os.environ, **extra}))
+        env = member_env(None, extra)
+
+        def on_events(rank: int, events: list[dict[str, Any]]) -> None:
+            followers.see(rank, events)  # ddp_ready from rank 0: ranks 1..N-1 join the group
+            self._relay(rs, rank, events)
+
         rs.group = ProcessGroup(single(rs.run_id, rs.run_dir, env, stop_grace_s=RUN_STOP_GRACE_S),
-                                on_events=lambda rank, events: self._relay(rs, rank, events),
-                                starter=default_starter())
+                                on_events=on_events, starter=default_starter())
+        followers = ddp.Followers(rs.group, rs.run_dir, spec.world_size, env)
         pump = asyncio.create_task(self._pump(rs))
         try:
             await rs.group.start()
@@ -480,8 +490,11 @@ class Agent(RemoteFeatures):
         result = await rs.group.wait()
         rs.pending.put_nowait(None)
         await pump
-        if result.finished_event is not None:
-            await self._record(rs, self._finish_payload(rs, result.finished_event, renum))
+        # Rank 0's report, for the whole group: a ddp follower's failure is the run's error (server/run/ddp.py).
+        payload = ddp.group_finish(result)
+        if payload is not None:
+            ev = result.finished_event or {"seq": rs.last_seq + 1, "type": "run_finished", "ts": time.time()}
+            await self._record(rs, self._finish_payload(rs, {**ev, "payload": payload}, renum))
         else:
             rc = result.exits[0].returncode
             await self._finish_without_child(rs, *self._death_status(rs, 255 if rc is None else rc))

@@ -4,6 +4,7 @@
 ``xpufleet run GRAPH.json [--target NAME|any|local] [--device D | --devices D1,D2] [--memory-gib G]
 [--name N] [--seed S] [--follow | --wait | --no-wait] [--local]``; ``xpufleet runs``; ``xpufleet cancel``;
 ``xpufleet estimate GRAPH.json [--target ...] [--devices ...] [--local] [--json]``;
+``xpufleet export GRAPH.json [-o train.py]``;
 plus ``agent`` and ``predict`` when those parts are installed.
 
 Exit codes a script can rely on:
@@ -24,6 +25,7 @@ from ...constants import VERSION
 from ...predictor import cli as predictor_cli
 from . import agent as agent_cli
 from . import estimate as estimate_cli
+from . import export as export_cli
 from . import pools as pools_cli
 from . import runs as runs_cli
 from . import sidecar as sidecar_cli
@@ -34,7 +36,8 @@ from .common import EXIT_RUN_FAILED, EXIT_UNREACHABLE, EXIT_USAGE, err
 from .text import safe
 
 # Every command module, in the order `xpufleet --help` lists them.
-COMMAND_MODULES = (sidecar_cli, runs_cli, estimate_cli, agent_cli, workers_cli, pools_cli, predictor_cli, ui_cli)
+COMMAND_MODULES = (sidecar_cli, runs_cli, estimate_cli, agent_cli, workers_cli, pools_cli, export_cli, predictor_cli,
+                   ui_cli)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,6 +14,10 @@ subprocess or warm fork, see warm.py) says *how* a process comes to exist (its p
   the runner's cooperative stop) and kills the group after the grace period;
 * when one member dies while the others still run (a crash, an out-of-memory kill, an exception),
   it ends the whole group and names that member and how it died (:attr:`GroupResult.first_failure`);
+* :meth:`ProcessGroup.add_members` starts more members into a running group (ddp followers, started
+  when rank 0 reaches its first ddp loop: server/run/ddp.py); stop, failure handling and ``wait`` cover
+  them like the first ones; once rank 0 has ended, a member still running after
+  ``MEMBER_FAILURE_GRACE_S`` is ended too (rank 0 is the run);
 * :meth:`ProcessGroup.wait` returns only when every member has ended.
 
 Each member runs ``xpufleet.server.run.runner`` on the run directory with its own environment
@@ -84,6 +88,9 @@ class MemberExit:
     pid: int | None
     returncode: int | None
     finished: dict[str, Any] | None = None  # its run_finished payload, when it reported one
+    ended_by_group: bool = False  # killed by a signal the launcher sent (a stop's grace ran out, a peer died)
+    ended_at: float = 0.0  # event-loop time: the order in which the members ended
+    start_error: str | None = None  # why it could not be started
 
     @property
     def cause(self) -> str:
@@ -91,7 +98,7 @@ class MemberExit:
         if self.finished is not None and self.finished.get("status") not in (None, "succeeded"):
             return str(self.finished.get("error") or self.finished.get("status"))
         if self.returncode is None:
-            return "could not be started"
+            return "could not be started" + (f": {self.start_error}" if self.start_error else "")
         return describe_exit(self.returncode) if self.returncode != 0 else "exited normally"
 
     @property
@@ -270,6 +277,7 @@ class _Member:
     exit: MemberExit | None = None
     task: asyncio.Task[None] | None = None
     kill_handle: asyncio.TimerHandle | None = None
+    signals: set[int] = field(default_factory=set)  # what the launcher sent it
 
 
 @dataclass
@@ -282,7 +290,7 @@ class ProcessGroup:
     _members: list[_Member] = field(default_factory=list, init=False)
     _stop_reason: str | None = field(default=None, init=False)
     _first_failure: MemberExit | None = field(default=None, init=False)
-    _done: asyncio.Event | None = field(default=None, init=False)
+    _additions: list[asyncio.Task[None]] = field(default_factory=list, init=False)
 
     @property
     def pids(self) -> list[int]:
@@ -295,7 +303,6 @@ class ProcessGroup:
     async def start(self) -> None:
         """Start every member (in parallel); raise LaunchError, with the others ended, if one fails."""
         starter = self.starter or ColdStarter()
-        self._done = asyncio.Event()
         self._members = [_Member(m) for m in self.spec.members]
         results = await asyncio.gather(*(self._start_member(starter, m) for m in self._members),
                                        return_exceptions=True)
@@ -309,6 +316,53 @@ class ProcessGroup:
             raise LaunchError(f"cannot start the run's process: {errors[0]}") from errors[0]
         if self._stop_reason is not None:  # a stop that came while starting
             self._deliver_stop(self._stop_reason)
+
+    def add_members(self, members: Sequence[MemberSpec]) -> asyncio.Task[None]:
+        """Start ``members`` (the next ranks, in order) into the running group; the task that does it.
+
+        Nothing is started once the group is stopping or rank 0 has ended. A member that cannot be
+        started fails the group like a member that died (:attr:`GroupResult.first_failure`)."""
+        task = asyncio.get_running_loop().create_task(self._add(list(members)))
+        self._additions.append(task)
+        return task
+
+    async def _add(self, members: list[MemberSpec]) -> None:
+        first = len(self._members)
+        if [m.rank for m in members] != list(range(first, first + len(members))):
+            raise ValueError(f"added members must be ranks {first}.. in order")
+        if not members or self._stop_reason is not None or self._leader_gone():
+            log.info("run %s: not adding ranks %s: the group is ending", self.spec.run_id,
+                     ",".join(str(m.rank) for m in members))
+            return
+        starter = self.starter or ColdStarter()
+        self.spec.members.extend(members)
+        new = [_Member(m) for m in members]
+        self._members.extend(new)
+        results = await asyncio.gather(*(self._start_member(starter, m) for m in new), return_exceptions=True)
+        loop = asyncio.get_running_loop()
+        for m, outcome in zip(new, results, strict=True):
+            if m.proc is not None:
+                m.task = asyncio.create_task(self._watch(m), name=f"xpufleet-{self.spec.run_id}-rank{m.spec.rank}")
+            else:
+                m.exit = MemberExit(m.spec.rank, None, None, ended_at=loop.time(),
+                                    start_error=f"{type(outcome).__name__}: {outcome}")
+                if self._first_failure is None and self._stop_reason is None:
+                    self._first_failure = m.exit
+                    log.warning("run %s: rank %d %s; ending the group", self.spec.run_id, m.spec.rank, m.exit.cause)
+                    self._stop_reason = "member_failed"
+                    self._end_all(signal.SIGTERM, then_kill_after=MEMBER_FAILURE_GRACE_S)
+        if self._stop_reason in STOP_COMMANDS:  # a stop that came while they started
+            self._deliver_stop(self._stop_reason)
+        elif self._leader_gone():
+            self._end_all(signal.SIGTERM, then_kill_after=MEMBER_FAILURE_GRACE_S)
+
+    def _leader_gone(self) -> bool:
+        return bool(self._members) and self._members[0].exit is not None
+
+    def _signal(self, m: _Member, sig: int) -> None:
+        if m.proc is not None and m.exit is None:
+            m.signals.add(sig)
+            m.proc.signal_group(sig)
 
     async def _start_member(self, starter: Starter, m: _Member) -> None:
         read_fd, write_fd = os.pipe()
@@ -360,16 +414,20 @@ class ProcessGroup:
             m.transport.close()  # type: ignore[attr-defined]
             if m.kill_handle is not None:
                 m.kill_handle.cancel()
-        m.exit = MemberExit(m.spec.rank, m.proc.pid, rc, m.finished)
-        if rc != 0 and self._stop_reason is None and self._first_failure is None:
+        loop = asyncio.get_running_loop()
+        by_us = rc < 0 and -rc in m.signals
+        m.exit = MemberExit(m.spec.rank, m.proc.pid, rc, m.finished, ended_by_group=by_us, ended_at=loop.time())
+        others = [o for o in self._members if o is not m and o.exit is None]
+        if rc != 0 and not by_us and self._stop_reason is None and self._first_failure is None:
             self._first_failure = m.exit
-            if any(o.exit is None for o in self._members if o is not m):
+            if others:
                 log.warning("run %s: rank %d of %d %s; ending the other ranks", self.spec.run_id, m.spec.rank,
                             len(self._members), m.exit.cause)
                 self._stop_reason = "member_failed"
                 self._end_all(signal.SIGTERM, then_kill_after=MEMBER_FAILURE_GRACE_S)
-        if all(o.exit is not None or o.proc is None for o in self._members) and self._done is not None:
-            self._done.set()
+        elif m.spec.rank == 0 and others:
+            # Rank 0 is the run: whoever still runs after it ended (and a grace period) is hung.
+            loop.call_later(MEMBER_FAILURE_GRACE_S, self._end_all, signal.SIGTERM, MEMBER_FAILURE_GRACE_S)
 
     def stop(self, reason: str) -> None:
         """Ask every member to stop: ``cancel`` (the run ends cancelled) or ``interrupt`` (the parent
@@ -387,7 +445,7 @@ class ProcessGroup:
                 continue
             m.proc.send(STOP_COMMANDS[reason])
             if m.kill_handle is None:
-                m.kill_handle = loop.call_later(self.spec.stop_grace_s, m.proc.signal_group, signal.SIGKILL)
+                m.kill_handle = loop.call_later(self.spec.stop_grace_s, self._signal, m, signal.SIGKILL)
 
     def kill(self) -> None:
         """End every member now (SIGKILL to each process group)."""
@@ -398,16 +456,19 @@ class ProcessGroup:
         for m in self._members:
             if m.proc is None or m.exit is not None:
                 continue
-            m.proc.signal_group(sig)
+            self._signal(m, sig)
             if then_kill_after is not None:
                 if m.kill_handle is not None:
                     m.kill_handle.cancel()
-                m.kill_handle = loop.call_later(then_kill_after, m.proc.signal_group, signal.SIGKILL)
+                m.kill_handle = loop.call_later(then_kill_after, self._signal, m, signal.SIGKILL)
 
     async def wait(self) -> GroupResult:
         """Wait until every member (and whatever it started) has ended; how the group ended."""
-        tasks = [m.task for m in self._members if m.task is not None]
-        if tasks:
+        while True:  # members added meanwhile (ddp followers) are waited for too
+            tasks = [t for t in self._additions if not t.done()]
+            tasks += [m.task for m in self._members if m.task is not None and not m.task.done()]
+            if not tasks:
+                break
             await asyncio.gather(*tasks, return_exceptions=True)
         exits = [m.exit or MemberExit(m.spec.rank, None, None) for m in self._members]
         rank0 = self._members[0] if self._members else None

@@ -95,10 +95,18 @@ def memory_fractions(budget_gib: float, totals_bytes: list[int]) -> list[float]:
     return [min(1.0, budget_gib * GIB / total) if total > 0 else 1.0 for total in totals_bytes]
 
 
-def apply_memory_budget(spec: dict[str, Any], facts: dict[str, Any]) -> None:
+def rank_fractions(fractions: list[float], rank: int) -> list[float]:
+    """A ddp rank's caps (SPEC §4, M): its own card (``rank``) keeps its budget, every other card of the
+    set gets 0, so a node pinned to another rank's card fails at its first allocation instead of using
+    memory beyond that card's budget."""
+    return [f if i == rank else 0.0 for i, f in enumerate(fractions)]
+
+
+def apply_memory_budget(spec: dict[str, Any], facts: dict[str, Any], role: Any = None) -> None:
     """Cap the CUDA allocator to the run's budget before any node runs, so a run over its budget
-    runs out of memory alone (``torch.cuda.set_per_process_memory_fraction``). Simulated cards have
-    no allocator to cap: the fact says so instead of pretending."""
+    runs out of memory alone (``torch.cuda.set_per_process_memory_fraction``). A ddp rank (``role``)
+    is capped to its own card (:func:`rank_fractions`). Simulated cards have no allocator to cap: the
+    fact says so instead of pretending."""
     budget = spec.get("budget_gib")
     if budget is None:
         return
@@ -117,6 +125,8 @@ def apply_memory_budget(spec: dict[str, Any], facts: dict[str, Any]) -> None:
     indices = list(range(min(len(devices), torch.cuda.device_count())))
     totals = [torch.cuda.get_device_properties(i).total_memory for i in indices]
     fractions = memory_fractions(float(budget), totals)
+    if role is not None:
+        fractions = rank_fractions(fractions, role.rank)
     for i, fraction in zip(indices, fractions, strict=True):
         torch.cuda.set_per_process_memory_fraction(fraction, i)
     facts["memory_cap"] = {"applied": True, "budget_gib": budget,

@@ -18,8 +18,12 @@ MODULES = (
     "torch.optim",
     "torch.utils.data",
     "torch._dynamo",  # the optimizers' first step imports it (with sympy): about a second, once
+    "torch.distributed",  # ddp ranks (importing it touches no device and opens no socket)
+    "torch.nn.parallel",
+    "torch.utils.data.distributed",
     "xpufleet.nodes",
     "xpufleet.nodes.trainer",
+    "xpufleet.nodes.ddp",
     "xpufleet.nodes.tensordata",
     "xpufleet.server.run.runner",
     "xpufleet.server.run.executor",

@@ -15,6 +15,12 @@ run reported). The last event is always ``run_finished`` ``{"status", "error", "
 says where the budget came from). On simulated cards the run's tensor bytes are counted (and capped to
 ``budget_gib``): see :mod:`.memory`.
 
+ddp (SPEC §4, server/run/ddp.py): a follower rank runs this same module on the same run directory with
+``XPUFLEET_DDP_RANK=k`` set: it executes only the ddp loops and the nodes feeding them, writes its events
+to ``ddp/events-rank<k>.jsonl`` (the launcher reads its pipe; the run's own events.jsonl is rank 0's),
+and its ``run_finished`` carries ``ddp_peer_lost`` when its loop failed only because another rank went
+away. Rank 0 of a ddp run refuses, before any node runs, a graph with ddp loops on parallel branches.
+
 stdin commands: ``stop`` = cancel (cooperative: TrainingLoop writes its interrupt checkpoint; the run
 ends ``cancelled``); ``interrupt`` = the parent is shutting down (same stop; the run ends
 ``interrupted``). End of file on stdin means the parent is gone: the run stops and ends ``interrupted``.
@@ -35,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from ...constants import VERSION
+from . import ddp
 from .events import EventSink
 from .memory import apply_memory_budget, is_out_of_memory, peak_memory, simulated_card_memory
 from .outputs import OutputRecorder, record_mode
@@ -111,8 +118,11 @@ def base_facts(spec: dict[str, Any]) -> dict[str, Any]:
 def run(run_dir: Path, events_fd: int | None = None, stdin: Any = None) -> int:
     """Execute the run described by ``run_dir/spec.json``; return the exit code."""
     run_dir = Path(run_dir)
+    rank = ddp.follower_rank(os.environ)
     pipe = os.fdopen(events_fd, "wb", buffering=0) if events_fd is not None else None
-    sink = EventSink(pipe, run_dir / "events.jsonl", console=sys.stdout)
+    events_path = run_dir / "events.jsonl" if rank == 0 else ddp.follower_events_path(run_dir, rank)
+    events_path.parent.mkdir(parents=True, exist_ok=True)
+    sink = EventSink(pipe, events_path, console=sys.stdout)
     status, error, extra = "failed", None, {}
     facts: dict[str, Any] = {}
     tracker: Any = None
@@ -122,10 +132,14 @@ def run(run_dir: Path, events_fd: int | None = None, stdin: Any = None) -> int:
         for key, value in (spec.get("env") or {}).items():
             os.environ.setdefault(str(key), str(value))
         facts = base_facts(spec)
-        apply_memory_budget(spec, facts)
-        devices = list(spec.get("devices") or [])
-        tracker = _simulated_tracker(spec, facts)
-        status, error, extra = _execute(spec, run_dir, sink, facts, stdin, tracker)
+        role = ddp.role_for(spec, run_dir, rank)
+        if rank and role is None:
+            raise RuntimeError(f"this process is ddp rank {rank}, but the run has no ddp loop to train")
+        apply_memory_budget(spec, facts, role)
+        # A ddp rank's memory is its own card's (rank k on cards[k]).
+        devices = [role.cards[rank]] if role is not None else list(spec.get("devices") or [])
+        tracker = _simulated_tracker(spec, facts, devices)
+        status, error, extra = _execute(spec, run_dir, sink, facts, stdin, tracker, role)
     except Exception as exc:  # noqa: BLE001 - spec unreadable: still end with run_finished
         traceback.print_exc()
         status, error = "failed", f"the run could not start: {type(exc).__name__}: {exc}"
@@ -134,12 +148,29 @@ def run(run_dir: Path, events_fd: int | None = None, stdin: Any = None) -> int:
                    "peak_memory": peak_memory(tracker, devices), "execution_facts": facts, **extra}
         sink.emit("run_finished", payload)
         sink.close()
-    return 0 if status == "succeeded" else 1
+    code = 0 if status == "succeeded" else 1
+    _leave_ddp(code, bool(extra.get("ddp_peer_lost")))
+    return code
 
 
-def _simulated_tracker(spec: dict[str, Any], facts: dict[str, Any]) -> Any:
+def _leave_ddp(code: int, peer_lost: bool) -> None:
+    """A ddp rank leaves its process group; one whose peer died exits at once, since gloo's and NCCL's
+    threads can abort the interpreter's shutdown over the broken connections (its result is out)."""
+    if "torch.distributed" not in sys.modules:
+        return
+    if peer_lost:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+    from ...nodes.ddp import shutdown
+
+    shutdown()
+
+
+def _simulated_tracker(spec: dict[str, Any], facts: dict[str, Any], devices: list[str]) -> Any:
     """On simulated CUDA cards: count the run's tensor bytes, capped to the budget (a simulated cap)."""
-    cuda = [d for d in (spec.get("devices") or []) if d.startswith("cuda")]
+    cuda = [d for d in devices if d.startswith("cuda")]
     if not spec.get("simulated") or not cuda:
         return None
     budget = spec.get("budget_gib")
@@ -151,15 +182,17 @@ def _simulated_tracker(spec: dict[str, Any], facts: dict[str, Any]) -> Any:
 
 
 def _execute(spec: dict[str, Any], run_dir: Path, sink: EventSink, facts: dict[str, Any],
-             stdin: Any, tracker: Any = None) -> tuple[str, str | None, dict[str, Any]]:
+             stdin: Any, tracker: Any = None, role: Any = None) -> tuple[str, str | None, dict[str, Any]]:
     from ...nodes import runtime
+    from ...nodes.ddp import DdpPeerLost
     from .executor import GraphValidationError, NodeExecutionError, execute_graph, format_errors
 
     options = dict(spec.get("options") or {})
-    devices = list(spec.get("devices") or ["cpu"])
+    rank = role.rank if role is not None else 0
+    devices = ddp.rank_devices(list(spec.get("devices") or ["cpu"]), role)
     aliases = dict(spec.get("device_aliases") or {d: d for d in devices})
     placement = spec.get("placement", "local")
-    accel = [d for d in devices if d.split(":")[0] in ("cuda", "xpu")]
+    graph = spec["graph"] if rank == 0 else ddp.follower_graph(spec["graph"])
     stop_event = threading.Event()
     watcher = StopWatcher(stop_event, stdin)
     watcher.start()
@@ -167,7 +200,7 @@ def _execute(spec: dict[str, Any], run_dir: Path, sink: EventSink, facts: dict[s
     if seed is not None:
         import random
 
-        random.seed(int(seed))
+        random.seed(int(seed) + rank)  # rank k: the run's seed + k (the TrainingLoop does the same)
     ctx = runtime.RunContext(
         emit=sink.emit,
         stop_event=stop_event,
@@ -178,15 +211,22 @@ def _execute(spec: dict[str, Any], run_dir: Path, sink: EventSink, facts: dict[s
         devices=devices,
         device_aliases=aliases,
         placement=placement,
-        ddp_allowed=placement == "worker" and len(accel) >= 2,
+        ddp_allowed=role is not None,
+        rank=rank,
+        world_size=role.world_size if role is not None else 1,
+        ddp=role,
         execution_facts=facts,
     )
     sink.emit("run_started", {"run_id": spec.get("run_id"), "pid": os.getpid(), "devices": devices,
-                              "device_aliases": aliases, "placement": placement})
-    recorder = recorder_for(spec, run_dir, sink)
+                              "device_aliases": aliases, "placement": placement,
+                              **({"ddp_rank": rank} if role is not None else {})})
+    recorder = recorder_for(spec, run_dir, sink) if rank == 0 else None  # rank 0 speaks for the run
     try:
+        parallel = ddp.parallel_loops_error(graph) if role is not None else None
+        if parallel is not None:
+            raise parallel
         with runtime.use(ctx), (tracker if tracker is not None else contextlib.nullcontext()):
-            execute_graph(spec["graph"], ctx, on_outputs=recorder.record if recorder is not None else None)
+            execute_graph(graph, ctx, on_outputs=recorder.record if recorder is not None else None)
     except GraphValidationError as exc:
         return "failed", "the graph failed validation: " + format_errors(exc.response), {"validation": exc.response}
     except NodeExecutionError as exc:
@@ -196,8 +236,8 @@ def _execute(spec: dict[str, Any], run_dir: Path, sink: EventSink, facts: dict[s
         if isinstance(exc.original, runtime.RunStopped):
             return _stopped(watcher)
         if is_out_of_memory(exc.original):
-            return "failed", str(exc), {"out_of_memory": _oom_facts(spec, tracker)}
-        return "failed", str(exc), {}
+            return "failed", str(exc), {"out_of_memory": _oom_facts({**spec, "devices": devices}, tracker)}
+        return "failed", str(exc), ({"ddp_peer_lost": True} if isinstance(exc.original, DdpPeerLost) else {})
     except runtime.RunStopped:
         return _stopped(watcher)
     except Exception as exc:  # noqa: BLE001 - anything else is still reported, never a silent death

@@ -37,7 +37,9 @@ class RunSpec:
     budget_gib: float | None = None  # per card; the allocator is capped to it before the run (SPEC W2, M)
     env: dict[str, str] = field(default_factory=dict)  # set (if unset) in the run's process before nodes run
     execution_facts: dict[str, Any] = field(default_factory=dict)
-    world_size: int = 1  # processes in the run's group (ddp ranks); 1 for a plain run
+    # The ranks a ddp TrainingLoop of this run trains on (one per card, see ddp_world_size); only rank 0
+    # runs until the loop starts, then the launcher adds ranks 1..N-1. 1 = the run cannot use ddp.
+    world_size: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.run_id, str) or not self.run_id:
@@ -89,6 +91,15 @@ class RunSpec:
         return [d for d in self.devices if d.split(":")[0] in ("cuda", "xpu")]
 
 
+def ddp_world_size(placement: str, devices: Sequence[str]) -> int:
+    """How many ranks a ddp loop of a run with these (in-run) ``devices`` trains on (SPEC §4): one per
+    card for a worker run with two or more cards of one kind (CUDA or XPU), else 1 (no ddp)."""
+    cards = [d for d in devices if d.split(":")[0] in ("cuda", "xpu")]
+    if placement != "worker" or len(cards) < 2 or len({d.split(":")[0] for d in cards}) != 1:
+        return 1
+    return len(cards)
+
+
 def build_spec(
     run: Mapping[str, Any],
     *,
@@ -130,4 +141,5 @@ def build_spec(
         budget_gib=None if budget is None else float(budget),
         env=dict(env or {}),
         execution_facts=facts,
+        world_size=ddp_world_size(placement, run_devices),
     )

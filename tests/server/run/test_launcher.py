@@ -183,3 +183,51 @@ def test_group_spec_checks_its_members(tmp_path):
     m = MemberSpec(1, tmp_path, {}, tmp_path / "log")
     with pytest.raises(ValueError, match="ranks 0..N-1"):
         GroupSpec("x", [m])
+
+
+class _NoRank1(ColdStarter):
+    """A starter that cannot start rank 1 (named cold: no warm-to-cold retry)."""
+
+    async def start(self, member: MemberSpec, events_fd: int):
+        if member.rank == 1:
+            raise OSError("no more processes")
+        return await super().start(member, events_fd)
+
+
+def _member(tmp_path: Path, rank: int, graph: dict[str, Any]) -> MemberSpec:
+    run_dir = tmp_path / f"member{rank}"
+    RunSpec(run_id=f"added-{rank}", graph=graph).write(run_dir)
+    return MemberSpec(rank, run_dir, member_env(None, {"OMP_NUM_THREADS": "1"}), run_dir / "output.log")
+
+
+def test_an_added_member_that_cannot_start_fails_the_group_naming_it(tmp_path):
+    async def scenario():
+        seen = Seen(1)
+        group = ProcessGroup(GroupSpec("add", [_member(tmp_path, 0, LONG_GRAPH)]), seen, _NoRank1())
+        await group.start()
+        await _all_training(seen)
+        group.add_members([_member(tmp_path, 1, LONG_GRAPH)])
+        return await asyncio.wait_for(group.wait(), 90)
+
+    result = asyncio.run(scenario())
+    assert result.world_size == 2 and result.stop_reason == "member_failed"
+    assert result.first_failure.rank == 1
+    assert result.first_failure.cause == "could not be started: OSError: no more processes"
+    assert result.exits[0].ended_by_group and result.exits[0].returncode == -signal.SIGTERM
+
+
+def test_members_still_running_after_rank_0_ended_are_ended(tmp_path):
+    short = {k: {**v, "inputs": dict(v["inputs"])} for k, v in LONG_GRAPH.items()}
+    short["6"]["inputs"].update(epochs=1, max_steps=2)
+
+    async def scenario():
+        group = ProcessGroup(GroupSpec("leader", [_member(tmp_path, 0, short)]), lambda r, e: None, ColdStarter())
+        await group.start()
+        group.add_members([_member(tmp_path, 1, LONG_GRAPH)])  # wait() covers members added after start
+        return await asyncio.wait_for(group.wait(), 120)
+
+    result = asyncio.run(scenario())
+    assert [e.rank for e in result.exits] == [0, 1]
+    assert result.exits[0].returncode == 0 and result.finished_event["payload"]["status"] == "succeeded"
+    assert result.exits[1].ended_by_group and result.first_failure is None and result.stop_reason is None
+    assert result.exits[1].ended_at > result.exits[0].ended_at

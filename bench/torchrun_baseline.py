@@ -1,0 +1,115 @@
+"""The baseline of bench/bench_ddp.py: a plain PyTorch DDP training script, as the PyTorch tutorials write
+it, started with ``torchrun --nproc-per-node 2`` (or in one process with ``--single``).
+
+It trains the MLP bench_ddp.py's graph builds (same layers, same seed, so the same initial weights) on the
+same safetensors file, with DistributedSampler(shuffle, seed) and the same per-rank batch size, Adam and
+cross-entropy; so both sides see the same batches and reach the same loss. Rank 0 prints one JSON line:
+samples/s of the training loop (every rank's samples), the mean loss of the last epoch over ranks, and
+when each rank finished its first batch (``time.time()``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+
+class Gathered:
+    """A map-style dataset whose ``__getitems__`` returns a whole batch with one gather per tensor."""
+
+    def __init__(self, x, y) -> None:
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return int(self.x.shape[0])
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+    def __getitems__(self, indices):
+        import torch
+
+        idx = torch.as_tensor(indices, dtype=torch.long)
+        return self.x.index_select(0, idx), self.y.index_select(0, idx)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", required=True, help="safetensors file with x (N, F) float32 and y (N,) int64")
+    ap.add_argument("--hidden", default="256,128")
+    ap.add_argument("--batch-size", type=int, default=64, help="per rank")
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--seed", type=int, default=0, help="model init and DistributedSampler seed")
+    ap.add_argument("--single", action="store_true", help="one process, no torch.distributed")
+    ap.add_argument("--gather", action="store_true",
+                    help="read each batch with one index_select (__getitems__), as XPU Fleet's datasets do, "
+                         "instead of TensorDataset's per-sample indexing and default_collate")
+    args = ap.parse_args()
+
+    import torch
+    import torch.distributed as dist
+    from safetensors.torch import load_file
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data.distributed import DistributedSampler
+
+    if args.single:
+        torch.set_num_threads(1)
+        rank, world = 0, 1
+    else:
+        dist.init_process_group("gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+    data = load_file(args.data)
+    x, y = data["x"], data["y"]
+    dataset = Gathered(x, y) if args.gather else TensorDataset(x, y)
+    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
+    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler,
+                        collate_fn=(lambda batch: batch) if args.gather else None)
+    sizes = [x.shape[1], *(int(h) for h in args.hidden.split(","))]
+    torch.manual_seed(args.seed)
+    layers: list[nn.Module] = [nn.Flatten()]
+    for a, b in zip(sizes, sizes[1:], strict=False):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    layers.append(nn.Linear(sizes[-1], int(y.max()) + 1))
+    model: nn.Module = nn.Sequential(*layers)
+    if not args.single:
+        model = nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    crit = nn.CrossEntropyLoss()
+    first_batch = None
+    start = time.perf_counter()
+    mean = float("nan")
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)
+        running, n = 0.0, 0
+        for xb, yb in loader:
+            opt.zero_grad()
+            loss = crit(model(xb), yb)
+            loss.backward()
+            opt.step()
+            running += loss.item()
+            n += 1
+            if first_batch is None:
+                first_batch = time.time()
+        mean = running / max(1, n)
+    duration = time.perf_counter() - start
+    samples = len(sampler) * args.epochs * world
+    firsts = [first_batch]
+    if not args.single:
+        t = torch.tensor([mean], dtype=torch.float64)
+        dist.all_reduce(t)
+        mean = float(t) / world
+        firsts = [None] * world
+        dist.all_gather_object(firsts, first_batch)
+        dist.destroy_process_group()
+    if rank == 0:
+        print(json.dumps({"samples_per_s": samples / duration, "duration_s": duration, "train_loss": mean,
+                          "first_batch_at": firsts, "pid": os.getpid()}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
