@@ -53,6 +53,7 @@ from .config import (
     write_private_json,
     ws_url,
 )
+from .instances import InstanceHost
 
 log = logging.getLogger("xpufleet.agent")
 
@@ -105,6 +106,7 @@ class Agent:
         # The server's settings, from its last welcome: a remote agent does not share its environment.
         self.server_heartbeat_s: float | None = None
         self.server_grace_s: float | None = None
+        self.instances = InstanceHost(self)  # inference unit instances (instances.py)
 
     def heartbeat_s(self) -> float:
         """Heartbeat period: the server's (from welcome), else this process's own setting."""
@@ -259,6 +261,7 @@ class Agent:
             self._write_state("connected", "", server=auth.url)
             log.info("connected to %s as %s", auth.url, self.cfg.name)
             await self._reconcile(msg["runs"])
+            await self.instances.after_welcome()
             hb = asyncio.create_task(self._heartbeat_loop(ws))
             try:
                 async for frame in ws:
@@ -318,6 +321,8 @@ class Agent:
             rs = self.runs.get(msg["run_id"])
             if rs is not None:
                 await self._forget(rs, msg.get("reason") or "forgotten by the server")
+        elif mtype in ("start_instance", "stop_instance"):
+            await self.instances.handle(msg)
         elif mtype == "credential":  # reissued: the old credential no longer works
             server = self.state.get("server")
             write_private_json(credential_file(self.cfg.home, self.cfg.name),
@@ -501,6 +506,7 @@ class Agent:
                     if not rs.finished and rs.stop_reason is None:
                         log.warning("run %s: disconnected longer than the grace; stopping it", rs.run_id)
                         self.stop_run(rs, "grace")
+                self.instances.stop_all()
 
     # --- lifecycle --------------------------------------------------------------------------------
     async def main(self) -> int:
@@ -517,7 +523,8 @@ class Agent:
         active = [rs for rs in self.runs.values() if not rs.finished]
         for rs in active:
             self.stop_run(rs, "shutdown")
-        tasks = [rs.task for rs in active if rs.task is not None]
+        self.instances.stop_all()
+        tasks = [rs.task for rs in active if rs.task is not None] + self.instances.tasks()
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=RUN_STOP_GRACE_S + 5)
             for rs in active:

@@ -24,7 +24,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from . import protocol
@@ -56,6 +56,10 @@ class WorkerRegistry(AgentSessions, WorkerManagement, WorkersPanel):
         self.started_at = time.monotonic()
         self._grace_started = False
         self._announced_warnings: set[str] = set()
+        # Other parts' agent messages (message type -> handler(worker, msg)) and connection changes
+        # (listener(worker, online)): inference unit instances (server/units).
+        self.message_handlers: dict[str, Callable[[str, dict[str, Any]], Awaitable[None]]] = {}
+        self.connection_listeners: list[Callable[[str, bool], None]] = []
         store.ensure_schema(SCHEMA_NAME, SCHEMA, SCHEMA_VERSION)
         for row in store.query("SELECT * FROM workers ORDER BY name"):
             self.workers[row["name"]] = WorkerState(

@@ -174,6 +174,11 @@ class AgentSessions:
                     await self._on_heartbeat(st, conn, msg)
                 elif msg["type"] == "event":
                     await self._on_event(st, conn, msg)
+                elif msg["type"] in self.message_handlers:  # inference unit instances (server/units)
+                    try:
+                        await self.message_handlers[msg["type"]](st.name, msg)
+                    except Exception:  # noqa: BLE001 - one bad handler must not drop the agent
+                        log.exception("worker %s: handling %s failed", st.name, msg["type"])
         finally:
             self._detach(st, conn)
 
@@ -267,6 +272,8 @@ class AgentSessions:
             self._schedule_grace(st)
         log.info("worker %s disconnected", st.name)
         self.dispatcher.providers_changed()
+        for listener in self.connection_listeners:
+            listener(st.name, False)
 
     async def send_start(self, conn: Connection, run: dict[str, Any], devices: list[str]) -> bool:
         """Send one run to an agent."""
