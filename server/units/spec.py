@@ -168,7 +168,8 @@ def _num(obj: Mapping[str, Any], key: str, where: str, default: float, lo: float
         ok = (lo < value if lo_open else lo <= value) and value <= hi
     if not ok:
         low = f"more than {lo:g}" if lo_open else f"from {lo:g}"
-        raise SpecError(f"{where}.{key}: must be a number of seconds {low} to {hi:g}, got {obj.get(key)!r}")
+        field_name = f"{where}.{key}" if where else key
+        raise SpecError(f"{field_name}: must be a number of seconds {low} to {hi:g}, got {obj.get(key)!r}")
     return float(value)
 
 
@@ -305,8 +306,8 @@ def parse_service(body: Any, name: str | None = None) -> ServiceSpec:
         restart=restart,
         route_wait_s=_num(rt, "wait_s", "routing", DEFAULT_ROUTE_WAIT_S, 0, 300),
         request_timeout_s=_num(rt, "request_timeout_s", "routing", DEFAULT_REQUEST_TIMEOUT_S, 0, 3600, lo_open=True),
-        ready_timeout_s=_num(body, "ready_timeout_s", "service", DEFAULT_READY_TIMEOUT_S, 0, 86400, lo_open=True),
-        drain_timeout_s=_num(body, "drain_timeout_s", "service", DEFAULT_DRAIN_TIMEOUT_S, 0, 3600),
+        ready_timeout_s=_num(body, "ready_timeout_s", "", DEFAULT_READY_TIMEOUT_S, 0, 86400, lo_open=True),
+        drain_timeout_s=_num(body, "drain_timeout_s", "", DEFAULT_DRAIN_TIMEOUT_S, 0, 3600),
     )
 
 

@@ -38,21 +38,26 @@ def stage_bounds(weights: Sequence[int], stages: int) -> list[tuple[int, int]]:
     def cost(a: int, b: int) -> int:
         return prefix[b] - prefix[a]
 
-    inf = (float("inf"), float("inf"))
-    # best[k][i]: (max stage weight, max stage length) splitting the first i layers into k stages
-    best = [[inf] * (n + 1) for _ in range(stages + 1)]
-    cut = [[0] * (n + 1) for _ in range(stages + 1)]
-    best[0][0] = (0, 0)
-    for k in range(1, stages + 1):
-        for i in range(k, n - (stages - k) + 1):
-            for j in range(k - 1, i):
-                prev = best[k - 1][j]
-                if prev == inf:
-                    continue
-                cand = (max(prev[0], cost(j, i)), max(prev[1], i - j))
-                if cand < best[k][i]:
-                    best[k][i] = cand
-                    cut[k][i] = j
+    inf = float("inf")
+
+    def table(limit: float | None) -> tuple[list[list[float]], list[list[int]]]:
+        """best[k][i] over splits of the first i layers into k stages: the largest stage weight
+        (``limit`` None), else the longest stage among splits whose stages weigh at most ``limit``."""
+        best = [[inf] * (n + 1) for _ in range(stages + 1)]
+        cut = [[0] * (n + 1) for _ in range(stages + 1)]
+        best[0][0] = 0
+        for k in range(1, stages + 1):
+            for i in range(k, n - (stages - k) + 1):
+                for j in range(k - 1, i):
+                    if best[k - 1][j] == inf or (limit is not None and cost(j, i) > limit):
+                        continue
+                    value = max(best[k - 1][j], cost(j, i) if limit is None else i - j)
+                    if value < best[k][i]:
+                        best[k][i], cut[k][i] = value, j
+        return best, cut
+
+    weight_best, _ = table(None)
+    _, cut = table(weight_best[stages][n])  # the lightest largest stage, then the most even lengths
     bounds: list[tuple[int, int]] = []
     i = n
     for k in range(stages, 0, -1):
