@@ -321,7 +321,9 @@ def _serve(sink: EventSink, stdin: Any) -> int:
     if size > 1:
         import torch.distributed as dist
 
-        store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), size, is_master=rank == 0,
+        # Under torchrun the elastic agent already hosts the store at MASTER_PORT: join it.
+        hosted = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), size, is_master=rank == 0 and not hosted,
                               timeout=timeout)
         # The group's own timeout is long: followers wait for the next request without one (a rank that
         # dies closes its connections, which every other rank sees at once); rank 0 bounds each batch.
@@ -330,7 +332,10 @@ def _serve(sink: EventSink, stdin: Any) -> int:
         dist.barrier()
     facts = {"unit": env.get("UNIT_ID"), "generation": int(env.get("UNIT_GENERATION", "0") or 0),
              "pid": os.getpid(), "stage": stage.describe()}
-    sink.emit("unit_arrived", {"env": contract_of(dict(env)), **facts})
+    seen = contract_of(dict(env))
+    if "CUDA_VISIBLE_DEVICES" in env:  # its one card (renumbered to cuda:0)
+        seen["CUDA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
+    sink.emit("unit_arrived", {"env": seen, **facts})
     pipe = Pipeline(stage, rank, size, timeout)
     if rank == 0:
         return asyncio.run(_serve_rank0(pipe, program, stdin, facts))
