@@ -152,7 +152,8 @@ def cmd_services(args: argparse.Namespace) -> int:
         out = client.request("GET", "/api/services")
         if args.json:
             print(json.dumps(out, indent=2))
-        elif not out["services"]:
+            return EXIT_OK
+        if not out["services"]:
             print("no services: `xpufleet serve examples/serve_mlp_digits.json` starts one")
         for svc in out["services"]:
             _print_service(svc, brief=True)
