@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import urllib.parse
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -320,6 +321,20 @@ def test_the_restart_budget_ends_in_failed_in_the_api_and_the_cli(fleet):
     # its cards were freed: a new unit can take them
     fleet.wait_service("crash", lambda s: True)
     delete(fleet, "crash")
+
+
+def test_the_readme_example_trains_serves_and_answers(fleet):
+    """README "Services (Units)": train examples/mlp_digits.json, serve examples/serve_mlp_digits.json on the
+    simulated cards, send examples/serve_mlp_digits.request.json (four validation digits: 1, 4, 8, 6)."""
+    examples = Path(__file__).resolve().parents[3] / "examples"
+    trained = fleet.cli("run", str(examples / "mlp_digits.json"), "--wait", timeout=900)
+    assert trained.returncode == 0, trained.stdout + trained.stderr
+    served = fleet.cli("serve", str(examples / "serve_mlp_digits.json"), "--wait", "--timeout", "300", timeout=400)
+    assert served.returncode == 0 and "service digits: ready" in served.stdout, served.stdout + served.stderr
+    answer = fleet.cli("services", "infer", "digits", str(examples / "serve_mlp_digits.request.json"))
+    assert answer.returncode == 0, answer.stderr
+    assert json.loads(answer.stdout)["outputs"] == [1, 4, 8, 6]
+    assert gone(delete(fleet, "digits"))
 
 
 def test_services_survive_a_sidecar_restart(fleet):
