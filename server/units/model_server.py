@@ -14,8 +14,9 @@ Concurrent requests are batched: while one batch runs through the pipeline, the 
 they go through together (up to ``max_batch`` rows). Rank 0 runs stage 0 and sends the activations to
 rank 1 (a fixed header with the shape, then the tensor), rank k to rank k+1, the last rank back to rank 0.
 
-Stop: ``stop`` on stdin, SIGTERM, or the end of stdin (the agent went away): rank 0 answers what it
-has, tells the other ranks to stop, and exits 0. A collective that fails (a rank died) means the group
+Stop: SIGTERM, or (started by an agent) ``stop`` on stdin or its end (the agent went away): rank 0
+answers what it has, tells the other ranks to stop, and exits 0. Without an agent (torchrun, a
+Kubernetes pod) it reads no stdin. A collective that fails (a rank died) means the group
 is broken: rank 0 answers ``503`` with ``X-Xpufleet-Unit-Broken`` and exits 3, so the unit is rebuilt.
 """
 
@@ -142,7 +143,10 @@ class Pipeline:
 
 
 def _watch_stdin(stdin: Any, on_stop: Any) -> None:
-    """``stop`` on stdin or its end (the agent went away) -> ``on_stop()``."""
+    """``stop`` on stdin or its end (the agent went away) -> ``on_stop()``. Without an agent (torchrun, a
+    Kubernetes pod: ``stdin`` None) only SIGTERM stops it."""
+    if stdin is None:
+        return
 
     def run() -> None:
         try:
@@ -351,7 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("instance_dir", nargs="?", default=".", type=Path, help="where it writes events.jsonl")
     args = parser.parse_args(argv)
     fd = os.environ.get(EVENTS_FD_ENV)
-    return serve(args.instance_dir, int(fd) if fd and fd.isdigit() else None, sys.stdin)
+    by_agent = bool(fd and fd.isdigit())  # an agent's launcher: stdin is its pipe, and its end means "stop"
+    return serve(args.instance_dir, int(fd) if by_agent else None, sys.stdin if by_agent else None)
 
 
 if __name__ == "__main__":
