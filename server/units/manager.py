@@ -201,8 +201,8 @@ class UnitManager(UnitControl):
                                 f"it to finish (GET /api/services/{name}, update.state)")
         spec = parse_service(body, name)
         self._check_target(spec)
-        if spec == svc.spec:
-            return {**self.describe(svc), "unchanged": True}
+        if spec == svc.spec and not any(u.state == "failed" for u in svc.units):
+            return {**self.describe(svc), "unchanged": True}  # (the same spec still replaces failed units)
         version = max(svc.specs) + 1
         svc.specs[version] = spec
         svc.update = Update("rolling", from_version=svc.version, to_version=version)
