@@ -297,6 +297,28 @@ def test_a_rolling_update_under_2000_requests_fails_none(fleet):
     assert gone(delete(fleet, "roll"))
 
 
+def test_an_update_whose_new_unit_never_becomes_ready_is_rolled_back(fleet):
+    svc = create_ready(fleet, body("back"))
+    old = unit_of(svc)
+    broken = body("back", restart={"max_restarts": 1, "backoff_s": 0.1, "backoff_max_s": 0.1})
+    broken["program"]["model"]["path"] = "models/not-there.safetensors"
+    status, out = fleet.call("PUT", "/api/services/back", broken)
+    assert status == 202 and out["state"] == "updating", out
+    done = fleet.wait_service("back", lambda s: s["update"]["state"] not in ("rolling", "rolling_back"), 300,
+                              "update ended")
+    upd = done["update"]
+    assert upd["state"] == "rolled_back" and upd["from_version"] == 1 and upd["to_version"] == 2, upd
+    assert "failed" in upd["reason"] and "not found on this worker" in upd["reason"], upd["reason"]
+    assert done["version"] == 1 and done["spec"]["program"]["model"]["path"] == MODEL
+    (unit,) = done["units"]
+    assert unit["id"] == old["id"] and unit["state"] == "ready"
+    assert [i["pid"] for i in unit["instances"]] == [i["pid"] for i in old["instances"]]  # never touched
+    client = Client(fleet)
+    assert client.infer("back", {"inputs": samples(1)})[0] == 200
+    client.close()
+    assert gone(delete(fleet, "back"))
+
+
 def test_the_restart_budget_ends_in_failed_in_the_api_and_the_cli(fleet):
     spec = {"name": "crash", "program": {"command": [sys.executable, "-c", "import sys; sys.exit(3)"]},
             "unit": {"size": 2, "guard": True}, "target": {"device": "cuda"}, "routing": {"wait_s": 0.5},
