@@ -184,7 +184,8 @@ class InstanceHost:
         spec = GroupSpec(f"{inst.unit_id}-r{inst.rank}-g{inst.generation}",
                          [MemberSpec(0, run_dir, member_environ, log_path, command=argv)])
         inst.group = ProcessGroup(spec, on_events=lambda _rank, events: self._events(inst, events), starter=starter)
-        if inst.killed:
+        if inst.killed:  # stopped while it was being prepared
+            await self._report(inst, "exited", cause="stopped before it started")
             return
         try:
             await inst.group.start()

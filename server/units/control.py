@@ -374,6 +374,8 @@ class UnitControl:
                     return
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 0.5)
+            if unit.generation == generation and unit.state == "recovering":  # ("starting" has its own timer)
+                self._restart_unit(unit, f"rank 0 did not answer its health check within {spec.ready_timeout_s:g} s")
         finally:
             self._checking.discard(unit.id)
 
