@@ -72,14 +72,20 @@ def _header(op: int, shape: tuple[int, ...] = ()) -> Any:
 class Pipeline:
     """This rank's stage and its neighbours in the group."""
 
-    def __init__(self, stage: Stage, rank: int, size: int, timeout: Any = None) -> None:
-        self.stage, self.rank, self.size, self.timeout = stage, rank, size, timeout
+    def __init__(self, stage: Stage, rank: int, size: int, timeout: Any = None, device: Any = "cpu") -> None:
+        self.stage, self.rank, self.size, self.timeout, self.device = stage, rank, size, timeout, device
+
+    def _run(self, x: Any) -> Any:
+        import torch
+
+        with torch.inference_mode():
+            return self.stage.module(x.to(self.device)).cpu()
 
     def _send(self, tensor: Any, dst: int) -> None:
         import torch.distributed as dist
 
         dist.send(_header(OP_FORWARD, tuple(tensor.shape)), dst)
-        dist.send(tensor.contiguous(), dst)
+        dist.send(tensor.contiguous(), dst)  # activations travel as CPU tensors (gloo)
 
     def _recv(self, src: int, timeout: Any = None) -> Any | None:
         """The next tensor from ``src`` (None: it said stop). ``timeout``: how long rank 0 waits for a
@@ -101,10 +107,7 @@ class Pipeline:
 
     def forward(self, x: Any) -> Any:
         """Rank 0: the whole pipeline for one batch (stage 0 here, the rest on the other ranks)."""
-        import torch
-
-        with torch.inference_mode():
-            y = self.stage.module(x)
+        y = self._run(x)
         if self.size == 1:
             return y
         try:
@@ -118,7 +121,6 @@ class Pipeline:
 
     def follow(self) -> int:
         """Ranks > 0: receive, run the stage, pass on, until rank 0 says stop."""
-        import torch
         import torch.distributed as dist
 
         prev, nxt = self.rank - 1, (self.rank + 1) % self.size
@@ -129,9 +131,7 @@ class Pipeline:
                     if nxt != 0:
                         dist.send(_header(OP_STOP), nxt)
                     return 0
-                with torch.inference_mode():
-                    y = self.stage.module(x)
-                self._send(y, nxt)
+                self._send(self._run(x), nxt)
             except RuntimeError as exc:
                 raise GroupBroken(f"a collective with the other ranks failed: {str(exc).splitlines()[0]}") from None
 
@@ -321,6 +321,10 @@ def _serve(sink: EventSink, stdin: Any) -> int:
     threads = env.get("OMP_NUM_THREADS", "").strip()
     torch.set_num_threads(int(threads) if threads.isdigit() and int(threads) > 0 else 1)
     stage = load_stage(resolve_model(program["path"]), rank, size)
+    # The instance's card when it has a real one (its only visible card: cuda:0), else the CPU
+    # (simulated cards). CUDA is first touched here, in the instance's own process.
+    device = torch.device("cuda:0") if torch.cuda.is_available() else torch.device("cpu")
+    stage.module.to(device)
     timeout = datetime.timedelta(seconds=float(program.get("collective_timeout_s") or 60))
     if size > 1:
         import torch.distributed as dist
@@ -335,12 +339,12 @@ def _serve(sink: EventSink, stdin: Any) -> int:
                                 world_size=size, timeout=datetime.timedelta(seconds=IDLE_TIMEOUT_S))
         dist.barrier()
     facts = {"unit": env.get("UNIT_ID"), "generation": int(env.get("UNIT_GENERATION", "0") or 0),
-             "pid": os.getpid(), "stage": stage.describe()}
+             "pid": os.getpid(), "stage": stage.describe(), "device": str(device)}
     seen = contract_of(dict(env))
     if "CUDA_VISIBLE_DEVICES" in env:  # its one card (renumbered to cuda:0)
         seen["CUDA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
     sink.emit("unit_arrived", {"env": seen, **facts})
-    pipe = Pipeline(stage, rank, size, timeout)
+    pipe = Pipeline(stage, rank, size, timeout, device)
     if rank == 0:
         return asyncio.run(_serve_rank0(pipe, program, stdin, facts))
     # Followers end with the group: SIGTERM (its default action) or stop/the agent going away.
