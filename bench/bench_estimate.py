@@ -116,6 +116,8 @@ def larger_graphs() -> dict[str, dict[str, Any]]:
 def example_graphs() -> dict[str, dict[str, Any]]:
     out = {}
     for path in sorted((ROOT / "examples").glob("*.json")):
+        if path.name.startswith("serve_"):  # service specs, not graphs
+            continue
         g = json.loads(path.read_text())
         if any(n.get("class_type") == T.TRAINING_LOOP_NODE for n in g.values()):
             out[f"example:{path.stem}"] = g

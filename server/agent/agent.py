@@ -61,6 +61,7 @@ from .config import (
 )
 from .remote import RemoteFeatures
 from .usage import run_memory
+from .instances import InstanceHost
 
 log = logging.getLogger("xpufleet.agent")
 
@@ -120,6 +121,7 @@ class Agent(RemoteFeatures):
         self._pin: str | None = None  # the certificate pinned on the current connection
         self._refusals_reported: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.instances = InstanceHost(self)  # inference unit instances (instances.py)
 
     def heartbeat_s(self) -> float:
         """Heartbeat period: the server's (from welcome), else this process's own setting."""
@@ -291,6 +293,7 @@ class Agent(RemoteFeatures):
             self._write_state("connected", "", server=auth.url)
             log.info("connected to %s as %s", auth.url, self.cfg.name)
             await self._reconcile(msg["runs"])
+            await self.instances.after_welcome()
             hb = asyncio.create_task(self._heartbeat_loop(ws))
             try:
                 async for frame in ws:
@@ -357,6 +360,8 @@ class Agent(RemoteFeatures):
                 await self._forget(rs, msg.get("reason") or "forgotten by the server")
         elif mtype == "read_outputs":
             self._spawn(self._serve_outputs(msg))
+        elif mtype in ("start_instance", "stop_instance"):
+            await self.instances.handle(msg)
         elif mtype == "credential":  # reissued: the old credential no longer works
             server = self.state.get("server")
             write_private_json(credential_file(self.cfg.home, self.cfg.name),
@@ -558,6 +563,7 @@ class Agent(RemoteFeatures):
                     if not rs.finished and rs.stop_reason is None:
                         log.warning("run %s: disconnected longer than the grace; stopping it", rs.run_id)
                         self.stop_run(rs, "grace")
+                self.instances.stop_all()
 
     # --- lifecycle --------------------------------------------------------------------------------
     async def main(self) -> int:
@@ -574,7 +580,8 @@ class Agent(RemoteFeatures):
         active = [rs for rs in self.runs.values() if not rs.finished]
         for rs in active:
             self.stop_run(rs, "shutdown")
-        tasks = [rs.task for rs in active if rs.task is not None]
+        self.instances.stop_all()
+        tasks = [rs.task for rs in active if rs.task is not None] + self.instances.tasks()
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=RUN_STOP_GRACE_S + 5)
             for rs in active:

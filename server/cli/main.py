@@ -5,7 +5,7 @@
 [--name N] [--seed S] [--follow | --wait | --no-wait] [--local]``; ``xpufleet runs``; ``xpufleet cancel``;
 ``xpufleet estimate GRAPH.json [--target ...] [--devices ...] [--local] [--json]``;
 ``xpufleet export GRAPH.json [-o train.py]``;
-plus ``agent`` and ``predict`` when those parts are installed.
+``xpufleet serve SPEC.json`` and ``xpufleet services ...`` (inference units); ``agent``, ``workers``, ``predict``.
 
 Exit codes a script can rely on:
 
@@ -28,6 +28,7 @@ from . import estimate as estimate_cli
 from . import export as export_cli
 from . import pools as pools_cli
 from . import runs as runs_cli
+from . import services as services_cli
 from . import sidecar as sidecar_cli
 from . import ui as ui_cli
 from . import workers as workers_cli
@@ -36,8 +37,8 @@ from .common import EXIT_RUN_FAILED, EXIT_UNREACHABLE, EXIT_USAGE, err
 from .text import safe
 
 # Every command module, in the order `xpufleet --help` lists them.
-COMMAND_MODULES = (sidecar_cli, runs_cli, estimate_cli, agent_cli, workers_cli, pools_cli, export_cli, predictor_cli,
-                   ui_cli)
+COMMAND_MODULES = (sidecar_cli, runs_cli, estimate_cli, agent_cli, workers_cli, pools_cli, services_cli,
+                   export_cli, predictor_cli, ui_cli)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,7 +20,9 @@ subprocess or warm fork, see warm.py) says *how* a process comes to exist (its p
   ``MEMBER_FAILURE_GRACE_S`` is ended too (rank 0 is the run);
 * :meth:`ProcessGroup.wait` returns only when every member has ended.
 
-Each member runs ``xpufleet.server.run.runner`` on the run directory with its own environment
+Each member runs ``xpufleet.server.run.runner`` on the run directory (or, when its spec names a
+``command``, that command: inference unit instances; started cold, the events fd in
+``XPUFLEET_EVENTS_FD``) with its own environment
 (``CUDA_VISIBLE_DEVICES`` / ``ZE_AFFINITY_MASK`` set before any device call), its own session (so its
 process group can be killed as one), stdin a pipe, stdout and stderr to its log, and an event pipe.
 """
@@ -49,6 +51,7 @@ GROUP_GONE_WAIT_S = 5.0  # how long a member's leftover processes get after it e
 
 EventsCallback = Callable[[int, list[dict[str, Any]]], None]
 STOP_COMMANDS = {"cancel": b"stop\n", "interrupt": b"interrupt\n"}
+EVENTS_FD_ENV = "XPUFLEET_EVENTS_FD"  # a command member finds its event pipe's fd here
 
 
 class LaunchError(RuntimeError):
@@ -63,6 +66,9 @@ class MemberSpec:
     run_dir: Path
     env: dict[str, str]
     log_path: Path
+    # Run this argv instead of the runner (an inference unit's instance program). Only starters that
+    # say ``runs_commands = True`` start it; any other starts it cold (ColdStarter).
+    command: list[str] | None = None
 
 
 @dataclass
@@ -206,15 +212,20 @@ class ColdStarter:
     of ``import torch`` before the first node: the fallback when no warm parent is available)."""
 
     name = "cold"
+    runs_commands = True
 
     async def start(self, member: MemberSpec, events_fd: int) -> MemberProcess:
         import sys
 
+        argv = [sys.executable, "-m", RUNNER_MODULE, str(member.run_dir), "--events-fd", str(events_fd)]
+        env = member.env
+        if member.command is not None:
+            argv, env = list(member.command), {**member.env, EVENTS_FD_ENV: str(events_fd)}
         with open(member.log_path, "ab") as out:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", RUNNER_MODULE, str(member.run_dir), "--events-fd", str(events_fd),
+                *argv,
                 stdin=asyncio.subprocess.PIPE, stdout=out, stderr=asyncio.subprocess.STDOUT,
-                pass_fds=(events_fd,), env=member.env, cwd=str(member.run_dir), start_new_session=True,
+                pass_fds=(events_fd,), env=env, cwd=str(member.run_dir), start_new_session=True,
             )
         return _ColdProcess(proc)
 
@@ -365,6 +376,8 @@ class ProcessGroup:
             m.proc.signal_group(sig)
 
     async def _start_member(self, starter: Starter, m: _Member) -> None:
+        if m.spec.command is not None and not getattr(starter, "runs_commands", False):
+            starter = ColdStarter()  # a warm parent forks runners only
         read_fd, write_fd = os.pipe()
         try:
             try:
@@ -450,6 +463,11 @@ class ProcessGroup:
     def kill(self) -> None:
         """End every member now (SIGKILL to each process group)."""
         self._end_all(signal.SIGKILL)
+
+    def terminate(self, grace_s: float) -> None:
+        """SIGTERM to every member's process group, SIGKILL after ``grace_s`` (programs that do not
+        read stdin, such as an inference server started as a command)."""
+        self._end_all(signal.SIGTERM, then_kill_after=grace_s)
 
     def _end_all(self, sig: int, then_kill_after: float | None = None) -> None:
         loop = asyncio.get_running_loop()

@@ -1,7 +1,8 @@
 """The sidecar's application (SPEC §12) and its serving loop.
 
 :func:`create_app` builds the aiohttp application: the security middleware (auth.py), JSON errors
-(http.py), the route modules (routes/: status, runs, run files, workers, estimates; the predictor's own routes),
+(http.py), the route modules (routes/: status, runs, run files, workers, pools, outputs, estimates,
+services, ui; the predictor's own routes),
 the OpenAPI document, and start/stop through ``cleanup_ctx``. The shared objects are found under the
 app keys of keys.py.
 
@@ -47,6 +48,7 @@ from .routes import outputs as outputs_routes
 from .routes import pools as pools_routes
 from .routes import run_files as run_files_routes
 from .routes import runs as runs_routes
+from .routes import services as services_routes
 from .routes import status as status_routes
 from .routes import ui as ui_routes
 from .routes import workers as workers_routes
@@ -89,7 +91,7 @@ def create_app(config: SidecarConfig) -> web.Application:
     app[STARTED_KEY] = time.time()
     openapi.setup(app)
     for routes in (status_routes, runs_routes, run_files_routes, workers_routes, pools_routes, outputs_routes,
-                   estimates_routes, ui_routes):
+                   estimates_routes, services_routes, ui_routes):
         routes.setup(app)
     add_predictor_routes(app, dispatcher.card_snapshots)
     app.cleanup_ctx.append(_store_ctx)

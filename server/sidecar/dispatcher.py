@@ -11,7 +11,9 @@ Other issues plug in here: worker providers (:meth:`Dispatcher.register_provider
 resolved again as providers change: dynamic.py), admission by memory on shared
 cards (:attr:`Dispatcher.memory`, :mod:`..memory`: it plans the runs' shared candidates before the slot
 rule plans the exclusive ones), extra admission predicates (:attr:`Dispatcher.admit_hooks`), card
-snapshots for the predictor.
+snapshots for the predictor, and slot holders that are not runs
+(inference unit instances: :meth:`Dispatcher.request_slots`, queued in submission order with the runs,
+so instances and runs share cards by the same rule).
 """
 
 from __future__ import annotations
@@ -97,6 +99,8 @@ class Dispatcher(DynamicRuns):
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._bg: set[asyncio.Task[Any]] = set()
+        # holder id -> (on_placed(provider, devices), on_reason(text)) of queued holders that are not runs
+        self._holders: dict[str, tuple[Callable[[str, tuple[str, ...]], None], Callable[[str | None], None]]] = {}
         self._last_state_warnings: list[str] = []
         self.shutting_down = False
         self.plans = 0  # passes made (tests and /api/health)
@@ -341,6 +345,8 @@ class Dispatcher(DynamicRuns):
                     self._reasons[run_id] = changed[run_id] = reason
         elif (result.blocked or dirty) and self._reasons_timer is None:
             self._reasons_timer = loop.call_later(REASONS_REFRESH_S - since, self._reasons_due)
+        for holder in [h for h in changed if h in self._holders]:
+            self._holders[holder][1](changed.pop(holder))
         if changed:
             self.store.set_waiting_reasons(changed)
 
@@ -350,6 +356,13 @@ class Dispatcher(DynamicRuns):
 
     def _place(self, run_id: str, provider_name: str, devices: tuple[str, ...],
                memory_keys: tuple[str, ...] | None = None) -> None:
+        holder = self._holders.pop(run_id, None)
+        if holder is not None:  # not a run: the slots are held, the holder starts its own process
+            self._queue.remove(run_id)
+            self._reasons.pop(run_id, None)
+            self.hold_slots(run_id, provider_name, devices)
+            holder[0](provider_name, tuple(devices))
+            return
         provider = self.providers.get(provider_name)
         claim = getattr(provider, "claim", None)  # a one-shot instance takes one run, ever
         if claim is not None:
@@ -459,6 +472,32 @@ class Dispatcher(DynamicRuns):
             self.wake()
         elif self._queue.remove(run_id) is not None:
             self.wake()
+
+    # --- slot holders that are not runs (inference unit instances) -------------------------------
+
+    def request_slots(self, holder_id: str, candidates: Sequence[Candidate],
+                      on_placed: Callable[[str, tuple[str, ...]], None],
+                      on_reason: Callable[[str | None], None] | None = None) -> None:
+        """Queue a holder that is not a run for one of ``candidates``, in submission order with the
+        runs; ``on_placed(provider, devices)`` once it holds the slots (until :meth:`release_slots`),
+        ``on_reason(text)`` with its waiting reason meanwhile."""
+        self._holders[holder_id] = (on_placed, on_reason or (lambda _text: None))
+        self._queue.add(QueuedRun(holder_id, tuple(candidates)))
+        self._unexplained.add(holder_id)
+        self.wake()
+
+    def hold_slots(self, holder_id: str, provider: str, devices: Sequence[str]) -> None:
+        """Count ``holder_id`` on the slots of ``devices`` (placed, or taken over after a restart)."""
+        self._holdings[holder_id] = (provider, tuple(devices))
+        if self._state is not None:
+            self._state.hold(holder_id, provider, tuple(devices))
+
+    def release_slots(self, holder_id: str) -> None:
+        """The holder's slots are free again (or its place in the queue is given up)."""
+        self._holders.pop(holder_id, None)
+        self._reasons.pop(holder_id, None)
+        self._unexplained.discard(holder_id)
+        self._release(holder_id)
 
     # --- cancel / delete --------------------------------------------------------------------------
 

@@ -156,6 +156,44 @@ SCHEMAS: dict[str, Any] = {
     },
     "Cancel": {"type": "object", "additionalProperties": False,
                "properties": {"reason": {"type": "string", "maxLength": 500}}},
+    "ServiceSpec": {
+        "type": "object", "required": ["name", "program"], "additionalProperties": False,
+        "properties": {
+            "name": {"type": "string", "pattern": "^[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?$"},
+            "program": {"type": "object", "description": "{\"model\": {\"path\", \"split\", \"max_batch\", "
+                                                         "\"collective_timeout_s\"}} or {\"command\": [...], "
+                                                         "\"health_path\", \"infer_path\", \"env\"}"},
+            "unit": {"type": "object", "additionalProperties": False,
+                     "properties": {"size": {"type": "integer", "minimum": 1, "maximum": 64},
+                                    "guard": {"type": "boolean"}}},
+            "replicas": {"type": "integer", "minimum": 1, "maximum": 64},
+            "target": {"oneOf": [{"type": "string"}, {"type": "object", "properties": {
+                "worker": {"type": "string"}, "device": {"type": "string"}}}]},
+            "restart": {"type": "object", "properties": {
+                "max_restarts": {"type": "integer", "minimum": 0}, "window_s": {"type": "number"},
+                "backoff_s": {"type": "number"}, "backoff_max_s": {"type": "number"}}},
+            "routing": {"type": "object", "properties": {"wait_s": {"type": "number"},
+                                                         "request_timeout_s": {"type": "number"}}},
+            "ready_timeout_s": {"type": "number"}, "drain_timeout_s": {"type": "number"},
+        },
+    },
+    "Service": {
+        "type": "object", "required": ["name", "state", "version", "spec", "units", "update"],
+        "properties": {
+            "name": {"type": "string"},
+            "state": {"type": "string", "enum": ["ready", "updating", "degraded", "starting", "failed", "stopped"]},
+            "version": {"type": "integer"}, "spec": {"$ref": "#/components/schemas/ServiceSpec"},
+            "units": {"type": "array", "items": {"type": "object", "properties": {
+                "id": {"type": "string"}, "state": {"type": "string"}, "generation": {"type": "integer"},
+                "failed_reason": {"type": ["string", "null"]},
+                "instances": {"type": "array", "items": {"type": "object", "properties": {
+                    "rank": {"type": "integer"}, "worker": {"type": ["string", "null"]},
+                    "device": {"type": ["string", "null"]}, "pid": {"type": ["integer", "null"]},
+                    "generation": {"type": "integer"}, "state": {"type": "string"},
+                    "restarts": {"type": "integer"}, "last_exit": {"type": ["string", "null"]}}}}}}},
+            "update": {"type": ["object", "null"]},
+        },
+    },
 }
 
 RUN_ID = {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string", "minLength": 1},
@@ -266,6 +304,57 @@ RUN_OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                        _q("tail", {"type": "integer", "minimum": 1}, "last N bytes"),
                        _q("format", {"type": "string", "enum": ["json", "text"]}, "answer shape")],
         "responses": {"200": {"description": "log text"}, **_errors(400, 401, 403, 404)},
+    },
+}
+
+SERVICE = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
+_SERVICE_BODY = {"required": True, **_json({"$ref": "#/components/schemas/ServiceSpec"})}
+_SERVICE_ANSWER = _json({"$ref": "#/components/schemas/Service"})
+
+# The service routes (server/sidecar/routes/services.py registers them).
+SERVICE_OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
+    ("post", "/api/services"): {
+        "summary": "Create a service: replicas units of unit.size instances, one worker card each",
+        "requestBody": _SERVICE_BODY,
+        "responses": {"201": {"description": "the service", **_SERVICE_ANSWER}, **_errors(400, 401, 403, 409, 413)},
+    },
+    ("get", "/api/services"): {
+        "summary": "Every service with its units and instances",
+        "responses": {"200": {"description": "services", **_json({"type": "object", "properties": {
+            "services": {"type": "array", "items": {"$ref": "#/components/schemas/Service"}}}})},
+            **_errors(401, 403)},
+    },
+    ("get", "/api/services/{name}"): {
+        "summary": "One service: units, and per instance rank, worker, card, pid, generation, state, restarts, "
+                   "last exit cause", "parameters": [SERVICE],
+        "responses": {"200": {"description": "the service", **_SERVICE_ANSWER}, **_errors(401, 403, 404)},
+    },
+    ("put", "/api/services/{name}"): {
+        "summary": "Rolling update to a new spec: whole units, make-before-break, one at a time; rolled back when "
+                   "a new unit never becomes ready", "parameters": [SERVICE], "requestBody": _SERVICE_BODY,
+        "responses": {"202": {"description": "the update started", **_SERVICE_ANSWER},
+                      "200": {"description": "the spec is unchanged", **_SERVICE_ANSWER},
+                      **_errors(400, 401, 403, 404, 409)},
+    },
+    ("delete", "/api/services/{name}"): {
+        "summary": "Delete a service: every unit drains its in-flight requests and stops", "parameters": [SERVICE],
+        "responses": {"200": {"description": "deleted", **_json({"type": "object"})}, **_errors(401, 403, 404)},
+    },
+    ("post", "/api/services/{name}/infer"): {
+        "summary": "One request, sent to rank 0 of a ready unit (least outstanding requests); it waits at most "
+                   "routing.wait_s for a ready unit", "parameters": [SERVICE],
+        "requestBody": {"required": True, **_json({
+            "type": "object", "description": "the program's request; the built-in model server takes "
+                                             "{\"inputs\": [sample, ...], \"output\": \"raw|classes|probabilities\"}"})},
+        "responses": {"200": {"description": "rank 0's answer (headers X-Xpufleet-Unit, X-Xpufleet-Generation)"},
+                      **_errors(400, 401, 403, 404, 503, 504)},
+    },
+    ("get", "/api/services/{name}/export"): {
+        "summary": "The service as a Kubernetes LeaderWorkerSet manifest (YAML)",
+        "parameters": [SERVICE, _q("format", {"type": "string", "enum": ["lws"]}, "manifest format"),
+                       _q("image", {"type": "string"}, "the container image"),
+                       _q("namespace", {"type": "string"}, "the Kubernetes namespace")],
+        "responses": {"200": {"description": "application/yaml"}, **_errors(400, 401, 403, 404)},
     },
 }
 

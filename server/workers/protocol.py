@@ -20,6 +20,11 @@ agent -> sidecar
   ``refused_server`` {name, version, pinned, seen}: sent INSTEAD of hello by an agent that refused this
                  server's TLS certificate (its SHA-256 fingerprint is not the pinned one); no secret is
                  in it, the sidecar only records it under "Rejected connections" and closes
+  ``instance_state`` {unit_id, rank, generation, attempt, state, pid?, port?, master_port?,
+                 address?, returncode?, cause?, env?}: an inference unit instance is ``starting`` (its ports
+                 picked), ``running``, ``arrived`` (at the unit's barrier) or ``exited``
+  ``instances``  {instances: [{unit_id, rank, generation, attempt, state, pid, port, master_port}]}:
+                 after welcome, the instances this agent runs (the sidecar takes them over)
 sidecar -> agent
   ``start_run``  {run_id, graph, options, devices, budget_gib}: machine device names, in the order
                  the run lists them (run cuda:0 = ``devices[0]``)
@@ -29,6 +34,11 @@ sidecar -> agent
   ``forget_run`` {run_id, reason}: the sidecar no longer expects this run (it ended there, e.g.
                  interrupted after the resume grace): stop it if it still runs, drop its events
   ``credential`` {credential}: a reissued credential; the agent keeps it instead of the old one
+  ``start_instance`` {unit_id, service, rank, size, generation, attempt, device, program, env,
+                 pick_ports}: start one instance of a unit on ``device`` (a machine device name)
+                 with the environment contract ``env``; ``pick_ports``: choose MASTER_PORT (rank 0)
+  ``stop_instance`` {unit_id, rank, mode, grace_s}: ``kill`` now, or ``graceful`` (SIGTERM, killed
+                 after ``grace_s``)
   ``reject``     {reason, removed}: mid-session with ``removed: true``, the worker was removed: the
                  agent stops
   ``read_outputs`` {request_id, run_id, file, offset, length}: bytes of a file the run recorded
@@ -289,6 +299,66 @@ def _refused_server(msg: dict[str, Any]) -> None:
             raise ProtocolError(f"refused_server: {key!r} is too long for a fingerprint")
 
 
+INSTANCE_STATES = ("starting", "running", "arrived", "exited")
+STOP_MODES = ("kill", "graceful")
+
+
+def _instance_ref(msg: dict[str, Any]) -> None:
+    _req(msg, "unit_id", str, "the unit's id")
+    if _req(msg, "rank", int, "the instance's rank") < 0:
+        raise ProtocolError(f"{msg['type']}: 'rank' must be >= 0")
+
+
+def _instance_entry(msg: dict[str, Any]) -> None:
+    _instance_ref(msg)
+    _req(msg, "generation", int, "the unit's generation")
+    _req(msg, "attempt", int, "the instance's attempt within the generation")
+    for key in ("pid", "port", "master_port", "returncode"):
+        _opt(msg, key, int, "an integer")
+    if msg.get("state") not in INSTANCE_STATES:
+        raise ProtocolError(f"{msg['type']}: 'state' must be one of {', '.join(INSTANCE_STATES)}")
+
+
+def _instance_state(msg: dict[str, Any]) -> None:
+    _instance_entry(msg)
+    _opt(msg, "cause", str, "how the instance ended")
+    _opt(msg, "address", str, "the address the instance listens on")
+    env = _opt(msg, "env", dict, "the environment the instance saw")
+    if env is not None and not all(isinstance(v, str) for v in env.values()):
+        raise ProtocolError("instance_state: every value of 'env' must be a string")
+
+
+def _instances(msg: dict[str, Any]) -> None:
+    for entry in _req(msg, "instances", list, "a list of the instances the agent runs"):
+        if not isinstance(entry, dict):
+            raise ProtocolError("instances: each entry must be an object")
+        _instance_entry({"type": "instances", **entry})
+
+
+def _start_instance(msg: dict[str, Any]) -> None:
+    _instance_ref(msg)
+    _req(msg, "service", str, "the service's name")
+    if _req(msg, "size", int, "the unit's size") < 1:
+        raise ProtocolError("start_instance: 'size' must be >= 1")
+    _req(msg, "generation", int, "the unit's generation")
+    _req(msg, "attempt", int, "the instance's attempt within the generation")
+    _req(msg, "device", str, "the machine device name of the instance's card")
+    program = _req(msg, "program", dict, "the instance program ({model} or {command})")
+    if ("model" in program) == ("command" in program):
+        raise ProtocolError("start_instance: 'program' must hold exactly one of 'model' and 'command'")
+    env = _req(msg, "env", dict, "the environment contract")
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise ProtocolError("start_instance: 'env' must map names to strings")
+    _req(msg, "pick_ports", bool, "true when the agent chooses MASTER_PORT")
+
+
+def _stop_instance(msg: dict[str, Any]) -> None:
+    _instance_ref(msg)
+    if msg.get("mode") not in STOP_MODES:
+        raise ProtocolError(f"stop_instance: 'mode' must be one of {', '.join(STOP_MODES)}")
+    _opt(msg, "grace_s", (int, float), "seconds before a graceful stop kills")
+
+
 _VALIDATORS = {
     "hello": _hello,
     "heartbeat": _heartbeat,
@@ -303,10 +373,15 @@ _VALIDATORS = {
     "read_outputs": _read_outputs,
     "outputs_data": _outputs_data,
     "refused_server": _refused_server,
+    "instance_state": _instance_state,
+    "instances": _instances,
+    "start_instance": _start_instance,
+    "stop_instance": _stop_instance,
 }
-AGENT_TO_SIDECAR = frozenset({"hello", "heartbeat", "event", "outputs_data", "refused_server"})
+AGENT_TO_SIDECAR = frozenset({"hello", "heartbeat", "event", "outputs_data", "refused_server", "instance_state",
+                              "instances"})
 SIDECAR_TO_AGENT = frozenset({"welcome", "reject", "start_run", "cancel_run", "forget_run", "ack", "credential",
-                              "read_outputs"})
+                              "read_outputs", "start_instance", "stop_instance"})
 
 
 def validate(msg: Any, allowed: frozenset[str] | None = None) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from . import protocol
@@ -64,6 +64,10 @@ class WorkerRegistry(AgentSessions, WorkerManagement, PoolManagement, OutputsAcc
         self._uploading: set[str] = set()
         self._upload_tasks: set[asyncio.Task[Any]] = set()
         self.ssh: Any = None  # SshWorkers (server/ssh/manager.py), attached by the routes' setup
+        # Other parts' agent messages (message type -> handler(worker, msg)) and connection changes
+        # (listener(worker, online)): inference unit instances (server/units).
+        self.message_handlers: dict[str, Callable[[str, dict[str, Any]], Awaitable[None]]] = {}
+        self.connection_listeners: list[Callable[[str, bool], None]] = []
         store.ensure_schema(SCHEMA_NAME, SCHEMA, SCHEMA_VERSION)
         memory = getattr(dispatcher, "memory", None)
         if memory is not None:  # a card's mode decides whether it admits runs by memory

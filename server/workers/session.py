@@ -238,6 +238,11 @@ class AgentSessions:
                     await self._on_event(st, conn, msg)
                 elif msg["type"] == "outputs_data":
                     conn.answer(msg)
+                elif msg["type"] in self.message_handlers:  # inference unit instances (server/units)
+                    try:
+                        await self.message_handlers[msg["type"]](st.name, msg)
+                    except Exception:  # noqa: BLE001 - one bad handler must not drop the agent
+                        log.exception("worker %s: handling %s failed", st.name, msg["type"])
         finally:
             conn.fail_pending()
             self._detach(st, conn)
@@ -352,6 +357,8 @@ class AgentSessions:
             self.dispatcher.providers_changed()
             if st.pool is not None:
                 self._sync_pools()
+        for listener in self.connection_listeners:
+            listener(st.name, False)
 
     async def send_start(self, conn: Connection, run: dict[str, Any], devices: list[str]) -> bool:
         """Send one run to an agent."""

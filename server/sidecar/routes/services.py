@@ -1,0 +1,99 @@
+"""Service routes of the sidecar (SPEC U1-U6, §12): distributed inference Units.
+
+``setup(app)`` (called by ``create_app``, after the worker routes: it needs their registry) adds:
+
+* ``POST /api/services`` (201) a service; ``GET /api/services`` -> ``{"services": [...]}``;
+* ``GET /api/services/{name}``: units and, per instance, rank, worker, card, pid, generation, state,
+  restarts, last exit cause; ``PUT /api/services/{name}``: a rolling update to a new spec (202);
+  ``DELETE /api/services/{name}``: drain and stop every unit;
+* ``POST /api/services/{name}/infer``: one request, sent to rank 0 of a ready unit (server/units/router.py);
+* ``GET /api/services/{name}/export?format=lws``: the Kubernetes LeaderWorkerSet manifest (YAML).
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from ...units.lws import DEFAULT_IMAGE, lws_manifest, to_yaml
+from ...units.manager import UnitManager
+from .. import openapi
+from ..errors import ApiError
+from ..http import read_json
+from ..keys import DISPATCHER_KEY, STORE_KEY
+from .workers import REGISTRY_KEY
+
+UNITS_KEY = web.AppKey("xpufleet_units", UnitManager)
+EXPORT_FORMATS = ("lws",)
+
+
+def _manager(request: web.Request) -> UnitManager:
+    return request.app[UNITS_KEY]
+
+
+async def create_service(request: web.Request) -> web.Response:
+    return web.json_response(_manager(request).create(await read_json(request)), status=201)
+
+
+async def list_services(request: web.Request) -> web.Response:
+    return web.json_response({"services": _manager(request).list()})
+
+
+async def get_service(request: web.Request) -> web.Response:
+    m = _manager(request)
+    return web.json_response(m.describe(m.get(request.match_info["name"])))
+
+
+async def update_service(request: web.Request) -> web.Response:
+    out = _manager(request).update(request.match_info["name"], await read_json(request))
+    return web.json_response(out, status=200 if out.get("unchanged") else 202)
+
+
+async def delete_service(request: web.Request) -> web.Response:
+    return web.json_response(await _manager(request).delete(request.match_info["name"]))
+
+
+async def infer(request: web.Request) -> web.Response:
+    body = await request.read()
+    if not body.strip():
+        raise ApiError(400, "the body is empty: send the request for the service's program (the built-in model "
+                            "server takes {\"inputs\": [sample, ...]})")
+    status, payload, headers = await _manager(request).router.infer(
+        request.match_info["name"], body, request.headers.get("Content-Type"))
+    return web.Response(body=payload, status=status, headers=headers)
+
+
+async def export_service(request: web.Request) -> web.Response:
+    m = _manager(request)
+    svc = m.get(request.match_info["name"])
+    fmt = request.query.get("format", "lws")
+    if fmt not in EXPORT_FORMATS:
+        raise ApiError(400, f"format: must be one of {', '.join(EXPORT_FORMATS)}, got {fmt!r}")
+    image = request.query.get("image") or DEFAULT_IMAGE
+    namespace = request.query.get("namespace") or None
+    text = to_yaml(lws_manifest(svc.spec, image=image, namespace=namespace))
+    return web.Response(text=text, content_type="application/yaml")
+
+
+def setup(app: web.Application) -> None:
+    """Create the unit manager and add the service routes to the sidecar ``app``."""
+    manager = UnitManager(app[STORE_KEY], app[DISPATCHER_KEY], app[REGISTRY_KEY])
+    app[UNITS_KEY] = manager
+    r = app.router
+    r.add_post("/api/services", create_service)
+    r.add_get("/api/services", list_services)
+    r.add_get("/api/services/{name}", get_service)
+    r.add_put("/api/services/{name}", update_service)
+    r.add_delete("/api/services/{name}", delete_service)
+    r.add_post("/api/services/{name}/infer", infer)
+    r.add_get("/api/services/{name}/export", export_service)
+    for (method, path), op in openapi.SERVICE_OPERATIONS.items():
+        openapi.describe(app, method, path, op)
+
+    async def on_startup(app: web.Application) -> None:  # after the dispatcher started
+        await manager.start()
+
+    async def on_shutdown(app: web.Application) -> None:  # instances keep running on their workers
+        await manager.close()
+
+    app.on_startup.append(on_startup)
+    app.on_shutdown.append(on_shutdown)
