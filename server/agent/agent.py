@@ -59,9 +59,9 @@ from .config import (
     write_private_json,
     ws_url,
 )
+from .instances import InstanceHost
 from .remote import RemoteFeatures
 from .usage import run_memory
-from .instances import InstanceHost
 
 log = logging.getLogger("xpufleet.agent")
 

@@ -48,6 +48,7 @@ from ..scheduling import (
     resolve_target,
 )
 from .dynamic import DynamicRuns
+from .holders import OnPlaced, OnReason, SlotHolders
 from .hub import EventHub
 from .providers import provider_info
 from .requests import RequestError, RunRequest
@@ -61,7 +62,7 @@ REASONS_REFRESH_S = 0.5  # waiting_reason texts of runs already explained are re
 # --- the dispatcher -----------------------------------------------------------------------------------
 
 
-class Dispatcher(DynamicRuns):
+class Dispatcher(DynamicRuns, SlotHolders):
     """Owns the queue, the slot holdings and the providers; see the module docstring."""
 
     def __init__(self, store: Store, home: Path, overrides: LimitOverrides | None = None,
@@ -99,8 +100,7 @@ class Dispatcher(DynamicRuns):
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._bg: set[asyncio.Task[Any]] = set()
-        # holder id -> (on_placed(provider, devices), on_reason(text)) of queued holders that are not runs
-        self._holders: dict[str, tuple[Callable[[str, tuple[str, ...]], None], Callable[[str | None], None]]] = {}
+        self._holders: dict[str, tuple[OnPlaced, OnReason, tuple[Candidate, ...]]] = {}  # holders.py
         self._last_state_warnings: list[str] = []
         self.shutting_down = False
         self.plans = 0  # passes made (tests and /api/health)
@@ -142,6 +142,7 @@ class Dispatcher(DynamicRuns):
         for run_id, cands in self._cands.items():
             self._queue.add(QueuedRun(run_id, self.memory.slot_candidates(cands)))
         self._unexplained |= set(self._cands)
+        self._requeue_holders()
 
     def holdings(self) -> dict[str, tuple[str, tuple[str, ...]]]:
         """Run id -> (provider, devices) of every assigned or running run."""
@@ -345,8 +346,7 @@ class Dispatcher(DynamicRuns):
                     self._reasons[run_id] = changed[run_id] = reason
         elif (result.blocked or dirty) and self._reasons_timer is None:
             self._reasons_timer = loop.call_later(REASONS_REFRESH_S - since, self._reasons_due)
-        for holder in [h for h in changed if h in self._holders]:
-            self._holders[holder][1](changed.pop(holder))
+        self._tell_holders(changed)
         if changed:
             self.store.set_waiting_reasons(changed)
 
@@ -356,13 +356,8 @@ class Dispatcher(DynamicRuns):
 
     def _place(self, run_id: str, provider_name: str, devices: tuple[str, ...],
                memory_keys: tuple[str, ...] | None = None) -> None:
-        holder = self._holders.pop(run_id, None)
-        if holder is not None:  # not a run: the slots are held, the holder starts its own process
-            self._queue.remove(run_id)
-            self._reasons.pop(run_id, None)
-            self.hold_slots(run_id, provider_name, devices)
-            holder[0](provider_name, tuple(devices))
-            return
+        if self._place_holder(run_id, provider_name, devices):
+            return  # not a run: the slots are held, the holder starts its own process
         provider = self.providers.get(provider_name)
         claim = getattr(provider, "claim", None)  # a one-shot instance takes one run, ever
         if claim is not None:
@@ -472,32 +467,6 @@ class Dispatcher(DynamicRuns):
             self.wake()
         elif self._queue.remove(run_id) is not None:
             self.wake()
-
-    # --- slot holders that are not runs (inference unit instances) -------------------------------
-
-    def request_slots(self, holder_id: str, candidates: Sequence[Candidate],
-                      on_placed: Callable[[str, tuple[str, ...]], None],
-                      on_reason: Callable[[str | None], None] | None = None) -> None:
-        """Queue a holder that is not a run for one of ``candidates``, in submission order with the
-        runs; ``on_placed(provider, devices)`` once it holds the slots (until :meth:`release_slots`),
-        ``on_reason(text)`` with its waiting reason meanwhile."""
-        self._holders[holder_id] = (on_placed, on_reason or (lambda _text: None))
-        self._queue.add(QueuedRun(holder_id, tuple(candidates)))
-        self._unexplained.add(holder_id)
-        self.wake()
-
-    def hold_slots(self, holder_id: str, provider: str, devices: Sequence[str]) -> None:
-        """Count ``holder_id`` on the slots of ``devices`` (placed, or taken over after a restart)."""
-        self._holdings[holder_id] = (provider, tuple(devices))
-        if self._state is not None:
-            self._state.hold(holder_id, provider, tuple(devices))
-
-    def release_slots(self, holder_id: str) -> None:
-        """The holder's slots are free again (or its place in the queue is given up)."""
-        self._holders.pop(holder_id, None)
-        self._reasons.pop(holder_id, None)
-        self._unexplained.discard(holder_id)
-        self._release(holder_id)
 
     # --- cancel / delete --------------------------------------------------------------------------
 

@@ -96,3 +96,32 @@ def test_instances_and_runs_share_a_card_in_submission_order(tmp_path):
         store.close()
 
     asyncio.run(scenario())
+
+
+def test_a_queue_rebuild_keeps_the_waiting_holders(tmp_path):
+    """The queue is rebuilt from the runs' candidates when a card's mode or a dynamic run changes
+    (``_resplit``): a holder waiting then is still queued afterwards and is placed when the card frees."""
+    async def scenario() -> None:
+        store = Store(tmp_path / "state.db")
+        d = Dispatcher(store, tmp_path, validate_local_graphs=False)
+        w1 = CardProvider("w1")
+        d.register_provider(w1)
+        await d.start()
+        cand = [Candidate("w1", ("cuda:0",))]
+        placed: list[str] = []
+        r1 = _submit(d)
+        await _until(lambda: w1.started == [r1])
+        d.request_slots("unit:s-1/0", cand, lambda provider, devices: placed.append(provider))
+        r2 = _submit(d)
+        await _until(lambda: store.get_run(r2)["waiting_reason"])
+        d._resplit()  # what a mode change or a dynamic run's new candidates do
+        assert "unit:s-1/0" in d._queue and r2 in d._queue
+        d.run_ended(r1, "succeeded", None)
+        await _until(lambda: w1.started == [r1, r2])  # after a rebuild the holders queue after the runs
+        assert placed == []
+        d.run_ended(r2, "succeeded", None)
+        await _until(lambda: placed == ["w1"])  # still queued: placed once the card is free
+        await d.shutdown()
+        store.close()
+
+    asyncio.run(scenario())
