@@ -106,6 +106,12 @@ ESTIMATE_ALLOCATOR_FRACTION = 0.2  # the static estimate adds 20% for the cachin
 ESTIMATE_CUDA_LIBRARIES_MIB = 128  # ... and 128 MiB for the CUDA libraries' workspaces
 
 
+# --- sweeps and studies (SPEC Q6, issue 15) ------------------------------------------------------------
+SWEEP_DEFAULT_MAX_RUNS = 1000  # a sweep or study may queue this many runs unless its max_runs says more
+SWEEP_MAX_RUNS = 10_000  # ... and never more than this (a larger expansion is a 400, never truncated)
+STUDY_MAX_PARALLEL = 256  # trials of one study in flight at once
+
+
 def home_dir(env: dict[str, str] | None = None) -> Path:
     """``$XPUFLEET_HOME`` (``~`` expanded), else ``~/.xpufleet``: the one place the state folder is
     derived, for the sidecar, the agent, the CLI, the nodes and the predictor alike."""

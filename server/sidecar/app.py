@@ -1,7 +1,8 @@
 """The sidecar's application (SPEC §12) and its serving loop.
 
 :func:`create_app` builds the aiohttp application: the security middleware (auth.py), JSON errors
-(http.py), the route modules (routes/: status, runs, run files, workers; the predictor's own routes),
+(http.py), the route modules (routes/: status, runs, run files, workers, sweeps, studies; the predictor's
+own routes),
 the OpenAPI document, and start/stop through ``cleanup_ctx``. The shared objects are found under the
 app keys of keys.py.
 
@@ -37,6 +38,8 @@ from .local import LocalProvider, probe_local_devices
 from .routes import run_files as run_files_routes
 from .routes import runs as runs_routes
 from .routes import status as status_routes
+from .routes import studies as studies_routes
+from .routes import sweeps as sweeps_routes
 from .routes import workers as workers_routes
 from .runtime_file import ensure_home, remove_runtime, url_for, write_runtime
 from .store import Store
@@ -74,7 +77,7 @@ def create_app(config: SidecarConfig) -> web.Application:
     app[CONFIG_KEY] = config
     app[STARTED_KEY] = time.time()
     openapi.setup(app)
-    for routes in (status_routes, runs_routes, run_files_routes, workers_routes):
+    for routes in (status_routes, runs_routes, run_files_routes, workers_routes, sweeps_routes, studies_routes):
         routes.setup(app)
     add_predictor_routes(app, dispatcher.card_snapshots)
     app.cleanup_ctx.append(_store_ctx)

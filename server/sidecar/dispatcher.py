@@ -8,7 +8,8 @@ changing its devices) and then plans once. Statuses are persisted as runs move
 
 Other issues plug in here: worker providers (:meth:`Dispatcher.register_provider`,
 :meth:`providers_changed`), one-shot pools (:attr:`Dispatcher.pools`), the memory ledger
-(:attr:`Dispatcher.admit_hooks`, extra admission predicates), card snapshots for the predictor.
+(:attr:`Dispatcher.admit_hooks`, extra admission predicates), card snapshots for the predictor, sweeps
+and studies (:meth:`Dispatcher.admit` for every child, then :meth:`Dispatcher.enqueue` of the batch).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import logging
 import os
 import shutil
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,16 @@ from .requests import RequestError, RunRequest, not_available
 from .store import NewEvent, Store, StoreError
 
 log = logging.getLogger("xpufleet.dispatcher")
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A run request that passed :meth:`Dispatcher.admit`: where it may go and its budget (not written)."""
+
+    request: RunRequest
+    resolution: Resolution
+    budget_gib: float | None
+    budget_source: str | None
 
 REASONS_REFRESH_S = 0.5  # waiting_reason texts of runs already explained are refreshed at most this often
 
@@ -187,12 +199,18 @@ class Dispatcher:
             raise RequestError("graph: " + format_errors(response),
                                {"node_errors": response["node_errors"], "validation": response})
 
-    def submit(self, request: RunRequest) -> dict[str, Any]:
-        """Queue a run; raise RequestError (400) for a target or graph this server rejects."""
+    def admit(self, request: RunRequest, infos: Sequence[ProviderInfo] | None = None) -> Admission:
+        """The per-run admission check of a submission: its target against the providers known now
+        (``infos``: a snapshot the caller took for a whole batch), the graph when it can only run here,
+        and what is refused by name. Raises RequestError (400, 503); writes nothing.
+
+        The one check for every way a run is queued: ``submit`` (``POST /api/runs``) and the whole-batch
+        check of sweeps and studies (SPEC Q6) both call it for every run before anything is written."""
         if self.shutting_down:
             raise RequestError("the server is stopping; submit again when it is back", status=503)
         try:
-            resolution = self.resolve(request.target)
+            resolution = resolve_target(request.target, self.provider_infos() if infos is None else infos,
+                                        self.pools)
         except TargetError as exc:
             raise RequestError(str(exc)) from None
         t = request.target
@@ -204,23 +222,41 @@ class Dispatcher:
         budget_source = None
         if t.memory_gib is not None:
             budget_source = t.memory_source or "user"
-        run_id = self.store.create_run(
-            graph=request.graph,
-            options=request.options,
-            target=resolution.target,
-            requested=list(resolution.requested),
-            candidates=[c.to_json() for c in resolution.candidates],
-            queue_key=resolution.queue_key,
-            name=request.name,
-            seed=request.seed,
-            budget_gib=t.memory_gib,
-            budget_source=budget_source,
-            warnings=list(resolution.warnings),
-        )
-        self._queue.add(QueuedRun(run_id, resolution.candidates))
-        self._unexplained.add(run_id)
+        return Admission(request, resolution, t.memory_gib, budget_source)
+
+    def submit(self, request: RunRequest) -> dict[str, Any]:
+        """Queue a run; raise RequestError (400) for a target or graph this server rejects."""
+        return self.enqueue([self.admit(request)])[0]
+
+    def enqueue(self, admissions: Sequence[Admission],
+                write_extra: Callable[[list[str]], None] | None = None) -> list[dict[str, Any]]:
+        """Write admitted runs in one store transaction, then add them to the queue in one pass.
+
+        ``write_extra(run_ids)`` runs inside the same transaction (a sweep's own rows): if it or any
+        insert fails, nothing is written and nothing is queued."""
+        if self.shutting_down:
+            raise RequestError("the server is stopping; submit again when it is back", status=503)
+        with self.store.transaction():
+            run_ids = [self.store.create_run(
+                graph=a.request.graph,
+                options=a.request.options,
+                target=a.resolution.target,
+                requested=list(a.resolution.requested),
+                candidates=[c.to_json() for c in a.resolution.candidates],
+                queue_key=a.resolution.queue_key,
+                name=a.request.name,
+                seed=a.request.seed,
+                budget_gib=a.budget_gib,
+                budget_source=a.budget_source,
+                warnings=list(a.resolution.warnings),
+            ) for a in admissions]
+            if write_extra is not None:
+                write_extra(run_ids)
+        for a, run_id in zip(admissions, run_ids, strict=True):
+            self._queue.add(QueuedRun(run_id, a.resolution.candidates))
+            self._unexplained.add(run_id)
         self.wake()
-        return {"run_id": run_id, "status": "queued"}
+        return [{"run_id": run_id, "status": "queued"} for run_id in run_ids]
 
     # --- planning -------------------------------------------------------------------------------
 
