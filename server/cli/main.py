@@ -3,7 +3,8 @@
 ``xpufleet start [--foreground] [--host H] [--port P]``, ``stop``, ``status``;
 ``xpufleet run GRAPH.json [--target NAME|any|local] [--device D | --devices D1,D2] [--memory-gib G]
 [--name N] [--seed S] [--follow | --wait | --no-wait] [--local]``; ``xpufleet runs``; ``xpufleet cancel``;
-plus ``agent`` and ``predict`` when those parts are installed.
+``xpufleet sweep SPEC.yaml`` / ``sweeps``, ``xpufleet study SPEC.yaml`` / ``studies``; plus ``agent`` and
+``predict`` when those parts are installed.
 
 Exit codes a script can rely on:
 
@@ -24,12 +25,14 @@ from ...predictor import cli as predictor_cli
 from . import agent as agent_cli
 from . import runs as runs_cli
 from . import sidecar as sidecar_cli
+from . import studies as studies_cli
+from . import sweeps as sweeps_cli
 from . import workers as workers_cli
 from .client import ApiError, SidecarUnreachable
 from .common import EXIT_RUN_FAILED, EXIT_UNREACHABLE, EXIT_USAGE, err
 
 # Every command module, in the order `xpufleet --help` lists them.
-COMMAND_MODULES = (sidecar_cli, runs_cli, agent_cli, workers_cli, predictor_cli)
+COMMAND_MODULES = (sidecar_cli, runs_cli, agent_cli, workers_cli, sweeps_cli, studies_cli, predictor_cli)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -211,10 +211,6 @@ def parse_params(raw: Any, graph: Mapping[str, Any], mode: str, field: str = "pa
         node, name = resolve_path(path, graph, sub, known_inputs)
         current = (graph[node].get("inputs") or {}).get(name)
         out.append(Param(f"{node}.{name}", node, name, parse_domain(spec, sub, current, mode)))
-    paths = [p.path for p in out]
-    dupes = sorted({p for p in paths if paths.count(p) > 1})
-    if dupes:
-        raise SpecError(f"{field}: {', '.join(dupes)} named more than once")
     return tuple(out)
 
 
