@@ -268,6 +268,11 @@ class StudyService:
             return
         if status == "succeeded":
             reason = f"the run succeeded but reported no finite {spec.objective.metric}"
+        elif status == "cancelled":  # why it was cancelled (the study, a user): the cancel's own reason
+            asked = self.store.events_after(run_id, 0, 100, types=["cancel_requested"])
+            why = next((e["payload"].get("reason") for e in reversed(asked) if e["payload"].get("reason")), None)
+            why = why or (run.get("error") or "by request").removeprefix("cancelled: ")
+            reason = f"the run was cancelled: {why}"
         else:
             reason = f"the run ended {status}" + (f": {run['error']}" if run is not None and run.get("error") else "")
         await self.bridge.call(self.bridge.tell, name, number, trial_id, "failed")
