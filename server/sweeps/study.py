@@ -141,7 +141,9 @@ class StudyService:
                 await self.bridge.call(self.bridge.open, name, spec)
                 known = {t["number"]: t for t in self.records.trials(study_id)}
                 for number, trial_id in await self.bridge.call(self.bridge.running_trials, name):
-                    if number not in known:  # asked, but the sidecar stopped before its run was queued
+                    if number not in known:  # asked, but the sidecar died before its run was queued
+                        self.records.insert_trial(study_id, number, trial_id, None, {}, "failed",
+                                                  "the sidecar stopped before this trial's run was queued")
                         await self.bridge.call(self.bridge.tell, name, number, trial_id, "failed")
                 for t in known.values():
                     if t["state"] == "running" or (t["state"] == "pruned" and t["row"].status in
@@ -152,17 +154,17 @@ class StudyService:
             while True:
                 stopping = error is not None or self.records.get(study_id)["cancel_requested"]
                 while not stopping and len(in_flight) < spec.parallel and asked < spec.n_trials:
-                    number, trial_id, values = await self.bridge.call(self.bridge.ask, name, spec)
+                    # Asking and queueing are one step a shutdown does not cut in two (else Optuna would
+                    # hold a trial the study never ran): the shielded step ends before the cancel lands.
+                    step = asyncio.ensure_future(self._next_trial(study_id, spec, name))
+                    try:
+                        number, trial_id, run_id, error = await asyncio.shield(step)
+                    except asyncio.CancelledError:
+                        with contextlib.suppress(Exception):
+                            await step
+                        raise
                     asked += 1
-                    if self.records.get(study_id)["cancel_requested"]:
-                        self.records.insert_trial(study_id, number, trial_id, None, values, "failed",
-                                                  "the study was cancelled before this trial was queued")
-                        self._changed(study_id)
-                        await self.bridge.call(self.bridge.tell, name, number, trial_id, "failed")
-                        break
-                    run_id, error = self._queue_trial(study_id, spec, number, trial_id, values)
                     if run_id is None:
-                        await self.bridge.call(self.bridge.tell, name, number, trial_id, "failed")
                         break
                     in_flight[number] = self._watch_task(study_id, spec, name, number, trial_id, run_id)
                 if not in_flight:
@@ -189,6 +191,21 @@ class StudyService:
                 t.cancel()
             self.records.set_status(study_id, "failed", f"the study's driver failed: {type(exc).__name__}: {exc}")
             self._changed(study_id)
+
+    async def _next_trial(self, study_id: str, spec: StudySpec, name: str,
+                          ) -> tuple[int, int, str | None, str | None]:
+        """Ask Optuna for a trial and queue its run: (number, trial id, run id or None, error or None)."""
+        number, trial_id, values = await self.bridge.call(self.bridge.ask, name, spec)
+        if self.records.get(study_id)["cancel_requested"]:
+            self.records.insert_trial(study_id, number, trial_id, None, values, "failed",
+                                      "the study was cancelled before this trial was queued")
+            self._changed(study_id)
+            await self.bridge.call(self.bridge.tell, name, number, trial_id, "failed")
+            return number, trial_id, None, None
+        run_id, error = self._queue_trial(study_id, spec, number, trial_id, values)
+        if run_id is None:
+            await self.bridge.call(self.bridge.tell, name, number, trial_id, "failed")
+        return number, trial_id, run_id, error
 
     def _queue_trial(self, study_id: str, spec: StudySpec, number: int, trial_id: int,
                      values: dict[str, Any]) -> tuple[str | None, str | None]:
@@ -238,18 +255,16 @@ class StudyService:
                     if step in reported:
                         continue
                     reported.add(step)
+                    live = self._running(run_id)  # now, not when the page was read: a backlog may be late
                     stop = await self.bridge.call(self.bridge.report, name, number, trial_id,
-                                                  reported_value(spec, float(value)), step, active)
-                    if stop:
+                                                  reported_value(spec, float(value)), step, live)
+                    if stop and await self._stop_pruned(spec, run_id, step, float(value)):
                         pruned = True
                         self.records.mark_pruned(study_id, number, step)
                         self._changed(study_id)
                         await self.bridge.call(self.bridge.tell, name, number, trial_id, "pruned")
                         log.info("study %s trial %d: pruned at step %d (%s %g)", study_id, number, step,
                                  spec.pruner.metric, value)
-                        with contextlib.suppress(StoreError):  # it ended meanwhile
-                            await self.dispatcher.cancel(
-                                run_id, f"pruned by study {spec.name} at step {step} ({spec.pruner.metric} {value:g})")
                         break
                 if len(events) < EVENTS_PAGE or pruned:
                     break
@@ -278,6 +293,19 @@ class StudyService:
         await self.bridge.call(self.bridge.tell, name, number, trial_id, "failed")
         self.records.finish_trial(study_id, number, "failed", None, reason)
         self._changed(study_id)
+
+    def _running(self, run_id: str) -> bool:
+        run = self.store.get_run(run_id)
+        return run is not None and run["status"] not in TERMINAL_STATUSES
+
+    async def _stop_pruned(self, spec: StudySpec, run_id: str, step: int, value: float) -> bool:
+        """Stop the run the pruner just pruned; False when it had ended first (then its end is told)."""
+        try:
+            await self.dispatcher.cancel(run_id, f"pruned by study {spec.name} at step {step} "
+                                                 f"({spec.pruner.metric} {value:g})")
+        except StoreError:
+            return False
+        return True
 
     # --- read -------------------------------------------------------------------------------------
 
