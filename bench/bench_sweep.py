@@ -77,7 +77,8 @@ def time_sweep(client: Client, variants: int) -> tuple[float, str]:
 
 
 def time_one_by_one(client: Client, variants: int) -> float:
-    from xpufleet.server.sweeps.expand import sweep_child, variants as expand
+    from xpufleet.server.sweeps.expand import sweep_child
+    from xpufleet.server.sweeps.expand import variants as expand
     from xpufleet.server.sweeps.spec import parse_sweep
 
     spec = parse_sweep(sweep_body(variants, {"worker": "box", "devices": ["cuda:0"]}))
