@@ -17,7 +17,6 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from ...constants import TERMINAL_STATUSES
 from ..scheduling import TargetError
 from ..sidecar.errors import ApiError
 from ..sidecar.requests import RequestError, parse_run_request
@@ -31,6 +30,7 @@ from .spec import SweepSpec, parse_sweep
 log = logging.getLogger("xpufleet.sweeps")
 
 DRY_RUN_SHOWN = 100  # variants a dry run lists (it counts them all)
+VERSION_RECHECK_S = 0.25  # a long-poll woken by a child's progress looks at the version at most this often
 
 
 def known_inputs_of_nodes() -> KnownInputs:
@@ -149,15 +149,15 @@ class SweepService:
             raise ApiError(404, f"no sweep {sweep_id!r}")
         return sweep
 
-    def table(self, sweep_id: str) -> tuple[dict[str, Any], list[tuple[int | None, Row]], int]:
+    def table(self, sweep_id: str) -> tuple[dict[str, Any], list[tuple[int | None, Row]]]:
         sweep = self.require(sweep_id)
-        rows, version = self.records.rows(sweep_id, sweep["metric"])
-        return sweep, ranked(rows, sweep["direction"]), version + int(sweep["cancel_requested"])
+        return sweep, ranked(self.records.rows(sweep_id, sweep["metric"]), sweep["direction"])
 
     def get(self, sweep_id: str) -> dict[str, Any]:
         """The sweep with its ranked table (every variant's parameters, metric, status, worker_id,
         devices, queue_key), per-point summary, counts and best variant."""
-        sweep, table, version = self.table(sweep_id)
+        version = self.records.version(sweep_id)  # first: a move after it shows at the next poll
+        sweep, table = self.table(sweep_id)
         rows = [r for _, r in table]
         top = best(rows, sweep["direction"])
         return {
@@ -171,7 +171,7 @@ class SweepService:
         }
 
     def csv(self, sweep_id: str) -> str:
-        sweep, table, _ = self.table(sweep_id)
+        sweep, table = self.table(sweep_id)
         return table_csv(table, sweep["paths"], sweep["metric"])
 
     def list(self, limit: int, offset: int) -> dict[str, Any]:
@@ -187,18 +187,23 @@ class SweepService:
 
     async def wait_change(self, sweep_id: str, version: int, timeout: float) -> None:
         """Return when the sweep's version differs from ``version`` or after ``timeout`` seconds."""
-        sweep, table, now = self.table(sweep_id)
-        active = [r.run_id for _, r in table if r.run_id and r.status not in TERMINAL_STATUSES
-                  and r.status not in ("deleted", "not queued")]
-        if now != version or not active:
-            return
+        self.require(sweep_id)
         hub = self.dispatcher.hub
-        waiters = [asyncio.ensure_future(hub.waiter(rid).wait()) for rid in active]
-        try:
-            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waiters:
-                w.cancel()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            active = self.records.active_run_ids(sweep_id)
+            waiters = [asyncio.ensure_future(hub.waiter(rid).wait()) for rid in active]  # before the check
+            try:
+                left = deadline - loop.time()
+                if self.records.version(sweep_id) != version or not active or left <= 0:
+                    return
+                await asyncio.wait(waiters, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waiters:
+                    w.cancel()
+            # A run's news is mostly progress, which the table does not show: look again at most this often.
+            await asyncio.sleep(min(VERSION_RECHECK_S, max(0.0, deadline - loop.time())))
 
     # --- cancel / delete ------------------------------------------------------------------------------
 
@@ -206,7 +211,7 @@ class SweepService:
         """Queued children end now, then started ones are asked to stop; the sweep is marked cancelled."""
         sweep = self.require(sweep_id)
         self.records.request_cancel(sweep_id)
-        rows, _ = self.records.rows(sweep_id, sweep["metric"])
+        rows = self.records.rows(sweep_id, sweep["metric"])
         why = f"sweep {sweep['name']} cancelled" + (f": {reason}" if reason else "")
         # Queued ones first, without yielding to the loop in between: none of them can start meanwhile.
         order = [r for r in rows if r.status == "queued"] + [r for r in rows if r.status in ("assigned", "running")]
@@ -218,7 +223,7 @@ class SweepService:
     def delete(self, sweep_id: str) -> dict[str, Any]:
         """Delete a sweep whose children have all ended: its rows and its children's runs."""
         sweep = self.require(sweep_id)
-        rows, _ = self.records.rows(sweep_id, sweep["metric"])
+        rows = self.records.rows(sweep_id, sweep["metric"])
         active = [r for r in rows if r.status in ("queued", "assigned", "running")]
         if active:
             raise ApiError(409, f"sweep {sweep_id} has {len(active)} runs that have not ended: cancel it first "

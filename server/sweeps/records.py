@@ -87,7 +87,11 @@ STUDY_ACTIVE = ("running", "cancelling")
 _RUN_COLUMNS = ("r.id AS r_id, r.name AS r_name, r.status AS r_status, r.worker_id AS r_worker, "
                 "r.devices AS r_devices, r.queue_key AS r_queue_key, r.final_metrics AS r_final, "
                 "r.error AS r_error, r.created_at AS r_created, r.started_at AS r_started, "
-                "r.finished_at AS r_finished, r.last_cursor AS r_cursor")
+                "r.finished_at AS r_finished")
+# Moves of a child through queued -> assigned -> running -> ended (and deleted, worth more than all three):
+# the long-poll's version. It grows with every change a table shows, and not with progress events.
+_MOVES = ("((r.assigned_at IS NOT NULL) + (r.started_at IS NOT NULL) + (r.finished_at IS NOT NULL)"
+          " + 4 * (r.id IS NULL))")
 
 
 def _dumps(value: Any) -> str:
@@ -140,14 +144,25 @@ class SweepRecords:
         rows = self.store.query("SELECT graph FROM sweeps WHERE id=?", (sweep_id,))
         return json.loads(rows[0]["graph"]) if rows else None
 
-    def rows(self, sweep_id: str, metric: str) -> tuple[list[Row], int]:
-        """Every variant with its run's fields, in variant order, and the sum of the runs' event cursors
-        (it changes whenever any child has news: the long-poll's version)."""
+    def rows(self, sweep_id: str, metric: str) -> list[Row]:
+        """Every variant with its run's fields, in variant order."""
         q = self.store.query(
             f"SELECT v.idx, v.point, v.run_id, v.params, v.seed, {_RUN_COLUMNS} FROM sweep_variants v"
             " LEFT JOIN runs r ON r.id = v.run_id WHERE v.sweep_id=? ORDER BY v.idx", (sweep_id,))
-        out = [_row(r["idx"], r["point"], json.loads(r["params"]), r["seed"], r["run_id"], r, metric) for r in q]
-        return out, sum(int(r["r_cursor"] or 0) for r in q)
+        return [_row(r["idx"], r["point"], json.loads(r["params"]), r["seed"], r["run_id"], r, metric) for r in q]
+
+    def active_run_ids(self, sweep_id: str) -> list[str]:
+        """The children still queued, assigned or running."""
+        return [r["run_id"] for r in self.store.query(
+            "SELECT v.run_id FROM sweep_variants v JOIN runs r ON r.id = v.run_id WHERE v.sweep_id=?"
+            " AND r.status IN ('queued', 'assigned', 'running')", (sweep_id,))]
+
+    def version(self, sweep_id: str) -> int:
+        """Grows whenever a child moves on (assigned, started, ended, deleted) or the sweep is cancelled."""
+        q = self.store.query(
+            f"SELECT COALESCE(SUM({_MOVES}), 0) + (SELECT cancel_requested FROM sweeps WHERE id=?) AS v"
+            " FROM sweep_variants v LEFT JOIN runs r ON r.id = v.run_id WHERE v.sweep_id=?", (sweep_id, sweep_id))
+        return int(q[0]["v"] or 0)
 
     def list(self, limit: int, offset: int) -> tuple[list[dict[str, Any]], int]:
         """Sweeps newest first, each with its children's counts by status."""
@@ -278,10 +293,11 @@ class StudyRecords:
         return out
 
     def version(self, study_id: str) -> int:
-        """Changes when the study, a trial or a trial's run has news (the long-poll's version)."""
+        """Grows whenever the study or a trial changes, or a trial's run moves on (not with progress)."""
         q = self.store.query(
-            "SELECT s.changes + COALESCE((SELECT SUM(r.last_cursor) FROM xpufleet_study_trials t JOIN runs r"
-            " ON r.id = t.run_id WHERE t.study_id = s.id), 0) AS v FROM xpufleet_studies s WHERE s.id=?", (study_id,))
+            f"SELECT s.changes + COALESCE((SELECT SUM({_MOVES}) FROM xpufleet_study_trials t LEFT JOIN runs r"
+            " ON r.id = t.run_id WHERE t.study_id = s.id AND t.run_id IS NOT NULL), 0) AS v"
+            " FROM xpufleet_studies s WHERE s.id=?", (study_id,))
         return int(q[0]["v"]) if q else 0
 
     def delete(self, study_id: str) -> None:

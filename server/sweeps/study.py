@@ -32,7 +32,14 @@ from ...constants import TERMINAL_STATUSES
 from ..sidecar.errors import ApiError
 from ..sidecar.requests import RequestError
 from ..sidecar.store import StoreError
-from .driver import admit_child, check_shared_options, describe_values, known_inputs_of_nodes, spec_error
+from .driver import (
+    VERSION_RECHECK_S,
+    admit_child,
+    check_shared_options,
+    describe_values,
+    known_inputs_of_nodes,
+    spec_error,
+)
 from .expand import probe_points, study_child
 from .optuna_bridge import OptunaBridge, reported_value
 from .params import KnownInputs, SpecError
@@ -381,20 +388,27 @@ class StudyService:
 
     async def wait_change(self, study_id: str, version: int, timeout: float) -> None:
         """Return when the study's version differs from ``version`` (a trial asked, pruned or told, a
-        trial's run has news, the study ended) or after ``timeout`` seconds."""
+        trial's run moved on, the study ended) or after ``timeout`` seconds."""
         self.require(study_id)
-        own = self._waiter(study_id)
-        if self.records.version(study_id) != version:
-            return
-        active = [t["run_id"] for t in self.records.trials(study_id)
-                  if t["run_id"] and t["row"].status in ("queued", "assigned", "running")]
-        waiters = [asyncio.ensure_future(own.wait())]
-        waiters += [asyncio.ensure_future(self.dispatcher.hub.waiter(rid).wait()) for rid in active]
-        try:
-            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waiters:
-                w.cancel()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            active = [t["run_id"] for t in self.records.trials(study_id)
+                      if t["run_id"] and t["row"].status in ("queued", "assigned", "running")]
+            waiters = [asyncio.ensure_future(self._waiter(study_id).wait())]  # before the check
+            waiters += [asyncio.ensure_future(self.dispatcher.hub.waiter(rid).wait()) for rid in active]
+            try:
+                left = deadline - loop.time()
+                rec = self.records.get(study_id)
+                if self.records.version(study_id) != version or left <= 0 or rec is None \
+                        or rec["status"] not in STUDY_ACTIVE:
+                    return
+                await asyncio.wait(waiters, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waiters:
+                    w.cancel()
+            # A run's news is mostly progress, which the trials do not show: look again at most this often.
+            await asyncio.sleep(min(VERSION_RECHECK_S, max(0.0, deadline - loop.time())))
 
     # --- cancel / delete --------------------------------------------------------------------------
 
