@@ -188,6 +188,27 @@ def test_a_four_variant_sweep_runs_two_at_a_time_on_two_one_card_agents(fleet, t
     assert listed.returncode == 0 and sweep_id[:8] in listed.stdout and "4 succeeded" in listed.stdout
 
 
+
+def test_seeded_variants_on_one_worker_each_run_in_their_own_process_in_parallel(fleet):
+    fleet.agent("box", "cuda:0=24,cuda:1=24")
+    body = load_spec(str(EXAMPLE))
+    body.update(parameters={}, seeds=[0, 1], options={"device": "cuda", "target": {"worker": "box"}},
+                set={"8.epochs": 6, "8.tensorboard": False, "8.checkpoint_every": 0, "10.location": "run_dir"})
+    status, created = fleet.call("POST", "/api/sweeps", body)
+    assert status == 200 and created["n_runs"] == 2
+    sweep = fleet.wait_sweep(created["sweep_id"], lambda s: s["status"] == "finished", timeout=300)
+    assert sweep["counts"] == {"succeeded": 2}
+    runs = [fleet.client.run(r["run_id"]) for r in sweep["table"]]
+    assert sorted(r["seed"] for r in runs) == [0, 1] and {r["worker_id"] for r in runs} == {"box"}
+    assert sorted(d for r in runs for d in r["devices"]) == ["cuda:0", "cuda:1"]  # a card each, at once
+    assert max_overlap([(r["started_at"], r["finished_at"]) for r in runs]) == 2
+    pids = {e["payload"]["pid"] for r in runs
+            for e in fleet.client.request("GET", f"/api/runs/{r['id']}/events", params={"type": "run_started"})["events"]}
+    assert len(pids) == 2  # each in its own process
+    point = sweep["points"][0]
+    assert sweep["points"] and point["runs"] == 2 and point["succeeded"] == 2 and point["std"] is not None
+    assert min(r["metric"] for r in sweep["table"]) <= point["mean"] <= max(r["metric"] for r in sweep["table"])
+
 def test_a_sweep_or_study_one_run_would_reject_is_rejected_whole_with_nothing_queued(fleet, tmp_path):
     fleet.agent("alpha")
     body = load_spec(str(EXAMPLE))
