@@ -24,7 +24,7 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8288
 HEARTBEAT_INTERVAL_S = 10.0
 WORKER_RESUME_GRACE_S = 300.0
-HEARTBEAT_LATE_S = 3 * HEARTBEAT_INTERVAL_S  # Degraded after this long without a heartbeat
+HEARTBEAT_LATE_BEATS = 3  # Degraded after this many heartbeat intervals without one
 CUDA_CONTEXT_MIB = 768  # measured ~650 MiB on a CUDA 12 card; counted per run on a CUDA card
 MEASURED_PEAK_HEADROOM = 1.2  # default budget = measured peak + 20%
 DDP_COLLECTIVE_TIMEOUT_S = 30 * 60

@@ -25,7 +25,8 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from xpufleet.predictor.scan import DirsResolver, scan_workflow  # needs `pip install -e .`
+from xpufleet.predictor.resolve import DirsResolver
+from xpufleet.predictor.scan import scan_workflow  # needs `pip install -e .`
 from xpufleet.predictor.service import predict_workflow
 from xpufleet.predictor.snapshot import Snapshot
 

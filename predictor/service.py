@@ -24,7 +24,8 @@ from typing import Any
 
 from ..constants import BYTES_PER_GB, PREDICTOR_ACTIVATION_FRACTION
 from .predict import predict
-from .scan import ModelResolver, scan_workflow
+from .resolve import ModelResolver
+from .scan import scan_workflow
 from .snapshot import SNAPSHOT_FIELDS, Snapshot
 
 OPTION_NAMES = ("weight_bytes", "topology", "activation_overhead", "calibration")

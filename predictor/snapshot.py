@@ -1,12 +1,12 @@
 """Per-device memory snapshots (SPEC P1): the figures seed 001 feeds into P_success.
 
-- NVIDIA: free/total from NVML (nvidia-ml-py, ``pynvml``), allocator figures from ``torch.cuda`` of
-  this process; the torch index is matched to the NVML device by UUID (CUDA_VISIBLE_DEVICES and
-  CUDA's own device order need not match NVML's).
+- NVIDIA: free/total from NVML (the device layer's one wrapper, ``server/devices/nvml.py``), allocator
+  figures from ``torch.cuda`` of this process; the torch index is matched to the NVML device by UUID
+  (CUDA_VISIBLE_DEVICES and CUDA's own device order need not match NVML's).
 - Intel: stock ``torch.xpu``; AMD: torch's ROCm build (``torch.cuda`` with ``torch.version.hip``);
   Apple: ``torch.mps``.
 - RAM free from psutil; commit charge from ``GlobalMemoryStatusEx`` on Windows and
-  ``CommitLimit``/``Committed_AS`` in ``/proc/meminfo`` on Linux.
+  ``CommitLimit``/``Committed_AS`` in ``/proc/meminfo`` on Linux (``server/devices/host.py``).
 - No GPU: one snapshot of zeros with the reason.
 
 torch is never imported here unless the caller allows it (``import_torch=True``: the CLI); inside
@@ -31,6 +31,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..constants import BYTES_PER_GB, SNAPSHOT_TTL_S
+from ..server.devices.host import host_memory as read_host_memory
+from ..server.devices.nvml import NvmlCard, norm_uuid, visible_order
+from ..server.devices.nvml import shared as shared_nvml
 
 GB = float(BYTES_PER_GB)
 
@@ -68,171 +71,12 @@ SNAPSHOT_FIELDS = ("vram_free_gb", "vram_total_gb", "vram_allocated_gb", "vram_r
                    "commit_used_gb", "commit_limit_gb")
 
 
-# --------------------------------------------------------------------------------------------------
-# Host memory: RAM free and commit charge
-# --------------------------------------------------------------------------------------------------
-
-
-def parse_meminfo(text: str) -> dict[str, int]:
-    """``/proc/meminfo`` as bytes by key (values there are kB)."""
-    out: dict[str, int] = {}
-    for line in text.splitlines():
-        key, _, rest = line.partition(":")
-        parts = rest.split()
-        if parts and parts[0].isdigit():
-            out[key.strip()] = int(parts[0]) * (1024 if len(parts) > 1 and parts[1].lower() == "kb" else 1)
-    return out
-
-
-def _memorystatusex_type():
-    import ctypes
-
-    class MEMORYSTATUSEX(ctypes.Structure):
-        _fields_ = [
-            ("dwLength", ctypes.c_ulong),
-            ("dwMemoryLoad", ctypes.c_ulong),
-            ("ullTotalPhys", ctypes.c_ulonglong),
-            ("ullAvailPhys", ctypes.c_ulonglong),
-            ("ullTotalPageFile", ctypes.c_ulonglong),
-            ("ullAvailPageFile", ctypes.c_ulonglong),
-            ("ullTotalVirtual", ctypes.c_ulonglong),
-            ("ullAvailVirtual", ctypes.c_ulonglong),
-            ("ullAvailExtendedVirtual", ctypes.c_ulonglong),
-        ]
-
-    return MEMORYSTATUSEX
-
-
-def windows_memory_status(kernel32: Any = None) -> dict[str, int]:
-    """Commit charge through ``GlobalMemoryStatusEx`` (bytes): ``commit_limit`` is ullTotalPageFile,
-    ``commit_used`` = ullTotalPageFile - ullAvailPageFile, ``ram_free`` ullAvailPhys. ``kernel32``
-    defaults to ``ctypes.windll.kernel32`` (Windows only); tests pass a stand-in."""
-    import ctypes
-
-    if kernel32 is None:
-        kernel32 = ctypes.windll.kernel32  # type: ignore[attr-defined]
-    status = _memorystatusex_type()()
-    status.dwLength = ctypes.sizeof(status)
-    if not kernel32.GlobalMemoryStatusEx(ctypes.byref(status)):
-        raise OSError("GlobalMemoryStatusEx failed")
-    return {
-        "ram_free": int(status.ullAvailPhys),
-        "commit_limit": int(status.ullTotalPageFile),
-        "commit_used": int(status.ullTotalPageFile - status.ullAvailPageFile),
-    }
-
-
-def host_memory(platform: str | None = None, meminfo_path: str = "/proc/meminfo", kernel32: Any = None) -> dict[str, Any]:
-    """RAM free and commit charge of this machine (GiB), with notes for what could not be read."""
-    platform = platform or sys.platform
-    out: dict[str, Any] = {"ram_free_gb": 0.0, "commit_used_gb": 0.0, "commit_limit_gb": 0.0, "notes": []}
-    try:
-        import psutil
-
-        out["ram_free_gb"] = psutil.virtual_memory().available / GB
-    except Exception as exc:  # psutil missing or failing: say so, keep zeros
-        out["notes"].append(f"RAM free unknown: {exc}")
-    if platform.startswith("win"):
-        try:
-            st = windows_memory_status(kernel32)
-            out["commit_used_gb"] = st["commit_used"] / GB
-            out["commit_limit_gb"] = st["commit_limit"] / GB
-            if not out["ram_free_gb"]:
-                out["ram_free_gb"] = st["ram_free"] / GB
-        except Exception as exc:
-            out["notes"].append(f"commit charge unknown: GlobalMemoryStatusEx: {exc}")
-    elif platform.startswith("linux"):
-        try:
-            with open(meminfo_path, encoding="ascii") as f:
-                info = parse_meminfo(f.read())
-            used, limit = info["Committed_AS"], info["CommitLimit"]
-            out["commit_used_gb"], out["commit_limit_gb"] = used / GB, limit / GB
-            if not out["ram_free_gb"] and "MemAvailable" in info:
-                out["ram_free_gb"] = info["MemAvailable"] / GB
-        except OSError as exc:
-            out["notes"].append(f"commit charge unknown: {meminfo_path}: {exc}")
-        except KeyError:
-            out["notes"].append(f"commit charge unknown: {meminfo_path} has no CommitLimit/Committed_AS")
-    else:
-        out["notes"].append(f"commit charge is not read on {platform}; S_virt counts as 0")
-    return out
-
-
-# --------------------------------------------------------------------------------------------------
-# NVML
-# --------------------------------------------------------------------------------------------------
-
-
-def norm_uuid(uuid: Any) -> str:
-    """Compare-ready UUID: lower case, without NVML's ``GPU-`` prefix."""
-    s = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
-    s = s.strip().lower()
-    return s[4:] if s.startswith("gpu-") else s
-
-
-def _text(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
-def nvml_devices(nvml: Any) -> list[dict[str, Any]]:
-    """Every NVML device: index, uuid, name, total and free bytes (``nvml`` already initialised)."""
-    out = []
-    for i in range(nvml.nvmlDeviceGetCount()):
-        h = nvml.nvmlDeviceGetHandleByIndex(i)
-        mem = nvml.nvmlDeviceGetMemoryInfo(h)
-        out.append({"index": i, "uuid": _text(nvml.nvmlDeviceGetUUID(h)), "name": _text(nvml.nvmlDeviceGetName(h)),
-                    "total": int(mem.total), "free": int(mem.free)})
-    return out
-
-
-_NVML_LOCK = threading.Lock()
-_NVML_STATE: dict[str, Any] = {"module": None, "error": None, "tried": 0.0}
-_NVML_RETRY_S = 60.0
-
-
-def _nvml() -> tuple[Any, str | None]:
-    """The initialised ``pynvml`` module, or None and why (retried after a minute)."""
-    with _NVML_LOCK:
-        if _NVML_STATE["module"] is not None:
-            return _NVML_STATE["module"], None
-        if _NVML_STATE["error"] and time.monotonic() - _NVML_STATE["tried"] < _NVML_RETRY_S:
-            return None, _NVML_STATE["error"]
-        _NVML_STATE["tried"] = time.monotonic()
-        try:
-            import pynvml  # nvidia-ml-py
-
-            pynvml.nvmlInit()
-        except Exception as exc:
-            _NVML_STATE["error"] = f"NVML unavailable ({type(exc).__name__}: {exc})"
-            return None, _NVML_STATE["error"]
-        _NVML_STATE["module"], _NVML_STATE["error"] = pynvml, None
-        return pynvml, None
-
-
-def visible_nvml_order(nvml_list: list[dict[str, Any]], visible: str | None) -> list[dict[str, Any]]:
-    """NVML devices in the order a CUDA process sees them under CUDA_VISIBLE_DEVICES (indices or
-    UUIDs; MIG entries and unknown ones dropped). Used when torch is not loaded to give the UUID."""
-    if visible is None:
-        return list(nvml_list)
-    out = []
-    by_uuid = {norm_uuid(d["uuid"]): d for d in nvml_list}
-    for entry in visible.split(","):
-        entry = entry.strip()
-        if not entry:
-            continue
-        if entry.isdigit():
-            i = int(entry)
-            if i < len(nvml_list):
-                out.append(nvml_list[i])
-            else:
-                break  # CUDA stops at the first invalid entry
-        else:
-            key = norm_uuid(entry)
-            match = by_uuid.get(key) or next((d for u, d in by_uuid.items() if u.startswith(key)), None)
-            if match is None:
-                break
-            out.append(match)
-    return out
+def host_memory() -> dict[str, Any]:
+    """This machine's RAM free and commit charge in the snapshot's units (GiB), with notes
+    (the device layer reads them: ``server/devices/host.py``)."""
+    h = read_host_memory()
+    return {"ram_free_gb": h.ram_free / GB, "commit_used_gb": h.commit_used / GB,
+            "commit_limit_gb": h.commit_limit / GB, "notes": list(h.notes)}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -240,11 +84,11 @@ def visible_nvml_order(nvml_list: list[dict[str, Any]], visible: str | None) -> 
 # --------------------------------------------------------------------------------------------------
 
 
-def torch_cuda_snapshots(torch: Any, nvml_list: list[dict[str, Any]] | None, nvml_error: str | None) -> list[Snapshot]:
+def torch_cuda_snapshots(torch: Any, nvml_list: list[NvmlCard] | None, nvml_error: str | None) -> list[Snapshot]:
     """One snapshot per ``torch.cuda`` device (NVIDIA or ROCm), NVML matched by UUID."""
     hip = getattr(getattr(torch, "version", None), "hip", None)
     platform = "amd" if hip else "nvidia"
-    by_uuid = {norm_uuid(d["uuid"]): d for d in (nvml_list or [])}
+    by_uuid = {norm_uuid(d.uuid): d for d in (nvml_list or [])}
     initialised = bool(getattr(torch.cuda, "is_initialized", lambda: True)())
     out = []
     for i in range(torch.cuda.device_count()):
@@ -256,9 +100,9 @@ def torch_cuda_snapshots(torch: Any, nvml_list: list[dict[str, Any]] | None, nvm
         alloc = int(torch.cuda.memory_allocated(i)) if initialised else 0
         reserved = int(torch.cuda.memory_reserved(i)) if initialised else 0
         nv = by_uuid.get(norm_uuid(uuid)) if uuid is not None else None
-        if nv is not None:
-            free, total = nv["free"], nv["total"]
-            snap.uuid = nv["uuid"]
+        if nv is not None and nv.free is not None and nv.total is not None:
+            free, total = nv.free, nv.total
+            snap.uuid = nv.uuid
             snap.source = "torch+nvml"
         else:
             free, total2 = torch.cuda.mem_get_info(i)
@@ -327,13 +171,9 @@ def _device_snapshots(import_torch: bool) -> list[Snapshot]:
             torch = None
     elif torch is None:
         reasons.append("torch not loaded in this process")
-    nvml, nvml_error = _nvml()
-    nvml_list: list[dict[str, Any]] | None = None
-    if nvml is not None:
-        try:
-            nvml_list = nvml_devices(nvml)
-        except Exception as exc:
-            nvml_error = f"NVML query failed ({exc})"
+    nvml = shared_nvml()
+    nvml_error = None if nvml.ok else nvml.reason
+    nvml_list: list[NvmlCard] | None = nvml.cards() if nvml.ok else None
     if torch is not None:
         try:
             if torch.cuda.is_available():
@@ -352,11 +192,13 @@ def _device_snapshots(import_torch: bool) -> list[Snapshot]:
         except Exception as exc:
             reasons.append(f"torch device query failed ({exc})")
     if nvml_list:
-        order = visible_nvml_order(nvml_list, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        order = visible_order(nvml_list, os.environ.get("CUDA_VISIBLE_DEVICES"))
         out = []
         for i, d in enumerate(order):
-            snap = Snapshot(device=f"cuda:{i}", kind="cuda", platform="nvidia", name=d["name"], uuid=d["uuid"],
-                            vram_total_gb=d["total"] / GB, vram_free_gb=d["free"] / GB, source="nvml")
+            snap = Snapshot(device=f"cuda:{i}", kind="cuda", platform="nvidia", name=d.name, uuid=d.uuid,
+                            vram_total_gb=(d.total or 0) / GB, vram_free_gb=(d.free or 0) / GB, source="nvml")
+            if d.total is None:
+                snap.notes.append("NVML could not read this card's memory: figures 0")
             snap.notes.append("; ".join(reasons + ["allocator figures 0 (no torch allocator in this process)"]))
             if len(order) > 1 and os.environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
                 snap.notes.append("index order is NVML's (PCI bus); set CUDA_DEVICE_ORDER=PCI_BUS_ID so torch matches")

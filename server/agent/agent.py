@@ -40,7 +40,7 @@ from ..devices import renumbering as devren
 from ..run.events import describe_exit
 from ..run.launcher import LaunchError, ProcessGroup, member_env, single
 from ..run.spec import RunSpec, build_spec
-from ..run.warm import warm_up
+from ..run.warm import default_starter, warm_up
 from ..workers import protocol
 from .config import (
     AgentConfig,
@@ -138,13 +138,9 @@ class Agent:
     def node_types(self) -> list[str]:
         """Node classes this agent's runner can execute (compared with the sidecar's)."""
         if self._node_types is None:
-            try:
-                from ...nodes import NODE_CLASS_MAPPINGS
+            from ...nodes import NODE_CLASS_MAPPINGS  # shipped with the agent: a broken import is a bug
 
-                self._node_types = sorted(NODE_CLASS_MAPPINGS)
-            except Exception as exc:  # a broken optional dependency: report no node types
-                log.error("node classes unavailable: %s", exc)
-                self._node_types = []
+            self._node_types = sorted(NODE_CLASS_MAPPINGS)
         return self._node_types
 
     def _runs_summary(self) -> list[dict[str, Any]]:
@@ -423,7 +419,8 @@ class Agent:
         self._spec(rs, msg, renum).write(rs.run_dir)
         env = member_env(None, {**self.cfg.extra_env, **renum.env})
         rs.group = ProcessGroup(single(rs.run_id, rs.run_dir, env, stop_grace_s=RUN_STOP_GRACE_S),
-                                on_events=lambda rank, events: self._relay(rs, rank, events))
+                                on_events=lambda rank, events: self._relay(rs, rank, events),
+                                starter=default_starter())
         pump = asyncio.create_task(self._pump(rs))
         try:
             await rs.group.start()

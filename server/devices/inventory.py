@@ -9,7 +9,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .probe import Nvml, cpu_device, mps_devices, xpu_devices
+from .info import DeviceInfo, to_bytes
+from .nvml import Nvml
+from .probe import cpu_device, cuda_devices, mps_devices, xpu_devices
 from .simulated import SimulatedCard, simulated_file, write_simulated_file
 
 log = logging.getLogger("xpufleet.devices")
@@ -49,7 +51,7 @@ class Inventory:
         """True when this agent's cards are simulated (W6)."""
         return bool(self.simulate)
 
-    def _simulated_devices(self) -> list[dict[str, Any]]:
+    def _simulated_devices(self) -> list[DeviceInfo]:
         try:
             data = json.loads(self.sim_path.read_text())
             cards = data["cards"]
@@ -61,18 +63,18 @@ class Inventory:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("simulated cards file %s unreadable (%s); keeping the last figures", self.sim_path, exc)
         return [
-            {"name": c.name, "kind": "cuda", "label": self._sim_last[c.name]["label"], "uuid": c.uuid,
-             "total_gib": c.total_gib, "free_gib": round(self._sim_last[c.name]["free_gib"], 3),
-             "simulated": True}
+            DeviceInfo(c.name, label=self._sim_last[c.name]["label"], uuid=c.uuid,
+                       total_bytes=to_bytes(c.total_gib), free_bytes=to_bytes(self._sim_last[c.name]["free_gib"]),
+                       simulated=True)
             for c in self.simulate
         ]
 
-    def _real_accelerators(self) -> list[dict[str, Any]]:
+    def _real_accelerators(self) -> list[DeviceInfo]:
         if self._nvml is None:
             self._nvml = Nvml()
             if not self._nvml.ok:
                 self.notes.append(f"CUDA: {self._nvml.reason}")
-        out = self._nvml.devices(self.env)
+        out = cuda_devices(self._nvml, self.env)
         if self._other_present is None or self._other_present:
             try:
                 other = xpu_devices() + mps_devices()
@@ -85,14 +87,18 @@ class Inventory:
             out += other
         return out
 
-    def snapshot(self) -> list[dict[str, Any]]:
-        """Devices offered now, with total/free memory (GiB) and UUIDs; CPU first."""
+    def devices(self) -> list[DeviceInfo]:
+        """Devices offered now, with total/free memory and UUIDs; CPU first."""
         accel = self._simulated_devices() if self.simulate else self._real_accelerators()
         if self.only is not None:
-            accel = [d for d in accel if d["name"] in self.only]
+            accel = [d for d in accel if d.name in self.only]
             # --devices order is the order the worker lists its cards in
-            accel.sort(key=lambda d: self.only.index(d["name"]))
+            accel.sort(key=lambda d: self.only.index(d.name))
         return [cpu_device(), *accel]
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """:meth:`devices` in their wire form (hello, heartbeat; GiB)."""
+        return [d.to_wire() for d in self.devices()]
 
     def check_requested(self) -> list[str]:
         """Names in ``--devices`` that this machine does not have (empty when all exist)."""

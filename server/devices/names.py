@@ -11,10 +11,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ...constants import ACCELERATOR_KINDS
+from ...constants import ACCELERATOR_KINDS, DEVICE_KINDS
 
-_DEVICE_RE = re.compile(r"^(cpu|cuda|xpu|mps)(?::(\d+))?$")
-KINDS = ("cpu", "cuda", "xpu", "mps")
+_DEVICE_RE = re.compile(rf"^({'|'.join(DEVICE_KINDS)})(?::(\d+))?$")
 
 
 class DeviceSpecError(ValueError):

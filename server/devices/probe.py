@@ -1,5 +1,5 @@
-"""Probing this machine's real devices: NVIDIA cards through nvidia-ml-py (``pynvml``, with UUIDs),
-Intel GPUs through stock ``torch.xpu``, Apple ``mps``, and the CPU through psutil.
+"""Probing this machine's real devices: NVIDIA cards through nvidia-ml-py (nvml.py, with UUIDs), Intel
+GPUs through stock ``torch.xpu``, Apple ``mps``, and the CPU through psutil (host.py for commit charge).
 
 Heavy modules (pynvml, torch) are imported lazily, only where a device of their kind may exist.
 """
@@ -10,111 +10,34 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
-from ...constants import BYTES_PER_GB
-from .renumbering import parent_list
+from .host import host_memory
+from .info import DeviceInfo
+from .nvml import Nvml, visible_order
 
 log = logging.getLogger("xpufleet.devices")
 
-GIB = BYTES_PER_GB  # one definition of a GiB: constants.py
 
+def cpu_device() -> DeviceInfo:
+    """The CPU entry every agent offers: RAM total and available, and the host's commit charge (the
+    predictor's P_load needs it for worker cards)."""
+    import platform
 
-def _gib(n_bytes: float | int | None) -> float | None:
-    return None if n_bytes is None else round(float(n_bytes) / GIB, 3)
-
-
-def cpu_device() -> dict[str, Any]:
     import psutil
 
     vm = psutil.virtual_memory()
-    import platform
-
     label = platform.processor() or platform.machine() or "CPU"
-    from ...predictor.snapshot import host_memory
-
-    host = host_memory()  # commit charge too: the predictor's P_load needs it for worker cards
-    return {
-        "name": "cpu",
-        "kind": "cpu",
-        "label": f"{label} ({os.cpu_count() or 1} cores)",
-        "uuid": None,
-        "total_gib": _gib(vm.total),
-        "free_gib": _gib(vm.available),
-        "commit_used_gib": round(host["commit_used_gb"], 3),
-        "commit_limit_gib": round(host["commit_limit_gb"], 3),
-        "simulated": False,
-    }
+    host = host_memory()
+    return DeviceInfo("cpu", label=f"{label} ({os.cpu_count() or 1} cores)", total_bytes=int(vm.total),
+                      free_bytes=int(vm.available), commit_used_bytes=host.commit_used,
+                      commit_limit_bytes=host.commit_limit)
 
 
-class Nvml:
-    """NVIDIA cards through nvidia-ml-py; initialised once, ``None`` figures when NVML fails."""
-
-    def __init__(self) -> None:
-        self.ok = False
-        self.reason = ""
-        self._mod: Any = None
-        try:
-            import pynvml  # nvidia-ml-py
-        except ImportError:
-            self.reason = "nvidia-ml-py is not installed"
-            return
-        try:
-            pynvml.nvmlInit()
-        except Exception as exc:  # no driver / no card: a machine without NVIDIA GPUs
-            self.reason = f"NVML unavailable: {exc}"
-            return
-        self._mod = pynvml
-        self.ok = True
-
-    @staticmethod
-    def _text(value: Any) -> str:
-        return value.decode() if isinstance(value, bytes) else str(value)
-
-    def devices(self, parent_env: dict[str, str]) -> list[dict[str, Any]]:
-        if not self.ok:
-            return []
-        nv = self._mod
-        try:
-            count = nv.nvmlDeviceGetCount()
-            handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-            uuids = [self._text(nv.nvmlDeviceGetUUID(h)) for h in handles]
-        except Exception as exc:
-            log.warning("NVML failed to list cards: %s", exc)
-            return []
-        order = list(range(count))
-        visible = parent_list(parent_env.get("CUDA_VISIBLE_DEVICES"))
-        if visible is not None:  # the agent's cuda:N is the N-th visible card, as in CUDA
-            order = []
-            for entry in visible:
-                if entry.isdigit() and int(entry) < count:
-                    order.append(int(entry))
-                elif entry.startswith("GPU-") and any(u.startswith(entry) for u in uuids):
-                    order.append(next(i for i, u in enumerate(uuids) if u.startswith(entry)))
-                else:
-                    break  # CUDA stops at the first entry it cannot resolve
-        out = []
-        for n, i in enumerate(order):
-            h = handles[i]
-            try:
-                mem = nv.nvmlDeviceGetMemoryInfo(h)
-                total, free = mem.total, mem.free
-            except Exception:
-                total = free = None
-            try:
-                label = self._text(nv.nvmlDeviceGetName(h))
-            except Exception:
-                label = "NVIDIA GPU"
-            out.append({
-                "name": f"cuda:{n}",
-                "kind": "cuda",
-                "label": label,
-                "uuid": uuids[i],
-                "total_gib": _gib(total),
-                "free_gib": _gib(free),
-                "simulated": False,
-            })
-        return out
+def cuda_devices(nvml: Nvml, parent_env: dict[str, str]) -> list[DeviceInfo]:
+    """NVIDIA cards as this process's ``cuda:N`` (its own CUDA_VISIBLE_DEVICES applied), by UUID."""
+    order = visible_order(nvml.cards(), parent_env.get("CUDA_VISIBLE_DEVICES"))
+    return [DeviceInfo(f"cuda:{n}", label=c.name, uuid=c.uuid, total_bytes=c.total, free_bytes=c.free)
+            for n, c in enumerate(order)]
 
 
 def _intel_gpu_present() -> bool:
@@ -133,7 +56,8 @@ def _intel_gpu_present() -> bool:
     return False
 
 
-def xpu_devices() -> list[dict[str, Any]]:
+def xpu_devices() -> list[DeviceInfo]:
+    """Intel GPUs through stock ``torch.xpu`` (torch is imported only when a DRM device of Intel's is there)."""
     if not _intel_gpu_present():
         return []
     try:
@@ -153,19 +77,15 @@ def xpu_devices() -> list[dict[str, Any]]:
         except Exception:  # older torch: no free figure
             pass
         dev_uuid = getattr(props, "uuid", None)
-        out.append({
-            "name": f"xpu:{i}",
-            "kind": "xpu",
-            "label": getattr(props, "name", "Intel GPU"),
-            "uuid": str(dev_uuid) if dev_uuid else None,
-            "total_gib": _gib(total),
-            "free_gib": _gib(free),
-            "simulated": False,
-        })
+        out.append(DeviceInfo(f"xpu:{i}", label=str(getattr(props, "name", "Intel GPU")),
+                              uuid=str(dev_uuid) if dev_uuid else None,
+                              total_bytes=None if total is None else int(total),
+                              free_bytes=None if free is None else int(free)))
     return out
 
 
-def mps_devices() -> list[dict[str, Any]]:
+def mps_devices() -> list[DeviceInfo]:
+    """Apple's MPS device (one), with the recommended maximum as its total and no free figure."""
     if sys.platform != "darwin":
         return []
     try:
@@ -181,5 +101,4 @@ def mps_devices() -> list[dict[str, Any]]:
     except Exception:
         pass
     # MPS has no free figure (seed 000: shared MPS cards report no total either for budgets).
-    return [{"name": "mps:0", "kind": "mps", "label": "Apple MPS", "uuid": None,
-             "total_gib": _gib(total), "free_gib": None, "simulated": False}]
+    return [DeviceInfo("mps:0", label="Apple MPS", total_bytes=None if total is None else int(total))]

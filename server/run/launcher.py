@@ -278,7 +278,7 @@ class ProcessGroup:
 
     spec: GroupSpec
     on_events: EventsCallback
-    starter: Starter | None = None
+    starter: Starter | None = None  # None: cold; the sidecar and the agent pass warm.default_starter()
     _members: list[_Member] = field(default_factory=list, init=False)
     _stop_reason: str | None = field(default=None, init=False)
     _first_failure: MemberExit | None = field(default=None, init=False)
@@ -294,9 +294,7 @@ class ProcessGroup:
 
     async def start(self) -> None:
         """Start every member (in parallel); raise LaunchError, with the others ended, if one fails."""
-        from .warm import default_starter
-
-        starter = self.starter or default_starter()
+        starter = self.starter or ColdStarter()
         self._done = asyncio.Event()
         self._members = [_Member(m) for m in self.spec.members]
         results = await asyncio.gather(*(self._start_member(starter, m) for m in self._members),

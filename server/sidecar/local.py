@@ -13,6 +13,7 @@ from ...constants import LOCAL_PROVIDER, RUN_STOP_GRACE_S, RUNS_DIR_NAME
 from ..devices.inventory import Inventory
 from ..run.launcher import GroupResult, ProcessGroup, member_env, single
 from ..run.spec import RunSpec, build_spec
+from ..run.warm import default_starter
 from ..scheduling import DeviceOffer
 from .providers import RunHost
 
@@ -79,7 +80,8 @@ class LocalProvider:
         env = member_env(None, {})
         env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # cuda:N = NVML's N (UUIDs match)
         group = ProcessGroup(single(run_id, run_dir, env, stop_grace_s=self.stop_grace_s),
-                             on_events=lambda rank, events: self.host.ingest(run_id, events) if rank == 0 else None)
+                             on_events=lambda rank, events: self.host.ingest(run_id, events) if rank == 0 else None,
+                             starter=default_starter())
         self.runs[run_id] = group
         if run_id in self._cancel_before_start:
             self._cancel_before_start.discard(run_id)

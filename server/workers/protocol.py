@@ -34,6 +34,7 @@ from ...constants import (
     ENV_HEARTBEAT_INTERVAL_S,
     ENV_WORKER_RESUME_GRACE_S,
     HEARTBEAT_INTERVAL_S,
+    HEARTBEAT_LATE_BEATS,
     LOCAL_PROVIDER,
     WORKER_NAME_RE,
     WORKER_RESUME_GRACE_S,
@@ -66,7 +67,7 @@ def heartbeat_interval_s() -> float:
 
 def heartbeat_late_s() -> float:
     """A worker whose last heartbeat is older than this is Degraded (three missed beats)."""
-    return 3.0 * heartbeat_interval_s()
+    return HEARTBEAT_LATE_BEATS * heartbeat_interval_s()
 
 
 def resume_grace_s() -> float:

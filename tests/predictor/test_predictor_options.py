@@ -13,7 +13,8 @@ import pytest
 from xpufleet.predictor import weights as W
 from xpufleet.predictor.calibration import calibration_factor, load_samples, record_run_peak
 from xpufleet.predictor.predict import p_load, p_peak
-from xpufleet.predictor.scan import DirsResolver, scan_workflow
+from xpufleet.predictor.resolve import DirsResolver
+from xpufleet.predictor.scan import scan_workflow
 from xpufleet.predictor.service import apply_override, parse_options, predict_workflow
 from xpufleet.predictor.snapshot import Snapshot
 from xpufleet.predictor.topology import topology_peak

@@ -12,8 +12,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from xpufleet.constants import MAX_REQUEST_BODY_BYTES
+from xpufleet.predictor.resolve import DirsResolver
 from xpufleet.predictor.routes import add_sidecar_routes
-from xpufleet.predictor.scan import DirsResolver
 from xpufleet.predictor.service import apply_override, predict_workflow
 from xpufleet.predictor.snapshot import Snapshot, clear_cache
 

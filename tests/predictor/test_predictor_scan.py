@@ -7,15 +7,14 @@ import os
 
 import pytest
 
-from xpufleet.predictor.scan import (
+from xpufleet.predictor.resolve import (
     DirsResolver,
     FolderPathsResolver,
     UnsafeModelName,
-    WorkflowFormatError,
     check_model_name,
     default_resolver,
-    scan_workflow,
 )
+from xpufleet.predictor.scan import WorkflowFormatError, scan_workflow
 
 GiB = 1024**3
 

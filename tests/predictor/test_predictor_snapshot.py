@@ -3,7 +3,6 @@ to torch's index by UUID (stand-ins for the GPU libraries: this machine has no G
 
 from __future__ import annotations
 
-import ctypes
 import sys
 from types import SimpleNamespace
 
@@ -45,63 +44,12 @@ def test_no_gpu_gives_zeros_and_a_reason():
         S.take_snapshot("cuda:3", import_torch=True)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/meminfo is Linux's")
-def test_linux_commit_from_proc_meminfo():
-    info = S.parse_meminfo(open("/proc/meminfo").read())
-    host = S.host_memory()
-    assert host["commit_limit_gb"] == pytest.approx(info["CommitLimit"] / GiB)
-    assert host["commit_used_gb"] == pytest.approx(info["Committed_AS"] / GiB, rel=0.2)  # it moves
-    import psutil
+def test_host_figures_are_the_device_layers_in_gib():
+    from xpufleet.server.devices.host import host_memory
 
-    assert host["ram_free_gb"] == pytest.approx(psutil.virtual_memory().available / GiB, rel=0.2)
-
-
-def test_meminfo_file_parsed_exactly(tmp_path):
-    f = tmp_path / "meminfo"
-    f.write_text("MemTotal:       32000000 kB\nMemAvailable:   1000 kB\nCommitLimit:    20971520 kB\n"
-                 "Committed_AS:    5242880 kB\nHugePages_Total:       0\n")
-    host = S.host_memory("linux", meminfo_path=str(f))
-    assert host["commit_limit_gb"] == pytest.approx(20.0)
-    assert host["commit_used_gb"] == pytest.approx(5.0)
-    broken = tmp_path / "broken"
-    broken.write_text("MemTotal: 1 kB\n")
-    host = S.host_memory("linux", meminfo_path=str(broken))
-    assert host["commit_limit_gb"] == 0 and any("CommitLimit" in n for n in host["notes"])
-
-
-class Kernel32StandIn:
-    """Fills MEMORYSTATUSEX as Windows would; records the dwLength it was handed."""
-
-    def __init__(self, ok: bool = True):
-        self.ok = ok
-        self.seen_length = None
-
-    def GlobalMemoryStatusEx(self, ref):  # noqa: N802 (Windows' name)
-        st = ref._obj
-        self.seen_length = st.dwLength
-        if not self.ok:
-            return 0
-        st.ullTotalPhys = 64 * GiB
-        st.ullAvailPhys = 40 * GiB
-        st.ullTotalPageFile = 80 * GiB
-        st.ullAvailPageFile = 50 * GiB
-        return 1
-
-
-def test_windows_commit_through_global_memory_status_stand_in():
-    k = Kernel32StandIn()
-    st = S.windows_memory_status(k)
-    assert k.seen_length == ctypes.sizeof(S._memorystatusex_type())  # the struct size Windows checks
-    assert st == {"ram_free": 40 * GiB, "commit_limit": 80 * GiB, "commit_used": 30 * GiB}
-    host = S.host_memory("win32", kernel32=k)
-    assert host["commit_limit_gb"] == pytest.approx(80.0) and host["commit_used_gb"] == pytest.approx(30.0)
-    failing = S.host_memory("win32", kernel32=Kernel32StandIn(ok=False))
-    assert failing["commit_limit_gb"] == 0 and any("GlobalMemoryStatusEx failed" in n for n in failing["notes"])
-
-
-def test_commit_not_read_elsewhere_says_so():
-    host = S.host_memory("darwin")
-    assert host["commit_limit_gb"] == 0 and any("darwin" in n for n in host["notes"])
+    raw, snap = host_memory(), S.host_memory()
+    assert snap["commit_limit_gb"] == pytest.approx(raw.commit_limit / GiB)
+    assert snap["ram_free_gb"] == pytest.approx(raw.ram_free / GiB, rel=0.2)  # it moves
 
 
 # ---- stand-ins for NVML and torch.cuda -------------------------------------------------------------
@@ -114,6 +62,7 @@ NV = [  # NVML's order (PCI bus)
 
 def nvml_stand_in(devs=NV):
     return SimpleNamespace(
+        nvmlInit=lambda: None,
         nvmlDeviceGetCount=lambda: len(devs),
         nvmlDeviceGetHandleByIndex=lambda i: devs[i],
         nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(total=h["total"], free=h["free"], used=h["total"] - h["free"]),
@@ -137,8 +86,17 @@ def torch_stand_in(order, alloc, reserved, initialised=True, hip=None, mem_get_i
     return SimpleNamespace(cuda=cuda, version=SimpleNamespace(hip=hip), __version__="2.x")
 
 
-def test_torch_index_mapped_to_nvml_by_uuid():
-    nvml_list = S.nvml_devices(nvml_stand_in())
+def nvml_cards(monkeypatch, devs=NV):
+    from xpufleet.server.devices.nvml import Nvml
+
+    monkeypatch.setitem(sys.modules, "pynvml", nvml_stand_in(devs))
+    nvml = Nvml()
+    assert nvml.ok
+    return nvml
+
+
+def test_torch_index_mapped_to_nvml_by_uuid(monkeypatch):
+    nvml_list = nvml_cards(monkeypatch).cards()
     torch = torch_stand_in(order=[1, 0], alloc=[3 * GiB, 0], reserved=[5 * GiB, GiB])
     snaps = S.torch_cuda_snapshots(torch, nvml_list, None)
     c0, c1 = snaps
@@ -186,7 +144,8 @@ def test_snapshot_never_initialises_cuda(monkeypatch):
 
     torch.cuda.get_device_properties = boom
     monkeypatch.setitem(sys.modules, "torch", torch)
-    monkeypatch.setattr(S, "_nvml", lambda: (nvml_stand_in(), None))
+    nvml = nvml_cards(monkeypatch)
+    monkeypatch.setattr(S, "shared_nvml", lambda: nvml)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     snaps = S.take_snapshots(import_torch=False)
     assert [(s.device, s.name, s.source) for s in snaps] == [("cuda:0", "NVIDIA A", "nvml"), ("cuda:1", "NVIDIA B", "nvml")]
@@ -199,15 +158,6 @@ def test_snapshot_never_initialises_cuda(monkeypatch):
     snap = S.take_snapshot("cuda:0")
     assert (snap.name, snap.vram_allocated_gb, snap.source) == ("NVIDIA B", 1.0, "torch+nvml")
     assert snap.ram_free_gb > 0  # host figures are added to every device
-
-
-def test_cuda_visible_devices_order():
-    lst = [dict(d, index=i) for i, d in enumerate(NV)]
-    assert [d["name"] for d in S.visible_nvml_order(lst, "1,0")] == ["NVIDIA B", "NVIDIA A"]
-    assert [d["name"] for d in S.visible_nvml_order(lst, "GPU-bbbbbbbb")] == ["NVIDIA B"]
-    assert [d["name"] for d in S.visible_nvml_order(lst, "0,7,1")] == ["NVIDIA A"]  # CUDA stops at 7
-    assert S.visible_nvml_order(lst, "") == []
-    assert len(S.visible_nvml_order(lst, None)) == 2
 
 
 def test_snapshot_from_heartbeat_card():
@@ -228,7 +178,7 @@ def test_snapshot_from_heartbeat_card():
 
 def test_card_without_free_figure_or_offline_says_so(template):
     """A 0 that is really 'unknown', or a stale heartbeat, turns into a warning in the answer."""
-    from xpufleet.predictor.scan import DirsResolver
+    from xpufleet.predictor.resolve import DirsResolver
     from xpufleet.predictor.service import predict_workflow
 
     card = {"worker": "gpu-box", "device": "cuda:0", "total_gib": 24.0, "free_gib": None, "kind": "cuda",

@@ -123,7 +123,11 @@ def test_submit_follow_list_and_read_a_run(sidecar, tmp_path):
         status, _, body = raw(sidecar, "GET", f"/api/runs/{run_id}/artifacts/{bad}")
         assert 400 <= status < 500 and "error" in body, bad
     logs = c.request("GET", f"/api/runs/{run_id}/logs")
-    assert logs["size"] >= 0 and isinstance(logs["text"], str)
+    log_path = Path(run["run_dir"]) / "output.log"
+    assert logs["size"] == log_path.stat().st_size and logs["text"].encode() == log_path.read_bytes()[:logs["next_offset"]]
+    assert "XPUTrainingLoop" in logs["text"]  # the run's own output, not an empty file
+    tail = c.request("GET", f"/api/runs/{run_id}/logs?tail=10")
+    assert tail["offset"] == max(0, logs["size"] - 10) and tail["next_offset"] == logs["size"]
 
     run_dir = Path(run["run_dir"])
     assert run_dir.is_dir()

@@ -17,6 +17,7 @@ from aiohttp.test_utils import TestServer
 
 from xpufleet.constants import AGENT_PROTOCOL, VERSION
 from xpufleet.server.sidecar.app import SidecarConfig, create_app
+from xpufleet.server.workers import protocol
 
 GRAPH = {"1": {"class_type": "XPUDataset", "inputs": {"name": "iris"}}}
 
@@ -149,10 +150,13 @@ def test_hello_welcome_list_drain_mode_and_restart_persistence(xpufleet_home, mo
                     break
                 await asyncio.sleep(0.05)
             assert (await sc.worker("gpu-box"))["devices"][1]["free_gib"] == 3.5
-            # no heartbeat for more than 3 intervals: Degraded, with the reason
-            await asyncio.sleep(0.8)
-            w = await sc.worker("gpu-box")
+            # no heartbeat for more than 3 intervals: Degraded, with the reason (polled, bounded)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 30
+            while (w := await sc.worker("gpu-box"))["status"] != "Degraded" and loop.time() < deadline:
+                await asyncio.sleep(0.05)
             assert w["status"] == "Degraded" and "late heartbeat" in w["status_reason"]
+            assert w["heartbeat_age_s"] >= protocol.heartbeat_late_s() - 0.1
             # modes
             status, body = await sc.call("PUT", "/api/workers/gpu-box/devices/cuda:1/mode", {"mode": "shared"})
             assert status == 200 and body["mode"] == "shared"
