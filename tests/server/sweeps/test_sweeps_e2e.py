@@ -82,6 +82,15 @@ class Fleet:
             time.sleep(0.2)
         raise AssertionError(f"agent {name} did not connect: {self.agent_log(a)}")
 
+    def warm(self, *workers: str) -> None:
+        """One short run on each worker's cuda:0, all at once, waited for: an agent's first run waits for
+        its warm-start parent (torch imported), which on a loaded machine takes many seconds, so a test
+        that reads start times from the runs after this one compares runs that start when they are placed."""
+        ids = [self.sidecar.submit(harness.iris_graph(1), name=f"warm {w}", target={"worker": w, "devices": ["cuda:0"]})
+               for w in workers]
+        for rid in ids:
+            assert self.sidecar.finish(rid, timeout=300)["status"] == "succeeded"
+
     @staticmethod
     def agent_log(a: Agent) -> str:
         return a.log.read_text(errors="replace")[-3000:] if a.log.exists() else ""
@@ -153,6 +162,8 @@ def spec_file(tmp_path: Path, **changes: Any) -> Path:
 def test_a_four_variant_sweep_runs_two_at_a_time_on_two_one_card_agents(fleet, tmp_path):
     fleet.agent("alpha")
     fleet.agent("beta")
+    fleet.warm("alpha", "beta")
+    warmed = fleet.runs_total()
     spec = spec_file(tmp_path, options={"device": "cuda", "target": {"worker": "any"}},
                      set={"10.location": "run_dir", "8.tensorboard": False})
     out_csv = tmp_path / "table.csv"
@@ -173,6 +184,11 @@ def test_a_four_variant_sweep_runs_two_at_a_time_on_two_one_card_agents(fleet, t
         run = fleet.client.run(r["run_id"])
         assert run["final_metrics"]["val_accuracy"] == r["metric"] and run["execution_facts"]["simulated_devices"]
     assert {r["worker_id"] for r in table} == {"alpha", "beta"}
+    assert len({r["created_at"] for r in table}) == 4 and fleet.runs_total() == warmed + 4
+    runs = sorted((fleet.client.run(r["run_id"]) for r in table), key=lambda r: r["assigned_at"])
+    assert runs[1]["assigned_at"] - runs[0]["assigned_at"] < 1.0  # two placed at once (one pass) ...
+    first_end = min(runs[0]["finished_at"], runs[1]["finished_at"])
+    assert runs[2]["assigned_at"] >= first_end and runs[3]["assigned_at"] >= first_end  # ... the others waited
     spans = [(r["started_at"], r["finished_at"]) for r in table]
     assert max_overlap(spans) == 2, spans  # two at a time: never three, and two did overlap
     for worker in ("alpha", "beta"):  # one card each: a worker's own variants never overlap
@@ -191,6 +207,7 @@ def test_a_four_variant_sweep_runs_two_at_a_time_on_two_one_card_agents(fleet, t
 
 def test_seeded_variants_on_one_worker_each_run_in_their_own_process_in_parallel(fleet):
     fleet.agent("box", "cuda:0=24,cuda:1=24")
+    fleet.warm("box")
     body = load_spec(str(EXAMPLE))
     body.update(parameters={}, seeds=[0, 1], options={"device": "cuda", "target": {"worker": "box"}},
                 set={"8.epochs": 6, "8.tensorboard": False, "8.checkpoint_every": 0, "10.location": "run_dir"})
