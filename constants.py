@@ -137,6 +137,12 @@ ENV_LOCAL_SHARED_CARDS = "XPUFLEET_LOCAL_SHARED_CARDS"  # "cuda:0,cuda:1": this 
 AGENT_CAP_MEMORY = "memory_cap"  # the hello capability of an agent that caps a run's allocator to its budget
 
 
+# --- sweeps and studies (SPEC Q6, issue 15) ------------------------------------------------------------
+SWEEP_DEFAULT_MAX_RUNS = 1000  # a sweep or study may queue this many runs unless its max_runs says more
+SWEEP_MAX_RUNS = 10_000  # ... and never more than this (a larger expansion is a 400, never truncated)
+STUDY_MAX_PARALLEL = 256  # trials of one study in flight at once
+
+
 def home_dir(env: dict[str, str] | None = None) -> Path:
     """``$XPUFLEET_HOME`` (``~`` expanded), else ``~/.xpufleet``: the one place the state folder is
     derived, for the sidecar, the agent, the CLI, the nodes and the predictor alike."""

@@ -5,7 +5,8 @@
 [--name N] [--seed S] [--follow | --wait | --no-wait] [--local]``; ``xpufleet runs``; ``xpufleet cancel``;
 ``xpufleet estimate GRAPH.json [--target ...] [--devices ...] [--local] [--json]``;
 ``xpufleet export GRAPH.json [-o train.py]``;
-``xpufleet serve SPEC.json`` and ``xpufleet services ...`` (inference units); ``agent``, ``workers``, ``predict``.
+``xpufleet serve SPEC.json`` and ``xpufleet services ...`` (inference units);
+``xpufleet sweep SPEC.yaml`` / ``sweeps``, ``xpufleet study SPEC.yaml`` / ``studies``; ``agent``, ``workers``, ``predict``.
 
 Exit codes a script can rely on:
 
@@ -30,6 +31,8 @@ from . import pools as pools_cli
 from . import runs as runs_cli
 from . import services as services_cli
 from . import sidecar as sidecar_cli
+from . import studies as studies_cli
+from . import sweeps as sweeps_cli
 from . import ui as ui_cli
 from . import workers as workers_cli
 from .client import ApiError, SidecarUnreachable
@@ -38,7 +41,7 @@ from .text import safe
 
 # Every command module, in the order `xpufleet --help` lists them.
 COMMAND_MODULES = (sidecar_cli, runs_cli, estimate_cli, agent_cli, workers_cli, pools_cli, services_cli,
-                   export_cli, predictor_cli, ui_cli)
+                   sweeps_cli, studies_cli, export_cli, predictor_cli, ui_cli)
 
 
 def build_parser() -> argparse.ArgumentParser:

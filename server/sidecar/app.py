@@ -2,7 +2,7 @@
 
 :func:`create_app` builds the aiohttp application: the security middleware (auth.py), JSON errors
 (http.py), the route modules (routes/: status, runs, run files, workers, pools, outputs, estimates,
-services, ui; the predictor's own routes),
+services, sweeps, studies, ui; the predictor's own routes),
 the OpenAPI document, and start/stop through ``cleanup_ctx``. The shared objects are found under the
 app keys of keys.py.
 
@@ -50,6 +50,8 @@ from .routes import run_files as run_files_routes
 from .routes import runs as runs_routes
 from .routes import services as services_routes
 from .routes import status as status_routes
+from .routes import studies as studies_routes
+from .routes import sweeps as sweeps_routes
 from .routes import ui as ui_routes
 from .routes import workers as workers_routes
 from .runtime_file import ensure_home, remove_runtime, url_for, write_runtime
@@ -91,7 +93,8 @@ def create_app(config: SidecarConfig) -> web.Application:
     app[STARTED_KEY] = time.time()
     openapi.setup(app)
     for routes in (status_routes, runs_routes, run_files_routes, workers_routes, pools_routes, outputs_routes,
-                   estimates_routes, services_routes, ui_routes):
+                   estimates_routes, services_routes, sweeps_routes,
+                   studies_routes, ui_routes):
         routes.setup(app)
     add_predictor_routes(app, dispatcher.card_snapshots)
     app.cleanup_ctx.append(_store_ctx)

@@ -13,25 +13,25 @@ cards (:attr:`Dispatcher.memory`, :mod:`..memory`: it plans the runs' shared can
 rule plans the exclusive ones), extra admission predicates (:attr:`Dispatcher.admit_hooks`), card
 snapshots for the predictor, and slot holders that are not runs
 (inference unit instances: :meth:`Dispatcher.request_slots`, queued in submission order with the runs,
-so instances and runs share cards by the same rule).
+so instances and runs share cards by the same rule); sweeps and studies (:meth:`Dispatcher.admit` for every
+child, then :meth:`Dispatcher.enqueue` of the batch).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import os
 import shutil
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ...constants import LOCAL_PROVIDER, RUN_STOP_GRACE_S, RUNS_DIR_NAME, TERMINAL_STATUSES
 from ..memory.admission import MemoryAdmission
 from ..memory.records import RunMemory
-from ..memory.submit import AdmissionError, prepare
+from ..memory.submit import AdmissionError, Prepared, prepare
 from ..scheduling import (
     AdmitFn,
     Candidate,
@@ -51,10 +51,21 @@ from .dynamic import DynamicRuns
 from .holders import OnPlaced, OnReason, SlotHolders
 from .hub import EventHub
 from .providers import provider_info
+from .recovery import Recovery
 from .requests import RequestError, RunRequest
 from .store import NewEvent, Store, StoreError
 
 log = logging.getLogger("xpufleet.dispatcher")
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A run request that passed :meth:`Dispatcher.admit`: where it may go and its budget (not written)."""
+
+    request: RunRequest
+    resolution: Resolution
+    prepared: Prepared  # the budget and the memory decision
+
 
 REASONS_REFRESH_S = 0.5  # waiting_reason texts of runs already explained are refreshed at most this often
 
@@ -62,7 +73,7 @@ REASONS_REFRESH_S = 0.5  # waiting_reason texts of runs already explained are re
 # --- the dispatcher -----------------------------------------------------------------------------------
 
 
-class Dispatcher(DynamicRuns, SlotHolders):
+class Dispatcher(DynamicRuns, SlotHolders, Recovery):
     """Owns the queue, the slot holdings and the providers; see the module docstring."""
 
     def __init__(self, store: Store, home: Path, overrides: LimitOverrides | None = None,
@@ -242,12 +253,21 @@ class Dispatcher(DynamicRuns, SlotHolders):
             return  # submit() answers it
         await asyncio.to_thread(self.validate_graph, request, resolution)
 
-    def submit(self, request: RunRequest, graph_checked: bool = False) -> dict[str, Any]:
-        """Queue a run; raise RequestError (400) for a target or graph this server rejects."""
+    def admit(self, request: RunRequest, infos: Sequence[ProviderInfo] | None = None,
+              graph_checked: bool = False) -> Admission:
+        """The per-run admission check of a submission: its target against the providers known now
+        (``infos``: a snapshot the caller took for a whole batch), the graph when it can only run here,
+        what is refused by name, and the budget and memory decision (SPEC M). Raises RequestError
+        (400, 503); writes nothing.
+
+        The one check for every way a run is queued: ``submit`` (``POST /api/runs``) and the whole-batch
+        check of sweeps and studies (SPEC Q6) both call it for every run before anything is written; each
+        child is checked as if it were submitted alone now."""
         if self.shutting_down:
             raise RequestError("the server is stopping; submit again when it is back", status=503)
         try:
-            resolution = self.resolve(request.target)
+            resolution = resolve_target(request.target, self.provider_infos() if infos is None else infos,
+                                        self.pools)
         except TargetError as exc:
             raise RequestError(str(exc)) from None
         t = request.target
@@ -264,33 +284,55 @@ class Dispatcher(DynamicRuns, SlotHolders):
             prep = prepare(self.memory, request.graph, request.target, resolution, self.slot_state())
         except AdmissionError as exc:
             raise RequestError(str(exc)) from None
-        budget = prep.budget
+        return Admission(request, resolution, prep)
+
+    def submit(self, request: RunRequest, graph_checked: bool = False) -> dict[str, Any]:
+        """Queue a run; raise RequestError (400) for a target or graph this server rejects."""
+        return self.enqueue([self.admit(request, graph_checked=graph_checked)])[0]
+
+    def enqueue(self, admissions: Sequence[Admission],
+                write_extra: Callable[[list[str]], None] | None = None) -> list[dict[str, Any]]:
+        """Write admitted runs (and their memory records) in one store transaction, then add them to the
+        queue in one pass.
+
+        ``write_extra(run_ids)`` runs inside the same transaction (a sweep's own rows): if it or any
+        insert fails, nothing is written and nothing is queued."""
+        if self.shutting_down:
+            raise RequestError("the server is stopping; submit again when it is back", status=503)
         with self.store.transaction():
-            run_id = self.store.create_run(
-                graph=request.graph,
-                options=request.options,
-                target=resolution.target,
-                requested=list(resolution.requested),
-                candidates=[c.to_json() for c in resolution.candidates],
-                queue_key=resolution.queue_key,
-                name=request.name,
-                seed=request.seed,
-                budget_gib=budget.gib if budget else None,
-                budget_source=budget.source if budget else None,
-                warnings=list(resolution.warnings),
-            )
-            self.memory.records.record_run(run_id, prep.info.graph_key, prep.info.n_cards, budget)
-        self._cands[run_id] = resolution.candidates
-        self._queue.add(QueuedRun(run_id, self.memory.slot_candidates(resolution.candidates)))
-        self.memory.admitted(run_id, RunMemory(run_id, prep.info.graph_key, prep.info.n_cards, budget),
-                             resolution.candidates)
-        self._unexplained.add(run_id)
-        if resolution.dynamic:
-            self._dynamic[run_id] = t
-            if resolution.note:
-                self._notes[run_id] = resolution.note
+            run_ids = []
+            for a in admissions:
+                budget = a.prepared.budget
+                run_id = self.store.create_run(
+                    graph=a.request.graph,
+                    options=a.request.options,
+                    target=a.resolution.target,
+                    requested=list(a.resolution.requested),
+                    candidates=[c.to_json() for c in a.resolution.candidates],
+                    queue_key=a.resolution.queue_key,
+                    name=a.request.name,
+                    seed=a.request.seed,
+                    budget_gib=budget.gib if budget else None,
+                    budget_source=budget.source if budget else None,
+                    warnings=list(a.resolution.warnings),
+                )
+                info = a.prepared.info
+                self.memory.records.record_run(run_id, info.graph_key, info.n_cards, budget)
+                run_ids.append(run_id)
+            if write_extra is not None:
+                write_extra(run_ids)
+        for a, run_id in zip(admissions, run_ids, strict=True):
+            info, cands = a.prepared.info, a.resolution.candidates
+            self._cands[run_id] = cands
+            self._queue.add(QueuedRun(run_id, self.memory.slot_candidates(cands)))
+            self.memory.admitted(run_id, RunMemory(run_id, info.graph_key, info.n_cards, info.budget), cands)
+            self._unexplained.add(run_id)
+            if a.resolution.dynamic:
+                self._dynamic[run_id] = a.request.target
+                if a.resolution.note:
+                    self._notes[run_id] = a.resolution.note
         self.wake()
-        return {"run_id": run_id, "status": "queued"}
+        return [{"run_id": run_id, "status": "queued"} for run_id in run_ids]
 
     # --- planning -------------------------------------------------------------------------------
 
@@ -513,103 +555,3 @@ class Dispatcher(DynamicRuns, SlotHolders):
     def queue_position(self, run_id: str) -> int | None:
         """1-based position among queued runs (None when not queued)."""
         return self._queue.position(run_id)
-
-    # --- restart recovery ------------------------------------------------------------------------
-
-    async def _recover(self) -> None:
-        """Runs that were assigned or running here when the sidecar died end ``interrupted`` (unless
-        their child recorded a result in events.jsonl first). Worker runs keep their slots: the worker
-        issue takes them over when the agent reconnects."""
-        for run in self.store.active():
-            is_local = run["placement"] == "local" or (run["placement"] is None and run["target"] == LOCAL_PROVIDER)
-            if not is_local:
-                if run["worker_id"]:
-                    self._holdings[run["id"]] = (run["worker_id"], tuple(run["devices"]))
-                continue
-            pid = run.get("pid")
-            if pid and _is_runner_of(pid, run):
-                # The orphaned child got EOF on stdin and is stopping; keep its slot until it is gone.
-                self._holdings[run["id"]] = (LOCAL_PROVIDER, tuple(run["devices"]))
-                self._spawn(self._await_orphan(run))
-            else:
-                self._finish_recovered(run)
-
-    async def _await_orphan(self, run: dict[str, Any]) -> None:
-        pid = int(run["pid"])
-        if not await _wait_pid(pid, self.stop_grace_s):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, 9)
-            await _wait_pid(pid, 5.0)
-        self._finish_recovered(run)
-        self._release(run["id"])
-
-    def _finish_recovered(self, run: dict[str, Any]) -> None:
-        run_id = run["id"]
-        if run.get("run_dir"):
-            self._import_event_log(run_id, Path(run["run_dir"]) / "events.jsonl")
-        self.store.finish(
-            run_id, "interrupted",
-            error="the server stopped while this run was executing (it ended without reporting a result)",
-        )
-        self.hub.notify(run_id)
-
-    def _import_event_log(self, run_id: str, path: Path) -> None:
-        """Events the child wrote after the sidecar died (a run that finished meanwhile keeps its result)."""
-        if not path.is_file():
-            return
-        last = self.store.last_source_seq(run_id)
-        batch: list[dict[str, Any]] = []
-        with open(path, "rb") as f:
-            for line in f:
-                try:
-                    ev = json.loads(line)
-                except ValueError:
-                    continue  # a torn last line
-                if isinstance(ev, dict) and isinstance(ev.get("seq"), int) and ev["seq"] > last:
-                    batch.append(ev)
-        if batch:
-            self.ingest(run_id, batch)
-
-
-def _is_runner_of(pid: int, run: Mapping[str, Any]) -> bool:
-    """True when ``pid`` is alive and is a process of ``run`` (not a reused pid): a run process, cold
-    or forked warm, works in its run directory."""
-    try:
-        import psutil
-
-        cwd = psutil.Process(pid).cwd()
-    except Exception:  # noqa: BLE001 - gone, no access, or psutil missing: not ours
-        return False
-    return bool(run.get("run_dir")) and Path(cwd).resolve() == Path(run["run_dir"]).resolve()
-
-
-async def _wait_pid(pid: int, timeout: float) -> bool:
-    """Wait for an unrelated process to exit (pidfd on Linux: no polling); True when it is gone."""
-    loop = asyncio.get_running_loop()
-    try:
-        fd = os.pidfd_open(pid)  # type: ignore[attr-defined]
-    except (AttributeError, OSError):
-        fd = None
-    if fd is not None:
-        done = loop.create_future()
-        loop.add_reader(fd, lambda: done.done() or done.set_result(None))
-        try:
-            await asyncio.wait_for(done, timeout)
-            return True
-        except asyncio.TimeoutError:
-            return False
-        finally:
-            loop.remove_reader(fd)
-            os.close(fd)
-    try:
-        import psutil
-
-        await asyncio.to_thread(psutil.Process(pid).wait, timeout)
-        return True
-    except Exception:  # noqa: BLE001 - gone already (NoSuchProcess) or timed out
-        try:
-            import psutil
-
-            return not psutil.pid_exists(pid)
-        except ImportError:
-            return True

@@ -1,0 +1,218 @@
+"""The sweep routes (SPEC Q6): submit (or check) a sweep, list, one sweep with its ranked table, the table
+as CSV, cancel, delete. The work is :class:`~...sweeps.driver.SweepService`'s."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp import web
+
+from ....constants import EVENTS_LONG_POLL_MAX_S, RUNS_PAGE_MAX
+from ...sweeps.driver import SweepService
+from .. import openapi
+from ..errors import ApiError
+from ..http import float_param, int_param, read_json, read_object
+from ..keys import DISPATCHER_KEY, STORE_KEY
+
+SWEEPS_KEY = web.AppKey("xpufleet_sweeps", SweepService)
+
+
+def bool_param(request: web.Request, name: str, default: bool = False) -> bool:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in ("1", "true", "yes"):
+        return True
+    if raw.lower() in ("0", "false", "no"):
+        return False
+    raise ApiError(400, f"{name}: must be true or false, got {raw!r}")
+
+
+async def cancel_reason(request: web.Request) -> str | None:
+    """The optional ``{"reason"}`` body of a cancel."""
+    body = await read_object(request, {"reason"}, optional=True)
+    reason = body.get("reason")
+    if reason is not None and (not isinstance(reason, str) or len(reason) > 500):
+        raise ApiError(400, "reason: must be a string of at most 500 characters")
+    return reason
+
+
+def service(request: web.Request) -> SweepService:
+    return request.app[SWEEPS_KEY]
+
+
+async def submit_sweep(request: web.Request) -> web.Response:
+    dry_run = bool_param(request, "dry_run")
+    body = await read_json(request)
+    svc = service(request)
+    valid = await asyncio.to_thread(svc.prevalidate, body)  # the graphs' validation off the event loop
+    result = svc.create(body, dry_run=dry_run, valid=valid)
+    return web.json_response(result, status=200 if dry_run else 201)
+
+
+async def list_sweeps(request: web.Request) -> web.Response:
+    limit = int_param(request, "limit", 50, 1, RUNS_PAGE_MAX)
+    offset = int_param(request, "offset", 0, 0)
+    return web.json_response({**service(request).list(limit, offset), "limit": limit, "offset": offset})
+
+
+async def get_sweep(request: web.Request) -> web.Response:
+    svc = service(request)
+    sweep_id = request.match_info["sweep_id"]
+    wait = float_param(request, "wait", 0.0, 0.0, EVENTS_LONG_POLL_MAX_S)
+    version = int_param(request, "version", -1, -1)
+    if wait > 0 and version >= 0:
+        await svc.wait_change(sweep_id, version, wait)
+    return web.json_response(svc.get(sweep_id))
+
+
+async def sweep_csv(request: web.Request) -> web.Response:
+    sweep_id = request.match_info["sweep_id"]
+    text = service(request).csv(sweep_id)
+    return web.Response(text=text, content_type="text/csv", charset="utf-8",
+                        headers={"Content-Disposition": f'attachment; filename="sweep-{sweep_id}.csv"'})
+
+
+async def cancel_sweep(request: web.Request) -> web.Response:
+    svc = service(request)
+    svc.require(request.match_info["sweep_id"])  # 404 before reading the body
+    reason = await cancel_reason(request)
+    return web.json_response(await svc.cancel(request.match_info["sweep_id"], reason))
+
+
+async def delete_sweep(request: web.Request) -> web.Response:
+    return web.json_response(service(request).delete(request.match_info["sweep_id"]))
+
+
+def setup(app: web.Application) -> None:
+    """Create the sweep service and add the sweep routes."""
+    app[SWEEPS_KEY] = SweepService(app[STORE_KEY], app[DISPATCHER_KEY])
+    r = app.router
+    r.add_post("/api/sweeps", submit_sweep)
+    r.add_get("/api/sweeps", list_sweeps)
+    r.add_get("/api/sweeps/{sweep_id}", get_sweep)
+    r.add_get("/api/sweeps/{sweep_id}/table.csv", sweep_csv)
+    r.add_post("/api/sweeps/{sweep_id}/cancel", cancel_sweep)
+    r.add_delete("/api/sweeps/{sweep_id}", delete_sweep)
+    describe(app)
+
+
+# --- OpenAPI -----------------------------------------------------------------------------------------------
+
+ERR = {"$ref": "#/components/schemas/Error"}
+TARGET_OPTIONS = {"$ref": "#/components/schemas/RunOptions"}
+
+
+def json_body(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"content": {"application/json": {"schema": schema}}}
+
+
+def errors(*codes: int) -> dict[str, Any]:
+    return {str(c): {"description": "error (the message says what to fix)", **json_body(ERR)} for c in codes}
+
+
+PARAMETER = {
+    "description": "a parameter's values: a list, {values}, or a range {low, high, log, type, steps|step} "
+                   "(a grid range needs steps or step; type defaults to the type of the graph's value)",
+    "oneOf": [
+        {"type": "array", "minItems": 1, "items": {"type": ["number", "string", "boolean"]}},
+        {"type": "object", "additionalProperties": False, "properties": {
+            "values": {"type": "array", "minItems": 1, "items": {"type": ["number", "string", "boolean"]}},
+            "low": {"type": "number"}, "high": {"type": "number"}, "log": {"type": "boolean"},
+            "type": {"type": "string", "enum": ["int", "float"]},
+            "steps": {"type": "integer", "minimum": 2}, "step": {"type": "number", "exclusiveMinimum": 0}}},
+    ],
+}
+PARAMETERS = {"type": "object", "description": "\"<node id>.<input>\" (e.g. \"5.lr\") -> values or a range",
+              "additionalProperties": PARAMETER}
+OBJECTIVE = {"type": "object", "required": ["metric"], "additionalProperties": False, "properties": {
+    "metric": {"type": "string", "description": "a metric the runs report (its last value counts), e.g. val_accuracy"},
+    "direction": {"type": "string", "enum": ["maximize", "minimize"],
+                  "description": "may be left out for the TrainingLoop's and Evaluate's own metrics"}}}
+GRAPH = {"type": "object", "minProperties": 1, "description": "the base graph, ComfyUI API format"}
+SET = {"type": "object", "description": "\"<node id>.<input>\" -> one value set on every child",
+       "additionalProperties": {"type": ["number", "string", "boolean"]}}
+
+SWEEP_SUBMIT = {
+    "type": "object", "required": ["graph", "objective"], "additionalProperties": False,
+    "properties": {
+        "name": {"type": "string"}, "graph": GRAPH,
+        "mode": {"type": "string", "enum": ["grid", "random"], "default": "grid"},
+        "parameters": PARAMETERS,
+        "samples": {"type": "integer", "minimum": 1, "description": "random mode: points to draw"},
+        "random_seed": {"type": "integer", "minimum": 0, "description": "random mode: reproducible draws"},
+        "seeds": {"oneOf": [{"type": "integer", "minimum": 1}, {"type": "array", "items": {"type": "integer"}}],
+                  "description": "seed variants: N (seeds 0..N-1) or a list; each point once per seed"},
+        "set": SET, "objective": OBJECTIVE,
+        "options": {**TARGET_OPTIONS, "description": "POST /api/runs options given to every child (no name)"},
+        "max_runs": {"type": "integer", "minimum": 1, "maximum": 10000,
+                     "description": "a larger expansion is rejected (never truncated); default 1000"},
+    },
+}
+SWEEP_ROW = {"type": "object", "properties": {
+    "rank": {"type": ["integer", "null"], "description": "1 = best; null: not succeeded or no metric"},
+    "variant": {"type": "integer"}, "point": {"type": "integer"}, "parameters": {"type": "object"},
+    "seed": {"type": ["integer", "null"]}, "run_id": {"type": ["string", "null"]}, "name": {"type": ["string", "null"]},
+    "status": {"type": "string", "description": "the run's status, or deleted"},
+    "metric": {"type": ["number", "null"]}, "worker_id": {"type": ["string", "null"]},
+    "devices": {"type": "array", "items": {"type": "string"}}, "queue_key": {"type": ["string", "null"]},
+    "created_at": {"type": ["number", "null"]}, "started_at": {"type": ["number", "null"]},
+    "finished_at": {"type": ["number", "null"]}, "error": {"type": ["string", "null"]}}}
+SWEEP = {"type": "object", "properties": {
+    "id": {"type": "string"}, "name": {"type": "string"},
+    "status": {"type": "string", "enum": ["queued", "running", "cancelling", "finished", "cancelled"]},
+    "objective": OBJECTIVE, "parameters": {"type": "array", "items": {"type": "string"}},
+    "n_runs": {"type": "integer"}, "counts": {"type": "object", "description": "run status -> variants"},
+    "version": {"type": "integer", "description": "changes when any child has news: pass it back with wait"},
+    "best": {"oneOf": [SWEEP_ROW, {"type": "null"}]},
+    "table": {"type": "array", "items": SWEEP_ROW, "description": "ranked: best first, then the others"},
+    "points": {"type": ["array", "null"], "description": "with seeds: per point mean/std/best over seeds, ranked"},
+    "spec": {"type": "object", "description": "what was submitted, without the graph"},
+    "cancel_requested": {"type": "boolean"}, "created_at": {"type": "number"}}}
+SWEEP_ID = {"name": "sweep_id", "in": "path", "required": True, "schema": {"type": "string"}}
+CANCEL = {"type": "object", "additionalProperties": False, "properties": {"reason": {"type": "string", "maxLength": 500}}}
+
+
+def query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "schema": schema, "description": description}
+
+
+def describe(app: web.Application) -> None:
+    ops = {
+        ("post", "/api/sweeps"): {
+            "summary": "Queue a sweep: every child is checked as POST /api/runs checks a run, before anything is "
+                       "written; one rejection rejects the sweep (400 naming the variant, nothing queued)",
+            "parameters": [query("dry_run", {"type": "boolean"}, "check and expand only: the variants, nothing queued")],
+            "requestBody": {"required": True, **json_body(SWEEP_SUBMIT)},
+            "responses": {"201": {"description": "queued", **json_body({"type": "object", "properties": {
+                "sweep_id": {"type": "string"}, "status": {"type": "string"}, "n_runs": {"type": "integer"},
+                "run_ids": {"type": "array", "items": {"type": "string"}}}})},
+                "200": {"description": "dry run: n_runs and the first 100 variants with their queue_key"},
+                **errors(400, 401, 403, 413, 503)}},
+        ("get", "/api/sweeps"): {
+            "summary": "Sweeps, newest first, with their children's counts by status",
+            "parameters": [query("limit", {"type": "integer", "minimum": 1, "maximum": 1000}, "page size"),
+                           query("offset", {"type": "integer", "minimum": 0}, "page start")],
+            "responses": {"200": {"description": "{sweeps, total}"}, **errors(400, 401, 403)}},
+        ("get", "/api/sweeps/{sweep_id}"): {
+            "summary": "One sweep with its ranked table (parameters, metric, status, worker_id, devices, queue_key "
+                       "of each variant); long-poll with version and wait",
+            "parameters": [SWEEP_ID, query("version", {"type": "integer", "minimum": 0}, "the version last seen"),
+                           query("wait", {"type": "number", "minimum": 0, "maximum": 60},
+                                 "seconds to wait for a change of version")],
+            "responses": {"200": {"description": "the sweep", **json_body(SWEEP)}, **errors(400, 401, 403, 404)}},
+        ("get", "/api/sweeps/{sweep_id}/table.csv"): {
+            "summary": "The ranked table as CSV (one column per parameter)", "parameters": [SWEEP_ID],
+            "responses": {"200": {"description": "text/csv"}, **errors(401, 403, 404)}},
+        ("post", "/api/sweeps/{sweep_id}/cancel"): {
+            "summary": "Cancel: queued children end now, running ones are stopped", "parameters": [SWEEP_ID],
+            "requestBody": {"required": False, **json_body(CANCEL)},
+            "responses": {"200": {"description": "the sweep", **json_body(SWEEP)}, **errors(400, 401, 403, 404)}},
+        ("delete", "/api/sweeps/{sweep_id}"): {
+            "summary": "Delete a sweep whose children have all ended, with its children's runs",
+            "parameters": [SWEEP_ID],
+            "responses": {"200": {"description": "{deleted, runs_deleted}"}, **errors(401, 403, 404, 409)}},
+    }
+    for (method, path), op in ops.items():
+        openapi.describe(app, method, path, op)

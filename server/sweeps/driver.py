@@ -1,0 +1,263 @@
+"""Sweeps on the sidecar (SPEC Q6): the whole-batch check, the children queued in one transaction, the
+ranked table, cancel and delete.
+
+Every child is a ``POST /api/runs`` body (:func:`.expand.sweep_child`) validated by the same
+``parse_run_request`` and checked by the same :meth:`Dispatcher.admit` as a run submitted alone, all of
+them before anything is written: one child the server would reject rejects the whole sweep with its
+400 (naming the variant) and nothing is queued. Then :meth:`Dispatcher.enqueue` creates every child run
+and the sweep's own rows in one store transaction and adds the runs to the queue in one pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from ..scheduling import TargetError
+from ..sidecar.errors import ApiError
+from ..sidecar.requests import RequestError, parse_run_request
+from ..sidecar.store import StoreError
+from .expand import Variant, format_value, sweep_child, variants
+from .params import KnownInputs, SpecError
+from .ranking import Row, best, counts, point_summary, ranked, sweep_status, table_csv
+from .records import SweepRecords
+from .spec import SweepSpec, parse_sweep
+
+log = logging.getLogger("xpufleet.sweeps")
+
+DRY_RUN_SHOWN = 100  # variants a dry run lists (it counts them all)
+VERSION_RECHECK_S = 0.25  # a long-poll woken by a child's progress looks at the version at most this often
+
+
+def known_inputs_of_nodes() -> KnownInputs:
+    """class_type -> the inputs the node class declares, from this server's node classes (imported only
+    when a parameter names an input the graph leaves out)."""
+    cache: dict[str, set[str] | None] = {}
+
+    def lookup(class_type: str) -> set[str] | None:
+        if class_type not in cache:
+            from ..run.executor import default_node_classes
+
+            cls = default_node_classes().get(class_type)
+            if cls is None:
+                cache[class_type] = None
+            else:
+                spec = cls.INPUT_TYPES()
+                cache[class_type] = set(spec.get("required", {}) or {}) | set(spec.get("optional", {}) or {})
+        return cache[class_type]
+
+    return lookup
+
+
+def describe_values(values: Mapping[str, Any], seed: int | None = None) -> str:
+    text = ", ".join(f"{k}={format_value(v)}" for k, v in values.items())
+    if seed is not None:
+        text += (", " if text else "") + f"seed {seed}"
+    return text
+
+
+def admit_child(dispatcher: Any, body: dict[str, Any], infos: Any, what: str, extra: Mapping[str, Any],
+                graph_checked: bool = False) -> Any:
+    """One child through the same path as ``POST /api/runs``: parse, then the dispatcher's admission
+    check. A rejection is re-raised with ``what`` (e.g. ``variant 3 (5.lr=0.5)``) in front, the same
+    status and the run's own details, plus ``extra``; nothing is written."""
+    try:
+        return dispatcher.admit(parse_run_request(body), infos, graph_checked=graph_checked)
+    except RequestError as exc:
+        raise RequestError(f"{what}: {exc.message}; nothing was queued", {**exc.extra, **extra},
+                           status=exc.status) from None
+
+
+def check_shared_options(dispatcher: Any, graph: dict[str, Any], options: dict[str, Any]) -> None:
+    """The options every child shares, once: one message about ``options.target``, not one per child."""
+    try:
+        request = parse_run_request({"graph": graph, "options": options})
+    except RequestError as exc:
+        if exc.message.startswith("graph"):
+            return  # the base graph alone may be invalid where every variant is not: each child is checked
+        raise
+    try:
+        dispatcher.resolve(request.target)
+    except TargetError as exc:
+        raise RequestError(f"{exc}; nothing was queued") from None
+
+
+def spec_error(exc: SpecError) -> RequestError:
+    return RequestError(str(exc))
+
+
+class SweepService:
+    """Creates, reads, cancels and deletes sweeps (one per sidecar; lives on the event loop)."""
+
+    def __init__(self, store: Any, dispatcher: Any, known_inputs: KnownInputs | None = None) -> None:
+        self.store = store
+        self.dispatcher = dispatcher
+        self.records = SweepRecords(store)
+        self.known_inputs = known_inputs or known_inputs_of_nodes()
+
+    # --- create ---------------------------------------------------------------------------------------
+
+    def prevalidate(self, body: Any) -> list[bool] | None:
+        """Which children's graphs pass this server's validation (in a worker thread: validating a
+        thousand large graphs on the event loop would stall it, SPEC issue 9); None when the body does
+        not parse (:meth:`plan` says why). Pure: reads no dispatcher state."""
+        from ..run.validation import validate_report
+
+        try:
+            spec = parse_sweep(body, self.known_inputs)
+            children = variants(spec)
+        except Exception:  # noqa: BLE001 - plan() gives the body's refusal its words
+            return None
+        out = []
+        for v in children:
+            try:
+                validate_report(parse_run_request(sweep_child(spec, v)).graph).raise_if_invalid()
+                out.append(True)
+            except Exception:  # noqa: BLE001 - GraphValidationError or a bad child: admit() says which
+                out.append(False)
+        return out
+
+    def plan(self, body: Any, valid: list[bool] | None = None) -> tuple[SweepSpec, list[Variant], list[Any]]:
+        """Parse, expand and admit every child (nothing written); RequestError names what to fix.
+        ``valid``: :meth:`prevalidate`'s answer (a child known valid is not validated again here; one
+        known invalid is, so its refusal has the same words as ``POST /api/runs``)."""
+        try:
+            spec = parse_sweep(body, self.known_inputs)
+        except SpecError as exc:
+            raise spec_error(exc) from None
+        check_shared_options(self.dispatcher, spec.graph, spec.options)
+        try:
+            children = variants(spec)
+        except SpecError as exc:
+            raise spec_error(exc) from None
+        infos = self.dispatcher.provider_infos()  # one snapshot for the whole batch
+        checked = valid if valid is not None and len(valid) == len(children) else [False] * len(children)
+        admissions = [
+            admit_child(self.dispatcher, sweep_child(spec, v), infos,
+                        f"variant {v.index} ({describe_values(v.values, v.seed) or 'the base graph'})",
+                        {"variant": v.index, "parameters": v.values, "seed": v.seed},
+                        graph_checked=checked[i])
+            for i, v in enumerate(children)]
+        return spec, children, admissions
+
+    def create(self, body: Any, dry_run: bool = False, valid: list[bool] | None = None) -> dict[str, Any]:
+        """Queue every child of the sweep, or none (``dry_run``: check and expand only)."""
+        spec, children, admissions = self.plan(body, valid)
+        if dry_run:
+            return {"dry_run": True, "name": spec.name, "n_runs": len(children),
+                    "variants": [{"variant": v.index, "point": v.point, "parameters": v.values, "seed": v.seed,
+                                  "queue_key": a.resolution.queue_key}
+                                 for v, a in zip(children[:DRY_RUN_SHOWN], admissions, strict=False)]}
+        sweep_id = uuid.uuid4().hex
+        stored = {k: v for k, v in dict(body).items() if k != "graph"}
+        paths = [p.path for p in spec.params]
+
+        def write(run_ids: list[str]) -> None:
+            self.records.insert(sweep_id, spec.name, stored, spec.graph, spec.objective.metric,
+                                spec.objective.direction, paths, children, run_ids)
+
+        queued = self.dispatcher.enqueue(admissions, write_extra=write)
+        log.info("sweep %s (%s): %d runs queued", sweep_id, spec.name, len(queued))
+        return {"sweep_id": sweep_id, "name": spec.name, "status": "queued", "n_runs": len(queued),
+                "run_ids": [q["run_id"] for q in queued]}
+
+    # --- read -----------------------------------------------------------------------------------------
+
+    def require(self, sweep_id: str) -> dict[str, Any]:
+        sweep = self.records.get(sweep_id)
+        if sweep is None:
+            raise ApiError(404, f"no sweep {sweep_id!r}")
+        return sweep
+
+    def table(self, sweep_id: str) -> tuple[dict[str, Any], list[tuple[int | None, Row]]]:
+        sweep = self.require(sweep_id)
+        return sweep, ranked(self.records.rows(sweep_id, sweep["metric"]), sweep["direction"])
+
+    def get(self, sweep_id: str) -> dict[str, Any]:
+        """The sweep with its ranked table (every variant's parameters, metric, status, worker_id,
+        devices, queue_key), per-point summary, counts and best variant."""
+        version = self.records.version(sweep_id)  # first: a move after it shows at the next poll
+        sweep, table = self.table(sweep_id)
+        rows = [r for _, r in table]
+        top = best(rows, sweep["direction"])
+        return {
+            **{k: sweep[k] for k in ("id", "name", "spec", "n_runs", "cancel_requested", "created_at", "cancelled_at")},
+            "status": sweep_status([r.status for r in rows], sweep["cancel_requested"]),
+            "objective": {"metric": sweep["metric"], "direction": sweep["direction"]},
+            "parameters": sweep["paths"], "counts": counts(rows), "version": version,
+            "best": top.to_json(1) if top is not None else None,
+            "table": [r.to_json(rank) for rank, r in table],
+            "points": point_summary(rows, sweep["direction"]) if any(r.seed is not None for r in rows) else None,
+        }
+
+    def csv(self, sweep_id: str) -> str:
+        sweep, table = self.table(sweep_id)
+        return table_csv(table, sweep["paths"], sweep["metric"])
+
+    def list(self, limit: int, offset: int) -> dict[str, Any]:
+        sweeps, total = self.records.list(limit, offset)
+        out = []
+        for s in sweeps:
+            c = s.pop("counts")
+            status = sweep_status(list(c), s["cancel_requested"])  # which statuses occur is enough
+            out.append({**{k: s[k] for k in ("id", "name", "n_runs", "created_at", "cancel_requested")},
+                        "objective": {"metric": s["metric"], "direction": s["direction"]},
+                        "parameters": s["paths"], "status": status, "counts": c})
+        return {"sweeps": out, "total": total}
+
+    async def wait_change(self, sweep_id: str, version: int, timeout: float) -> None:
+        """Return when the sweep's version differs from ``version`` or after ``timeout`` seconds."""
+        self.require(sweep_id)
+        hub = self.dispatcher.hub
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            active = self.records.active_run_ids(sweep_id)
+            waiters = [asyncio.ensure_future(hub.waiter(rid).wait()) for rid in active]  # before the check
+            try:
+                left = deadline - loop.time()
+                if self.records.version(sweep_id) != version or not active or left <= 0:
+                    return
+                await asyncio.wait(waiters, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waiters:
+                    w.cancel()
+            # A run's news is mostly progress, which the table does not show: look again at most this often.
+            await asyncio.sleep(min(VERSION_RECHECK_S, max(0.0, deadline - loop.time())))
+
+    # --- cancel / delete ------------------------------------------------------------------------------
+
+    async def cancel(self, sweep_id: str, reason: str | None = None) -> dict[str, Any]:
+        """Queued children end now, then started ones are asked to stop; the sweep is marked cancelled."""
+        sweep = self.require(sweep_id)
+        self.records.request_cancel(sweep_id)
+        rows = self.records.rows(sweep_id, sweep["metric"])
+        why = f"sweep {sweep['name']} cancelled" + (f": {reason}" if reason else "")
+        # Queued ones first, without yielding to the loop in between: none of them can start meanwhile.
+        order = [r for r in rows if r.status == "queued"] + [r for r in rows if r.status in ("assigned", "running")]
+        for r in order:
+            with contextlib.suppress(StoreError):  # it ended meanwhile
+                await self.dispatcher.cancel(r.run_id, why)
+        return self.get(sweep_id)
+
+    def delete(self, sweep_id: str) -> dict[str, Any]:
+        """Delete a sweep whose children have all ended: its rows and its children's runs."""
+        sweep = self.require(sweep_id)
+        rows = self.records.rows(sweep_id, sweep["metric"])
+        active = [r for r in rows if r.status in ("queued", "assigned", "running")]
+        if active:
+            raise ApiError(409, f"sweep {sweep_id} has {len(active)} runs that have not ended: cancel it first "
+                                f"(POST /api/sweeps/{sweep_id}/cancel)")
+        deleted = 0
+        for r in rows:
+            if r.run_id and r.status not in ("deleted", "not queued"):
+                with contextlib.suppress(StoreError):
+                    self.dispatcher.delete(r.run_id)
+                    deleted += 1
+        self.records.delete(sweep_id)
+        return {"deleted": sweep_id, "runs_deleted": deleted}
+

@@ -1,0 +1,95 @@
+"""A sweep spec -> its variants -> the ``POST /api/runs`` body of each child (pure).
+
+Variants are numbered from 0 in a fixed order: points in grid order (the first parameter varies
+slowest) or in the order a random sweep draws them, and within a point its seeds in the order given,
+so the same spec always expands the same way.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .params import Param, apply_values, grid_values, probe_values, sample
+from .spec import StudySpec, SweepSpec
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One child run: its parameter point, the values it sets (path -> value) and its seed."""
+
+    index: int
+    point: int
+    values: dict[str, Any]
+    seed: int | None
+
+
+def points(spec: SweepSpec) -> list[dict[str, Any]]:
+    """Every parameter point of the sweep (path -> value), in order."""
+    if spec.mode == "random":
+        rng = random.Random(spec.random_seed)
+        return [{p.path: sample(p.domain, rng) for p in spec.params} for _ in range(int(spec.samples or 0))]
+    columns = [grid_values(p.domain) for p in spec.params]
+    paths = [p.path for p in spec.params]
+    return [dict(zip(paths, combo, strict=True)) for combo in itertools.product(*columns)]
+
+
+def variants(spec: SweepSpec) -> list[Variant]:
+    """Every child of the sweep: each point once per seed (or once, without seeds)."""
+    seeds: Sequence[int | None] = spec.seeds or (None,)
+    out: list[Variant] = []
+    for point, values in enumerate(points(spec)):
+        for seed in seeds:
+            out.append(Variant(len(out), point, values, seed))
+    return out
+
+
+def format_value(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def child_name(name: str, label: str, values: Mapping[str, Any], seed: int | None) -> str:
+    """``digits-lr #2 5.lr=0.008 seed=1``: what the Runs panel shows for a child."""
+    parts = [f"{name} {label}"] + [f"{k}={format_value(v)}" for k, v in values.items()]
+    if seed is not None:
+        parts.append(f"seed={seed}")
+    return " ".join(parts)  # POST /api/runs' own cap on names applies
+
+
+def child_body(graph: Mapping[str, Any], params: Sequence[Param], fixed: Mapping[str, Any],
+               options: Mapping[str, Any], values: Mapping[str, Any], seed: int | None, name: str,
+               ) -> dict[str, Any]:
+    """The ``POST /api/runs`` body of one child: the base graph with ``fixed`` and ``values`` set, the
+    sweep's options (its target included) with the child's name and seed."""
+    child_options = dict(options)
+    child_options["name"] = name
+    if seed is not None:
+        child_options["seed"] = seed
+    return {"graph": apply_values(graph, {**fixed, **values}, params), "options": child_options}
+
+
+def sweep_child(spec: SweepSpec, v: Variant) -> dict[str, Any]:
+    return child_body(spec.graph, spec.params, spec.fixed, spec.options, v.values, v.seed,
+                      child_name(spec.name, f"#{v.index}", v.values, v.seed))
+
+
+def study_child(spec: StudySpec, number: int, values: Mapping[str, Any]) -> dict[str, Any]:
+    return child_body(spec.graph, spec.params, spec.fixed, spec.options, values, None,
+                      child_name(spec.name, f"trial {number}", values, None))
+
+
+def probe_points(params: Sequence[Param], limit: int = 64) -> list[dict[str, Any]]:
+    """The points a study's whole-batch check submits before any trial exists: every parameter at each
+    of its probe values (a range's two ends, every listed value) with the others at their first one.
+    At most ``limit`` points (the first ones; each is a full admission check)."""
+    base = {p.path: probe_values(p.domain)[0] for p in params}
+    out = [base]
+    for p in params:
+        for v in probe_values(p.domain)[1:]:
+            if len(out) >= limit:
+                return out
+            out.append({**base, p.path: v})
+    return out
