@@ -160,7 +160,7 @@ class WorkerRegistry(AgentSessions, WorkerManagement, PoolManagement, OutputsAcc
         """Server stopping: close agent connections (they reconnect to the next server; runs go on)."""
         for task in list(self._upload_tasks):
             task.cancel()
-        for st in self.workers.values():
+        for st in list(self.workers.values()):
             if st.grace_handle is not None:
                 st.grace_handle.cancel()
                 st.grace_handle = None

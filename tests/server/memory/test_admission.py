@@ -453,3 +453,53 @@ def test_a_run_queued_while_its_card_was_exclusive_gets_the_default_at_once_when
             await agent.close()
 
     sa.run(scenario())
+
+
+def test_a_pool_runs_budget_is_checked_against_the_pools_instances_as_they_join(xpufleet_home):
+    """target.pool with memory_gib (issue 12 with issue 16's pools): like ``any``, a budget larger than
+    every card of the pool's live instances is refused, one that does not fit now waits with the ledger's
+    reason, and it starts on an instance once memory frees there, with its budget."""
+    async def scenario() -> None:
+        async with sa.Sidecar(xpufleet_home) as sc:
+            status, pool = await sc.call("POST", "/api/pools", {"name": "spot"})
+            assert status == 201, pool
+            inst = sa.ScriptedAgent(sc, "spot-1", real_cards(free1=3.0, prefix="GPU-s"), one_shot=True)
+            inst.hello["auth"] = {"kind": "pool", "token": pool["credential"]}
+            welcome = await inst.connect()
+            assert welcome["type"] == "welcome", welcome
+            await sc.share("spot-1", "cuda:1")
+            status, body = await sc.submit(graph(), pool="spot", devices=["cuda:1"], memory_gib=40)
+            assert status == 400 and body["error"].startswith("needs 40.0 GiB (+0.8 GiB CUDA context), more than "
+                                                              "cuda:1 on spot-1 has in all (24.0 GiB)"), body
+            status, body = await sc.submit(graph(), pool="spot", devices=["cuda:1"], memory_gib=8)
+            assert status == 201, body
+            run = await sc.reason(body["run_id"], "has 3.0 GiB free")
+            assert "cuda:1 on spot-1 has 3.0 GiB free" in run["waiting_reason"] and run["budget_gib"] == 8.0
+            await inst.heartbeat(cuda_1=20.0)
+            start = await inst.recv_type("start_run")
+            assert start["run_id"] == body["run_id"] and start["budget_gib"] == 8.0
+            assert (await sc.status(body["run_id"], {"assigned"}))["worker_id"] == "spot-1"
+            await inst.close()
+
+    sa.run(scenario())
+
+
+def test_the_server_stops_cleanly_while_a_one_shot_instance_is_connected(xpufleet_home):
+    """Closing the connections at shutdown makes a one-shot instance depart (it is forgotten): the
+    registry must not be iterating its workers while that happens (it raised RuntimeError before)."""
+    async def scenario() -> None:
+        instances = []
+        async with sa.Sidecar(xpufleet_home) as sc:
+            status, pool = await sc.call("POST", "/api/pools", {"name": "spot"})
+            assert status == 201, pool
+            for name in ("spot-1", "spot-2"):
+                inst = sa.ScriptedAgent(sc, name, real_cards(prefix=f"GPU-{name}"), one_shot=True)
+                inst.hello["auth"] = {"kind": "pool", "token": pool["credential"]}
+                assert (await inst.connect())["type"] == "welcome"
+                instances.append(inst)
+            status, listed = await sc.call("GET", "/api/pools/spot")
+            assert status == 200 and len(listed["instances"]) == 2, listed
+        for inst in instances:
+            await inst.close()
+
+    sa.run(scenario())

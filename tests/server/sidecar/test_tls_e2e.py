@@ -100,3 +100,50 @@ def test_plain_http_between_machines_shows_the_token_to_a_capture(fleet, tmp_pat
     assert bad.returncode == 2 and "invalid certificate fingerprint" in bad.stderr
     bad = fleet.cli("start", "--tls-key", str(tmp_path / "k.pem"))
     assert bad.returncode == 2 and "--tls-key needs --tls-cert" in bad.stderr
+
+
+def _own_certificate(folder) -> tuple[str, str, str]:
+    """A certificate of the user's own (RSA, made here, not by xpufleet): its files and SHA-256 pin."""
+    import datetime
+    import hashlib
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from cryptography.x509.oid import NameOID
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "own-cert-test")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=2))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = folder / "own-cert.pem", folder / "own-key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    digest = hashlib.sha256(cert.public_bytes(serialization.Encoding.DER)).hexdigest().upper()
+    return str(cert_path), str(key_path), "sha256:" + ":".join(digest[i:i + 2] for i in range(0, 64, 2))
+
+
+def test_a_users_own_certificate_is_served_and_pinned(fleet, tmp_path):
+    """--tls-cert/--tls-key: the sidecar serves the user's certificate, prints its SHA-256 fingerprint
+    (computed here from the certificate's bytes), and a remote agent pinning it joins and runs."""
+    cert, key, expected = _own_certificate(tmp_path)
+    sc = fleet.sidecar("--tls-cert", cert, "--tls-key", key)
+    assert sc.url.startswith("https://") and sc.fingerprint == expected
+    assert not (fleet.home / "tls" / "cert.pem").exists()  # nothing generated
+    command, token = _join(fleet, "ownbox")
+    assert f"--fingerprint {expected}" in command
+    remote = tmp_path / "remote-home"
+    remote.mkdir()
+    agent = fleet.agent("--name", "ownbox", "--server", sc.url, "--fingerprint", expected, "--join", token,
+                        home=remote, label="ownbox")
+    agent.wait_connected()
+    rid = sc.submit(fh.iris_graph(), target="ownbox")
+    run = sc.wait_run(rid, {"succeeded", "failed"})
+    assert run["status"] == "succeeded", run["error"]
