@@ -148,6 +148,14 @@ def test_two_ranks_of_batch_32_equal_one_process_of_batch_64(tmp_path, loop):
     facts = run.finish["execution_facts"]
     assert facts["strategy"] == "ddp" and facts["world_size"] == 2 and facts["backend"] == "gloo"
     assert facts["effective_batch_size"] == 32 * loop.get("accumulate_steps", 1) * 2
+    # the per-step metrics are the mean over ranks: at every step both report, the single process's value
+    ddp_val = [(m["step"], m["value"]) for m in run.of("metric") if m["name"] == "val_loss_step"]
+    assert [s for s, _ in ddp_val] == [s for s, _ in ref["val_loss_step"]]
+    assert [v for _, v in ddp_val] == pytest.approx([v for _, v in ref["val_loss_step"]], rel=1e-5)
+    ddp_batch = {m["step"]: m["value"] for m in run.of("metric") if m["name"] == "train_loss_batch"}
+    common = [(ddp_batch[s], v) for s, v in ref["train_loss_batch"] if s in ddp_batch]
+    assert common, (sorted(ddp_batch), ref["train_loss_batch"])
+    assert [a for a, _ in common] == pytest.approx([b for _, b in common], rel=1e-4)
     assert [r["rank"] for r in facts["ddp"]["ranks"]] == [0, 1] and len(facts["ddp"]["first_batch_at"]) == 2
     assert [e["rank"] for e in facts["ddp_exits"]] == [0, 1] and all(e["returncode"] == 0 for e in facts["ddp_exits"])
     assert set(run.finish["peak_memory"]["ranks"]) == {"0", "1"}
