@@ -103,7 +103,7 @@ INT_PARAM_MAX = 2**63 - 1  # SQLite's INTEGER and a file offset: a larger value 
 def int_param(request: web.Request, name: str, default: int, lo: int, hi: int | None = None) -> int:
     """The integer query parameter ``name`` in ``[lo, hi]`` (``hi`` None: up to 2^63-1); 400 otherwise."""
     raw = request.query.get(name)
-    if raw is None or raw == "":
+    if raw is None:  # absent; an empty value (`?limit=`) is refused like any other non-integer
         return default
     try:
         value = int(raw)
@@ -117,7 +117,7 @@ def int_param(request: web.Request, name: str, default: int, lo: int, hi: int | 
 
 def float_param(request: web.Request, name: str, default: float, lo: float, hi: float) -> float:
     raw = request.query.get(name)
-    if raw is None or raw == "":
+    if raw is None:
         return default
     try:
         value = float(raw)

@@ -20,7 +20,7 @@ SWEEPS_KEY = web.AppKey("xpufleet_sweeps", SweepService)
 
 def bool_param(request: web.Request, name: str, default: bool = False) -> bool:
     raw = request.query.get(name)
-    if raw is None or raw == "":
+    if raw is None:
         return default
     if raw.lower() in ("1", "true", "yes"):
         return True

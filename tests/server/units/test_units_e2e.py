@@ -185,17 +185,29 @@ def test_a_unit_of_two_across_two_agents_answers_like_the_unsplit_model(fleet):
     status, out, _ = client.infer("pipe", {"inputs": x[:5], "output": "classes"})
     assert out["outputs"] == expected[:5].argmax(-1).tolist()
     client.close()
-    # concurrent requests are batched through the pipeline
-    answers: list[Any] = []
-    threads = [threading.Thread(target=lambda i=i: answers.append(Client(fleet).infer("pipe", {"inputs": [x[i]]})))
-               for i in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert len(answers) == 16 and all(a[0] == 200 for a in answers)
-    assert max(a[1]["batch_rows"] for a in answers) > 1
-    assert all(len(out["outputs"]) == 1 for _, out, _ in answers)
+    # concurrent requests are batched through the pipeline: 16 clients released together by a barrier;
+    # whether two meet in one batch depends on this machine's scheduling, so up to 5 rounds are tried
+    batched = 0
+    for _round in range(5):
+        answers: list[Any] = []
+        gate = threading.Barrier(16)
+
+        def ask(i: int, gate: threading.Barrier, answers: list[Any]) -> None:
+            c = Client(fleet)
+            gate.wait(60)
+            answers.append(c.infer("pipe", {"inputs": [x[i]]}))
+
+        threads = [threading.Thread(target=ask, args=(i, gate, answers)) for i in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert len(answers) == 16 and all(a[0] == 200 for a in answers)
+        assert all(len(out["outputs"]) == 1 for _, out, _ in answers)
+        batched = max(a[1]["batch_rows"] for a in answers)
+        if batched > 1:
+            break
+    assert batched > 1
     shown = fleet.cli("services", "show", "pipe")
     assert shown.returncode == 0 and "service pipe: ready" in shown.stdout and "rank 1: b cuda:0" in shown.stdout
 
