@@ -132,6 +132,13 @@ export function scatterData(rows, path) {
   return { xs, ys: pts.map((p) => p.y), categories, log };
 }
 
+/** [lo, hi] widened by a tenth on each side (a factor on a log axis; around the value when lo = hi). */
+function padded(lo, hi, log) {
+  if (log) return [lo / 1.5, hi * 1.5];
+  const span = hi - lo || Math.abs(lo) || 1;
+  return [lo - span * 0.1, hi + span * 0.1];
+}
+
 export class ScatterChart {
   constructor(container) {
     this.el = h("div", { class: "xf-chart", role: "img", "aria-label": t("sweep.plot_label"), dataset: { xpufleet: "sweep-plot" } });
@@ -156,14 +163,14 @@ export class ScatterChart {
     this.plot?.destroy();
     this.key = key;
     const grid = { stroke: "rgba(128,128,128,0.2)" };
-    const xScale = categories ? { time: false, range: [-0.5, categories.length - 0.5] } : { time: false, distr: log ? 3 : 1 };
-    if (!categories && !log && xs[0] === xs[xs.length - 1]) xScale.range = [xs[0] - 1, xs[0] + 1];
+    // room around the points, so none sits on the frame
+    const xRange = categories ? () => [-0.5, categories.length - 0.5] : (u, lo, hi) => padded(lo, hi, log);
     this.plot = new uPlot({
       width: Math.max(240, this.el.clientWidth || 480), height: 220,
-      scales: { x: xScale, y: { auto: true } },
+      scales: { x: { time: false, distr: log ? 3 : 1, range: xRange }, y: { range: (u, lo, hi) => padded(lo, hi, false) } },
       legend: { show: false },
       axes: [
-        { label: path, stroke: "currentColor", grid,
+        { label: path, stroke: "currentColor", grid: log ? { show: false } : grid,
           ...(categories ? { splits: () => categories.map((_, i) => i), values: (_, splits) => splits.map((i) => categories[i] ?? "") } : {}) },
         { label: metric, stroke: "currentColor", grid },
       ],
