@@ -141,3 +141,40 @@ def test_cancel_a_sweep_from_its_view(page, standalone_fleet, screenshots):
     assert {rows.nth(i).get_attribute("data-status") for i in range(rows.count())} == {r["status"] for r in server["table"]}
     assert detail.locator("[data-xpufleet=sweep-delete]").is_visible()
     page.screenshot(path=str(screenshots / "standalone-sweep-cancelled.png"))
+
+
+def test_new_sweep_and_the_sweeps_tab_inside_comfyui(playwright_browser, comfy_host, comfy_fleet, screenshots):
+    """The same dialog on ComfyUI's canvas graph (its own graph-to-prompt), through ComfyUI's proxy to the
+    sidecar: the menu command, the dry-run count, the Sweeps bottom-panel tab until the sweep finished."""
+    bh.comfy_settings(comfy_host, {"Comfy.TutorialCompleted": True, "XPUFleet.Language": "en"})
+    context = playwright_browser.new_context(viewport={"width": 1500, "height": 1000})
+    try:
+        page = bh.open_comfy(context, comfy_host.url)
+        bh.load_api_graph(page, bh.sidecar_harness.iris_graph(epochs=2), "iris-sweep")
+        prompt = page.evaluate("async () => (await app.graphToPrompt()).output")
+        lr = next(f"{nid}.lr" for nid, n in prompt.items() if n["class_type"] == "XPUOptimizer")
+        page.evaluate("() => app.extensionManager.command.execute('XPUFleet.NewSweep')")
+        dialog = page.locator("[data-xpufleet=sweep-dialog]")
+        dialog.locator("[data-xpufleet=sweep-param]").select_option(lr, timeout=WAIT_MS)
+        dialog.locator("[data-xpufleet=sweep-values]").fill("0.005, 0.05")
+        dialog.locator("[data-target='worker:gpu-box']").check()
+        dialog.locator("[data-device='cuda:1']").check()
+        dialog.locator("[data-xpufleet=sweep-preview][data-state=ok][data-count='2']").wait_for(timeout=WAIT_MS)
+        page.screenshot(path=str(screenshots / "comfy-new-sweep.png"))
+        dialog.locator("[data-xpufleet=sweep-submit]").click()
+        panel = page.locator("[data-xpufleet=sweeps-panel]")
+        panel.locator("[data-xpufleet=sweep-status][data-status=finished]").wait_for(timeout=WAIT_MS * 3)
+        panel.locator("[data-xpufleet=sweep-plot][data-drawn=true][data-points='2'] canvas").first.wait_for(timeout=WAIT_MS)
+        sweep_id = panel.locator(".xf-run-row.xf-selected").get_attribute("data-sweep-id")
+        server = comfy_fleet.call("GET", f"/api/sweeps/{sweep_id}")
+        assert [r["status"] for r in server["table"]] == ["succeeded", "succeeded"]
+        assert all(r["worker_id"] == "gpu-box" and r["devices"] == ["cuda:1"] for r in server["table"])
+        run = comfy_fleet.call("GET", f"/api/runs/{server['table'][0]['run_id']}")
+        assert run["graph"][lr.split(".")[0]]["inputs"]["lr"] == server["table"][0]["parameters"][lr]
+        page.screenshot(path=str(screenshots / "comfy-sweep-view.png"))
+        # the Runs panel's Sweeps button opens the same tab
+        page.evaluate("() => app.extensionManager.command.execute('XPUFleet.ShowRuns')")
+        page.locator("[data-xpufleet=runs-panel] [data-xpufleet=open-sweeps]").click(timeout=WAIT_MS)
+        panel.wait_for(timeout=WAIT_MS)
+    finally:
+        context.close()
