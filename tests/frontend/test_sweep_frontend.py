@@ -84,6 +84,10 @@ def test_new_sweep_dry_run_submit_and_the_live_ranked_table(page, standalone_fle
     assert "variant 1 (5.lr=-3)" in rejected.inner_text()
     assert standalone_fleet.call("GET", "/api/runs?limit=1000")["total"] == before
     dialog.locator("[data-xpufleet=sweep-values]").fill(", ".join(LRS))
+    # the budget field reaches the server too: this server admits by slots and says so
+    dialog.locator("[data-xpufleet=sweep-budget]").fill("2")
+    dialog.locator("[data-xpufleet=sweep-rejected]", has_text="options.target.memory_gib").wait_for(timeout=WAIT_MS)
+    dialog.locator("[data-xpufleet=sweep-budget]").fill("")
     dialog.locator("[data-target='worker:gpu-box']").check()
     dialog.locator("[data-device='cuda:0']").check()
     count.wait_for(timeout=WAIT_MS)

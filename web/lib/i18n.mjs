@@ -294,6 +294,7 @@ const EN = {
   "sweep.rank": "Rank",
   "sweep.col_status": "Status",
   "sweep.col_run": "Run",
+  "sweep.budget_hint": "Each variant's budget on a card shared by memory; leave it empty on exclusive cards.",
 };
 
 const ZH = {
@@ -589,6 +590,7 @@ const ZH = {
   "sweep.rank": "排名",
   "sweep.col_status": "状态",
   "sweep.col_run": "Run",
+  "sweep.budget_hint": "每个变体在按内存共享的卡上的预算；独占的卡上留空。",
 };
 
 export const STRINGS = { en: EN, zh: ZH };

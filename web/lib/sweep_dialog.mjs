@@ -115,6 +115,9 @@ class SweepDialog {
     this.directionSelect = h("select", { dataset: { xpufleet: "sweep-direction" }, onchange: changed },
       h("option", { value: "" }, t("sweep.direction_auto")), h("option", { value: "maximize" }, t("sweep.maximize")),
       h("option", { value: "minimize" }, t("sweep.minimize")));
+    this.budgetInput = h("input", { type: "number", min: "0", step: "any", placeholder: t("queue.budget_none"),
+      dataset: { xpufleet: "sweep-budget" }, oninput: changed });
+    this.waitInput = h("input", { type: "checkbox", id: nextId("xf-swait"), onchange: changed });
     this.paramsBox = h("div", { class: "xf-sweep-params", dataset: { xpufleet: "sweep-params" } });
     this.previewBox = h("div", { class: "xf-sweep-preview", "aria-live": "polite", dataset: { xpufleet: "sweep-preview" } });
     this.errorBox = h("div", { class: "xf-error", role: "alert", dataset: { xpufleet: "sweep-error" } });
@@ -132,6 +135,9 @@ class SweepDialog {
       h("div", { class: "xf-grid" }, field(t("sweep.metric"), this.metricInput), field(t("sweep.direction"), this.directionSelect)),
       field(t("queue.name"), this.nameInput),
       this.picker.elements,
+      h("fieldset", { class: "xf-budget-box" }, h("legend", {}, t("queue.budget")),
+        field(t("queue.budget_field"), this.budgetInput, t("sweep.budget_hint")),
+        h("div", { class: "xf-choice" }, this.waitInput, h("label", { for: this.waitInput.id }, t("queue.wait")))),
       this.previewBox,
       this.errorBox,
       h("div", { class: "xf-actions" },
@@ -200,6 +206,9 @@ class SweepDialog {
       }
     }
     const { options, target } = this.picker.choice();
+    // the budget of each variant (the server checks every one of them, and names a refusal)
+    if (this.budgetInput.value !== "") target.memory_gib = numberOrText(this.budgetInput.value);
+    if (this.waitInput.checked) target.wait = true;
     const body = { graph: this.graph.prompt, mode: this.modeSelect.value, parameters,
       objective: { metric: this.metricInput.value.trim() }, options: { ...options, target } };
     if (this.directionSelect.value) body.objective.direction = this.directionSelect.value;
