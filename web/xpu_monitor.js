@@ -1,5 +1,6 @@
 // XPU Fleet's ComfyUI front-end extension (SPEC UI1): the success-rate, VRAM and RAM capsules in the
-// top bar, Queue on... beside ComfyUI's Run button, and the Runs and Workers bottom-panel tabs. Every
+// top bar, Queue on... beside ComfyUI's Run button, the Runs, Sweeps and Workers bottom-panel tabs and
+// the New sweep dialog (the canvas graph swept over node parameters). Every
 // call goes to this ComfyUI's own /xpufleet/ routes (the predictor here, the sidecar through the proxy,
 // the token kept on the server side). The only .js file of web/: ComfyUI loads each .js file of a
 // plugin's web folder as an extension, so the rest are .mjs modules loaded from here, the panels and
@@ -16,6 +17,7 @@ const AUTOSTART = "XPUFleet.Sidecar.AutoStart";
 const SIDECAR = "XPUFleet.Sidecar.URL";
 const RUNS_TAB = "xpufleet-runs";
 const WORKERS_TAB = "xpufleet-workers";
+const SWEEPS_TAB = "xpufleet-sweeps";
 
 const fleet = new Fleet({
   fetch: (url, init) => api.fetchApi(url, init),
@@ -76,11 +78,12 @@ async function localDevices() {
 const mounted = new Set();
 let runsPanel = null;
 let workersPanel = null;
+let sweepsPanel = null;
 
 async function getRunsPanel() {
   if (!runsPanel) {
     const { RunsPanel } = await import("./lib/runs_panel.mjs");
-    runsPanel = new RunsPanel({ fleet, openWorkers: () => showTab(WORKERS_TAB) });
+    runsPanel = new RunsPanel({ fleet, openWorkers: () => showTab(WORKERS_TAB), openSweeps: () => showTab(SWEEPS_TAB) });
   }
   return runsPanel;
 }
@@ -91,6 +94,14 @@ async function getWorkersPanel() {
     workersPanel = new WorkersPanel({ fleet, openRun: (id) => openRun(id) });
   }
   return workersPanel;
+}
+
+async function getSweepsPanel() {
+  if (!sweepsPanel) {
+    const { SweepsPanel } = await import("./lib/sweep_view.mjs");
+    sweepsPanel = new SweepsPanel({ fleet, openRun: (id) => openRun(id), openRuns: () => showTab(RUNS_TAB), newSweep: () => newSweep() });
+  }
+  return sweepsPanel;
 }
 
 function showTab(id) {
@@ -138,6 +149,23 @@ async function queueOn() {
   await openQueueDialog({
     fleet, graph: canvasPrompt, localDevices,
     openRuns: (runId) => openRun(runId),
+    openWorkers: () => showTab(WORKERS_TAB),
+  });
+}
+
+// --- New sweep... ----------------------------------------------------------------------------------
+
+async function openSweep(sweepId) {
+  const panel = await getSweepsPanel();
+  panel.focus(sweepId);
+  showTab(SWEEPS_TAB);
+}
+
+async function newSweep() {
+  const { openSweepDialog } = await import("./lib/sweep_dialog.mjs");
+  await openSweepDialog({
+    fleet, graph: canvasPrompt, localDevices,
+    openSweep: (sweepId) => openSweep(sweepId),
     openWorkers: () => showTab(WORKERS_TAB),
   });
 }
@@ -220,9 +248,13 @@ app.registerExtension({
     { id: "XPUFleet.QueueOn", label: () => t("app.queue_on"), icon: "pi pi-send", function: () => queueOn() },
     { id: "XPUFleet.ShowRuns", label: () => t("app.show_runs"), icon: "pi pi-list", function: () => showTab(RUNS_TAB) },
     { id: "XPUFleet.ShowWorkers", label: () => t("app.show_workers"), icon: "pi pi-server", function: () => showTab(WORKERS_TAB) },
+    { id: "XPUFleet.NewSweep", label: () => t("app.new_sweep"), icon: "pi pi-sliders-h", function: () => newSweep() },
+    { id: "XPUFleet.ShowSweeps", label: () => t("app.show_sweeps"), icon: "pi pi-chart-scatter", function: () => showTab(SWEEPS_TAB) },
   ],
-  menuCommands: [{ path: ["XPU Fleet"], commands: ["XPUFleet.QueueOn", "XPUFleet.ShowRuns", "XPUFleet.ShowWorkers"] }],
-  bottomPanelTabs: [tab(RUNS_TAB, "runs.title", getRunsPanel), tab(WORKERS_TAB, "workers.title", getWorkersPanel)],
+  menuCommands: [{ path: ["XPU Fleet"], commands: ["XPUFleet.QueueOn", "XPUFleet.ShowRuns", "XPUFleet.ShowWorkers",
+    "XPUFleet.NewSweep", "XPUFleet.ShowSweeps"] }],
+  bottomPanelTabs: [tab(RUNS_TAB, "runs.title", getRunsPanel), tab(WORKERS_TAB, "workers.title", getWorkersPanel),
+    tab(SWEEPS_TAB, "sweep.title", getSweepsPanel)],
 
   async beforeRegisterNodeDef(nodeType) {
     // a widget edited on the canvas (LiteGraph calls onWidgetChanged from setValue) rescans the graph

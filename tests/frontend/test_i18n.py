@@ -14,6 +14,7 @@ DYNAMIC = {
     "status.": ["Online", "Degraded", "Draining", "Disconnected", "Disabled"],
     "runs.source.": ["user", "estimate", "measured"],
     "capsule.model_status.": ["missing", "refused", "unresolved"],
+    "sweep.status.": ["queued", "running", "cancelling", "finished", "cancelled"],
 }
 
 

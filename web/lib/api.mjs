@@ -82,6 +82,16 @@ export class Fleet {
   }
   estimate(graph, options) { return this.api("POST", "/estimates", { graph, options }); }
 
+  // --- sweeps ---
+  sweeps(params, opts) { return this.api("GET", `/sweeps${query(params)}`, undefined, opts); }
+  /** One sweep; with version and wait, a long poll that answers when a child has news. */
+  sweep(id, { version, wait } = {}, opts) { return this.api("GET", `/sweeps/${enc(id)}${query({ version, wait })}`, undefined, opts); }
+  sweepDryRun(body, opts) { return this.api("POST", "/sweeps?dry_run=1", body, opts); }
+  submitSweep(body) { return this.api("POST", "/sweeps", body); }
+  cancelSweep(id) { return this.api("POST", `/sweeps/${enc(id)}/cancel`, {}); }
+  deleteSweep(id) { return this.api("DELETE", `/sweeps/${enc(id)}`); }
+  sweepCsv(id) { return this.api("GET", `/sweeps/${enc(id)}/table.csv`, undefined, { raw: true }); }
+
   // --- workers ---
   workers(opts) { return this.api("GET", "/workers", undefined, opts); }
   rejected(opts) { return this.api("GET", "/workers/rejected", undefined, opts); }

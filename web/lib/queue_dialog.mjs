@@ -6,9 +6,7 @@ import { ApiFailure } from "./api.mjs";
 import { field, h, nextId, replace } from "./dom.mjs";
 import { gib } from "./format.mjs";
 import { t } from "./i18n.mjs";
-
-const SELECTABLE = new Set(["Online", "Degraded", "Disconnected"]); // offline: the run waits for it
-const KINDS = [["", "queue.kind_auto"], ["cuda", "queue.kind_cuda"], ["cpu", "queue.kind_cpu"], ["mps", "queue.kind_mps"]];
+import { TargetPicker } from "./target_picker.mjs";
 
 let openDialog = null;
 
@@ -74,33 +72,8 @@ class QueueDialog {
 
   // --- form ---
   build() {
-    const name = `xf-target-${nextId()}`;
-    const targets = [];
-    const addTarget = (value, text, { disabled = false, note = "", status = "" } = {}) => {
-      const input = h("input", { type: "radio", name, value, disabled, id: nextId("xf-t"),
-        dataset: { target: value }, onchange: () => this.targetChanged() });
-      targets.push(h("div", { class: `xf-choice${disabled ? " xf-disabled" : ""}`, dataset: { status } },
-        input, h("label", { for: input.id }, text, note ? h("span", { class: "xf-hint" }, ` — ${note}`) : null)));
-      return input;
-    };
-    this.targetInputs = [addTarget("local", t("queue.this_server"))];
-    this.targetInputs[0].checked = true;
-    for (const w of this.workers) {
-      const devs = (w.devices || []).map((d) => d.name + (d.simulated ? "*" : "")).join(", ");
-      const selectable = SELECTABLE.has(w.status);
-      const why = selectable ? (w.status === "Disconnected" ? t("queue.waits_for_it") : "")
-        : t("queue.not_selectable", { status: t(`status.${w.status}`) });
-      this.targetInputs.push(addTarget(`worker:${w.name}`,
-        `${w.name} — ${t(`status.${w.status}`)} — ${devs || t("queue.no_devices")}`,
-        { disabled: !selectable, note: why, status: w.status }));
-    }
-    if (this.workers.some((w) => w.connected && !w.drained)) {
-      this.targetInputs.push(addTarget("any", t("queue.any")));
-    }
-    const noWorkers = this.workers.length ? null : h("div", { class: "xf-note", dataset: { xpufleet: "no-workers" } },
-      this.workersError ? `${t("queue.workers_unavailable")}: ${this.workersError.message}` : t("queue.no_workers"), " ",
-      h("button", { type: "button", class: "xf-link", onclick: () => { this.close(); this.openWorkers(); } }, t("queue.open_workers")));
-    this.devicesBox = h("fieldset", { class: "xf-devices" });
+    this.picker = new TargetPicker({ workers: this.workers, workersError: this.workersError, local: this.local,
+      onChange: () => this.targetChanged(), openWorkers: () => { this.close(); this.openWorkers(); } });
     this.nameInput = h("input", { type: "text", value: this.graph.name || "", maxlength: "200", autocomplete: "off" });
     this.seedInput = h("input", { type: "number", min: "0", step: "1", placeholder: t("queue.seed_none") });
     this.detInput = h("input", { type: "checkbox", id: nextId("xf-det") });
@@ -117,8 +90,7 @@ class QueueDialog {
     const form = h("form", { method: "dialog", onsubmit: (e) => { e.preventDefault(); this.submit(); } },
       h("h2", { id: this.titleId }, t("queue.title")),
       problem,
-      h("fieldset", { class: "xf-targets", dataset: { xpufleet: "targets" } }, h("legend", {}, t("queue.target")), targets, noWorkers),
-      this.devicesBox,
+      this.picker.elements,
       h("div", { class: "xf-grid" },
         field(t("queue.name"), this.nameInput),
         field(t("queue.seed"), this.seedInput)),
@@ -132,83 +104,17 @@ class QueueDialog {
       h("div", { class: "xf-actions" },
         h("button", { type: "button", onclick: () => this.close() }, t("common.cancel")), this.submitBtn));
     replace(this.el, form);
-    this.targetChanged();
+    this.picker.targetChanged();
     this.nameInput.focus();
   }
 
-  selectedTarget() {
-    const input = this.targetInputs.find((i) => i.checked) || this.targetInputs[0];
-    const v = input.value;
-    if (v === "local" || v === "any") return { kind: v };
-    const name = v.slice("worker:".length);
-    return { kind: "worker", name, worker: this.workers.find((w) => w.name === name) };
-  }
-
   targetChanged() {
-    const target = this.selectedTarget();
-    const box = this.devicesBox;
-    this.deviceChecks = [];
-    this.deviceSelect = null;
-    this.kindSelect = null;
-    if (target.kind === "local") {
-      this.deviceSelect = h("select", { dataset: { xpufleet: "local-device" } },
-        h("option", { value: "" }, t("queue.device_graph")),
-        this.local.map((d) => h("option", { value: d }, d)));
-      replace(box, h("legend", {}, t("queue.devices")), field(t("queue.one_device"), this.deviceSelect));
-    } else if (target.kind === "any") {
-      this.kindSelect = h("select", { dataset: { xpufleet: "any-kind" } }, KINDS.map(([v, k]) => h("option", { value: v }, t(k))));
-      replace(box, h("legend", {}, t("queue.devices")), field(t("queue.kind"), this.kindSelect, t("queue.first_free")));
-    } else {
-      const w = target.worker;
-      const rows = (w?.devices || []).map((d) => {
-        const input = h("input", { type: "checkbox", value: d.name, id: nextId("xf-d"), dataset: { device: d.name, kind: d.kind },
-          onchange: () => this.devicesChanged() });
-        const alias = h("span", { class: "xf-alias", dataset: { alias: d.name } });
-        this.deviceChecks.push({ input, alias, device: d });
-        const mem = d.total_gib ? ` · ${t("capsule.free_of", { free: gib(d.free_gib), total: gib(d.total_gib) })}` : "";
-        return h("div", { class: "xf-choice" }, input, h("label", { for: input.id },
-          `${d.name}${d.label ? ` (${d.label})` : ""}${mem}`,
-          d.simulated ? h("span", { class: "xf-tag xf-sim" }, t("common.simulated")) : null,
-          d.mode === "shared" ? h("span", { class: "xf-tag" }, t("workers.mode_shared")) : null), " ", alias);
-      });
-      replace(box, h("legend", {}, t("queue.devices")), rows.length ? rows : h("div", { class: "xf-hint" }, t("queue.no_devices")),
-        h("div", { class: "xf-hint" }, t("queue.first_free")));
-    }
     // recorded outputs stay on the worker (SPEC W5): say so there
-    replace(this.recNote, target.kind === "local" ? "" : t("queue.record_note_worker"));
-    this.devicesChanged();
-  }
-
-  devicesChanged() {
-    const checked = this.deviceChecks.filter((c) => c.input.checked);
-    const kind = checked[0]?.device.kind;
-    this.deviceChecks.forEach((c) => {
-      c.input.disabled = Boolean(kind) && c.device.kind !== kind; // a set is of one kind
-      const at = checked.indexOf(c);
-      // the run sees its cards renumbered from 0 in the order the worker lists them
-      c.alias.textContent = at >= 0 && c.device.kind !== "cpu"
-        ? t("queue.in_run", { machine: c.device.name, run: `${c.device.kind}:${at}` }) : "";
-    });
+    replace(this.recNote, this.picker.selected().kind === "local" ? "" : t("queue.record_note_worker"));
     this.loadEstimate();
   }
 
-  targetOptions() {
-    const target = this.selectedTarget();
-    const options = {};
-    const tgt = {};
-    if (target.kind === "local") {
-      tgt.worker = "local";
-      if (this.deviceSelect?.value) options.device = this.deviceSelect.value;
-    } else if (target.kind === "any") {
-      tgt.worker = "any";
-      if (this.kindSelect?.value) options.device = this.kindSelect.value;
-    } else {
-      tgt.worker = target.name;
-      const devices = this.deviceChecks.filter((c) => c.input.checked).map((c) => c.device.name);
-      if (devices.length) tgt.devices = devices;
-    }
-    return { options, target: tgt, kind: target.kind };
-  }
+  targetOptions() { return this.picker.choice(); }
 
   async loadEstimate() {
     const { target, kind } = this.targetOptions();

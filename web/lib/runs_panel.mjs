@@ -42,10 +42,12 @@ export class RunsPanel {
    * @param {object} o
    * @param {import("./api.mjs").Fleet} o.fleet
    * @param {() => void} o.openWorkers
+   * @param {() => void} [o.openSweeps]  the Sweeps view (its button shows when given)
    */
-  constructor({ fleet, openWorkers }) {
+  constructor({ fleet, openWorkers, openSweeps }) {
     this.fleet = fleet;
     this.openWorkers = openWorkers;
+    this.openSweeps = openSweeps;
     this.filter = new Set();
     this.selected = null;
     this.runs = [];
@@ -68,6 +70,7 @@ export class RunsPanel {
         h("div", { class: "xf-chips", role: "group", "aria-label": t("runs.filter") }, chips),
         h("span", { class: "xf-grow" }),
         h("button", { type: "button", onclick: () => this.refresh() }, t("common.refresh")),
+        this.openSweeps ? h("button", { type: "button", dataset: { xpufleet: "open-sweeps" }, onclick: () => this.openSweeps() }, t("runs.sweeps")) : null,
         h("button", { type: "button", dataset: { xpufleet: "open-workers" }, onclick: () => this.openWorkers() }, t("workers.title"))),
       h("div", { class: "xf-panel-body" }, this.list, this.detail));
     replace(container, this.root);

@@ -1,5 +1,5 @@
 // The standalone page at / of the sidecar (SPEC UI3), for users without ComfyUI: the capsules, Queue
-// on..., the Runs and Workers panels, and a graph-file drop zone in place of the canvas.
+// on..., the Runs, Sweeps and Workers panels, and a graph-file drop zone in place of the canvas.
 //
 // Login: `xpufleet ui` prints http://HOST:PORT/#login=KEY. The key (one use, five minutes) is traded
 // here for a browser session token kept in this tab's sessionStorage and sent as a bearer token
@@ -9,6 +9,7 @@ import { CapsuleBar, SETTINGS } from "../lib/capsule.mjs";
 import { field, h, replace } from "../lib/dom.mjs";
 import { language, resolveLanguage, setLanguage, t } from "../lib/i18n.mjs";
 import { RunsPanel } from "../lib/runs_panel.mjs";
+import { SweepsPanel } from "../lib/sweep_view.mjs";
 import { WorkersPanel } from "../lib/workers_panel.mjs";
 
 const SESSION_KEY = "xpufleet.session";
@@ -126,12 +127,14 @@ async function queueGraph() {
 let capsules = null;
 let runs = null;
 let workers = null;
+let sweeps = null;
 let tabs = null;
 
 function showLogin(problem) {
   capsules?.stop();
   runs?.unmount();
   workers?.unmount();
+  sweeps?.unmount();
   replace(document.body, h("main", { class: "xf-login", dataset: { xpufleet: "login" } },
     h("h1", {}, t("standalone.title")),
     problem ? h("p", { class: "xf-error", role: "alert" }, t("standalone.login_failed", { why: problem })) : null,
@@ -189,8 +192,16 @@ function build() {
   capsules = new CapsuleBar({ fleet, settings, workflow: () => graph?.json || null });
   runs?.unmount();
   workers?.unmount();
-  runs = new RunsPanel({ fleet, openWorkers: () => selectTab("workers") });
-  workers = new WorkersPanel({ fleet, openRun: (id) => { selectTab("runs"); runs.focus(id); } });
+  sweeps?.unmount();
+  const openRun = (id) => { selectTab("runs"); runs.focus(id); };
+  const openSweep = (id) => { selectTab("sweeps"); sweeps.focus(id); };
+  runs = new RunsPanel({ fleet, openWorkers: () => selectTab("workers"), openSweeps: () => selectTab("sweeps") });
+  workers = new WorkersPanel({ fleet, openRun });
+  sweeps = new SweepsPanel({ fleet, openRun, openRuns: () => selectTab("runs"),
+    newSweep: async () => {
+      const { openSweepDialog } = await import("../lib/sweep_dialog.mjs");
+      openSweepDialog({ fleet, graph: queueGraph, localDevices, openSweep, openWorkers: () => selectTab("workers") });
+    } });
   const status = h("div", { class: "xf-drop-status", "aria-live": "polite", dataset: { xpufleet: "drop-status" } });
   showGraph(status); // a language change rebuilds the page: the loaded graph stays
   const input = h("input", { type: "file", accept: ".json,application/json", id: "xf-graph-file", dataset: { xpufleet: "file-input" },
@@ -213,11 +224,14 @@ function build() {
   };
   const r = mkTab("runs", t("standalone.runs"));
   const w = mkTab("workers", t("standalone.workers"));
-  tabs = { runs: { ...r, view: runs }, workers: { ...w, view: workers } };
-  const tablist = h("div", { class: "xf-tabs", role: "tablist", "aria-label": t("standalone.tabs") }, r.button, w.button);
+  const s = mkTab("sweeps", t("standalone.sweeps"));
+  tabs = { runs: { ...r, view: runs }, workers: { ...w, view: workers }, sweeps: { ...s, view: sweeps } };
+  const tablist = h("div", { class: "xf-tabs", role: "tablist", "aria-label": t("standalone.tabs") }, r.button, w.button, s.button);
   tablist.addEventListener("keydown", (e) => {
     if (e.key !== "ArrowLeft" && e.key !== "ArrowRight") return;
-    const next = document.activeElement === r.button ? "workers" : "runs";
+    const names = Object.keys(tabs);
+    const at = names.findIndex((n) => tabs[n].button === document.activeElement);
+    const next = names[(at + (e.key === "ArrowRight" ? 1 : names.length - 1)) % names.length];
     selectTab(next);
     tabs[next].button.focus();
   });
@@ -231,7 +245,7 @@ function build() {
     h("header", { class: "xf-topbar" }, h("h1", {}, t("standalone.title")), capsules.element, h("span", { class: "xf-grow" }), queueBtn,
       h("button", { type: "button", dataset: { xpufleet: "settings-button" }, onclick: settingsDialog }, t("settings.title")),
       h("button", { type: "button", onclick: logout }, t("standalone.logout"))),
-    drop, tablist, r.panel, w.panel);
+    drop, tablist, r.panel, w.panel, s.panel);
   capsules.start();
   selectTab("runs");
 }

@@ -1,0 +1,279 @@
+// The New sweep dialog (seed 000 "Sweep 與 study", SPEC Q6): the current graph, node parameters with
+// their values (a list or a range), seeds, the objective, and the same target and device picker as
+// Queue on... Every change asks the server for a dry run (POST /api/sweeps?dry_run=1): the variant
+// count, the first variants and any rejection come from the server, which also expands the grid.
+import { ApiFailure } from "./api.mjs";
+import { field, h, nextId, replace } from "./dom.mjs";
+import { t } from "./i18n.mjs";
+import { TargetPicker } from "./target_picker.mjs";
+
+const PREVIEW_DEBOUNCE_MS = 250;
+const PREVIEW_SHOWN = 8;
+
+let openDialog = null;
+
+/** The scalar inputs of an API-format graph (links are arrays): [{path, node, input, class_type, value}]. */
+export function graphParameters(prompt) {
+  const out = [];
+  for (const [node, spec] of Object.entries(prompt || {})) {
+    for (const [input, value] of Object.entries(spec?.inputs || {})) {
+      if (["number", "string", "boolean"].includes(typeof value)) {
+        out.push({ path: `${node}.${input}`, node, input, class_type: spec.class_type, value });
+      }
+    }
+  }
+  return out;
+}
+
+/**
+ * A typed list of values as JSON: separated by commas (by semicolons when any value holds a comma);
+ * numbers stay numbers where the graph holds a number, true/false where it holds a boolean.
+ */
+export function parseValues(text, current) {
+  const raw = String(text || "");
+  const parts = raw.split(raw.includes(";") ? ";" : ",").map((s) => s.trim()).filter((s) => s !== "");
+  return parts.map((s) => {
+    if (typeof current === "boolean" && /^(true|false)$/i.test(s)) return s.toLowerCase() === "true";
+    if (typeof current !== "string" && s !== "" && Number.isFinite(Number(s))) return Number(s);
+    return s;
+  });
+}
+
+/**
+ * @param {object} o
+ * @param {import("./api.mjs").Fleet} o.fleet
+ * @param {() => Promise<{prompt: object|null, name: string, problem?: string}>} o.graph  the graph to sweep
+ * @param {() => Promise<string[]>} o.localDevices  this server's devices
+ * @param {(sweepId: string) => void} o.openSweep
+ * @param {() => void} o.openWorkers
+ */
+export async function openSweepDialog(o) {
+  if (openDialog) { openDialog.focus(); return openDialog; }
+  const dlg = new SweepDialog(o);
+  openDialog = dlg;
+  await dlg.open();
+  return dlg;
+}
+
+class SweepDialog {
+  constructor({ fleet, graph, localDevices, openSweep, openWorkers }) {
+    this.fleet = fleet;
+    this.getGraph = graph;
+    this.getLocalDevices = localDevices;
+    this.openSweep = openSweep;
+    this.openWorkers = openWorkers;
+    this.rows = [];
+    this.previewSeq = 0;
+    this.titleId = nextId("xf-stitle");
+    this.el = h("dialog", { class: "xf-dialog xf-sweep-dialog xf-root", "aria-labelledby": this.titleId,
+      dataset: { xpufleet: "sweep-dialog" } });
+    this.el.addEventListener("close", () => this.destroy());
+    this.el.addEventListener("cancel", () => this.destroy());
+  }
+
+  focus() { this.el.querySelector("input, select, button")?.focus(); }
+
+  async open() {
+    document.body.append(this.el);
+    replace(this.el, h("h2", { id: this.titleId }, t("sweep.new")), h("p", { class: "xf-hint" }, t("common.loading")));
+    this.el.showModal();
+    const [graph, workers, local] = await Promise.allSettled([this.getGraph(), this.fleet.workers(), this.getLocalDevices()]);
+    this.graph = graph.status === "fulfilled" ? graph.value : { prompt: null, name: "", problem: String(graph.reason?.message || graph.reason) };
+    this.picker = new TargetPicker({
+      workers: workers.status === "fulfilled" ? (workers.value.workers || []) : [],
+      workersError: workers.status === "rejected" ? workers.reason : null,
+      local: local.status === "fulfilled" ? local.value : ["cpu"],
+      onChange: () => this.changed(), openWorkers: () => { this.close(); this.openWorkers(); } });
+    this.params = graphParameters(this.graph.prompt);
+    this.build();
+  }
+
+  destroy() {
+    if (openDialog === this) openDialog = null;
+    clearTimeout(this.previewTimer);
+    this.el.remove();
+  }
+
+  close() {
+    if (this.el.open) this.el.close();
+    this.destroy();
+  }
+
+  // --- form ---
+  build() {
+    const changed = () => this.changed();
+    this.nameInput = h("input", { type: "text", value: this.graph.name ? `${this.graph.name} sweep` : "", maxlength: "200",
+      autocomplete: "off", oninput: changed });
+    this.modeSelect = h("select", { dataset: { xpufleet: "sweep-mode" }, onchange: changed },
+      h("option", { value: "grid" }, t("sweep.mode_grid")), h("option", { value: "random" }, t("sweep.mode_random")));
+    this.samplesInput = h("input", { type: "number", min: "1", step: "1", value: "4", dataset: { xpufleet: "sweep-samples" }, oninput: changed });
+    this.randomSeedInput = h("input", { type: "number", min: "0", step: "1", placeholder: t("queue.seed_none"), oninput: changed });
+    this.randomBox = h("div", { class: "xf-grid" }, field(t("sweep.samples"), this.samplesInput), field(t("sweep.random_seed"), this.randomSeedInput));
+    this.seedsInput = h("input", { type: "number", min: "1", step: "1", placeholder: t("sweep.seeds_none"),
+      dataset: { xpufleet: "sweep-seeds" }, oninput: changed });
+    this.metricInput = h("input", { type: "text", value: "val_accuracy", autocomplete: "off", dataset: { xpufleet: "sweep-metric" }, oninput: changed });
+    this.directionSelect = h("select", { dataset: { xpufleet: "sweep-direction" }, onchange: changed },
+      h("option", { value: "" }, t("sweep.direction_auto")), h("option", { value: "maximize" }, t("sweep.maximize")),
+      h("option", { value: "minimize" }, t("sweep.minimize")));
+    this.budgetInput = h("input", { type: "number", min: "0", step: "any", placeholder: t("queue.budget_none"),
+      dataset: { xpufleet: "sweep-budget" }, oninput: changed });
+    this.waitInput = h("input", { type: "checkbox", id: nextId("xf-swait"), onchange: changed });
+    this.paramsBox = h("div", { class: "xf-sweep-params", dataset: { xpufleet: "sweep-params" } });
+    this.previewBox = h("div", { class: "xf-sweep-preview", "aria-live": "polite", dataset: { xpufleet: "sweep-preview" } });
+    this.errorBox = h("div", { class: "xf-error", role: "alert", dataset: { xpufleet: "sweep-error" } });
+    this.submitBtn = h("button", { type: "submit", class: "xf-primary", dataset: { xpufleet: "sweep-submit" } }, t("sweep.submit"));
+    const problem = this.graph.prompt ? null : h("div", { class: "xf-error" }, this.graph.problem || t("queue.no_graph"));
+    if (!this.graph.prompt) this.submitBtn.disabled = true;
+    const form = h("form", { method: "dialog", onsubmit: (e) => { e.preventDefault(); this.submit(); } },
+      h("h2", { id: this.titleId }, t("sweep.new")),
+      problem,
+      h("fieldset", {}, h("legend", {}, t("sweep.parameters")), this.paramsBox,
+        h("button", { type: "button", dataset: { xpufleet: "sweep-add-param" }, disabled: !this.params.length,
+          onclick: () => this.addRow() }, t("sweep.add_parameter"))),
+      h("div", { class: "xf-grid" }, field(t("sweep.mode"), this.modeSelect), field(t("sweep.seeds"), this.seedsInput, t("sweep.seeds_hint"))),
+      this.randomBox,
+      h("div", { class: "xf-grid" }, field(t("sweep.metric"), this.metricInput), field(t("sweep.direction"), this.directionSelect)),
+      field(t("queue.name"), this.nameInput),
+      this.picker.elements,
+      h("fieldset", { class: "xf-budget-box" }, h("legend", {}, t("queue.budget")),
+        field(t("queue.budget_field"), this.budgetInput, t("sweep.budget_hint")),
+        h("div", { class: "xf-choice" }, this.waitInput, h("label", { for: this.waitInput.id }, t("queue.wait")))),
+      this.previewBox,
+      this.errorBox,
+      h("div", { class: "xf-actions" },
+        h("button", { type: "button", onclick: () => this.close() }, t("common.cancel")), this.submitBtn));
+    replace(this.el, form);
+    if (this.params.length) this.addRow(false);
+    this.picker.targetChanged();
+    this.focus();
+  }
+
+  addRow(focus = true) {
+    const changed = () => this.changed();
+    const row = {};
+    row.path = h("select", { dataset: { xpufleet: "sweep-param" }, "aria-label": t("sweep.parameter"),
+      onchange: () => { this.showCurrent(row); changed(); } },
+      this.params.map((p) => h("option", { value: p.path }, `${p.path} (${p.class_type})`)));
+    row.kind = h("select", { dataset: { xpufleet: "sweep-kind" }, "aria-label": t("sweep.kind"), onchange: () => { this.showKind(row); changed(); } },
+      h("option", { value: "values" }, t("sweep.kind_values")), h("option", { value: "range" }, t("sweep.kind_range")),
+      h("option", { value: "log" }, t("sweep.kind_log")));
+    row.values = h("input", { type: "text", autocomplete: "off", dataset: { xpufleet: "sweep-values" }, oninput: changed });
+    row.low = h("input", { type: "number", step: "any", dataset: { xpufleet: "sweep-low" }, oninput: changed });
+    row.high = h("input", { type: "number", step: "any", dataset: { xpufleet: "sweep-high" }, oninput: changed });
+    row.steps = h("input", { type: "number", min: "2", step: "1", value: "3", dataset: { xpufleet: "sweep-steps" }, oninput: changed });
+    row.current = h("span", { class: "xf-hint" });
+    row.valuesBox = h("div", { class: "xf-sweep-values" }, field(t("sweep.values"), row.values, t("sweep.values_hint")));
+    row.rangeBox = h("div", { class: "xf-grid" }, field(t("sweep.low"), row.low), field(t("sweep.high"), row.high),
+      field(t("sweep.steps"), row.steps));
+    row.el = h("div", { class: "xf-sweep-param", dataset: { xpufleet: "sweep-param-row" } },
+      h("div", { class: "xf-sweep-param-head" }, row.path, row.kind, row.current,
+        h("button", { type: "button", class: "xf-link", dataset: { xpufleet: "sweep-remove-param" },
+          onclick: () => { this.rows = this.rows.filter((r) => r !== row); row.el.remove(); changed(); } }, t("sweep.remove"))),
+      row.valuesBox, row.rangeBox);
+    // the next parameter not yet chosen
+    const used = new Set(this.rows.map((r) => r.path.value));
+    row.path.value = (this.params.find((p) => !used.has(p.path)) || this.params[0]).path;
+    this.rows.push(row);
+    this.paramsBox.append(row.el);
+    this.showCurrent(row);
+    this.showKind(row);
+    if (focus) { row.path.focus(); changed(); }
+  }
+
+  showCurrent(row) {
+    const p = this.params.find((x) => x.path === row.path.value);
+    row.current.textContent = p ? t("sweep.current", { value: JSON.stringify(p.value) }) : "";
+  }
+
+  showKind(row) {
+    row.valuesBox.hidden = row.kind.value !== "values";
+    row.rangeBox.hidden = row.kind.value === "values";
+  }
+
+  /** The POST /api/sweeps body of the form as it stands. */
+  body() {
+    const parameters = {};
+    const random = this.modeSelect.value === "random";
+    for (const row of this.rows) {
+      const p = this.params.find((x) => x.path === row.path.value);
+      if (row.kind.value === "values") {
+        parameters[row.path.value] = parseValues(row.values.value, p?.value);
+      } else {
+        const range = { low: numberOrText(row.low.value), high: numberOrText(row.high.value) };
+        if (row.kind.value === "log") range.log = true;
+        if (!random) range.steps = numberOrText(row.steps.value); // a random draw takes no grid steps
+        parameters[row.path.value] = range;
+      }
+    }
+    const { options, target } = this.picker.choice();
+    // the budget of each variant (the server checks every one of them, and names a refusal)
+    if (this.budgetInput.value !== "") target.memory_gib = numberOrText(this.budgetInput.value);
+    if (this.waitInput.checked) target.wait = true;
+    const body = { graph: this.graph.prompt, mode: this.modeSelect.value, parameters,
+      objective: { metric: this.metricInput.value.trim() }, options: { ...options, target } };
+    if (this.directionSelect.value) body.objective.direction = this.directionSelect.value;
+    if (this.nameInput.value.trim()) body.name = this.nameInput.value.trim();
+    if (this.seedsInput.value !== "") body.seeds = numberOrText(this.seedsInput.value);
+    if (random) {
+      body.samples = numberOrText(this.samplesInput.value);
+      if (this.randomSeedInput.value !== "") body.random_seed = numberOrText(this.randomSeedInput.value);
+    }
+    return body;
+  }
+
+  changed() {
+    if (!this.modeSelect) return; // the picker draws its devices before the form is complete
+    this.randomBox.hidden = this.modeSelect.value !== "random";
+    for (const row of this.rows) row.steps.closest(".xf-field").hidden = this.modeSelect.value === "random";
+    clearTimeout(this.previewTimer);
+    this.previewTimer = setTimeout(() => this.preview(), PREVIEW_DEBOUNCE_MS);
+  }
+
+  async preview() {
+    if (!this.graph.prompt) return;
+    const seq = (this.previewSeq += 1);
+    this.previewBox.dataset.state = "checking";
+    replace(this.previewBox, h("div", { class: "xf-hint" }, t("sweep.checking")));
+    let answer;
+    try {
+      answer = await this.fleet.sweepDryRun(this.body());
+    } catch (err) {
+      if (seq !== this.previewSeq) return;
+      this.previewBox.dataset.state = "rejected";
+      delete this.previewBox.dataset.count;
+      replace(this.previewBox, h("div", { class: "xf-error", dataset: { xpufleet: "sweep-rejected" } },
+        `${t("sweep.rejected")}: ${err instanceof ApiFailure ? err.message : String(err)}`));
+      return;
+    }
+    if (seq !== this.previewSeq) return;
+    this.previewBox.dataset.state = "ok";
+    this.previewBox.dataset.count = String(answer.n_runs);
+    const shown = (answer.variants || []).slice(0, PREVIEW_SHOWN);
+    replace(this.previewBox,
+      h("div", { class: "xf-sweep-count", dataset: { xpufleet: "sweep-count" } }, t("sweep.count", { n: answer.n_runs })),
+      h("ul", { class: "xf-list" }, shown.map((v) => h("li", {},
+        `#${v.variant} ${Object.entries(v.parameters || {}).map(([k, x]) => `${k}=${x}`).join(", ")}`,
+        v.seed !== null && v.seed !== undefined ? ` · ${t("queue.seed")} ${v.seed}` : "",
+        v.queue_key ? h("span", { class: "xf-hint" }, ` · ${v.queue_key}`) : null))),
+      answer.n_runs > shown.length ? h("div", { class: "xf-hint" }, t("sweep.more", { n: answer.n_runs - shown.length })) : null);
+  }
+
+  // --- submit ---
+  async submit() {
+    replace(this.errorBox);
+    this.submitBtn.disabled = true;
+    try {
+      const answer = await this.fleet.submitSweep(this.body());
+      this.close();
+      this.openSweep(answer.sweep_id);
+    } catch (err) {
+      replace(this.errorBox, h("div", {}, err instanceof ApiFailure ? err.message : String(err)));
+      this.submitBtn.disabled = false;
+    }
+  }
+}
+
+/** A number field's value as a number (the server names a bad one), or the text when it is not one. */
+function numberOrText(value) {
+  return value !== "" && Number.isFinite(Number(value)) ? Number(value) : value;
+}

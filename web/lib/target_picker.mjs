@@ -1,0 +1,136 @@
+// The target and device picker of Queue on... and New sweep (seed 000): this server (one device), each
+// worker with its status and devices (cards of one kind, each with its in-run name), or any free
+// worker by device kind. It turns the choice into POST /api/runs options; the server decides the rest.
+import { field, h, nextId, replace } from "./dom.mjs";
+import { gib } from "./format.mjs";
+import { t } from "./i18n.mjs";
+
+const SELECTABLE = new Set(["Online", "Degraded", "Disconnected"]); // offline: the run waits for it
+const KINDS = [["", "queue.kind_auto"], ["cuda", "queue.kind_cuda"], ["cpu", "queue.kind_cpu"], ["mps", "queue.kind_mps"]];
+
+export class TargetPicker {
+  /**
+   * @param {object} o
+   * @param {object[]} o.workers        GET /api/workers's workers
+   * @param {Error|null} o.workersError why they could not be read
+   * @param {string[]} o.local          this server's devices
+   * @param {() => void} o.onChange     the target or the devices changed
+   * @param {() => void} o.openWorkers  the "Open the Workers panel" link
+   */
+  constructor({ workers, workersError, local, onChange, openWorkers }) {
+    this.workers = workers || [];
+    this.workersError = workersError;
+    this.local = local?.length ? local : ["cpu"];
+    this.onChange = onChange || (() => {});
+    this.openWorkers = openWorkers;
+    this.deviceChecks = [];
+    this.devicesBox = h("fieldset", { class: "xf-devices" });
+    this.targetsBox = this.buildTargets();
+    this.elements = [this.targetsBox, this.devicesBox];
+  }
+
+  buildTargets() {
+    const name = `xf-target-${nextId()}`;
+    const targets = [];
+    const addTarget = (value, text, { disabled = false, note = "", status = "" } = {}) => {
+      const input = h("input", { type: "radio", name, value, disabled, id: nextId("xf-t"),
+        dataset: { target: value }, onchange: () => this.targetChanged() });
+      targets.push(h("div", { class: `xf-choice${disabled ? " xf-disabled" : ""}`, dataset: { status } },
+        input, h("label", { for: input.id }, text, note ? h("span", { class: "xf-hint" }, ` — ${note}`) : null)));
+      return input;
+    };
+    this.targetInputs = [addTarget("local", t("queue.this_server"))];
+    this.targetInputs[0].checked = true;
+    for (const w of this.workers) {
+      const devs = (w.devices || []).map((d) => d.name + (d.simulated ? "*" : "")).join(", ");
+      const selectable = SELECTABLE.has(w.status);
+      const why = selectable ? (w.status === "Disconnected" ? t("queue.waits_for_it") : "")
+        : t("queue.not_selectable", { status: t(`status.${w.status}`) });
+      this.targetInputs.push(addTarget(`worker:${w.name}`,
+        `${w.name} — ${t(`status.${w.status}`)} — ${devs || t("queue.no_devices")}`,
+        { disabled: !selectable, note: why, status: w.status }));
+    }
+    if (this.workers.some((w) => w.connected && !w.drained)) {
+      this.targetInputs.push(addTarget("any", t("queue.any")));
+    }
+    const noWorkers = this.workers.length ? null : h("div", { class: "xf-note", dataset: { xpufleet: "no-workers" } },
+      this.workersError ? `${t("queue.workers_unavailable")}: ${this.workersError.message}` : t("queue.no_workers"), " ",
+      h("button", { type: "button", class: "xf-link", onclick: () => this.openWorkers() }, t("queue.open_workers")));
+    return h("fieldset", { class: "xf-targets", dataset: { xpufleet: "targets" } }, h("legend", {}, t("queue.target")), targets, noWorkers);
+  }
+
+  selected() {
+    const input = this.targetInputs.find((i) => i.checked) || this.targetInputs[0];
+    const v = input.value;
+    if (v === "local" || v === "any") return { kind: v };
+    const name = v.slice("worker:".length);
+    return { kind: "worker", name, worker: this.workers.find((w) => w.name === name) };
+  }
+
+  /** Draw the devices of the chosen target (call once after the elements are in the page). */
+  targetChanged() {
+    const target = this.selected();
+    const box = this.devicesBox;
+    this.deviceChecks = [];
+    this.deviceSelect = null;
+    this.kindSelect = null;
+    if (target.kind === "local") {
+      this.deviceSelect = h("select", { dataset: { xpufleet: "local-device" }, onchange: () => this.onChange() },
+        h("option", { value: "" }, t("queue.device_graph")),
+        this.local.map((d) => h("option", { value: d }, d)));
+      replace(box, h("legend", {}, t("queue.devices")), field(t("queue.one_device"), this.deviceSelect));
+    } else if (target.kind === "any") {
+      this.kindSelect = h("select", { dataset: { xpufleet: "any-kind" }, onchange: () => this.onChange() },
+        KINDS.map(([v, k]) => h("option", { value: v }, t(k))));
+      replace(box, h("legend", {}, t("queue.devices")), field(t("queue.kind"), this.kindSelect, t("queue.first_free")));
+    } else {
+      const w = target.worker;
+      const rows = (w?.devices || []).map((d) => {
+        const input = h("input", { type: "checkbox", value: d.name, id: nextId("xf-d"), dataset: { device: d.name, kind: d.kind },
+          onchange: () => this.devicesChanged() });
+        const alias = h("span", { class: "xf-alias", dataset: { alias: d.name } });
+        this.deviceChecks.push({ input, alias, device: d });
+        const mem = d.total_gib ? ` · ${t("capsule.free_of", { free: gib(d.free_gib), total: gib(d.total_gib) })}` : "";
+        return h("div", { class: "xf-choice" }, input, h("label", { for: input.id },
+          `${d.name}${d.label ? ` (${d.label})` : ""}${mem}`,
+          d.simulated ? h("span", { class: "xf-tag xf-sim" }, t("common.simulated")) : null,
+          d.mode === "shared" ? h("span", { class: "xf-tag" }, t("workers.mode_shared")) : null), " ", alias);
+      });
+      replace(box, h("legend", {}, t("queue.devices")), rows.length ? rows : h("div", { class: "xf-hint" }, t("queue.no_devices")),
+        h("div", { class: "xf-hint" }, t("queue.first_free")));
+    }
+    this.devicesChanged();
+  }
+
+  devicesChanged() {
+    const checked = this.deviceChecks.filter((c) => c.input.checked);
+    const kind = checked[0]?.device.kind;
+    this.deviceChecks.forEach((c) => {
+      c.input.disabled = Boolean(kind) && c.device.kind !== kind; // a set is of one kind
+      const at = checked.indexOf(c);
+      // the run sees its cards renumbered from 0 in the order the worker lists them
+      c.alias.textContent = at >= 0 && c.device.kind !== "cpu"
+        ? t("queue.in_run", { machine: c.device.name, run: `${c.device.kind}:${at}` }) : "";
+    });
+    this.onChange();
+  }
+
+  /** The choice as POST /api/runs options: {options: {device?}, target: {worker, devices?}, kind}. */
+  choice() {
+    const target = this.selected();
+    const options = {};
+    const tgt = {};
+    if (target.kind === "local") {
+      tgt.worker = "local";
+      if (this.deviceSelect?.value) options.device = this.deviceSelect.value;
+    } else if (target.kind === "any") {
+      tgt.worker = "any";
+      if (this.kindSelect?.value) options.device = this.kindSelect.value;
+    } else {
+      tgt.worker = target.name;
+      const devices = this.deviceChecks.filter((c) => c.input.checked).map((c) => c.device.name);
+      if (devices.length) tgt.devices = devices;
+    }
+    return { options, target: tgt, kind: target.kind };
+  }
+}
