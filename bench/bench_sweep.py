@@ -91,7 +91,7 @@ def time_one_by_one(client: Client, variants: int) -> float:
 
 def in_process_local(variants: int) -> tuple[float, float]:
     """The same sweep for this server's CPU, in this process: (seconds, of which graph validation)."""
-    from xpufleet.server.run import executor
+    from xpufleet.server.run import validation
     from xpufleet.server.scheduling import DeviceOffer
     from xpufleet.server.sidecar.dispatcher import Dispatcher
     from xpufleet.server.sidecar.store import Store
@@ -110,22 +110,22 @@ def in_process_local(variants: int) -> tuple[float, float]:
         d.register_provider(Local())
         svc = SweepService(store, d)
         spent = [0.0]
-        real = executor.validate_graph
+        real = validation.validate_report
 
-        def timed(graph: Any, node_classes: Any = None) -> Any:
+        def timed(graph: Any, *args: Any, **kwargs: Any) -> Any:
             t = time.perf_counter()
             try:
-                return real(graph, node_classes)
+                return real(graph, *args, **kwargs)
             finally:
                 spent[0] += time.perf_counter() - t
 
-        executor.validate_graph = timed
+        validation.validate_report = timed
         try:
             t0 = time.perf_counter()
             svc.create(sweep_body(variants, "local"))
             return time.perf_counter() - t0, spent[0]
         finally:
-            executor.validate_graph = real
+            validation.validate_report = real
     finally:
         store.close()
         shutil.rmtree(home, ignore_errors=True)

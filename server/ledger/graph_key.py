@@ -31,6 +31,7 @@ interchangeable identical sub-graphs swapping consumers), which run the same nod
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -114,8 +115,11 @@ _CANONICAL_VALUES = {
 }
 
 
+@functools.lru_cache(maxsize=1024)
 def _defaults(cls: type) -> dict[str, Any]:
-    """The default of every widget input of a node class (missing inputs take them when it runs)."""
+    """The default of every widget input of a node class (missing inputs take them when it runs).
+    Kept per class: asking INPUT_TYPES for every node of every graph was a fifth of a key's cost (a
+    1,000-variant sweep computes 1,000 keys); callers copy, never change, the answer."""
     try:
         spec = cls.INPUT_TYPES()
     except Exception:  # noqa: BLE001 - a node class that cannot describe itself gives no defaults
