@@ -25,11 +25,7 @@ def model_graph(name: str) -> dict:
 
 
 def new_context(browser, theme: str = "dark"):
-    context = browser.new_context(viewport={"width": 1400, "height": 950}, color_scheme=theme)
-    # the page's settings live in the browser (localStorage), the same ids as inside ComfyUI
-    context.add_init_script(f"""for (const [k, v] of Object.entries({json.dumps(SETTINGS)}))
-        if (localStorage.getItem(k) === null) localStorage.setItem(k, JSON.stringify(v));""")
-    return context
+    return bh.standalone_context(browser, SETTINGS, theme)
 
 
 @pytest.fixture(scope="module")
@@ -46,11 +42,7 @@ def page_and_log(playwright_browser, standalone_fleet):
 
 
 def drop(page, name: str, graph: dict) -> None:
-    """A real drop event carrying a File, as the browser makes it when a user drops a file."""
-    transfer = page.evaluate_handle("""([name, text]) => { const dt = new DataTransfer();
-        dt.items.add(new File([text], name, {type: 'application/json'})); return dt; }""", [name, json.dumps(graph)])
-    page.dispatch_event("[data-xpufleet=drop-zone]", "drop", {"dataTransfer": transfer})
-    page.locator("[data-xpufleet=graph-loaded]", has_text=name).wait_for(timeout=WAIT_MS)
+    bh.drop_graph(page, name, graph)
 
 
 def wait_capsule(page, condition: str) -> dict:
@@ -245,7 +237,9 @@ def test_workers_panel_drain_remove_with_confirmation_and_add_worker(page_and_lo
     spare_card = panel.locator("[data-worker=spare-box]")
     spare_card.locator("[data-xpufleet=remove]").click()
     armed = spare_card.locator("[data-xpufleet=remove][data-armed=true]")
-    assert "Click again to remove spare-box: revokes its credential, disconnects it" in armed.inner_text(timeout=WAIT_MS)
+    confirm = standalone_fleet.call("GET", "/api/workers/spare-box")["confirm"]["remove"]  # the server's words
+    assert armed.inner_text(timeout=WAIT_MS) == f"Click again: {confirm}"
+    assert confirm.startswith("Remove spare-box: revoke its credential and disconnect it")
     page.screenshot(path=str(screenshots / "standalone-workers-remove-confirm.png"))
     assert {w["name"] for w in standalone_fleet.call("GET", "/api/workers")["workers"]} >= {"spare-box"}
     armed.click()
@@ -254,6 +248,9 @@ def test_workers_panel_drain_remove_with_confirmation_and_add_worker(page_and_lo
     assert "spare-box" not in {w["name"] for w in standalone_fleet.call("GET", "/api/workers")["workers"]}
     # add worker: the same-machine command, and a join command for another machine
     page.click("[data-xpufleet=add-worker-button]")
+    # this server listens on 127.0.0.1 only: "Add worker" opens on "via SSH" (the server says so)
+    page.locator("[data-xpufleet=add-ssh] [data-xpufleet=ssh-form]").wait_for(timeout=WAIT_MS)
+    page.click("[data-xpufleet=add-tab-join]")
     page.click("[data-xpufleet=make-join]")
     command = page.locator("[data-xpufleet=join-command]").input_value(timeout=WAIT_MS)
     assert command.startswith(f"xpufleet agent start --server {standalone_fleet.url} --join xfj_")
