@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 
 import browser_harness as bh  # registered by tests/frontend/conftest.py
 import pytest
@@ -137,3 +139,105 @@ def test_add_an_ssh_worker_then_disable_and_enable_it(page_and_log, standalone_f
     # the one expected failed request is the refused add (400): no console error beyond it
     assert [f for f in log.failed if "/api/workers/ssh" not in f] == []
     assert [e for e in log.errors if "400" not in e] == []
+
+
+def one_shot_agent(fleet, label: str, *args: str) -> subprocess.Popen:
+    """``xpufleet agent start --foreground --one-shot ARGS`` as a child (the test ends it by its PID)."""
+    with open(fleet.home / f"test-agent-{label}.log", "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "xpufleet.server", "agent", "start", "--foreground", "--one-shot",
+                                 "--simulate", "cuda:0=8", *args], env=fleet.env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+
+
+def end(agent: subprocess.Popen) -> None:
+    if agent.poll() is None:
+        agent.kill()
+        agent.wait(10)
+
+
+def submit_from_dialog(page, dialog) -> tuple[dict, str]:
+    """Click Queue: the options sent and the new run's id, once the dialog closed (a rejection fails with
+    the server's text)."""
+    with page.expect_response(lambda r: r.url.endswith("/api/runs") and r.request.method == "POST") as answer:
+        dialog.locator("[data-xpufleet=queue-submit]").click()
+    page.wait_for_function("""() => { const d = document.querySelector('[data-xpufleet=queue-dialog]');
+        return !d || d.querySelector('[data-xpufleet=queue-error]').innerText.trim(); }""", timeout=WAIT_MS)
+    assert dialog.count() == 0, dialog.locator("[data-xpufleet=queue-error]").inner_text()
+    return json.loads(answer.value.request.post_data)["options"], answer.value.json()["run_id"]
+
+
+def test_queue_on_a_one_shot_pool_and_a_one_shot_worker(page_and_log, standalone_fleet, screenshots):
+    page, log = page_and_log
+    created = standalone_fleet.call("POST", "/api/pools", {"name": "burst"})
+    token = created["command"].split("--join ")[1].split()[0]
+    graph = bh.sidecar_harness.iris_graph(1)
+    bh.drop_graph(page, "iris.json", graph)
+    page.click("[data-xpufleet=queue-on]")
+    dialog = page.locator("[data-xpufleet=queue-dialog]")
+    record = dialog.get_by_label("Record node outputs")
+    keep, upload = dialog.locator("[data-record=keep]"), dialog.locator("[data-record=upload]")
+    # on a worker, true (kept there) is a choice
+    dialog.locator("[data-target='worker:gpu-box']").check(timeout=WAIT_MS)
+    record.select_option("keep")
+    assert keep.is_enabled() and upload.is_enabled()
+    # the pool: listed from GET /api/workers's pools with its counts; the server refuses recording there
+    pool = dialog.locator("[data-target='pool:burst']")
+    label = dialog.locator("[data-xpufleet=targets] [data-status=pool]")
+    assert "burst — one-shot pool — 0 idle, 0 busy, 0 queued" in label.inner_text()
+    assert "no idle instance: the run waits until one joins" in label.inner_text()
+    pool.check()
+    assert record.input_value() == ""
+    assert keep.is_disabled() and "refused on a one-shot target" in keep.inner_text()
+    assert upload.is_disabled() and "refused for a one-shot pool" in upload.inner_text()
+    assert "the server refuses recorded outputs for a pool target" in dialog.locator("[data-xpufleet=record-note]").inner_text()
+    for mode in (True, "upload"):  # what the dialog tells is the server's rule
+        words = refusal(standalone_fleet, "POST", "/api/runs",
+                        {"graph": graph, "options": {"record_outputs": mode, "target": {"pool": "burst"}}})
+        assert words.startswith("options.record_outputs is off for a one-shot pool (options.target.pool)")
+    dialog.locator("[data-xpufleet=budget][data-source]").wait_for(timeout=WAIT_MS)  # the suggestion is in
+    dialog.get_by_label("GiB per card").fill("1")  # typed, then cleared: the user's (empty) field
+    dialog.get_by_label("GiB per card").fill("")  # no budget: the pool's cards are not known before one joins
+    page.screenshot(path=str(screenshots / "remote-queue-on-pool.png"))
+    options, run_id = submit_from_dialog(page, dialog)
+    assert options["target"] == {"pool": "burst"} and "record_outputs" not in options
+    row = page.locator(f"[data-xpufleet=runs-panel] [data-run-id='{run_id}']")
+    assert "pool burst" in row.locator("[data-xpufleet=waiting]").inner_text(timeout=WAIT_MS)
+    # an instance joins with the pool's credential, takes the run and exits
+    agent = one_shot_agent(standalone_fleet, "burst", "--join", token)
+    try:
+        run = standalone_fleet.sidecar.finish(run_id)
+        assert run["status"] == "succeeded" and run["target"] == "pool:burst", run
+        assert agent.wait(timeout=bh.WAIT_S) == 0
+    finally:
+        end(agent)
+    row.locator("[data-xpufleet=waiting]").wait_for(state="detached", timeout=WAIT_MS)
+    page.screenshot(path=str(screenshots / "remote-pool-run-done.png"))
+
+    # a one-shot worker of this machine: true is refused (the dialog offers upload), upload is kept here
+    solo = one_shot_agent(standalone_fleet, "solo", "--name", "solo")
+    try:
+        standalone_fleet.wait_worker("solo", "Online")
+        words = refusal(standalone_fleet, "POST", "/api/runs",
+                        {"graph": graph, "options": {"record_outputs": True, "target": {"worker": "solo"}}})
+        assert words.startswith("options.record_outputs is off for a one-shot worker")
+        page.click("[data-xpufleet=queue-on]")
+        dialog.locator("[data-target='worker:gpu-box']").check(timeout=WAIT_MS)
+        record.select_option("keep")
+        dialog.locator("[data-target='worker:solo']").check()
+        assert record.input_value() == "upload"
+        assert keep.is_disabled() and upload.is_enabled()
+        assert "Choose upload to have them copied to this server" in dialog.locator("[data-xpufleet=record-note]").inner_text()
+        dialog.locator("[data-xpufleet=budget][data-source]").wait_for(timeout=WAIT_MS)
+        dialog.get_by_label("GiB per card").fill("1")
+        dialog.get_by_label("GiB per card").fill("")  # a run without a budget (the card is exclusive)
+        page.screenshot(path=str(screenshots / "remote-queue-on-one-shot-worker.png"))
+        options, run_id = submit_from_dialog(page, dialog)
+        assert options["target"] == {"worker": "solo"} and options["record_outputs"] == "upload"
+        run = standalone_fleet.sidecar.finish(run_id)
+        assert run["status"] == "succeeded" and run["worker_id"] == "solo", run
+        assert solo.wait(timeout=bh.WAIT_S) == 0  # one run, then it exits
+    finally:
+        end(solo)
+    outputs = standalone_fleet.call("GET", f"/api/runs/{run_id}/outputs")  # uploaded: they outlive the worker
+    assert outputs["nodes"], outputs
+    assert [f for f in log.failed if "/api/workers/ssh" not in f] == []

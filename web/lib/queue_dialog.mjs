@@ -1,13 +1,13 @@
 // The Queue on... dialog (seed 000, "排入佇列..."): sends the current graph as a queued run (the same
-// POST /api/runs as `xpufleet run`) to this server, a worker's cards or any free worker, with the
-// memory budget the server suggests (POST /api/estimates). The server decides everything; a rejection
-// shows here.
+// POST /api/runs as `xpufleet run`) to this server, a worker's cards, any free worker or a one-shot
+// pool (`pools` of GET /api/workers; options.target.pool), with the memory budget the server suggests
+// (POST /api/estimates). The server decides everything (which workers are `selectable`, what it
+// refuses); a rejection shows here.
 import { ApiFailure } from "./api.mjs";
 import { field, h, nextId, replace } from "./dom.mjs";
 import { gib } from "./format.mjs";
 import { t } from "./i18n.mjs";
 
-const SELECTABLE = new Set(["Online", "Degraded", "Disconnected"]); // offline: the run waits for it
 const KINDS = [["", "queue.kind_auto"], ["cuda", "queue.kind_cuda"], ["cpu", "queue.kind_cpu"], ["mps", "queue.kind_mps"]];
 
 let openDialog = null;
@@ -36,6 +36,7 @@ class QueueDialog {
     this.openRuns = openRuns;
     this.openWorkers = openWorkers;
     this.workers = [];
+    this.pools = [];
     this.local = ["cpu"];
     this.estimate = null;
     this.estimateError = null;
@@ -57,6 +58,7 @@ class QueueDialog {
       this.getGraph(), this.fleet.workers(), this.getLocalDevices()]);
     this.graph = graph.status === "fulfilled" ? graph.value : { prompt: null, name: "", problem: String(graph.reason?.message || graph.reason) };
     this.workers = workers.status === "fulfilled" ? (workers.value.workers || []) : [];
+    this.pools = workers.status === "fulfilled" ? (workers.value.pools || []) : [];
     this.workersError = workers.status === "rejected" ? workers.reason : null;
     if (local.status === "fulfilled" && local.value?.length) this.local = local.value;
     this.build();
@@ -87,7 +89,7 @@ class QueueDialog {
     this.targetInputs[0].checked = true;
     for (const w of this.workers) {
       const devs = (w.devices || []).map((d) => d.name + (d.simulated ? "*" : "")).join(", ");
-      const selectable = SELECTABLE.has(w.status);
+      const selectable = w.selectable !== false; // the server's rule (Disabled, Draining: listed, not chosen)
       const why = selectable ? (w.status === "Disconnected" ? t("queue.waits_for_it") : "")
         : t("queue.not_selectable", { status: t(`status.${w.status}`) });
       this.targetInputs.push(addTarget(`worker:${w.name}`,
@@ -97,14 +99,25 @@ class QueueDialog {
     if (this.workers.some((w) => w.connected && !w.drained)) {
       this.targetInputs.push(addTarget("any", t("queue.any")));
     }
-    const noWorkers = this.workers.length ? null : h("div", { class: "xf-note", dataset: { xpufleet: "no-workers" } },
+    for (const p of this.pools) {
+      const counts = t("queue.pool_counts", { idle: p.idle ?? 0, busy: p.busy ?? 0, queued: p.queued ?? 0 });
+      this.targetInputs.push(addTarget(`pool:${p.name}`, `${p.name} — ${t("queue.pool")} — ${counts}`,
+        { note: p.revoked ? t("queue.pool_revoked") : (p.idle ? "" : t("queue.pool_waits")), status: "pool" }));
+    }
+    const noWorkers = this.workers.length || this.pools.length ? null : h("div", { class: "xf-note", dataset: { xpufleet: "no-workers" } },
       this.workersError ? `${t("queue.workers_unavailable")}: ${this.workersError.message}` : t("queue.no_workers"), " ",
       h("button", { type: "button", class: "xf-link", onclick: () => { this.close(); this.openWorkers(); } }, t("queue.open_workers")));
     this.devicesBox = h("fieldset", { class: "xf-devices" });
     this.nameInput = h("input", { type: "text", value: this.graph.name || "", maxlength: "200", autocomplete: "off" });
     this.seedInput = h("input", { type: "number", min: "0", step: "1", placeholder: t("queue.seed_none") });
     this.detInput = h("input", { type: "checkbox", id: nextId("xf-det") });
-    this.recInput = h("input", { type: "checkbox", id: nextId("xf-rec") });
+    // record_outputs: off, true (kept where the run runs), "upload" (copied to this server at the end)
+    this.recOptions = {
+      off: h("option", { value: "" }, t("queue.record_off")),
+      keep: h("option", { value: "keep", dataset: { record: "keep" } }, t("queue.record_keep")),
+      upload: h("option", { value: "upload", dataset: { record: "upload" } }, t("queue.record_upload")),
+    };
+    this.recInput = h("select", { dataset: { xpufleet: "record-outputs" } }, Object.values(this.recOptions));
     this.recNote = h("div", { class: "xf-hint" });
     this.budgetInput = h("input", { type: "number", min: "0", step: "any", placeholder: t("queue.budget_none"),
       oninput: () => { this.budgetTouched = true; } });
@@ -123,7 +136,7 @@ class QueueDialog {
         field(t("queue.name"), this.nameInput),
         field(t("queue.seed"), this.seedInput)),
       h("div", { class: "xf-choice" }, this.detInput, h("label", { for: this.detInput.id }, t("queue.deterministic"))),
-      h("div", { class: "xf-choice" }, this.recInput, h("label", { for: this.recInput.id }, t("queue.record_outputs"))),
+      field(t("queue.record_outputs"), this.recInput),
       this.recNote,
       h("fieldset", { class: "xf-budget-box" }, h("legend", {}, t("queue.budget")),
         field(t("queue.budget_field"), this.budgetInput), this.budgetBox,
@@ -140,6 +153,10 @@ class QueueDialog {
     const input = this.targetInputs.find((i) => i.checked) || this.targetInputs[0];
     const v = input.value;
     if (v === "local" || v === "any") return { kind: v };
+    if (v.startsWith("pool:")) {
+      const name = v.slice("pool:".length);
+      return { kind: "pool", name, pool: this.pools.find((p) => p.name === name) };
+    }
     const name = v.slice("worker:".length);
     return { kind: "worker", name, worker: this.workers.find((w) => w.name === name) };
   }
@@ -155,9 +172,10 @@ class QueueDialog {
         h("option", { value: "" }, t("queue.device_graph")),
         this.local.map((d) => h("option", { value: d }, d)));
       replace(box, h("legend", {}, t("queue.devices")), field(t("queue.one_device"), this.deviceSelect));
-    } else if (target.kind === "any") {
+    } else if (target.kind === "any" || target.kind === "pool") {
       this.kindSelect = h("select", { dataset: { xpufleet: "any-kind" } }, KINDS.map(([v, k]) => h("option", { value: v }, t(k))));
-      replace(box, h("legend", {}, t("queue.devices")), field(t("queue.kind"), this.kindSelect, t("queue.first_free")));
+      replace(box, h("legend", {}, t("queue.devices")), field(t("queue.kind"), this.kindSelect,
+        target.kind === "pool" ? t("queue.pool_hint") : t("queue.first_free")));
     } else {
       const w = target.worker;
       const rows = (w?.devices || []).map((d) => {
@@ -174,9 +192,29 @@ class QueueDialog {
       replace(box, h("legend", {}, t("queue.devices")), rows.length ? rows : h("div", { class: "xf-hint" }, t("queue.no_devices")),
         h("div", { class: "xf-hint" }, t("queue.first_free")));
     }
-    // recorded outputs stay on the worker (SPEC W5): say so there
-    replace(this.recNote, target.kind === "local" ? "" : t("queue.record_note_worker"));
+    this.recordChanged(target);
     this.devicesChanged();
+  }
+
+  /** Recorded outputs stay on the worker (SPEC W5). A one-shot agent exits when its run ends, so the
+   * server refuses `true` on a one-shot worker (it takes "upload") and any recording on a pool target:
+   * the dialog says so beside the choices it would refuse (the server still decides). */
+  recordChanged(target) {
+    const pool = target.kind === "pool";
+    const oneShot = pool || Boolean(target.worker?.one_shot);
+    const { keep, upload } = this.recOptions;
+    keep.disabled = oneShot;
+    keep.textContent = oneShot ? `${t("queue.record_keep")} — ${t("queue.record_refused_one_shot")}` : t("queue.record_keep");
+    upload.disabled = pool;
+    upload.textContent = pool ? `${t("queue.record_upload")} — ${t("queue.record_refused_pool")}` : t("queue.record_upload");
+    if (pool) this.recInput.value = "";
+    else if (oneShot && this.recInput.value === "keep") this.recInput.value = "upload";
+    let note = "";
+    if (pool) note = t("queue.record_note_pool");
+    else if (oneShot) note = t("queue.record_note_one_shot");
+    else if (target.kind !== "local") note = t("queue.record_note_worker");
+    this.recNote.dataset.xpufleet = "record-note";
+    replace(this.recNote, note);
   }
 
   devicesChanged() {
@@ -201,6 +239,9 @@ class QueueDialog {
       if (this.deviceSelect?.value) options.device = this.deviceSelect.value;
     } else if (target.kind === "any") {
       tgt.worker = "any";
+      if (this.kindSelect?.value) options.device = this.kindSelect.value;
+    } else if (target.kind === "pool") {
+      tgt.pool = target.name;
       if (this.kindSelect?.value) options.device = this.kindSelect.value;
     } else {
       tgt.worker = target.name;
@@ -263,7 +304,7 @@ class QueueDialog {
     if (this.nameInput.value.trim()) options.name = this.nameInput.value.trim();
     if (this.seedInput.value !== "") options.seed = Number(this.seedInput.value);
     if (this.detInput.checked) options.deterministic = true;
-    if (this.recInput.checked) options.record_outputs = true;
+    if (this.recInput.value) options.record_outputs = this.recInput.value === "upload" ? "upload" : true;
     const budget = this.budgetInput.value === "" ? null : Number(this.budgetInput.value);
     const e = this.estimate;
     if (budget !== null) {
