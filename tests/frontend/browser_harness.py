@@ -183,6 +183,25 @@ def _path(url: str) -> str:
     return parts.path + (f"?{parts.query}" if parts.query else "") if parts.scheme else url
 
 
+# --- the standalone page --------------------------------------------------------------------------
+
+
+def standalone_context(browser: Any, settings: dict[str, Any], theme: str = "dark") -> Any:
+    """A browser context whose localStorage holds ``settings`` (the same ids as inside ComfyUI)."""
+    context = browser.new_context(viewport={"width": 1400, "height": 950}, color_scheme=theme)
+    context.add_init_script(f"""for (const [k, v] of Object.entries({json.dumps(settings)}))
+        if (localStorage.getItem(k) === null) localStorage.setItem(k, JSON.stringify(v));""")
+    return context
+
+
+def drop_graph(page: Any, name: str, graph: dict[str, Any]) -> None:
+    """A real drop event carrying a File, as the browser makes it when a user drops a file."""
+    transfer = page.evaluate_handle("""([name, text]) => { const dt = new DataTransfer();
+        dt.items.add(new File([text], name, {type: 'application/json'})); return dt; }""", [name, json.dumps(graph)])
+    page.dispatch_event("[data-xpufleet=drop-zone]", "drop", {"dataTransfer": transfer})
+    page.locator("[data-xpufleet=graph-loaded]", has_text=name).wait_for(timeout=WAIT_S * 1000)
+
+
 # --- ComfyUI pages ----------------------------------------------------------------------------------
 
 APP_READY = "() => window.app && window.app.graph && document.querySelector('.comfyui-queue-button')"

@@ -230,7 +230,4 @@ def test_no_console_error_beyond_comfyuis_own_baseline(session, playwright_brows
         page.wait_for_timeout(3000)  # the same seconds of idle page as the plugin's capsule refresh
     finally:
         context.close()
-    # POST /api/estimates is being built on another branch: until the sidecar has the route, its 404 is
-    # the one expected error (the dialog says so); once the route exists, nothing is allowed.
-    allowed = () if comfy_fleet.has_route("post", "/api/estimates") else ("/xpufleet/api/estimates",)
-    assert log.beyond(baseline, allowed) == [], (log.errors, baseline.errors)
+    assert log.beyond(baseline) == [], (log.errors, baseline.errors)

@@ -9,6 +9,7 @@ import json
 import browser_harness as bh  # registered by tests/frontend/conftest.py
 import pytest
 
+from xpufleet.server.cli.client import ApiError
 from xpufleet.server.devices import set_simulated_free
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
@@ -24,11 +25,7 @@ def model_graph(name: str) -> dict:
 
 
 def new_context(browser, theme: str = "dark"):
-    context = browser.new_context(viewport={"width": 1400, "height": 950}, color_scheme=theme)
-    # the page's settings live in the browser (localStorage), the same ids as inside ComfyUI
-    context.add_init_script(f"""for (const [k, v] of Object.entries({json.dumps(SETTINGS)}))
-        if (localStorage.getItem(k) === null) localStorage.setItem(k, JSON.stringify(v));""")
-    return context
+    return bh.standalone_context(browser, SETTINGS, theme)
 
 
 @pytest.fixture(scope="module")
@@ -45,11 +42,7 @@ def page_and_log(playwright_browser, standalone_fleet):
 
 
 def drop(page, name: str, graph: dict) -> None:
-    """A real drop event carrying a File, as the browser makes it when a user drops a file."""
-    transfer = page.evaluate_handle("""([name, text]) => { const dt = new DataTransfer();
-        dt.items.add(new File([text], name, {type: 'application/json'})); return dt; }""", [name, json.dumps(graph)])
-    page.dispatch_event("[data-xpufleet=drop-zone]", "drop", {"dataTransfer": transfer})
-    page.locator("[data-xpufleet=graph-loaded]", has_text=name).wait_for(timeout=WAIT_MS)
+    bh.drop_graph(page, name, graph)
 
 
 def wait_capsule(page, condition: str) -> dict:
@@ -183,7 +176,9 @@ def test_runs_panel_shows_waiting_reasons_budget_sources_and_warnings(page_and_l
 
 
 def test_a_server_rejection_shows_in_the_dialog(playwright_browser, standalone_fleet):
-    """On a page of its own: the rejection is a 400, which the browser logs as a failed request."""
+    """On a page of its own: the rejection is a 400, which the browser logs as a failed request. The
+    dialog lets a budget be typed for this server's own device; the server refuses it (memory admission is
+    off for its cards), and the dialog shows the server's own words, whatever they are."""
     context = new_context(playwright_browser)
     try:
         page = context.new_page()
@@ -191,12 +186,23 @@ def test_a_server_rejection_shows_in_the_dialog(playwright_browser, standalone_f
         drop(page, "iris.json", bh.sidecar_harness.iris_graph(1))
         page.click("[data-xpufleet=queue-on]")
         dialog = page.locator("[data-xpufleet=queue-dialog]")
-        dialog.locator("[data-target='worker:gpu-box']").check(timeout=WAIT_MS)
-        dialog.get_by_label("Record node outputs").check()
-        dialog.locator("[data-xpufleet=queue-submit]").click()
+        dialog.locator("[data-target=local]").check(timeout=WAIT_MS)
+        dialog.get_by_label("GiB per card").fill("2")
+        before = standalone_fleet.call("GET", "/api/runs")["total"]
+        with page.expect_request(lambda r: r.url.endswith("/api/runs") and r.method == "POST") as sent:
+            dialog.locator("[data-xpufleet=queue-submit]").click()
+        body = json.loads(sent.value.post_data)
+        assert body["options"]["target"] == {"worker": "local", "memory_gib": 2}
+        with pytest.raises(ApiError) as refused:  # the same body, straight to the server
+            standalone_fleet.call("POST", "/api/runs", body)
+        assert refused.value.status == 400
+        words = refused.value.message
+        assert words.startswith("options.target.memory_gib on a run this server may run on its own ")
         error = dialog.locator("[data-xpufleet=queue-error]")
-        error.filter(has_text="record_outputs is not available yet").wait_for(timeout=WAIT_MS)
+        error.filter(has_text=words).wait_for(timeout=WAIT_MS)
+        assert error.inner_text().strip() == words
         assert dialog.is_visible() and dialog.locator("[data-xpufleet=queue-submit]").is_enabled()
+        assert standalone_fleet.call("GET", "/api/runs")["total"] == before  # nothing was queued
     finally:
         context.close()
 
@@ -231,7 +237,9 @@ def test_workers_panel_drain_remove_with_confirmation_and_add_worker(page_and_lo
     spare_card = panel.locator("[data-worker=spare-box]")
     spare_card.locator("[data-xpufleet=remove]").click()
     armed = spare_card.locator("[data-xpufleet=remove][data-armed=true]")
-    assert "Click again to remove spare-box: revokes its credential, disconnects it" in armed.inner_text(timeout=WAIT_MS)
+    confirm = standalone_fleet.call("GET", "/api/workers/spare-box")["confirm"]["remove"]  # the server's words
+    assert armed.inner_text(timeout=WAIT_MS) == f"Click again: {confirm}"
+    assert confirm.startswith("Remove spare-box: revoke its credential and disconnect it")
     page.screenshot(path=str(screenshots / "standalone-workers-remove-confirm.png"))
     assert {w["name"] for w in standalone_fleet.call("GET", "/api/workers")["workers"]} >= {"spare-box"}
     armed.click()
@@ -240,6 +248,9 @@ def test_workers_panel_drain_remove_with_confirmation_and_add_worker(page_and_lo
     assert "spare-box" not in {w["name"] for w in standalone_fleet.call("GET", "/api/workers")["workers"]}
     # add worker: the same-machine command, and a join command for another machine
     page.click("[data-xpufleet=add-worker-button]")
+    # this server listens on 127.0.0.1 only: "Add worker" opens on "via SSH" (the server says so)
+    page.locator("[data-xpufleet=add-ssh] [data-xpufleet=ssh-form]").wait_for(timeout=WAIT_MS)
+    page.click("[data-xpufleet=add-tab-join]")
     page.click("[data-xpufleet=make-join]")
     command = page.locator("[data-xpufleet=join-command]").input_value(timeout=WAIT_MS)
     assert command.startswith(f"xpufleet agent start --server {standalone_fleet.url} --join xfj_")
@@ -247,35 +258,34 @@ def test_workers_panel_drain_remove_with_confirmation_and_add_worker(page_and_lo
     page.screenshot(path=str(screenshots / "standalone-add-worker.png"))
 
 
-ESTIMATE = {"source": "estimate", "budget_gib": 3.2, "total_gib": 3.2, "rough": False, "reasons": [],
-            "from_run": None, "n_cards": 1, "items": [
-                {"name": "weights", "gib": 0.01, "label": "weights (MLP)"},
-                {"name": "activations", "gib": 0.4, "label": "a training step's activations"},
-                {"name": "allocator", "gib": 0.08, "label": "+20% allocator"},
-                {"name": "cuda_libraries", "gib": 0.125, "label": "CUDA libraries"}]}
 MEASURED = {"source": "measured", "budget_gib": 1.5, "total_gib": 1.5, "rough": False, "reasons": [],
             "from_run": "abcdef0123456789", "n_cards": 1, "items": [
                 {"name": "measured_peak", "gib": 1.25, "label": "peak of run abcdef01 on 1 card"},
                 {"name": "headroom", "gib": 0.25, "label": "+20%"}]}
 
 
-@pytest.mark.parametrize(("answer", "typed", "expected"), [
-    (ESTIMATE, None, (3.2, "estimate")),  # an unchanged estimate goes as one
-    (MEASURED, None, (None, None)),  # an unchanged measured figure is the server's own default: not sent
-    (ESTIMATE, "5", (5.0, "user")),  # a typed figure is the user's
+@pytest.mark.parametrize(("faked", "typed", "expected_source"), [
+    (None, None, "estimate"),  # the server's unchanged estimate goes as one
+    (None, "5", "user"),  # a typed figure is the user's
+    (MEASURED, None, None),  # an unchanged measured figure is the server's own default: not sent
 ])
-def test_the_budget_field_from_the_estimate_answer(playwright_browser, standalone_fleet, answer, typed, expected):
-    """POST /api/estimates is being built on the budgets branch: until it lands, this test answers it in
-    the browser with the shape that branch returns (server/ledger/budget.py's Suggestion), to check what
-    the dialog shows and sends. The run itself is a real one on the real sidecar."""
+def test_the_budget_field_from_the_estimate_answer(playwright_browser, standalone_fleet, faked, typed, expected_source):
+    """The dialog asks the real POST /api/estimates and shows what it answers. The measured case alone is
+    answered in the browser: the server answers "measured" only after a run's CUDA peak, and this machine's
+    simulated cards report tensor bytes, which are never a measured peak (server/run/memory.py). The run
+    itself is a real one on the real sidecar in every case."""
     context = new_context(playwright_browser)
     asked = []
 
     def estimates(route):
         asked.append(json.loads(route.request.post_data))
-        route.fulfill(status=200, content_type="application/json", body=json.dumps(answer))
+        route.fulfill(status=200, content_type="application/json", body=json.dumps(faked))
 
-    context.route("**/api/estimates", estimates)
+    if faked is not None:
+        context.route("**/api/estimates", estimates)
+    else:
+        context.on("request", lambda r: asked.append(json.loads(r.post_data))
+                   if r.method == "POST" and r.url.endswith("/api/estimates") else None)
     try:
         page = context.new_page()
         page.goto(standalone_fleet.login_url())
@@ -284,14 +294,18 @@ def test_the_budget_field_from_the_estimate_answer(playwright_browser, standalon
         page.click("[data-xpufleet=queue-on]")
         dialog = page.locator("[data-xpufleet=queue-dialog]")
         dialog.locator("[data-target='worker:gpu-box']").check(timeout=WAIT_MS)
-        box = dialog.locator(f"[data-xpufleet=budget][data-source={answer['source']}]")
+        box = dialog.locator("[data-xpufleet=budget][data-source]")
         box.wait_for(timeout=WAIT_MS)
+        assert asked[-1]["graph"] == graph and asked[-1]["options"]["target"]["worker"] == "gpu-box"
+        # what the server answers to the dialog's own question
+        answer = faked or standalone_fleet.call("POST", "/api/estimates", asked[-1])
+        assert box.get_attribute("data-source") == answer["source"]
+        assert answer["source"] in ("estimate", "measured") and answer["budget_gib"], answer  # the iris MLP's estimate
         field = dialog.get_by_label("GiB per card")
         assert field.input_value() == str(answer["budget_gib"])
         for item in answer["items"]:
-            assert item["label"] in box.inner_text()
-        assert ("Estimate (est.)" if answer is ESTIMATE else "Measured: the peak of run abcdef01") in box.inner_text()
-        assert asked[-1]["graph"] == graph and asked[-1]["options"]["target"]["worker"] == "gpu-box"
+            assert (item.get("label") or item["name"]) in box.inner_text()
+        assert ("Estimate (est.)" if answer["source"] == "estimate" else "Measured: the peak of run abcdef01") in box.inner_text()
         if typed is not None:
             field.fill(typed)
         dialog.locator("[data-xpufleet=queue-submit]").click()
@@ -299,8 +313,9 @@ def test_the_budget_field_from_the_estimate_answer(playwright_browser, standalon
         row = page.locator("[data-xpufleet=runs-panel] .xf-run-row.xf-selected")
         row.wait_for(timeout=WAIT_MS)
         run = standalone_fleet.sidecar.finish(row.get_attribute("data-run-id"))
-        assert (run["budget_gib"], run["budget_source"]) == expected
-        if expected[1] == "estimate":
+        budget = {"estimate": answer["budget_gib"], "user": float(typed or 0), None: None}[expected_source]
+        assert (run["budget_gib"], run["budget_source"]) == (budget, expected_source)
+        if expected_source == "estimate":
             page.locator(f"[data-run-id='{run['id']}'] [data-xpufleet=budget-col]", has_text="(est.)").wait_for(timeout=WAIT_MS)
     finally:
         context.close()
@@ -343,5 +358,4 @@ def test_chinese_texts_keyboard_tabs_and_labelled_controls(page_and_log):
 
 def test_no_console_error_on_the_standalone_page(page_and_log, standalone_fleet):
     _, log = page_and_log
-    allowed = () if standalone_fleet.has_route("post", "/api/estimates") else ("/api/estimates",)
-    assert log.beyond(bh.ConsoleLog(), allowed) == []
+    assert log.beyond(bh.ConsoleLog()) == []

@@ -99,6 +99,9 @@ export class Fleet {
   undrain(name) { return this.api("POST", `/workers/${enc(name)}/undrain`, {}); }
   removeWorker(name) { return this.api("DELETE", `/workers/${enc(name)}`); }
   reissue(name) { return this.api("POST", `/workers/${enc(name)}/reissue`, {}); }
+  addSsh(body) { return this.api("POST", "/workers/ssh", body); }
+  disable(name) { return this.api("POST", `/workers/${enc(name)}/disable`, {}); }
+  enable(name) { return this.api("POST", `/workers/${enc(name)}/enable`, {}); }
   joinToken(name) { return this.api("POST", "/workers/join-tokens", name ? { name } : {}); }
   setMode(name, device, mode) {
     return this.api("PUT", `/workers/${enc(name)}/devices/${enc(device)}/mode`, { mode });

@@ -1,7 +1,8 @@
 // The Queue on... dialog (seed 000, "排入佇列..."): sends the current graph as a queued run (the same
-// POST /api/runs as `xpufleet run`) to this server, a worker's cards or any free worker, with the
-// memory budget the server suggests (POST /api/estimates). The server decides everything; a rejection
-// shows here.
+// POST /api/runs as `xpufleet run`) to this server, a worker's cards, any free worker or a one-shot
+// pool (`pools` of GET /api/workers; options.target.pool), with the memory budget the server suggests
+// (POST /api/estimates). The server decides everything (which workers are `selectable`, what it
+// refuses); a rejection shows here.
 import { ApiFailure } from "./api.mjs";
 import { field, h, nextId, replace } from "./dom.mjs";
 import { gib } from "./format.mjs";
@@ -34,6 +35,7 @@ class QueueDialog {
     this.openRuns = openRuns;
     this.openWorkers = openWorkers;
     this.workers = [];
+    this.pools = [];
     this.local = ["cpu"];
     this.estimate = null;
     this.estimateError = null;
@@ -55,6 +57,7 @@ class QueueDialog {
       this.getGraph(), this.fleet.workers(), this.getLocalDevices()]);
     this.graph = graph.status === "fulfilled" ? graph.value : { prompt: null, name: "", problem: String(graph.reason?.message || graph.reason) };
     this.workers = workers.status === "fulfilled" ? (workers.value.workers || []) : [];
+    this.pools = workers.status === "fulfilled" ? (workers.value.pools || []) : [];
     this.workersError = workers.status === "rejected" ? workers.reason : null;
     if (local.status === "fulfilled" && local.value?.length) this.local = local.value;
     this.build();
@@ -72,12 +75,18 @@ class QueueDialog {
 
   // --- form ---
   build() {
-    this.picker = new TargetPicker({ workers: this.workers, workersError: this.workersError, local: this.local,
+    this.picker = new TargetPicker({ workers: this.workers, pools: this.pools, workersError: this.workersError, local: this.local,
       onChange: () => this.targetChanged(), openWorkers: () => { this.close(); this.openWorkers(); } });
     this.nameInput = h("input", { type: "text", value: this.graph.name || "", maxlength: "200", autocomplete: "off" });
     this.seedInput = h("input", { type: "number", min: "0", step: "1", placeholder: t("queue.seed_none") });
     this.detInput = h("input", { type: "checkbox", id: nextId("xf-det") });
-    this.recInput = h("input", { type: "checkbox", id: nextId("xf-rec") });
+    // record_outputs: off, true (kept where the run runs), "upload" (copied to this server at the end)
+    this.recOptions = {
+      off: h("option", { value: "" }, t("queue.record_off")),
+      keep: h("option", { value: "keep", dataset: { record: "keep" } }, t("queue.record_keep")),
+      upload: h("option", { value: "upload", dataset: { record: "upload" } }, t("queue.record_upload")),
+    };
+    this.recInput = h("select", { dataset: { xpufleet: "record-outputs" } }, Object.values(this.recOptions));
     this.recNote = h("div", { class: "xf-hint" });
     this.budgetInput = h("input", { type: "number", min: "0", step: "any", placeholder: t("queue.budget_none"),
       oninput: () => { this.budgetTouched = true; } });
@@ -95,7 +104,7 @@ class QueueDialog {
         field(t("queue.name"), this.nameInput),
         field(t("queue.seed"), this.seedInput)),
       h("div", { class: "xf-choice" }, this.detInput, h("label", { for: this.detInput.id }, t("queue.deterministic"))),
-      h("div", { class: "xf-choice" }, this.recInput, h("label", { for: this.recInput.id }, t("queue.record_outputs"))),
+      field(t("queue.record_outputs"), this.recInput),
       this.recNote,
       h("fieldset", { class: "xf-budget-box" }, h("legend", {}, t("queue.budget")),
         field(t("queue.budget_field"), this.budgetInput), this.budgetBox,
@@ -109,9 +118,29 @@ class QueueDialog {
   }
 
   targetChanged() {
-    // recorded outputs stay on the worker (SPEC W5): say so there
-    replace(this.recNote, this.picker.selected().kind === "local" ? "" : t("queue.record_note_worker"));
+    this.recordChanged(this.picker.selected());
     this.loadEstimate();
+  }
+
+  /** Recorded outputs stay on the worker (SPEC W5). A one-shot agent exits when its run ends, so the
+   * server refuses `true` on a one-shot worker (it takes "upload") and any recording on a pool target:
+   * the dialog says so beside the choices it would refuse (the server still decides). */
+  recordChanged(target) {
+    const pool = target.kind === "pool";
+    const oneShot = pool || Boolean(target.worker?.one_shot);
+    const { keep, upload } = this.recOptions;
+    keep.disabled = oneShot;
+    keep.textContent = oneShot ? `${t("queue.record_keep")} — ${t("queue.record_refused_one_shot")}` : t("queue.record_keep");
+    upload.disabled = pool;
+    upload.textContent = pool ? `${t("queue.record_upload")} — ${t("queue.record_refused_pool")}` : t("queue.record_upload");
+    if (pool) this.recInput.value = "";
+    else if (oneShot && this.recInput.value === "keep") this.recInput.value = "upload";
+    let note = "";
+    if (pool) note = t("queue.record_note_pool");
+    else if (oneShot) note = t("queue.record_note_one_shot");
+    else if (target.kind !== "local") note = t("queue.record_note_worker");
+    this.recNote.dataset.xpufleet = "record-note";
+    replace(this.recNote, note);
   }
 
   targetOptions() { return this.picker.choice(); }
@@ -169,7 +198,7 @@ class QueueDialog {
     if (this.nameInput.value.trim()) options.name = this.nameInput.value.trim();
     if (this.seedInput.value !== "") options.seed = Number(this.seedInput.value);
     if (this.detInput.checked) options.deterministic = true;
-    if (this.recInput.checked) options.record_outputs = true;
+    if (this.recInput.value) options.record_outputs = this.recInput.value === "upload" ? "upload" : true;
     const budget = this.budgetInput.value === "" ? null : Number(this.budgetInput.value);
     const e = this.estimate;
     if (budget !== null) {

@@ -1,24 +1,26 @@
 // The target and device picker of Queue on... and New sweep (seed 000): this server (one device), each
-// worker with its status and devices (cards of one kind, each with its in-run name), or any free
-// worker by device kind. It turns the choice into POST /api/runs options; the server decides the rest.
+// worker with its status and devices (cards of one kind, each with its in-run name), any free worker
+// by device kind, or a one-shot pool (SPEC W8). It turns the choice into POST /api/runs options; the
+// server decides the rest (which workers are `selectable`, what it refuses).
 import { field, h, nextId, replace } from "./dom.mjs";
 import { gib } from "./format.mjs";
 import { t } from "./i18n.mjs";
 
-const SELECTABLE = new Set(["Online", "Degraded", "Disconnected"]); // offline: the run waits for it
 const KINDS = [["", "queue.kind_auto"], ["cuda", "queue.kind_cuda"], ["cpu", "queue.kind_cpu"], ["mps", "queue.kind_mps"]];
 
 export class TargetPicker {
   /**
    * @param {object} o
    * @param {object[]} o.workers        GET /api/workers's workers
+   * @param {object[]} [o.pools]        GET /api/workers's pools (one-shot pools as targets)
    * @param {Error|null} o.workersError why they could not be read
    * @param {string[]} o.local          this server's devices
    * @param {() => void} o.onChange     the target or the devices changed
    * @param {() => void} o.openWorkers  the "Open the Workers panel" link
    */
-  constructor({ workers, workersError, local, onChange, openWorkers }) {
+  constructor({ workers, pools, workersError, local, onChange, openWorkers }) {
     this.workers = workers || [];
+    this.pools = pools || [];
     this.workersError = workersError;
     this.local = local?.length ? local : ["cpu"];
     this.onChange = onChange || (() => {});
@@ -43,7 +45,7 @@ export class TargetPicker {
     this.targetInputs[0].checked = true;
     for (const w of this.workers) {
       const devs = (w.devices || []).map((d) => d.name + (d.simulated ? "*" : "")).join(", ");
-      const selectable = SELECTABLE.has(w.status);
+      const selectable = w.selectable !== false; // the server's rule (Disabled, Draining: listed, not chosen)
       const why = selectable ? (w.status === "Disconnected" ? t("queue.waits_for_it") : "")
         : t("queue.not_selectable", { status: t(`status.${w.status}`) });
       this.targetInputs.push(addTarget(`worker:${w.name}`,
@@ -53,7 +55,12 @@ export class TargetPicker {
     if (this.workers.some((w) => w.connected && !w.drained)) {
       this.targetInputs.push(addTarget("any", t("queue.any")));
     }
-    const noWorkers = this.workers.length ? null : h("div", { class: "xf-note", dataset: { xpufleet: "no-workers" } },
+    for (const p of this.pools) {
+      const counts = t("queue.pool_counts", { idle: p.idle ?? 0, busy: p.busy ?? 0, queued: p.queued ?? 0 });
+      this.targetInputs.push(addTarget(`pool:${p.name}`, `${p.name} — ${t("queue.pool")} — ${counts}`,
+        { note: p.revoked ? t("queue.pool_revoked") : (p.idle ? "" : t("queue.pool_waits")), status: "pool" }));
+    }
+    const noWorkers = this.workers.length || this.pools.length ? null : h("div", { class: "xf-note", dataset: { xpufleet: "no-workers" } },
       this.workersError ? `${t("queue.workers_unavailable")}: ${this.workersError.message}` : t("queue.no_workers"), " ",
       h("button", { type: "button", class: "xf-link", onclick: () => this.openWorkers() }, t("queue.open_workers")));
     return h("fieldset", { class: "xf-targets", dataset: { xpufleet: "targets" } }, h("legend", {}, t("queue.target")), targets, noWorkers);
@@ -63,6 +70,10 @@ export class TargetPicker {
     const input = this.targetInputs.find((i) => i.checked) || this.targetInputs[0];
     const v = input.value;
     if (v === "local" || v === "any") return { kind: v };
+    if (v.startsWith("pool:")) {
+      const name = v.slice("pool:".length);
+      return { kind: "pool", name, pool: this.pools.find((p) => p.name === name) };
+    }
     const name = v.slice("worker:".length);
     return { kind: "worker", name, worker: this.workers.find((w) => w.name === name) };
   }
@@ -79,10 +90,11 @@ export class TargetPicker {
         h("option", { value: "" }, t("queue.device_graph")),
         this.local.map((d) => h("option", { value: d }, d)));
       replace(box, h("legend", {}, t("queue.devices")), field(t("queue.one_device"), this.deviceSelect));
-    } else if (target.kind === "any") {
+    } else if (target.kind === "any" || target.kind === "pool") {
       this.kindSelect = h("select", { dataset: { xpufleet: "any-kind" }, onchange: () => this.onChange() },
         KINDS.map(([v, k]) => h("option", { value: v }, t(k))));
-      replace(box, h("legend", {}, t("queue.devices")), field(t("queue.kind"), this.kindSelect, t("queue.first_free")));
+      replace(box, h("legend", {}, t("queue.devices")), field(t("queue.kind"), this.kindSelect,
+        target.kind === "pool" ? t("queue.pool_hint") : t("queue.first_free")));
     } else {
       const w = target.worker;
       const rows = (w?.devices || []).map((d) => {
@@ -115,7 +127,7 @@ export class TargetPicker {
     this.onChange();
   }
 
-  /** The choice as POST /api/runs options: {options: {device?}, target: {worker, devices?}, kind}. */
+  /** The choice as POST /api/runs options: {options: {device?}, target: {worker | pool, devices?}, kind}. */
   choice() {
     const target = this.selected();
     const options = {};
@@ -125,6 +137,9 @@ export class TargetPicker {
       if (this.deviceSelect?.value) options.device = this.deviceSelect.value;
     } else if (target.kind === "any") {
       tgt.worker = "any";
+      if (this.kindSelect?.value) options.device = this.kindSelect.value;
+    } else if (target.kind === "pool") {
+      tgt.pool = target.name;
       if (this.kindSelect?.value) options.device = this.kindSelect.value;
     } else {
       tgt.worker = target.name;

@@ -1,8 +1,10 @@
 // The Workers panel (seed 000, "Workers 面板"): every worker with its status, version, environment,
 // node types, last rejection, heartbeat; each device's memory, slots and mode (memory bars for shared
-// cards); its runs; drain/undrain, remove and reissue (a second click that says what it will do);
-// add worker; rejected connections. Refreshed every 5 s while open. Simulated cards say so.
-import { h, replace, sleep } from "./dom.mjs";
+// cards); its runs; drain/undrain, disable/enable (SSH workers), remove and reissue (a second click
+// that says what it will do: the server's `confirm` texts); add worker ("via SSH" or a join command,
+// opened on the tab the server's `add_worker.default` names); rejected connections. Refreshed every 5 s
+// while open. Simulated cards say so.
+import { field, h, replace, sleep } from "./dom.mjs";
 import { ago, gib, shortId } from "./format.mjs";
 import { t } from "./i18n.mjs";
 
@@ -24,6 +26,9 @@ export class WorkersPanel {
     this.armed = new Map(); // "remove:name" -> timer
     this.joinAnswer = null;
     this.addOpen = false;
+    this.addWorker = null; // the server's {default: "ssh"|"join", reason}
+    this.addTab = null; // the tab the user chose (else the server's default)
+    this.sshAdded = null; // the SSH worker added from the form: its connection state shows there
     this.refreshes = 0;
   }
 
@@ -69,12 +74,17 @@ export class WorkersPanel {
       this.workers = w.workers || [];
       this.rejectedList = r.rejected || [];
       this.error = null;
+      if (w.add_worker && JSON.stringify(w.add_worker) !== JSON.stringify(this.addWorker)) {
+        this.addWorker = w.add_worker;
+        this.renderAdd(); // the default tab is known now (the form keeps what was typed otherwise)
+      }
     } catch (err) {
       if (err?.name === "AbortError") return;
       this.error = err;
     }
     this.refreshes += 1;
     this.render();
+    this.renderSshProgress();
   }
 
   render() {
@@ -114,20 +124,29 @@ export class WorkersPanel {
       : "—";
     const beat = w.connected ? t("workers.heartbeat", { ago: ago(w.heartbeat_age_s) })
       : t("workers.last_seen", { ago: ago(w.last_seen_age_s) });
+    const confirm = w.confirm || {};
     const actions = [
       h("button", { type: "button", dataset: { xpufleet: w.drained ? "undrain" : "drain" },
         onclick: () => this.act(() => (w.drained ? this.fleet.undrain(w.name) : this.fleet.drain(w.name))) },
         w.drained ? t("workers.undrain") : t("workers.drain")),
     ];
+    if (w.ssh && w.ssh.disabled) {
+      actions.push(h("button", { type: "button", dataset: { xpufleet: "enable" },
+        onclick: () => this.act(() => this.fleet.enable(w.name)) }, t("workers.enable")));
+    } else if (w.ssh && confirm.disable) {
+      actions.push(this.confirmButton(`disable:${w.name}`, t("workers.disable"),
+        t("workers.click_again", { what: confirm.disable }), () => this.act(() => this.fleet.disable(w.name))));
+    }
     if (w.auth === "credential") {
       actions.push(this.confirmButton(`reissue:${w.name}`, t("workers.reissue"),
         t("workers.reissue_confirm", { name: w.name }), () => this.reissue(w.name)));
     }
     const running = (w.runs || []).length;
     actions.push(this.confirmButton(`remove:${w.name}`, t("workers.remove"),
-      t("workers.remove_confirm", { name: w.name, queued: w.queued || 0, running }),
+      confirm.remove ? t("workers.click_again", { what: confirm.remove })
+        : t("workers.remove_confirm", { name: w.name, queued: w.queued || 0, running }),
       () => this.act(() => this.fleet.removeWorker(w.name)), "xf-danger"));
-    return h("article", { class: `xf-worker${w.drained ? " xf-drained" : ""}`, dataset: { worker: w.name, status: w.status },
+    return h("article", { class: `xf-worker${w.drained || w.status === "Disabled" ? " xf-drained" : ""}`, dataset: { worker: w.name, status: w.status },
       "aria-label": `${w.name}: ${t(`status.${w.status}`)}` },
       h("header", { class: "xf-worker-head" },
         h("h3", {}, w.name),
@@ -142,7 +161,9 @@ export class WorkersPanel {
         fact(t("workers.node_types"), ntText),
         fact(t("workers.heartbeat_label"), beat),
         w.last_rejection ? fact(t("workers.last_rejection"), `${w.last_rejection.reason}`) : null,
-        w.mounts ? fact(t("workers.mounts"), Object.keys(w.mounts).join(", ") || "—") : null,
+        w.ssh ? fact(t("workers.ssh"), sshLine(w.ssh)) : null,
+        w.one_shot ? fact(t("workers.one_shot"), w.one_shot_taken ? t("workers.one_shot_taken") : t("workers.one_shot_idle")) : null,
+        (w.mounts || []).length ? fact(t("workers.mounts"), w.mounts.map((m) => `${m.label} (${m.folder})`).join(", ")) : null,
         (w.warnings || []).length ? fact(t("workers.warnings"), w.warnings.join("; ")) : null),
       this.devicesTable(w),
       h("div", { class: "xf-worker-runs" }, h("span", {}, `${t("workers.runs")}: `),
@@ -176,6 +197,7 @@ export class WorkersPanel {
         d.mode === "shared" ? memoryBar(d) : null,
         same ? h("div", { class: "xf-hint" }, t("workers.same_card", { list: same })) : null)) : null];
     });
+    if (!rows.length) return h("div", { class: "xf-hint", dataset: { xpufleet: "no-devices" } }, t("workers.no_devices"));
     return h("table", { class: "xf-devices-table" },
       h("thead", {}, h("tr", {}, [t("workers.device"), t("workers.memory"), t("workers.slots"), t("workers.mode")].map((c) => h("th", { scope: "col" }, c)))),
       h("tbody", {}, rows));
@@ -225,9 +247,24 @@ export class WorkersPanel {
     this.renderAdd();
   }
 
+  addTabNow() {
+    return this.addTab || this.addWorker?.default || "join";
+  }
+
   renderAdd() {
     this.addBox.hidden = !this.addOpen;
     if (!this.addOpen) return;
+    const tab = this.addTabNow();
+    const tabs = [["ssh", t("workers.via_ssh")], ["join", t("workers.via_join")]].map(([key, label]) =>
+      h("button", { type: "button", role: "tab", "aria-selected": String(tab === key), class: "xf-subtab",
+        dataset: { xpufleet: `add-tab-${key}` }, onclick: () => { this.addTab = key; this.renderAdd(); } }, label));
+    const reason = this.addWorker?.reason
+      ? h("div", { class: "xf-hint", dataset: { xpufleet: "add-reason" } }, this.addWorker.reason) : null;
+    replace(this.addBox, h("div", { class: "xf-subtabs", role: "tablist", "aria-label": t("workers.add") }, tabs), reason,
+      h("div", { role: "tabpanel", dataset: { xpufleet: `add-${tab}` } }, tab === "ssh" ? this.sshForm() : this.joinPart()));
+  }
+
+  joinPart() {
     const j = this.joinAnswer;
     let joinPart;
     if (j?.command) {
@@ -244,12 +281,68 @@ export class WorkersPanel {
     } else {
       joinPart = h("button", { type: "button", dataset: { xpufleet: "make-join" }, onclick: () => this.makeJoin() }, t("workers.make_join"));
     }
-    replace(this.addBox,
+    return [
       h("h3", {}, t("workers.same_machine")),
       h("code", { class: "xf-command" }, "xpufleet agent start"),
       h("div", { class: "xf-hint" }, t("workers.same_machine_hint")),
       h("h3", {}, t("workers.other_machine")),
-      joinPart);
+      joinPart];
+  }
+
+  /** "via SSH": POST /api/workers/ssh; the server checks every field and its 400 text shows here. */
+  sshForm() {
+    if (!this.ssh) {
+      const input = (key, attrs = {}) => h("input", { type: "text", autocomplete: "off", dataset: { xpufleet: `ssh-${key}` }, ...attrs });
+      this.ssh = {
+        name: input("name", { required: true, maxlength: "64" }),
+        host: input("host", { required: true, placeholder: "user@host" }),
+        port: input("port", { type: "number", min: "1", max: "65535", step: "1", placeholder: "22" }),
+        identity: input("identity", { placeholder: "~/.ssh/id_ed25519" }),
+        devices: input("devices", { placeholder: "cuda:0,cuda:1" }),
+        error: h("div", { class: "xf-error", role: "alert", dataset: { xpufleet: "ssh-error" } }),
+        progress: h("div", { class: "xf-note", role: "status", "aria-live": "polite", hidden: true, dataset: { xpufleet: "ssh-progress" } }),
+      };
+    }
+    const f = this.ssh;
+    return h("form", { class: "xf-ssh-form", dataset: { xpufleet: "ssh-form" }, onsubmit: (e) => { e.preventDefault(); this.addSsh(); } },
+      h("div", { class: "xf-hint" }, t("workers.ssh_hint")),
+      h("div", { class: "xf-grid" },
+        field(t("workers.ssh_name"), f.name),
+        field(t("workers.ssh_host"), f.host),
+        field(t("workers.ssh_port"), f.port),
+        field(t("workers.ssh_identity"), f.identity, t("workers.ssh_identity_hint")),
+        field(t("workers.ssh_devices"), f.devices, t("workers.ssh_devices_hint"))),
+      f.error,
+      h("div", { class: "xf-actions" }, h("button", { type: "submit", class: "xf-primary", dataset: { xpufleet: "ssh-add" } }, t("workers.ssh_add"))),
+      f.progress);
+  }
+
+  async addSsh() {
+    const f = this.ssh;
+    replace(f.error);
+    const body = { name: f.name.value.trim(), host: f.host.value.trim() };
+    if (f.port.value !== "") body.port = Number(f.port.value);
+    if (f.identity.value.trim()) body.identity = f.identity.value.trim();
+    if (f.devices.value.trim()) body.devices = f.devices.value.trim();
+    try {
+      const w = await this.fleet.addSsh(body);
+      this.sshAdded = w.name;
+      this.workers = [...(this.workers || []).filter((x) => x.name !== w.name), w];
+      this.renderSshProgress();
+      await this.refresh();
+    } catch (err) {
+      replace(f.error, err.message);
+    }
+  }
+
+  /** The added SSH worker's connection as the server reports it (every refresh). */
+  renderSshProgress() {
+    if (!this.ssh || !this.sshAdded) return;
+    const w = (this.workers || []).find((x) => x.name === this.sshAdded);
+    this.ssh.progress.dataset.for = this.sshAdded;
+    this.ssh.progress.hidden = false;
+    replace(this.ssh.progress, w?.ssh ? t("workers.ssh_progress", { name: w.name, state: sshText(w.ssh) })
+      : t("workers.ssh_gone", { name: this.sshAdded }));
   }
 
   async makeJoin() {
@@ -273,6 +366,16 @@ function restoreFocus(root, key) {
   const scope = key.worker ? root.querySelector(`[data-worker="${CSS.escape(key.worker)}"]`) : root;
   const sel = `[data-xpufleet="${CSS.escape(key.what)}"]${key.device ? `[data-device="${CSS.escape(key.device)}"]` : ""}`;
   scope?.querySelector(sel)?.focus();
+}
+
+/** An SSH worker's connection as the server reports it: host, then its state and detail. */
+function sshText(ssh) {
+  const where = `${ssh.host}${ssh.port ? `:${ssh.port}` : ""}`;
+  return `${where} — ${ssh.state || "?"}${ssh.detail ? `: ${ssh.detail}` : ""}`;
+}
+
+function sshLine(ssh) {
+  return h("span", { dataset: { xpufleet: "ssh-state", state: ssh.state || "" } }, sshText(ssh));
 }
 
 function fact(label, value) {
