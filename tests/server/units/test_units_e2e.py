@@ -368,7 +368,16 @@ def test_the_readme_example_trains_serves_and_answers(fleet):
     answer = fleet.cli("services", "infer", "digits", str(examples / "serve_mlp_digits.request.json"))
     assert answer.returncode == 0, answer.stderr
     assert json.loads(answer.stdout)["outputs"] == [1, 4, 8, 6]
-    assert gone(delete(fleet, "digits"))
+    same = fleet.cli("services", "update", "digits", str(examples / "serve_mlp_digits.json"), "--wait")
+    assert same.returncode == 0 and "service digits: the spec is unchanged; nothing to update" in same.stdout, \
+        same.stdout + same.stderr
+    pids = [i["pid"] for u in fleet.service("digits")["units"] for i in u["instances"] if i["pid"]]
+    removed = fleet.cli("services", "delete", "digits", timeout=120)
+    assert removed.returncode == 0 and "service digits deleted (1 unit(s) stopped)" in removed.stdout, \
+        removed.stdout + removed.stderr
+    assert len(pids) == 2 and gone(pids)
+    listed = fleet.cli("services", "list", "--json")
+    assert all(s["name"] != "digits" for s in json.loads(listed.stdout)["services"]), listed.stdout
 
 
 def test_services_survive_a_sidecar_restart(fleet):
