@@ -6,6 +6,14 @@ export function gib(value, digits = 1) {
   return `${Number(value).toFixed(digits)} GiB`;
 }
 
+/** A memory figure that may be tiny (a simulated card's tensor bytes): below 0.01 GiB it is shown in
+ * KiB/MiB, so a real non-zero peak never reads "0.00 GiB". */
+export function memGib(value, digits = 2) {
+  const v = Number(value);
+  if (value === null || value === undefined || Number.isNaN(v)) return "—";
+  return v > 0 && v < 0.01 ? bytes(v * 1024 ** 3) : gib(v, digits);
+}
+
 export function num(value, digits = 3) {
   if (value === null || value === undefined) return "—";
   const v = Number(value);

@@ -185,7 +185,7 @@ const EN = {
   "workers.free": "free",
   "workers.last_reported": "as last reported",
   "workers.slots": "Slots used / limit",
-  "workers.mode": "Runs on it",
+  "workers.mode": "Takes runs",
   "workers.mode_exclusive": "Exclusive",
   "workers.mode_shared": "Shared by memory",
   "workers.mode_label": "How {device} takes runs (exclusive or shared by memory)",

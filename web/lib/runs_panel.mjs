@@ -3,7 +3,7 @@
 // delete, a live loss/accuracy chart, the output log and the artifacts.
 import { MetricsChart } from "./chart.mjs";
 import { h, replace, saveBlob, sleep } from "./dom.mjs";
-import { bytes, duration, gib, shortId, when } from "./format.mjs";
+import { bytes, duration, gib, memGib, shortId, when } from "./format.mjs";
 import { t } from "./i18n.mjs";
 
 const STATUSES = ["queued", "assigned", "running", "succeeded", "failed", "cancelled", "interrupted"];
@@ -25,7 +25,7 @@ export function peakText(run) {
   if (!p) return { head: t("runs.peak_pending"), detail: "" };
   const aliases = run.execution_facts?.device_aliases || {};
   const cards = Object.entries(p.devices || {});
-  const perCard = cards.map(([d, v]) => `${d}${aliases[d] && aliases[d] !== d ? ` (= ${aliases[d]})` : ""}: ${gib(v, 2)}`);
+  const perCard = cards.map(([d, v]) => `${d}${aliases[d] && aliases[d] !== d ? ` (= ${aliases[d]})` : ""}: ${memGib(v)}`);
   // A simulated card's figure is the run's tensor bytes on the CPU: shown with its label, never as a
   // measured CUDA figure (the server says which it is).
   if (!p.measured) {
@@ -220,7 +220,9 @@ export class RunsPanel {
         aliases.length ? ` (${t("runs.in_run")}: ${aliases.join(", ")})` : ""),
       h("div", { class: "xf-kvline" }, `${t("runs.budget")}: ${budgetText(r)}`),
       h("div", { class: "xf-kvline xf-peak", tabindex: "0", title: peak.detail, "aria-label": `${peak.head}. ${peak.detail}`,
-        dataset: { xpufleet: "peak", detail: peak.detail } }, `${t("runs.peak_label")}: ${peak.head}`),
+        dataset: { xpufleet: "peak", detail: peak.detail } }, `${t("runs.peak_label")}: ${peak.head}`,
+        // the per-card figures, shown on hover and on keyboard focus (a title alone never shows on focus)
+        peak.detail ? h("span", { class: "xf-peak-detail", role: "tooltip", dataset: { xpufleet: "peak-detail" } }, peak.detail) : null),
       h("div", { class: "xf-kvline" }, `${t("runs.created")}: ${when(r.created_at)}`,
         r.started_at && r.finished_at ? ` · ${t("runs.took")}: ${duration(r.finished_at - r.started_at)}` : ""),
       r.waiting_reason ? h("div", { class: "xf-waiting" }, r.waiting_reason) : null,
