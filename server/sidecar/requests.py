@@ -29,9 +29,9 @@ from .errors import ApiError
 LOCAL = LOCAL_PROVIDER
 
 
-def not_available(option: str, feature: str) -> str:
+def not_available(option: str, feature: str, instead: str = "leave it out") -> str:
     """The 400 text for an option whose feature is not built yet (SPEC S4: refused, never ignored)."""
-    return f"{option} is not available yet: {feature} is not built in this version; leave it out"
+    return f"{option} is not available yet: {feature} is not built in this version; {instead}"
 
 
 # --- the request (pure) ---------------------------------------------------------------------------

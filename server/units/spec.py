@@ -25,6 +25,7 @@ from typing import Any
 from ...constants import WORKER_NAME_RE
 from ..devices.names import DeviceSpecError, normalize_device
 from ..sidecar.errors import ApiError
+from ..sidecar.requests import not_available
 
 # A DNS-1123 label, so the same name works as a Kubernetes object name (``services export --format lws``).
 SERVICE_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?$")
@@ -195,8 +196,7 @@ def _model_program(raw: Any) -> ModelProgram:
                         "(relative: the worker's outputs folder)")
     split = m.get("split", "pipeline")
     if split == "tensor":
-        raise SpecError("program.model.split 'tensor' is not available yet: tensor-parallel splitting is not built "
-                        "in this version; use 'pipeline'")
+        raise SpecError(not_available("program.model.split 'tensor'", "tensor-parallel splitting", "use 'pipeline'"))
     if split not in SPLITS:
         raise SpecError(f"program.model.split: must be one of {', '.join(SPLITS)}, got {split!r}")
     return ModelProgram(
@@ -250,7 +250,7 @@ def _target(raw: Any) -> tuple[str, str]:
                          ("wait", "memory budgets for service instances"),
                          ("pool", "service instances on one-shot pools")):
         if key in t:
-            raise SpecError(f"target.{key} is not available yet: {feature} is not built in this version; leave it out")
+            raise SpecError(not_available(f"target.{key}", feature))
     worker = t.get("worker", "any")
     if worker == "local":
         raise SpecError("target.worker 'local': service instances run on worker agents; start one on this machine "
