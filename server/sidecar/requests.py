@@ -156,6 +156,12 @@ def check_graph_shape(graph: Any) -> None:
                     continue
             elif kind is int or kind is bool or value is None:
                 continue
+            elif kind is float:
+                if value == value and value not in (_INF, -_INF):
+                    continue
+            elif (kind is list and len(value) == 2 and type(value[0]) is str and type(value[1]) is int
+                  and len(value[0]) <= MAX_GRAPH_STRING_CHARS):
+                continue  # a link [node id, output index]: most of a large graph's non-literal inputs
             stack = [value]
             while stack:  # nested lists/objects of one input (their depth is bounded by the body's)
                 item = stack.pop()

@@ -38,6 +38,10 @@ def test_graph_size_is_limited_with_413():
     ({"1": {"class_type": "XPULoss", "inputs": {"name": "x" * (MAX_GRAPH_STRING_CHARS + 1)}}},
      f"graph['1'].inputs.name: a string of {MAX_GRAPH_STRING_CHARS + 1} characters; at most {MAX_GRAPH_STRING_CHARS}"),
     ({"1": {"class_type": "XPULoss", "inputs": {"name": [["y" * (MAX_GRAPH_STRING_CHARS + 1)]]}}}, "a string of"),
+    # what looks like a link ([id, index]) or a plain float takes a fast path: it still checks the same
+    ({"1": {"class_type": "XPULoss", "inputs": {"m": ["z" * (MAX_GRAPH_STRING_CHARS + 1), 0]}}}, "a string of"),
+    ({"1": {"class_type": "XPULoss", "inputs": {"lr": float("nan")}}}, "graph['1'].inputs.lr: holds NaN or Infinity"),
+    ({"1": {"class_type": "XPULoss", "inputs": {"lr": float("-inf")}}}, "holds NaN or Infinity"),
 ])
 def test_ids_names_and_strings_are_limited(graph, fragment):
     e = refused({"graph": graph})
