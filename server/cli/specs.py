@@ -1,4 +1,5 @@
-"""What ``xpufleet sweep`` and ``xpufleet study`` share: the YAML spec file and the live table.
+"""What ``xpufleet sweep`` and ``xpufleet study`` share: the YAML spec file, the live table, and the
+long-poll, id-prefix and CSV steps of one collection (``sweeps`` or ``studies``).
 
 A spec file is the body of ``POST /api/sweeps`` (or ``/api/studies``) written as YAML. ``graph`` may be
 the graph itself or, in a file, the path of a graph JSON file relative to the spec file (the command
@@ -8,15 +9,21 @@ dialect, would read them as text).
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import sys
+import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
 
+from ...constants import EVENTS_LONG_POLL_MAX_S
 from .local import load_graph
+
+WAIT_S = 15.0  # one long poll of a sweep or study (the server answers sooner when a child moves)
 
 
 class _SpecLoader(yaml.SafeLoader):
@@ -96,3 +103,41 @@ class LiveTable:
         else:
             self.stream.write("\n".join(lines) + "\n\n")
         self.stream.flush()
+
+
+def item_path(collection: str, item_id: str, tail: str = "") -> str:
+    """``/api/<collection>/<id><tail>`` with the id quoted."""
+    return f"/api/{collection}/{urllib.parse.quote(item_id, safe='')}{tail}"
+
+
+def resolve_id(client: Any, collection: str, prefix: str) -> str:
+    """A full id from its first characters (tables print 8); the prefix itself when it is not unique."""
+    items = client.request("GET", f"/api/{collection}", params={"limit": 1000})[collection]
+    matches = [item["id"] for item in items if item["id"].startswith(prefix)]
+    return matches[0] if len(matches) == 1 else prefix
+
+
+def follow(client: Any, collection: str, item_id: str, view: LiveTable,
+           lines: Callable[[dict[str, Any], int], list[str]], done: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """Long-poll the item, redrawing ``lines(item, rows)``, until ``done(item)``."""
+    version = -1
+    while True:
+        item = client.request("GET", item_path(collection, item_id), params={"version": version, "wait": WAIT_S},
+                              timeout=min(WAIT_S, EVENTS_LONG_POLL_MAX_S) + client.timeout)
+        view.draw(lines(item, view.max_rows()))
+        if done(item):
+            return item
+        version = item["version"]
+
+
+def write_outputs(client: Any, collection: str, item: dict[str, Any], csv_name: str, args: Any) -> None:
+    """``--csv FILE|-`` (the server's CSV of the item) and ``--json`` (the item)."""
+    if getattr(args, "csv", None):
+        text = client.request("GET", item_path(collection, item["id"], f"/{csv_name}"), raw=True).decode("utf-8")
+        if args.csv == "-":
+            sys.stdout.write(text)
+        else:
+            Path(args.csv).write_text(text, encoding="utf-8")
+            print(f"wrote {args.csv}", file=sys.stderr)
+    if getattr(args, "json", False):
+        print(json.dumps(item, indent=2))

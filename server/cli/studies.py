@@ -10,16 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import urllib.parse
-from pathlib import Path
 from typing import Any
 
-from ...constants import EVENTS_LONG_POLL_MAX_S
 from .client import Client
 from .common import EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, client_or_exit, err
-from .specs import LiveTable, load_spec, render
+from .specs import LiveTable, item_path, load_spec, render, resolve_id, write_outputs
+from .specs import follow as follow_item
 
-WAIT_S = 15.0
 ACTIVE = ("running", "cancelling")
 
 
@@ -48,8 +45,8 @@ def add_parser(sub: Any) -> None:
     s.set_defaults(func=cmd_studies)
 
 
-def _path(study_id: str, tail: str = "") -> str:
-    return f"/api/studies/{urllib.parse.quote(study_id, safe='')}{tail}"
+def _path(item_id: str, tail: str = "") -> str:
+    return item_path("studies", item_id, tail)
 
 
 def trial_lines(study: dict[str, Any], limit: int) -> list[str]:
@@ -72,33 +69,17 @@ def trial_lines(study: dict[str, Any], limit: int) -> list[str]:
 
 
 def follow(client: Client, study_id: str, view: LiveTable) -> dict[str, Any]:
-    version = -1
-    while True:
-        study = client.request("GET", _path(study_id), params={"version": version, "wait": WAIT_S},
-                               timeout=min(WAIT_S, EVENTS_LONG_POLL_MAX_S) + client.timeout)
-        view.draw(trial_lines(study, view.max_rows()))
-        if study["status"] not in ACTIVE:
-            return study
-        version = study["version"]
+    """Long-poll the study, redrawing its table, until it has ended."""
+    return follow_item(client, "studies", study_id, view, trial_lines, lambda item: item["status"] not in ACTIVE)
 
 
 def _finish(client: Client, study: dict[str, Any], args: argparse.Namespace) -> int:
-    if getattr(args, "csv", None):
-        text = client.request("GET", _path(study["id"], "/trials.csv"), raw=True).decode("utf-8")
-        if args.csv == "-":
-            sys.stdout.write(text)
-        else:
-            Path(args.csv).write_text(text, encoding="utf-8")
-            print(f"wrote {args.csv}", file=sys.stderr)
-    if getattr(args, "json", False):
-        print(json.dumps(study, indent=2))
+    write_outputs(client, "studies", study, "trials.csv", args)
     return EXIT_OK if study["status"] == "finished" and study.get("best_trial") else EXIT_RUN_FAILED
 
 
 def _resolve(client: Client, prefix: str) -> str:
-    studies = client.request("GET", "/api/studies", params={"limit": 1000})["studies"]
-    matches = [s["id"] for s in studies if s["id"].startswith(prefix)]
-    return matches[0] if len(matches) == 1 else prefix
+    return resolve_id(client, "studies", prefix)
 
 
 def cmd_study(args: argparse.Namespace) -> int:

@@ -10,16 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import urllib.parse
-from pathlib import Path
 from typing import Any
 
-from ...constants import EVENTS_LONG_POLL_MAX_S
 from .client import Client
 from .common import EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, client_or_exit, err
-from .specs import LiveTable, load_spec, render
+from .specs import LiveTable, item_path, load_spec, render, resolve_id, write_outputs
+from .specs import follow as follow_item
 
-WAIT_S = 15.0
 ENDED = ("finished", "cancelled")
 
 
@@ -49,8 +46,8 @@ def add_parser(sub: Any) -> None:
     s.set_defaults(func=cmd_sweeps)
 
 
-def _path(sweep_id: str, tail: str = "") -> str:
-    return f"/api/sweeps/{urllib.parse.quote(sweep_id, safe='')}{tail}"
+def _path(item_id: str, tail: str = "") -> str:
+    return item_path("sweeps", item_id, tail)
 
 
 def table_lines(sweep: dict[str, Any], limit: int) -> list[str]:
@@ -72,15 +69,8 @@ def table_lines(sweep: dict[str, Any], limit: int) -> list[str]:
 
 
 def follow(client: Client, sweep_id: str, view: LiveTable) -> dict[str, Any]:
-    """Long-poll the sweep, redrawing its table, until every variant has ended."""
-    version = -1
-    while True:
-        sweep = client.request("GET", _path(sweep_id), params={"version": version, "wait": WAIT_S},
-                               timeout=min(WAIT_S, EVENTS_LONG_POLL_MAX_S) + client.timeout)
-        view.draw(table_lines(sweep, view.max_rows()))
-        if sweep["status"] in ENDED:
-            return sweep
-        version = sweep["version"]
+    """Long-poll the sweep, redrawing its table, until it has ended."""
+    return follow_item(client, "sweeps", sweep_id, view, table_lines, lambda item: item["status"] in ENDED)
 
 
 def outcome(sweep: dict[str, Any]) -> int:
@@ -89,22 +79,11 @@ def outcome(sweep: dict[str, Any]) -> int:
 
 
 def _resolve(client: Client, prefix: str) -> str:
-    """A full sweep id from its first characters (tables print 8)."""
-    sweeps = client.request("GET", "/api/sweeps", params={"limit": 1000})["sweeps"]
-    matches = [s["id"] for s in sweeps if s["id"].startswith(prefix)]
-    return matches[0] if len(matches) == 1 else prefix
+    return resolve_id(client, "sweeps", prefix)
 
 
 def _finish(client: Client, sweep: dict[str, Any], args: argparse.Namespace) -> int:
-    if getattr(args, "csv", None):
-        text = client.request("GET", _path(sweep["id"], "/table.csv"), raw=True).decode("utf-8")
-        if args.csv == "-":
-            sys.stdout.write(text)
-        else:
-            Path(args.csv).write_text(text, encoding="utf-8")
-            print(f"wrote {args.csv}", file=sys.stderr)
-    if getattr(args, "json", False):
-        print(json.dumps(sweep, indent=2))
+    write_outputs(client, "sweeps", sweep, "table.csv", args)
     best = sweep.get("best")
     if best is not None:
         values = ", ".join(f"{k}={v}" for k, v in best["parameters"].items())
