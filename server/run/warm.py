@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from ...constants import ENV_WARM_START
@@ -48,9 +49,11 @@ def _detach(dup: Any) -> int:
     return dup.detach()
 
 
-def member_main(run_dir: str, events_fd: int, stdin_fd: int, log_fd: int, env: dict[str, str]) -> None:
-    """The forked child: become a process of its own, then run the runner like a cold child would."""
-    os.setsid()  # own session and process group: stop and kill reach its DataLoader workers too
+def become_member(run_dir: str, log_fd: int, env: dict[str, str]) -> None:
+    """In the forked child: become a process of its own, as a cold child would start (own session and
+    process group, so stop and kill reach its DataLoader workers too; its log on stdout and stderr;
+    its environment and folder; its own random state)."""
+    os.setsid()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
@@ -61,6 +64,11 @@ def member_main(run_dir: str, events_fd: int, stdin_fd: int, log_fd: int, env: d
     os.environ.update(env)
     os.chdir(run_dir)
     _fresh_process_state(env)
+
+
+def member_main(run_dir: str, events_fd: int, stdin_fd: int, log_fd: int, env: dict[str, str]) -> None:
+    """The forked child of a run: its own process, then the runner like a cold child would run it."""
+    become_member(run_dir, log_fd, env)
     from .runner import run
 
     # Never closed here: the stop watcher thread is blocked reading it, and closing a file another
@@ -143,11 +151,16 @@ class WarmStarter:
             forkserver.ensure_running()
 
     async def start(self, member: MemberSpec, events_fd: int) -> _WarmProcess:
+        return await self.fork(member_main, f"xpufleet-run-{member.run_dir.name}-rank{member.rank}", member, events_fd)
+
+    async def fork(self, target: Callable[..., None], name: str, member: MemberSpec, events_fd: int) -> _WarmProcess:
+        """Fork ``target(run_dir, events_fd, stdin_fd, log_fd, env)`` from the forkserver as ``member``
+        (runs: :func:`member_main`; the built-in model server's instances: units/starter.py)."""
         log_fd = os.open(member.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         stdin_r, stdin_w = os.pipe()
         try:
             proc = self._ctx.Process(
-                target=member_main, name=f"xpufleet-run-{member.run_dir.name}-rank{member.rank}",
+                target=target, name=name,
                 args=(str(member.run_dir), PassFd(events_fd), PassFd(stdin_r), PassFd(log_fd), dict(member.env)),
             )
             await asyncio.to_thread(self._start, proc)

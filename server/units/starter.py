@@ -10,33 +10,17 @@ cold (the launcher's ColdStarter), as does a failed warm start.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import multiprocessing
 import os
 import sys
-import threading
 from pathlib import Path
 
 from ..run.launcher import ColdStarter, MemberProcess, MemberSpec
-from ..run.warm import PassFd, _WarmProcess, default_starter, warm_enabled
+from ..run.warm import WarmStarter, become_member, default_starter, warm_enabled
 
 
 def instance_main(instance_dir: str, events_fd: int, stdin_fd: int, log_fd: int, env: dict[str, str]) -> None:
-    """The forked child: its own process (like warm.member_main), then the model server."""
-    os.setsid()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os.dup2(log_fd, 1)
-    os.dup2(log_fd, 2)
-    os.close(log_fd)
-    os.environ.clear()
-    os.environ.update(env)
-    os.chdir(instance_dir)
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.seed()
+    """The forked child: its own process (as a warm run's), then the model server."""
+    become_member(instance_dir, log_fd, env)
     from .model_server import serve
 
     stdin = os.fdopen(stdin_fd, "r", encoding="utf-8", errors="replace")
@@ -49,33 +33,11 @@ class InstanceStarter:
     name = "instance-warm"
     runs_commands = True
 
-    def __init__(self) -> None:
-        self._ctx = multiprocessing.get_context("forkserver")
-        self._lock = threading.Lock()
-
     async def start(self, member: MemberSpec, events_fd: int) -> MemberProcess:
-        if not warm_enabled() or default_starter().name != "warm":
+        starter = default_starter()
+        if not warm_enabled() or not isinstance(starter, WarmStarter):
             return await ColdStarter().start(member, events_fd)
-        log_fd = os.open(member.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        stdin_r, stdin_w = os.pipe()
-        try:
-            proc = self._ctx.Process(
-                target=instance_main, name=f"xpufleet-instance-{member.run_dir.name}",
-                args=(str(member.run_dir), PassFd(events_fd), PassFd(stdin_r), PassFd(log_fd), dict(member.env)),
-            )
-            await asyncio.to_thread(self._start, proc)
-        except BaseException:
-            os.close(stdin_w)
-            raise
-        finally:
-            os.close(stdin_r)
-            os.close(log_fd)
-        return _WarmProcess(proc, stdin_w)
-
-    def _start(self, proc: multiprocessing.Process) -> None:
-        with self._lock:
-            proc.start()
-        multiprocessing.process._children.discard(proc)  # type: ignore[attr-defined]  # the launcher supervises it
+        return await starter.fork(instance_main, f"xpufleet-instance-{member.run_dir.name}", member, events_fd)
 
 
 _STARTER: InstanceStarter | None = None
