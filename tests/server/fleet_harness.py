@@ -99,6 +99,10 @@ class LineWatcher(threading.Thread):
         with self.cond:
             return "".join(self.lines)
 
+    def count(self, text: str) -> int:
+        with self.cond:
+            return sum(1 for line in self.lines if text in line)
+
 
 def base_env(home: Path, **extra: str) -> dict[str, str]:
     env = dict(os.environ)

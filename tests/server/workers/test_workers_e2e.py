@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fleet_harness import LineWatcher  # registered by tests/server/conftest.py
 
 from xpufleet.server.agent.agent import default_name
 from xpufleet.server.devices import set_simulated_free
@@ -54,49 +55,6 @@ def iris_graph(epochs: int, device: str = "auto", max_steps: int = 0) -> dict[st
 
 
 # --- processes --------------------------------------------------------------------------------------
-
-class LineWatcher(threading.Thread):
-    """Reads a process's output lines (so its pipe never fills) and lets a test wait for one."""
-
-    def __init__(self, stream: Any, log_path: Path) -> None:
-        super().__init__(daemon=True)
-        self.stream = stream
-        self.lines: list[str] = []
-        self.cond = threading.Condition()
-        self.log = open(log_path, "a")  # noqa: SIM115 - closed at EOF
-
-    def run(self) -> None:
-        for raw in self.stream:
-            line = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
-            self.log.write(line)
-            self.log.flush()
-            with self.cond:
-                self.lines.append(line)
-                self.cond.notify_all()
-        self.log.close()
-        with self.cond:
-            self.lines.append("<EOF>")
-            self.cond.notify_all()
-
-    def wait_for(self, text: str, start: int = 0, timeout: float = 60.0) -> int:
-        """Index of the first line at or after ``start`` containing ``text``."""
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            while True:
-                for i in range(start, len(self.lines)):
-                    if text in self.lines[i]:
-                        return i
-                    if self.lines[i] == "<EOF>":
-                        raise AssertionError(f"process ended before {text!r}:\n{''.join(self.lines[-30:])}")
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise AssertionError(f"no {text!r} within {timeout} s:\n{''.join(self.lines[-30:])}")
-                self.cond.wait(left)
-
-    def count(self, text: str) -> int:
-        with self.cond:
-            return sum(1 for line in self.lines if text in line)
-
 
 def base_env(home: Path, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
