@@ -99,29 +99,33 @@ class Nvml:
         are left out."""
         if not self.ok or not pids_by_run:
             return {}
-        nv = self._mod
-        handles = getattr(self, "_handles", [])
         run_of = {pid: run for run, pids in pids_by_run.items() for pid in pids}
         out: dict[str, dict[str, float]] = {}
         for name, index in names.items():
-            if index >= len(handles):
-                continue
-            used: dict[int, int] = {}
-            for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
-                try:
-                    procs = getattr(nv, getter)(handles[index])
-                except Exception:  # noqa: BLE001 - not supported on this card or driver
-                    continue
-                for p in procs:
-                    mem = getattr(p, "usedGpuMemory", None)
-                    if isinstance(mem, int) and mem >= 0:  # None / NVML_VALUE_NOT_AVAILABLE: unknown
-                        used[p.pid] = max(used.get(p.pid, 0), mem)
-            for pid, mem in used.items():
+            for pid, mem in self.card_processes(index).items():
                 run = run_of.get(pid)
                 if run is not None:
                     per = out.setdefault(run, {})
                     per[name] = round(per.get(name, 0.0) + mem / GIB, 3)
         return out
+
+    def card_processes(self, index: int) -> dict[int, int]:
+        """Every process NVML lists on card ``index`` (of the last :meth:`cards`), pid -> bytes it uses
+        (compute and graphics contexts); a process whose figure NVML does not give is left out."""
+        handles = getattr(self, "_handles", [])
+        if not self.ok or index >= len(handles):
+            return {}
+        used: dict[int, int] = {}
+        for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+            try:
+                procs = getattr(self._mod, getter)(handles[index])
+            except Exception:  # noqa: BLE001 - not supported on this card or driver
+                continue
+            for p in procs:
+                mem = getattr(p, "usedGpuMemory", None)
+                if isinstance(mem, int) and mem >= 0:  # None / NVML_VALUE_NOT_AVAILABLE: unknown
+                    used[p.pid] = max(used.get(p.pid, 0), mem)
+        return used
 
 
 _SHARED_LOCK = threading.Lock()

@@ -2,7 +2,8 @@
 
 * Real CUDA cards: the allocator is capped to the budget before any node runs
   (``torch.cuda.set_per_process_memory_fraction``), so a run over its budget runs out of memory alone; the
-  figure reported is the allocator's high-water mark per card.
+  figure reported is the allocator's high-water mark per card (``devices``; ``reserved``: the caching
+  allocator's, blocks included).
 * MPS: there is no peak counter; the figure is what the driver holds at the end of the run
   (``torch.mps.driver_allocated_memory``, caches included), labelled so.
 * Simulated cards (SPEC W6): the run executes on the CPU, so there is no allocator to cap and no CUDA
@@ -37,12 +38,16 @@ def peak_memory(simulated: Any = None, devices: list[str] | None = None) -> dict
         return {"measured": False, "reason": "the run did not use torch"}
     try:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
-            cards = {}
+            cards, reserved = {}, {}
             for i in range(torch.cuda.device_count()):
                 peak = torch.cuda.max_memory_allocated(i)
                 if peak:
                     cards[f"cuda:{i}"] = round(peak / GIB, 4)
-            return {"measured": True, "unit": "GiB", "kind": "cuda_max_memory_allocated", "devices": cards}
+                    reserved[f"cuda:{i}"] = round(torch.cuda.max_memory_reserved(i) / GIB, 4)
+            # "reserved": the caching allocator's high-water mark (what the card gave the process, blocks
+            # included); docs/gpu-check.md compares it with the static estimate and NVML's figure.
+            return {"measured": True, "unit": "GiB", "kind": "cuda_max_memory_allocated", "devices": cards,
+                    "reserved": reserved}
         mps = getattr(torch, "mps", None)
         if mps is not None and torch.backends.mps.is_available():
             held = mps.driver_allocated_memory()

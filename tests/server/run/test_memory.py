@@ -97,6 +97,21 @@ def test_mps_reports_the_memory_its_driver_holds_labelled_as_such(monkeypatch):
     assert "MPS has no peak counter" in report["label"]
 
 
+def test_a_cuda_peak_reports_the_allocated_and_the_reserved_high_water_marks(monkeypatch):
+    import types
+
+    allocated, reserved = {0: 3 * GIB, 1: 0}, {0: 4 * GIB, 1: 0}
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        is_available=lambda: True, is_initialized=lambda: True, device_count=lambda: 2,
+        max_memory_allocated=lambda i: allocated[i], max_memory_reserved=lambda i: reserved[i]))
+    monkeypatch.setitem(__import__("sys").modules, "torch", fake)
+    from xpufleet.server.run.memory import peak_memory
+
+    report = peak_memory()
+    assert report["kind"] == "cuda_max_memory_allocated" and report["measured"] is True
+    assert report["devices"] == {"cuda:0": 3.0} and report["reserved"] == {"cuda:0": 4.0}  # unused cuda:1 left out
+
+
 def test_a_run_on_a_simulated_card_over_its_budget_fails_with_the_out_of_memory_facts(tmp_path):
     import json
     import os
