@@ -6,7 +6,7 @@ TORCH_CPU ?= torch==2.13.0
 # CPU wheel on local disk); elsewhere: make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
 TORCH_INDEX ?=
 
-.PHONY: install test test-unit test-e2e test-comfy test-browser lint demo bench clean
+.PHONY: install test test-unit test-e2e test-comfy test-browser lint demo bench gpu-check clean
 
 # CPU torch first: a bare `torch` requirement would otherwise pull a multi-GB CUDA build.
 install:
@@ -42,6 +42,16 @@ demo: install
 
 bench: install
 	for b in bench/bench_*.py; do echo "== $$b"; $(PYTHON) $$b || exit 1; done
+
+# Every GPU-only path in one command (docs/gpu-check.md): bench/gpu_check.py, then the tests marked gpu,
+# which read its report. At most 8 minutes on one GPU; installs nothing (a CUDA build of torch must be
+# there). Without a GPU: the list of checks, "no GPU: nothing checked", exit 0.
+GPU_REPORT ?= runs/gpu-check.json
+
+gpu-check:
+	$(PYTHON) bench/gpu_check.py --json $(GPU_REPORT); status=$$?; \
+	XPUFLEET_GPU_REPORT=$(GPU_REPORT) $(PYTHON) -m pytest -q -m gpu tests/gpu || status=1; \
+	exit $$status
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .ruff_cache runs
