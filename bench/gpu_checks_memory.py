@@ -147,19 +147,21 @@ def run_processes(fleet: GpuFleet, run_id: str) -> set[int]:
     return pids
 
 
-def contexts_on_card(fleet: GpuFleet, run_id: str) -> dict[str, Any]:
-    """Who NVML lists on the agent's cuda:0 while ``run_id`` trains there: the run, and any other process
-    of the fleet (which must hold no CUDA context)."""
-    from xpufleet.server.devices.nvml import Nvml, visible_order
+def contexts_on_cards(fleet: GpuFleet, run_id: str) -> dict[str, Any]:
+    """Who NVML lists on the machine's cards while ``run_id`` trains: the run, and any other process of the
+    fleet (sidecar, agent, forkservers: they must hold no CUDA context). Every card is read, so no
+    numbering question (CUDA's order vs NVML's) can hide a context."""
+    from xpufleet.server.devices.nvml import Nvml
 
+    ours, run = fleet_processes(fleet), run_processes(fleet, run_id)
     nvml = Nvml()
     if not nvml.ok:
-        return {"nvml": nvml.reason}
-    card = visible_order(nvml.cards(), None)[0]
-    listed = nvml.card_processes(card.index)
-    ours, run = fleet_processes(fleet), run_processes(fleet, run_id)
+        return {"nvml": nvml.reason, "run_pids": sorted(run), "fleet_pids": len(ours)}
+    listed: set[int] = set()
+    for card in nvml.cards():
+        listed |= set(nvml.card_processes(card.index))
     others = {pid: ours[pid] for pid in listed if pid in ours and pid not in run}
-    return {"listed": sorted(listed), "run_pids": sorted(run), "run_listed": bool(run & set(listed)),
+    return {"listed": sorted(listed), "run_pids": sorted(run), "run_listed": bool(run & listed),
             "others": {str(k): v for k, v in others.items()}}
 
 
@@ -188,7 +190,7 @@ def check_warm_start(device: str, work: Path) -> R.Outcome:
         fleet.agent(WORKER)
         warm = first_batch_s(fleet, WORKER, 3)
         run_id = _long_run(fleet, "16")
-        seen = contexts_on_card(fleet, run_id) if device == "cuda" else {"nvml": "simulated cards: no NVML"}
+        seen = contexts_on_cards(fleet, run_id)
         fleet.client.cancel(run_id, "the GPU check has its figures")
         fleet.finish(run_id, timeout=60)
         fleet.stop_agent(WORKER)
@@ -210,8 +212,9 @@ def check_warm_start(device: str, work: Path) -> R.Outcome:
     contexts = (seen.get("nvml") or (f"{len(seen['others'])} contexts outside the run" if seen.get("run_listed")
                                      else "the run not listed"))
     text = f"submit -> first batch warm {w:.2f} s, cold {c:.2f} s (warm / cold {figure['ratio']:.2f}); {contexts}"
-    if device != "cuda":
-        return R.Outcome("warm_start", "dry", figure, text, "", device=device)
+    if device != "cuda":  # the timing is not judged off the GPU; the run's processes must have been found
+        found = "" if seen.get("run_pids") else "the run's processes were not found"
+        return R.Outcome("warm_start", "dry", figure, text, found, device=device)
     return R.Outcome("warm_start", R.verdict(device, not problems), figure, text, "; ".join(problems), device=device)
 
 
