@@ -9,9 +9,7 @@ cards instead (``--simulate cuda:0=24``): the same routes, run processes and rec
 from __future__ import annotations
 
 import importlib.util
-import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -136,14 +134,3 @@ def first_ts(events: list[dict[str, Any]], event_type: str, name: str | None = N
         if ev["type"] == event_type and (name is None or (ev.get("payload") or {}).get("name") == name):
             return float(ev["ts"])
     return None
-
-
-def write_json(path: Path, data: Any) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1))
-    return path
-
-
-def until(deadline: float) -> float:
-    """Seconds left before ``deadline`` (``time.monotonic()``), at least 1."""
-    return max(1.0, deadline - time.monotonic())
