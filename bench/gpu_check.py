@@ -41,8 +41,9 @@ PROBE = ("import json, torch; n = torch.cuda.device_count() if torch.cuda.is_ava
          "'torch': torch.__version__, 'cuda': torch.version.cuda}))")
 
 
-class CheckTimeout(Exception):
-    """The check ran past its time (raised in the child by SIGALRM, so its fleet still stops)."""
+class CheckTimeout(BaseException):
+    """The check ran past its time (raised in the child by SIGALRM, so its fleet still stops). Not an
+    ``Exception``: code that catches those (torch's import has such blocks) must not swallow it."""
 
 
 def gpu_info() -> dict[str, Any]:
@@ -71,11 +72,18 @@ def child_main(name: str, device: str, work: Path, result: Path, limit_s: float)
     def on_alarm(signum: int, frame: Any) -> None:
         raise CheckTimeout(f"ran past its {limit_s:.0f} s")
 
+    fn = check_function(name)
+    # Imported before the alarm is armed: an alarm inside a module's first import leaves it half made
+    # (numpy then fails with a RecursionError, not with the timeout). Importing torch initialises no CUDA.
+    import numpy  # noqa: F401
+    import sklearn.datasets  # noqa: F401
+    import torch  # noqa: F401
+
     signal.signal(signal.SIGALRM, on_alarm)
     signal.alarm(max(1, int(limit_s)))
     t0 = time.monotonic()
     try:
-        outcome = check_function(name)(device, work)
+        outcome = fn(device, work)
     except CheckTimeout as exc:
         outcome = R.Outcome(name, "timeout", detail=str(exc), device=device)
     except Exception as exc:  # noqa: BLE001 - reported as the check's error; the other checks go on
@@ -114,6 +122,8 @@ def run_check(check: R.Check, device: str, limit_s: float, work: Path) -> R.Outc
             stop_leftovers(work / "home")
             return R.Outcome(check.name, "timeout", detail=f"killed after {limit_s + GRACE_S:.0f} s",
                              elapsed_s=round(time.monotonic() - t0, 2), device=device)
+    if not result.exists() or json.loads(result.read_text())["status"] in ("timeout", "error"):
+        stop_leftovers(work / "home")  # a sidecar its fleet could not stop (it failed while starting)
     if not result.exists():
         tail = (work / "check.log").read_text(errors="replace")[-1500:]
         return R.Outcome(check.name, "error", detail=f"the check's process exited {proc.returncode}: {tail}",

@@ -43,7 +43,11 @@ class GpuFleet:
         self.agents: dict[str, Any] = {}
 
     def __enter__(self) -> GpuFleet:
-        self.sidecar.start()
+        try:
+            self.sidecar.start()
+        except BaseException:  # a timeout while it starts: stop what did start (__exit__ will not run)
+            self.stop()
+            raise
         return self
 
     def __exit__(self, *exc: Any) -> None:
