@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -140,3 +141,14 @@ def test_hostile_spec_text_round_trips_through_the_yaml_and_the_kubelet(name, ar
         assert {k: kubelet_expand(values[k], lookup) for k in env} == env
         assert c["image"] == image
     assert loaded[0]["metadata"].get("namespace") == (namespace or None)
+
+
+def test_an_image_or_namespace_kubernetes_would_not_take_is_refused_naming_it():
+    spec = parse_service(MODEL)
+    for image in ("", "python:3.11 slim", "img\n- name: x", "\x1b[2J"):
+        with pytest.raises(ValueError, match="^image: "):
+            lws_manifest(spec, image=image)
+    for ns in ("ML", "ml_prod", "-ml", "ml\n", "a" * 64):
+        with pytest.raises(ValueError, match="^namespace: "):
+            lws_manifest(spec, namespace=ns)
+    assert lws_manifest(spec, image="registry.example:5000/xpufleet@sha256:ab", namespace="ml-prod")[0]
