@@ -12,9 +12,8 @@ Node types the script cannot reproduce, and inputs it would have to ignore, are 
 
 from __future__ import annotations
 
+import functools
 import inspect
-import json
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from ...constants import VERSION
 from ...nodes import types as T
 from ...nodes.strategy import EXPORT_REASON
 from .executor import check_graph, default_node_classes, is_link, output_nodes, topological_order
+from .export_safe import UnsafeNameError, check_node_ids, docstring_literal, py_literal, variable_bases
 
 LIB_MARKER = "# --- the script library starts here"
 
@@ -31,19 +31,18 @@ class ExportError(ValueError):
     """A graph the exporter cannot write as a script; the text names the node and what to change."""
 
 
+@functools.lru_cache(maxsize=1)
 def _lib_source() -> str:
-    """The library part of a script: the code after the marker line of export_data.py, then of export_train.py."""
+    """The library part of a script: the code after the marker line of export_data.py, then of export_train.py
+    (read and compiled once: the part of a script that holds nothing from the graph)."""
     parts = ["from __future__ import annotations\n"]
     for name in ("export_data.py", "export_train.py"):
         text = (Path(__file__).with_name(name)).read_text(encoding="utf-8")
         start = text.index(LIB_MARKER)
         parts.append(text[text.index("\n", start) + 1:].rstrip("\n") + "\n\n")
-    return "\n".join(parts)
-
-
-def _var(nid: str, name: str = "") -> str:
-    base = f"n{re.sub(r'[^0-9A-Za-z_]', '_', str(nid))}"
-    return f"{base}_{name}" if name else base
+    text = "\n".join(parts)
+    compile(text, "<xpufleet export library>", "exec")
+    return text
 
 
 def _upstream(graph: Mapping[str, Any], roots: list[str]) -> set[str]:
@@ -62,10 +61,14 @@ class _Node:
     """One node's inputs as the script writes them: literals (node defaults filled in) and links."""
 
     def __init__(self, nid: str, node: Mapping[str, Any], cls: type, graph: Mapping[str, Any],
-                 classes: Mapping[str, type]) -> None:
+                 classes: Mapping[str, type], bases: Mapping[str, str] | None = None) -> None:
         self.id, self.cls, self.class_type = nid, cls, str(node["class_type"])
-        self.id_var = _var(nid)
-        self.label = f"{nid} ({self.class_type})"
+        bases = bases if bases is not None else variable_bases(dict.fromkeys([*graph, nid]))
+        self.id_var = bases[nid]
+        self.label = f"{nid} ({self.class_type})"  # a runtime string: only ever written with py_literal
+        meta = node.get("_meta")
+        title = meta.get("title") if isinstance(meta, Mapping) else None
+        self.comment = f"# node {nid!r} ({self.class_type!r})" + (f", title {title!r}" if isinstance(title, str) else "")
         params = inspect.signature(getattr(cls, cls.FUNCTION)).parameters
         declared = {**(cls.INPUT_TYPES().get("required") or {}), **(cls.INPUT_TYPES().get("optional") or {})}
         self.values: dict[str, Any] = {n: p.default for n, p in params.items()
@@ -77,8 +80,8 @@ class _Node:
             if is_link(value):
                 src = graph[str(value[0])]
                 names = getattr(classes[src["class_type"]], "RETURN_NAMES", None) or ()
-                out = names[value[1]] if value[1] < len(names) else f"out{value[1]}"
-                self.links[name] = _var(str(value[0]), out)
+                out = names[value[1]] if value[1] < len(names) else f"out{int(value[1])}"
+                self.links[name] = f"{bases[str(value[0])]}_{out}"
             else:
                 self.values[name] = value
 
@@ -89,14 +92,15 @@ class _Node:
         return self.links.get(name, "None")
 
     def out(self, index: int = 0) -> str:
-        return _var(self.id, self.cls.RETURN_NAMES[index])
+        return f"{self.id_var}_{self.cls.RETURN_NAMES[index]}"
 
     def refuse(self, name: str, why: str) -> ExportError:
         return ExportError(f"node {self.label}: {name} {why}; clear it to export the graph")
 
 
 def _kw(**kwargs: Any) -> str:
-    return ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+    # The keywords are the script library's parameter names, never the graph's; every value is a literal.
+    return ", ".join(f"{k}={py_literal(v)}" for k, v in kwargs.items())
 
 
 def _optimizer_code(n: _Node) -> list[str]:
@@ -106,16 +110,16 @@ def _optimizer_code(n: _Node) -> list[str]:
                          momentum=float(n.v("momentum")), nesterov=bool(n.v("nesterov")), beta1=float(n.v("beta1")),
                          beta2=float(n.v("beta2")), eps=float(n.v("eps")))
     if spec.name in ("adam", "adamw"):
-        call = (f"torch.optim.{'Adam' if spec.name == 'adam' else 'AdamW'}(params, lr={spec.lr!r}, "
-                f"betas=({spec.beta1!r}, {spec.beta2!r}), eps={spec.eps!r}, weight_decay={spec.weight_decay!r})")
+        call = (f"torch.optim.{'Adam' if spec.name == 'adam' else 'AdamW'}(params, lr={py_literal(spec.lr)}, "
+                f"betas=({py_literal(spec.beta1)}, {py_literal(spec.beta2)}), eps={py_literal(spec.eps)}, weight_decay={py_literal(spec.weight_decay)})")
     elif spec.name == "sgd":
-        call = f"torch.optim.SGD(params, lr={spec.lr!r}, weight_decay={spec.weight_decay!r})"
+        call = f"torch.optim.SGD(params, lr={py_literal(spec.lr)}, weight_decay={py_literal(spec.weight_decay)})"
     elif spec.name == "sgd_momentum":
-        call = (f"torch.optim.SGD(params, lr={spec.lr!r}, momentum={spec.momentum or 0.9!r}, "
-                f"nesterov={spec.nesterov!r}, weight_decay={spec.weight_decay!r})")
+        call = (f"torch.optim.SGD(params, lr={py_literal(spec.lr)}, momentum={py_literal(spec.momentum or 0.9)}, "
+                f"nesterov={py_literal(spec.nesterov)}, weight_decay={py_literal(spec.weight_decay)})")
     else:
-        call = (f"torch.optim.RMSprop(params, lr={spec.lr!r}, momentum={spec.momentum!r}, eps={spec.eps!r}, "
-                f"weight_decay={spec.weight_decay!r})")
+        call = (f"torch.optim.RMSprop(params, lr={py_literal(spec.lr)}, momentum={py_literal(spec.momentum)}, eps={py_literal(spec.eps)}, "
+                f"weight_decay={py_literal(spec.weight_decay)})")
     return [f"def {n.out()}(params):", f"    return {call}"]
 
 
@@ -130,15 +134,15 @@ def _scheduler_code(n: _Node) -> list[str]:
     sched = "torch.optim.lr_scheduler"
     span = "max(1, total_steps)" if s.per_step else "max(1, epochs)"
     body = {
-        "step": f"{sched}.StepLR(optimizer, step_size={s.step_size!r}, gamma={s.gamma!r})",
-        "exponential": f"{sched}.ExponentialLR(optimizer, gamma={s.gamma!r})",
-        "cosine": f"{sched}.CosineAnnealingLR(optimizer, T_max={s.t_max or span}, eta_min={s.eta_min!r})",
-        "onecycle": (f"{sched}.OneCycleLR(optimizer, max_lr={s.max_lr!r} or optimizer.param_groups[0]['lr'] * 10, "
-                     f"total_steps=max(1, total_steps), pct_start={s.pct_start!r})"),
+        "step": f"{sched}.StepLR(optimizer, step_size={py_literal(s.step_size)}, gamma={py_literal(s.gamma)})",
+        "exponential": f"{sched}.ExponentialLR(optimizer, gamma={py_literal(s.gamma)})",
+        "cosine": f"{sched}.CosineAnnealingLR(optimizer, T_max={s.t_max or span}, eta_min={py_literal(s.eta_min)})",
+        "onecycle": (f"{sched}.OneCycleLR(optimizer, max_lr={py_literal(s.max_lr)} or optimizer.param_groups[0]['lr'] * 10, "
+                     f"total_steps=max(1, total_steps), pct_start={py_literal(s.pct_start)})"),
     }[s.name]
     fn = f"{n.out()}_make"
     return [f"def {fn}(optimizer, epochs, total_steps):", f"    return {body}",
-            f"{n.out()} = ({fn}, {s.per_step!r})  # (factory, steps per optimizer step)"]
+            f"{n.out()} = ({fn}, {py_literal(s.per_step)})  # (factory, steps per optimizer step)"]
 
 
 def _sequential_layers(n: _Node) -> list[dict[str, Any]]:
@@ -174,14 +178,14 @@ def _node_code(n: _Node, warnings: list[str]) -> list[str]:
                       image_size=v("image_size"), out_features=v("out_features"), batch_norm=v("batch_norm"),
                       fc_hidden=v("fc_hidden")) + ")"]
     if ct == T.SEQUENTIAL_NODE:
-        layers = json.dumps(_sequential_layers(n))
-        return [f"{n.out()} = sequential({link('dataset_info')}, layers={layers}, seed={v('seed')!r})"]
+        layers = py_literal(_sequential_layers(n))  # not JSON: true/false/null are no Python literals
+        return [f"{n.out()} = sequential({link('dataset_info')}, layers={layers}, seed={py_literal(v('seed'))})"]
     if ct == T.OPTIMIZER_NODE:
         return _optimizer_code(n)
     if ct == T.LR_SCHEDULER_NODE:
         return _scheduler_code(n)
     if ct == T.LOSS_NODE:
-        return [f"{n.out()} = Loss({v('name')!r}, label_smoothing={v('label_smoothing')!r})"]
+        return [f"{n.out()} = Loss({py_literal(v('name'))}, label_smoothing={py_literal(v('label_smoothing'))})"]
     if ct == T.TRAINING_LOOP_NODE:
         for name in ("resume_from", "checkpoint_dir"):
             if str(v(name) or "").strip():
@@ -192,7 +196,8 @@ def _node_code(n: _Node, warnings: list[str]) -> list[str]:
         if v("strategy") == "ddp":
             message = f"Node {n.label}: strategy ddp trains in a single process here: {EXPORT_REASON}."
             warnings.append(message)
-            lines += [f"# ddp_not_available: {message}", f"warn('ddp_not_available', {message!r})"]
+            lines += ["# ddp_not_available: this node trains in a single process (the warning below)",
+                      f"warn('ddp_not_available', {py_literal(message)})"]
         sched = link("lr_scheduler")
         kw = _kw(label=n.label, epochs=v("epochs"), max_steps=v("max_steps"), device=v("device"),
                  precision=v("precision"), accumulate_steps=v("accumulate_steps"),
@@ -202,22 +207,22 @@ def _node_code(n: _Node, warnings: list[str]) -> list[str]:
         scheduler = (f", make_scheduler={sched}[0], scheduler_per_step={sched}[1]" if sched != "None" else "")
         lines.append(f"{n.out(0)}, {n.out(1)} = train({link('model')}, {link('dataloader')}, {link('optimizer')}, "
                      f"{link('loss')}, val_loader={link('val_dataloader')}{scheduler}, {kw})")
-        return [*lines, f"results[{n.id!r}] = {n.out(1)}"]
+        return [*lines, f"results[{py_literal(n.id)}] = {n.out(1)}"]
     if ct == T.EVALUATE_NODE:
         return [f"{n.out()} = evaluate_node({link('model')}, {link('dataloader')}, "
                 + _kw(label=n.label, device=v("device"), precision=v("precision")) + f", loss_fn={link('loss')})",
-                f"results[{n.id!r}] = {n.out()}"]
+                f"results[{py_literal(n.id)}] = {n.out()}"]
     if ct == T.MODEL_SAVER_NODE:
         return [f"{n.out()} = save_model({link('model')}, "
                 + _kw(filename=v("filename"), fmt=v("format"), location=v("location"), overwrite=v("overwrite")) + ")"]
     if ct == T.MODEL_LOADER_NODE:
-        return [f"{n.out()} = load_model({v('path')!r})"]
+        return [f"{n.out()} = load_model({py_literal(v('path'))})"]
     if ct == T.PREDICT_NODE:
         source = link("dataloader") if "dataloader" in n.links else link("dataset")
         return [f"{n.out(0)}, {n.id_var}_result = predict({link('model')}, {source}, "
                 + _kw(label=n.label, output=v("output"), device=v("device"), batch_size=v("batch_size"),
                       precision=v("precision"), show=v("show")) + ")",
-                f"{n.out(1)} = {n.id_var}_result['summary']", f"results[{n.id!r}] = {n.id_var}_result"]
+                f"{n.out(1)} = {n.id_var}_result['summary']", f"results[{py_literal(n.id)}] = {n.id_var}_result"]
     raise ExportError(f"node {n.label}: xpufleet export cannot write a {ct} node as PyTorch code")
 
 
@@ -258,27 +263,50 @@ if __name__ == "__main__":
 '''
 
 
+def _docstring(source: str, warnings: list[str]) -> str:
+    """The script's docstring; its first line (the script's ``--help``) holds nothing from the graph."""
+    lines = [f"A graph as a standalone PyTorch script (exported by xpufleet export, XPU Fleet {VERSION}).", "",
+             f"Graph file: {Path(source).name!r}.", "",
+             "Needs torch, numpy, scikit-learn and safetensors; not xpufleet. With the same seed it reaches the",
+             "graph's metrics (`xpufleet run --local --seed S` = `python THIS.py --seed S`).", "",
+             "    python THIS.py [--seed S] [--device auto|cpu|cuda:N] [--outputs DIR] [--run-dir DIR] [--metrics FILE]"]
+    for w in warnings:
+        lines += ["", f"WARNING (ddp_not_available): {w}"]
+    return docstring_literal("\n".join(lines))
+
+
 def export_script(graph: Any, source: str = "graph.json") -> tuple[str, list[str]]:
     """The script for ``graph`` and the warnings it carries (``ddp_not_available``); raises
-    GraphValidationError for an invalid graph and ExportError for one the script cannot reproduce."""
+    GraphValidationError for an invalid graph and ExportError for one the script cannot reproduce
+    or whose node ids it cannot show (control or line-separator characters)."""
+    if isinstance(graph, Mapping):
+        try:
+            check_node_ids(graph)
+        except UnsafeNameError as exc:
+            raise ExportError(str(exc)) from None
     classes = default_node_classes()
     check_graph(graph, classes)
     graph = {str(k): v for k, v in graph.items()}
     order, _ = topological_order(graph, _upstream(graph, output_nodes(graph, classes)))
+    bases = variable_bases(graph)
     body: list[str] = []
     warnings: list[str] = []
     for nid in order:
-        node = _Node(nid, graph[nid], classes[graph[nid]["class_type"]], graph, classes)
-        body += [f"# node {node.label}", *_node_code(node, warnings), ""]
-    header = [f'"""{Path(source).name} as a standalone PyTorch script (exported by xpufleet export, XPU Fleet '
-              f'{VERSION}).', "",
-              "Needs torch, numpy, scikit-learn and safetensors; not xpufleet. With the same seed it reaches the",
-              "graph's metrics (`xpufleet run --local --seed S` = `python THIS.py --seed S`).", "",
-              "    python THIS.py [--seed S] [--device auto|cpu|cuda:N] [--outputs DIR] [--run-dir DIR] [--metrics FILE]"]
-    for w in warnings:
-        header += ["", f"WARNING (ddp_not_available): {w}"]
-    header.append('"""')
-    text = "\n".join(header) + "\n\n" + _lib_source() + _MAIN_HEAD
-    text += "".join(f"    {line}\n" if line else "\n" for line in body) + _MAIN_TAIL
-    compile(text, source, "exec")  # a generated script that does not parse is this module's bug
+        node = _Node(nid, graph[nid], classes[graph[nid]["class_type"]], graph, classes, bases)
+        try:
+            code = _node_code(node, warnings)
+        except ExportError:
+            raise
+        except ValueError as exc:  # a value py_literal cannot write
+            raise ExportError(f"node {node.label}: {exc}") from None
+        body += [node.comment, *code, ""]
+    doc = _docstring(source, warnings)
+    main = _MAIN_HEAD + "".join(f"    {line}\n" if line else "\n" for line in body) + _MAIN_TAIL
+    try:  # the library parses on its own (_lib_source), so the script parses when these two do
+        compile(doc, "<xpufleet export>", "exec")
+        compile(main, "<xpufleet export>", "exec")
+    except (SyntaxError, ValueError) as exc:  # never the graph's doing: every value went in as a literal
+        raise ExportError(f"xpufleet export wrote a script that does not parse ({exc}); this is a bug in "
+                          f"xpufleet export, please report it with the graph") from None
+    text = doc + "\n\n" + _lib_source() + main
     return text, warnings

@@ -15,7 +15,9 @@ On the host everything lives in the worker's folder ``DIR`` (default ``~/.xpufle
     DIR/agent.sock             the tunnel's end on the host (a Unix socket, owner only), DIR/agent.log
 
 Each script is passed with ``python -c`` and its data (the bundle, the credential) on stdin, so nothing
-secret is ever on a command line.
+secret is ever on a command line. Every value on the remote command line is ``shlex.quote``d (one
+argument each, nothing expanded by the remote shell), and the launcher the host script writes quotes
+the folder and the python the same way (docs/export.md).
 """
 
 from __future__ import annotations
@@ -59,10 +61,21 @@ def check_remote_dir(path: str) -> str:
     """The worker's folder on the host: relative to the remote home, or absolute; never the home or /."""
     path = str(path or "").strip()
     parts = [p for p in path.split("/") if p not in ("", ".")]
-    if not parts or ".." in parts or path in ("~", "~/") or any(c in path for c in "\n\r\0"):
+    if not parts or ".." in parts or path in ("~", "~/") or ":" in path or not path.isprintable():
         raise SshConfigError(f"invalid --remote-dir {path!r}: a folder of its own, e.g. .xpufleet-ssh/gpu-box "
-                             f"(no '..'; not the home folder or /)")
+                             f"(no '..', no ':' (ssh's -R would split there), no control characters; not the "
+                             f"home folder or /)")
     return path
+
+
+def forward_spec(remote_dir_abs: str, local: str) -> str:
+    """The ``-R`` value tunnelling ``REMOTE_DIR/agent.sock`` to ``local``. The folder is what the host
+    reported: one with ``:`` (where ssh splits the value), a control character or no leading ``/``
+    could point the tunnel elsewhere, so it is refused (SshConfigError)."""
+    if not remote_dir_abs.startswith("/") or ":" in remote_dir_abs or not remote_dir_abs.isprintable():
+        raise SshConfigError(f"the host reported the folder {remote_dir_abs!r}, which an ssh tunnel cannot name "
+                             f"(it must be absolute, without ':' or control characters): choose another --remote-dir")
+    return f"{remote_dir_abs}/{SOCKET}:{local}"
 
 
 def check_python(python: str) -> str:
@@ -168,7 +181,7 @@ print(json.dumps(out), flush=True)
 '''
 
 INSTALL = _COMMON + r'''
-import io, shutil, tarfile
+import io, shlex, shutil, tarfile
 BUILD, PY = sys.argv[3], sys.argv[4]
 if os.path.isdir(D) and not ours() and os.listdir(D):
     print(json.dumps({"ok": False, "error": "%s exists and is not this SSH worker's folder" % D}), flush=True)
@@ -195,8 +208,8 @@ os.rename(new, os.path.join(D, "pkg"))
 os.makedirs(os.path.join(D, "bin"), exist_ok=True)
 launcher = os.path.join(D, "bin", "xpufleet")
 with open(launcher, "w") as f:
-    f.write('#!/bin/sh\nXPUFLEET_HOME="%s/home" PYTHONPATH="%s/pkg" exec "%s" -m xpufleet.server "$@"\n'
-            % (D, D, PY))
+    f.write('#!/bin/sh\nXPUFLEET_HOME=%s PYTHONPATH=%s exec %s -m xpufleet.server "$@"\n'
+            % (shlex.quote(os.path.join(D, "home")), shlex.quote(os.path.join(D, "pkg")), shlex.quote(PY)))
 os.chmod(launcher, 0o755)
 with open(os.path.join(D, "BUILD"), "w") as f:
     f.write(BUILD + "\n")

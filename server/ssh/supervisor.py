@@ -178,7 +178,11 @@ class SshSupervisor:
         if local is None:
             raise SshStepError("no tunnel end", "the sidecar has no agent socket and serves TLS on its port: "
                                                 "see the sidecar's log", retry=True)
-        await self._tunnel(f"{probe['dir']}/{commands.SOCKET}:{local}")
+        try:
+            forward = commands.forward_spec(str(probe.get("dir")), local)
+        except commands.SshConfigError as exc:
+            raise SshStepError("cannot use the host", str(exc)) from None
+        await self._tunnel(forward)
 
     async def _tunnel(self, forward: str) -> None:
         t = self.target

@@ -15,11 +15,17 @@ documents every field):
   LWS injects ``LWS_LEADER_ADDRESS``, ``LWS_GROUP_SIZE``, ``LWS_WORKER_INDEX`` itself, the rest is set
   here from the pod's LWS labels;
 * a ``Service`` selecting worker index 0 of every group: traffic reaches rank 0 only (seed 002).
+
+The spec's own text (argv, env values, the model path) reaches the container unchanged: every ``$``
+in it is written ``$$``, since the kubelet expands ``$(NAME)`` in ``command`` and ``env`` values and
+reads ``$$`` as one ``$`` (docs/export.md). The objects are written by ``yaml.safe_dump``, so no text
+adds a key or a document; the namespace must be a DNS label and the image one word of printable text.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from .envcontract import HOST_ENV, PORT_ENV, PROGRAM_ENV, RENDEZVOUS_ENV, SERVICE_ENV
@@ -37,6 +43,25 @@ DEFAULT_PORT = 8000
 DEFAULT_MASTER_PORT = 29500
 RESOURCE_BY_KIND = {"cuda": "nvidia.com/gpu", "xpu": "gpu.intel.com/i915"}
 MODEL_SERVER_ARGV = ["python", "-m", "xpufleet.server.units.model_server"]
+NAMESPACE_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # a Kubernetes DNS-1123 label
+MAX_IMAGE_CHARS = 512
+
+
+def kubelet_literal(text: str) -> str:
+    """``text`` as a ``command``/``env`` value the kubelet leaves as it is: ``$`` doubled, so a
+    ``$(NAME)`` in a spec is not replaced by the container's variable NAME."""
+    return text.replace("$", "$$")
+
+
+def check_target(image: str, namespace: str | None) -> None:
+    """Raise ValueError naming the field unless ``image`` is one word of printable text and
+    ``namespace`` (when given) a DNS-1123 label, as Kubernetes takes them."""
+    if not image or len(image) > MAX_IMAGE_CHARS or any(c.isspace() or not c.isprintable() for c in image):
+        raise ValueError(f"image: must be a container image reference (printable, no spaces, at most "
+                         f"{MAX_IMAGE_CHARS} characters), got {ascii(image[:80])}")
+    if namespace is not None and not NAMESPACE_RE.fullmatch(namespace):
+        raise ValueError(f"namespace: must be a Kubernetes namespace (lower-case letters, digits and '-', "
+                         f"at most 63 characters), got {ascii(namespace[:80])}")
 
 
 def _label_ref(label: str) -> dict[str, Any]:
@@ -62,16 +87,16 @@ def _env(spec: ServiceSpec, port: int, master_port: int) -> list[dict[str, Any]]
         {"name": HOST_ENV, "value": "0.0.0.0"},
     ]
     if isinstance(spec.program, ModelProgram):
-        env.append({"name": PROGRAM_ENV, "value": json.dumps({"model": spec.to_json()["program"]["model"]},
-                                                               separators=(",", ":"))})
+        program = json.dumps({"model": spec.to_json()["program"]["model"]}, separators=(",", ":"))
+        env.append({"name": PROGRAM_ENV, "value": kubelet_literal(program)})
     else:
-        env += [{"name": k, "value": v} for k, v in spec.program.env]
+        env += [{"name": k, "value": kubelet_literal(v)} for k, v in spec.program.env]
     return env
 
 
 def _argv(spec: ServiceSpec, port: int, master_port: int) -> list[str]:
     if isinstance(spec.program, CommandProgram):
-        return fill_placeholders(spec.program.argv, {
+        return fill_placeholders([kubelet_literal(a) for a in spec.program.argv], {
             "port": str(port), "host": "0.0.0.0", "rank": "$(RANK_ID)", "size": str(spec.size),
             "master_addr": "$(LWS_LEADER_ADDRESS)", "master_port": str(master_port)})
     return list(MODEL_SERVER_ARGV)
@@ -98,7 +123,9 @@ def _template(spec: ServiceSpec, role: str, image: str, port: int, master_port: 
 
 def lws_manifest(spec: ServiceSpec, image: str = DEFAULT_IMAGE, namespace: str | None = None,
                  port: int = DEFAULT_PORT, master_port: int = DEFAULT_MASTER_PORT) -> list[dict[str, Any]]:
-    """The LeaderWorkerSet and the leader Service for ``spec`` (two Kubernetes objects)."""
+    """The LeaderWorkerSet and the leader Service for ``spec`` (two Kubernetes objects); ValueError for
+    an image or namespace Kubernetes would not take (:func:`check_target`)."""
+    check_target(image, namespace)
     meta: dict[str, Any] = {"name": spec.name,
                             "labels": {"app.kubernetes.io/name": spec.name, "app.kubernetes.io/managed-by": "xpufleet"}}
     if namespace:

@@ -70,7 +70,10 @@ async def export_service(request: web.Request) -> web.Response:
         raise ApiError(400, f"format: must be one of {', '.join(EXPORT_FORMATS)}, got {fmt!r}")
     image = request.query.get("image") or DEFAULT_IMAGE
     namespace = request.query.get("namespace") or None
-    text = to_yaml(lws_manifest(svc.spec, image=image, namespace=namespace))
+    try:
+        text = to_yaml(lws_manifest(svc.spec, image=image, namespace=namespace))
+    except ValueError as exc:  # the image or namespace asked for
+        raise ApiError(400, str(exc)) from None
     return web.Response(text=text, content_type="application/yaml")
 
 

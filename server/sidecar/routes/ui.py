@@ -196,6 +196,7 @@ def _describe(app: web.Application) -> None:
     ops = {
         ("get", "/"): {"summary": "the standalone page (Runs, Workers, capsule, graph drop zone)",
                        "responses": {"200": {"description": "text/html"}}},
+        ("get", "/favicon.ico"): {"summary": "the page's icon (SVG)", "responses": {"200": {"description": "image/svg+xml"}}},
         ("get", "/ui/{path}"): {"summary": "the page's files (web/)",
                                 "parameters": [{"name": "path", "in": "path", "required": True,
                                                 "schema": {"type": "string"}}],

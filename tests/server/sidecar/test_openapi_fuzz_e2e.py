@@ -7,11 +7,15 @@ server's home path; a negative case is refused with a 4xx (schemathesis's ``nega
 no answer takes longer than ``RESPONSE_BOUND_S``. Run ids (and worker names) in the paths of positive cases are, one case in two, those of real runs (finished, so a long-poll or an
 event stream ends at once; never for DELETE), so the run routes are exercised past their 404s. The number of cases
 that ran is printed (``-s``) and asserted to cover every operation in both modes.
+
+``XPUFLEET_FUZZ_OPERATIONS`` (comma-separated pieces of ``"METHOD /path"``, e.g. ``/api/pools,/api/sweeps``)
+narrows the run to the operations that contain one of them; the coverage checks then hold for those.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import Counter
 from typing import Any
@@ -32,6 +36,12 @@ RESPONSE_BOUND_S = 5.0  # no answer slower than this (a loaded 2-core machine; t
 EXAMPLES = {GenerationMode.POSITIVE: 30, GenerationMode.NEGATIVE: 20}  # per operation
 SKIPPED = {("GET", "/api/agents/ws")}  # the agents' WebSocket: fuzzed by the protocol's own tests
 WORKER = "fuzz-worker"
+ONLY = [p.strip() for p in os.environ.get("XPUFLEET_FUZZ_OPERATIONS", "").split(",") if p.strip()]
+
+
+def selected(method: str, path: str) -> bool:
+    """Whether the run covers this operation (every one unless XPUFLEET_FUZZ_OPERATIONS narrows it)."""
+    return not ONLY or any(piece in f"{method.upper()} {path}" for piece in ONLY)
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +66,7 @@ def test_every_route_survives_schemathesis(sidecar):
     failed = sidecar.submit(bad, name="fuzz-failed")
     sidecar.finish(failed)
     real_runs = [ok, failed]
+    real = real_objects(sidecar)
 
     # Every case carries the valid token: the token checks have their own tests (test_auth.py).
     config = schemathesis.Config.from_dict({"generation": {"with-security-parameters": False}})
@@ -64,11 +75,11 @@ def test_every_route_survives_schemathesis(sidecar):
     operations = []
     for result in schema.get_all_operations():
         op = result.ok()
-        if (op.method.upper(), op.path) not in SKIPPED:
+        if (op.method.upper(), op.path) not in SKIPPED and selected(op.method, op.path):
             operations.append(op)
-    assert len(operations) >= 25, [f"{o.method} {o.path}" for o in operations]
+    assert len(operations) >= (1 if ONLY else 25), [f"{o.method} {o.path}" for o in operations]
 
-    check = Checker(sidecar, auth, real_runs)
+    check = Checker(sidecar, auth, real_runs, real)
     for op in operations:
         check.documented_examples(schema, op)
         for mode, examples in EXAMPLES.items():
@@ -84,25 +95,54 @@ def test_every_route_survives_schemathesis(sidecar):
         print(f"  {label}: " + ", ".join(f"{code} x{n}" for (lbl, code), n in sorted(check.statuses.items())
                                          if lbl == label))
     assert not problems, "\n".join(problems[:30]) + f"\n({len(problems)} problems)"
-    assert ran["POST /api/runs [examples]"] >= 1 and ran["POST /api/predict [examples]"] >= 1, ran
+    if not ONLY:
+        assert ran["POST /api/runs [examples]"] >= 1 and ran["POST /api/predict [examples]"] >= 1, ran
     every = [f"{o.method.upper()} {o.path} [{m.value}]" for o in operations for m in EXAMPLES]
     assert all(ran[label] > 0 for label in every if label not in check.nothing_to_break), ran
     # Only operations without a body or a query to break (a path id of any text) have no negative cases.
     with_inputs = ["POST /api/runs", "POST /api/predict", "POST /api/runs/{run_id}/cancel", "GET /api/runs",
                    "POST /api/workers/join-tokens", "PUT /api/workers/{name}/devices/{device}/mode",
                    "GET /api/runs/{run_id}/events", "GET /api/runs/{run_id}/logs", "GET /api/workers/{name}"]
-    assert all(ran[f"{label} [negative]"] > 0 for label in with_inputs), ran
+    with_inputs += ["POST /api/pools", "POST /api/services", "PUT /api/services/{name}", "POST /api/sweeps",
+                    "POST /api/studies", "POST /api/estimates", "GET /api/sweeps", "GET /api/studies",
+                    "GET /api/services/{name}/export"]
+    assert all(ran[f"{label} [negative]"] > 0 for label in with_inputs if selected(*label.split(" ", 1))), ran
     assert sidecar.client.run(ok)["status"] == "succeeded"  # nothing a fuzzed call did broke the runs
     json.dumps(sidecar.client.request("GET", "/api/status"))
+
+
+def real_objects(sidecar: harness.Sidecar) -> dict[str, str]:
+    """A pool, a sweep and a study that exist (the sweep and the study finished: one iris run each), so
+    the positive cases of their routes get past the 404s, as the run routes do with real runs."""
+    found: dict[str, str] = {}
+    if selected("GET", "/api/pools/{name}"):
+        found["pool"] = sidecar.client.request("POST", "/api/pools", body={"name": "fuzz-pool"})["name"]
+    if selected("GET", "/api/sweeps/{sweep_id}"):
+        sweep = sidecar.client.request("POST", "/api/sweeps", body={
+            "name": "fuzz-sweep", "graph": harness.iris_graph(1), "objective": {"metric": "val_accuracy"},
+            "parameters": {"5.lr": [0.01]}, "seeds": 1})
+        found["sweep_id"] = sweep["sweep_id"]
+    if selected("GET", "/api/studies/{study_id}"):
+        study = sidecar.client.request("POST", "/api/studies", body={
+            "name": "fuzz-study", "graph": harness.iris_graph(1), "objective": {"metric": "val_accuracy"},
+            "n_trials": 1, "parameters": {"5.lr": {"low": 0.001, "high": 0.1, "log": True}}})
+        found["study_id"] = study["study_id"]
+    for kind, path in (("sweep_id", "/api/sweeps/"), ("study_id", "/api/studies/")):
+        if kind in found:
+            harness.wait_until(lambda p=path + found[kind]: sidecar.client.request("GET", p)["status"] not in
+                               ("queued", "running", "cancelling"), f"{kind} finished", timeout=180)
+    return found
 
 
 class Checker:
     """Sends the cases of one operation and mode, and keeps what each answer broke."""
 
-    def __init__(self, sidecar: harness.Sidecar, auth: dict[str, str], real_runs: list[str]) -> None:
+    def __init__(self, sidecar: harness.Sidecar, auth: dict[str, str], real_runs: list[str],
+                 real: dict[str, str]) -> None:
         self.sidecar = sidecar
         self.auth = auth
         self.real_runs = real_runs
+        self.real = real
         self.ran: Counter[str] = Counter()
         self.statuses: Counter[tuple[str, int]] = Counter()
         self.slowest: list[tuple[float, str]] = []
@@ -149,9 +189,12 @@ class Checker:
                 if "path" in params and n % 4 == 0:
                     params["path"] = "spec.json"
             if "name" in params:
-                params["name"] = WORKER
+                params["name"] = self.real["pool"] if case.path.startswith("/api/pools/") else WORKER
                 if "device" in params:
                     params["device"] = "cpu"
+            for kind in ("sweep_id", "study_id"):
+                if kind in params and kind in self.real:
+                    params[kind] = self.real[kind]
         self.ran[label] += 1
         url = self.sidecar.url
         started = time.monotonic()

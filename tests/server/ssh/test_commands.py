@@ -16,6 +16,8 @@ import time
 
 import psutil
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from xpufleet.constants import VERSION
 from xpufleet.server.ssh import bundle as bundle_mod
@@ -209,3 +211,80 @@ def test_an_ssh_workers_status_says_what_ssh_does():
     assert ssh_status("Online", "", ssh) == ("Online", "")
     status, reason = ssh_status("Disconnected", "", {**ssh, "disabled": True})
     assert status == "Disabled" and "enable it" in reason
+
+
+# --- hostile values: each arrives as one intact argument, and nothing it says runs ------------------------
+
+SHELL_DANGER = ["$(touch pwned)", "`touch pwned`", "; touch pwned", "&& touch pwned", "| touch pwned", "'", '"', "\\",
+                "$HOME", "${IFS}", "*", "?", "~", "#", "\n", "\r", "\t", " ", "!", "-", "--", "-oProxyCommand=x", ">x",
+                "<x", "(", ")", "{", "}", "%", "é", "\u2028", "\x85", "\x1b[2J", "\U0001f600"]
+
+
+def _shell_text(max_parts: int = 5) -> st.SearchStrategy[str]:
+    part = st.one_of(st.sampled_from(SHELL_DANGER),
+                     st.text(alphabet=st.characters(exclude_categories=("Cs",), exclude_characters="\x00"), max_size=4))
+    return st.lists(part, max_size=max_parts).map("".join)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(parts=st.lists(_shell_text(), max_size=5), python=_shell_text(), identity=st.one_of(st.none(), _shell_text()),
+       config=st.one_of(st.none(), _shell_text()), port=st.one_of(st.none(), st.integers(1, 65535)))
+def test_hostile_remote_arguments_reach_the_remote_shell_as_single_intact_arguments(tmp_path_factory, parts, python,
+                                                                                    identity, config, port):
+    t = c.SshTarget("me@gpu-box", port, identity or None, python or "python3", ".xpufleet-ssh/box")
+    remote = c.script_command(t, "print(1)", *parts)
+    argv = c.ssh_argv("ssh", t, config or None, remote)
+    assert argv[-3:-1] == ["--", "me@gpu-box"] and shlex.split(argv[-1]) == remote
+    flags = argv[:-3]  # before "--": ssh's own options; a user value only ever right after its flag
+    for flag, value in (("-i", identity or None), ("-F", config or None), ("-p", str(port) if port else None)):
+        assert (flags[flags.index(flag) + 1] == value) if value else flag not in flags
+    fixed, i = [], 0
+    while i < len(flags):  # the flags with the user's values (and their flags) taken out
+        i, fixed = (i + 2, fixed) if flags[i] in ("-i", "-F", "-p") else (i + 1, [*fixed, flags[i]])
+    plain = c.ssh_argv("ssh", c.SshTarget("me@gpu-box"), None, ["true"])[:-3]
+    assert fixed == plain + (["-o", "IdentitiesOnly=yes"] if identity else [])
+    # What the remote shell does with it: printf prints each argument it got, NUL-terminated.
+    cwd = tmp_path_factory.mktemp("shell")
+    echo = ["printf", "%s\\0", *remote]
+    line = " ".join(shlex.quote(p) for p in echo)
+    assert subprocess.run(["bash", "-n", "-c", line], timeout=30).returncode == 0
+    done = subprocess.run(["bash", "-c", line], capture_output=True, timeout=30, cwd=cwd)
+    assert done.stdout.split(b"\0")[:-1] == [p.encode("utf-8", "surrogateescape") for p in remote]
+    assert list(cwd.iterdir()) == []  # no redirection or command of theirs ran
+
+
+FAKE_PY = "#!/bin/sh\nprintf '%s\\0' \"$0\" \"$XPUFLEET_HOME\" \"$PYTHONPATH\" \"$@\" > \"$RECORD\"\n"
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(folder=_shell_text(4).map(lambda s: s.replace("/", "_").replace("\n", "_").replace("\r", "_")).filter(
+           lambda s: s.strip(". ") and s.isprintable()),
+       py_name=_shell_text(4).map(lambda s: s.replace("/", "_")).filter(lambda s: s not in ("", ".", "..")))
+def test_the_launcher_the_host_script_writes_runs_its_python_from_a_hostile_folder(tmp_path_factory, folder,
+                                                                                    py_name):
+    root = tmp_path_factory.mktemp("host")
+    d = root / f"w{folder}"
+    fake = root / f"py{py_name}"
+    fake.write_text(FAKE_PY)
+    fake.chmod(0o755)
+    done = _run(c.INSTALL, str(d), "box", "b1", str(fake), stdin=_fake_bundle())
+    assert done["ok"], done
+    launcher = d / "bin" / "xpufleet"
+    assert subprocess.run(["sh", "-n", str(launcher)], timeout=30).returncode == 0
+    record = root / "record"
+    ran = subprocess.run([str(launcher), "agent", "a b", "$(touch pwned)"], cwd=root, timeout=30,
+                         env={**os.environ, "RECORD": str(record)})
+    assert ran.returncode == 0
+    got = record.read_bytes().split(b"\0")[:-1]
+    assert got == [os.fsencode(p) for p in (fake, d / "home", d / "pkg", "-m", "xpufleet.server", "agent", "a b",
+                                            "$(touch pwned)")]
+    assert sorted(p.name for p in root.iterdir()) == sorted([d.name, fake.name, "record"])  # nothing else made
+
+
+@pytest.mark.parametrize("bad", ["/x:127.0.0.1:22", "relative/dir", "/x\ny", "/x\x1b[2J"])
+def test_a_reported_folder_that_would_misdirect_the_tunnel_is_refused(bad):
+    with pytest.raises(c.SshConfigError, match="cannot name"):
+        c.forward_spec(bad, "/l/agents.sock")
+    assert c.forward_spec("/home/me/.xpufleet-ssh/box", "/l/a.sock") == "/home/me/.xpufleet-ssh/box/agent.sock:/l/a.sock"
+    with pytest.raises(c.SshConfigError, match="invalid --remote-dir"):
+        c.check_remote_dir("box:1")

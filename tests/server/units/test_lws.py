@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from xpufleet.server.units.envcontract import CONTRACT
 from xpufleet.server.units.lws import (
@@ -12,7 +15,7 @@ from xpufleet.server.units.lws import (
     lws_manifest,
     to_yaml,
 )
-from xpufleet.server.units.spec import parse_service
+from xpufleet.server.units.spec import SERVICE_NAME_RE, fill_placeholders, parse_service
 
 MODEL = {"name": "digits", "program": {"model": {"path": "models/mlp_digits.safetensors"}},
          "unit": {"size": 2, "guard": True}, "replicas": 3, "target": {"device": "cuda"}, "drain_timeout_s": 20}
@@ -75,3 +78,77 @@ def test_yaml_is_two_documents():
     docs = list(yaml.safe_load_all(to_yaml(lws_manifest(parse_service(MODEL)))))
     assert [d["kind"] for d in docs] == ["LeaderWorkerSet", "Service"]
     assert docs[0]["spec"]["leaderWorkerTemplate"]["size"] == 2
+
+
+# --- hostile text: what a spec says arrives in the container unchanged ------------------------------
+
+YAML_DANGER = ["$(", "$$", "$", ")", "$(RANK_ID)", "{rank}", "{port}", "{master_addr}", "\n---\n", "...\n", ": ", "- ",
+               "#", "!!python/object/apply:os.system", "&a", "*a", "'", '"', "\u2028", "\x85", "\ufeff", "%YAML 1.1",
+               "\r\n", "\t", "\ud800", "\U0001f600", "{", "}", "[", "]", ",", "|", ">", "?", "@", "`", "\x1b[2J"]
+
+
+def _yaml_text(nul: bool = False) -> st.SearchStrategy[str]:
+    part = st.one_of(st.sampled_from(YAML_DANGER), st.text(alphabet=st.characters(exclude_categories=()), max_size=5))
+    text = st.lists(part, max_size=6).map("".join)
+    return text if nul else text.map(lambda s: s.replace("\x00", ""))
+
+
+def kubelet_expand(text: str, lookup) -> str:
+    """What the kubelet makes of a command/env value: ``$$`` is ``$``, ``$(NAME)`` is NAME's value."""
+    out, i = [], 0
+    while i < len(text):
+        if text.startswith("$$", i):
+            out.append("$")
+            i += 2
+        elif text.startswith("$(", i) and text.find(")", i + 2) != -1:
+            end = text.find(")", i + 2)
+            out.append(lookup(text[i + 2:end]))
+            i = end + 1
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+LWS_EXAMPLES = 200  # ~30 s on this 2-core machine under load
+
+
+@settings(max_examples=LWS_EXAMPLES, deadline=None)
+@given(name=st.from_regex(SERVICE_NAME_RE, fullmatch=True),
+       argv=st.lists(_yaml_text(), min_size=1, max_size=4).filter(lambda a: a[0].strip()),
+       env=st.dictionaries(st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}", fullmatch=True), _yaml_text(), max_size=3),
+       image=st.one_of(st.just("registry/xpufleet:0.1"), _yaml_text(nul=True)),
+       namespace=st.one_of(st.none(), st.just("ml"), _yaml_text(nul=True)), size=st.integers(1, 4))
+def test_hostile_spec_text_round_trips_through_the_yaml_and_the_kubelet(name, argv, env, image, namespace, size):
+    spec = parse_service({"name": name, "unit": {"size": size}, "target": {"device": "cpu"},
+                          "program": {"command": argv, "env": env}})
+    try:
+        docs = lws_manifest(spec, image=image, namespace=namespace, port=9000, master_port=29400)
+    except ValueError as exc:
+        assert ("image:" in str(exc) and image != "registry/xpufleet:0.1") or \
+            ("namespace:" in str(exc) and namespace not in (None, "ml"))
+        return
+    loaded = list(yaml.safe_load_all(to_yaml(docs)))
+    assert loaded == docs and len(loaded) == 2  # no key, document or tag came from the text
+    lookup = lambda var: f"<value of {var}>"  # noqa: E731 - every variable a text might name is defined
+    filled = fill_placeholders(argv, {"port": "9000", "host": "0.0.0.0", "rank": "<value of RANK_ID>",
+                                      "size": str(size), "master_addr": "<value of LWS_LEADER_ADDRESS>",
+                                      "master_port": "29400"})
+    for role in ("leaderTemplate", "workerTemplate"):
+        (c,) = loaded[0]["spec"]["leaderWorkerTemplate"][role]["spec"]["containers"]
+        assert [kubelet_expand(a, lookup) for a in c["command"]] == filled
+        values = {e["name"]: e.get("value") for e in c["env"]}
+        assert {k: kubelet_expand(values[k], lookup) for k in env} == env
+        assert c["image"] == image
+    assert loaded[0]["metadata"].get("namespace") == (namespace or None)
+
+
+def test_an_image_or_namespace_kubernetes_would_not_take_is_refused_naming_it():
+    spec = parse_service(MODEL)
+    for image in ("", "python:3.11 slim", "img\n- name: x", "\x1b[2J"):
+        with pytest.raises(ValueError, match="^image: "):
+            lws_manifest(spec, image=image)
+    for ns in ("ML", "ml_prod", "-ml", "ml\n", "a" * 64):
+        with pytest.raises(ValueError, match="^namespace: "):
+            lws_manifest(spec, namespace=ns)
+    assert lws_manifest(spec, image="registry.example:5000/xpufleet@sha256:ab", namespace="ml-prod")[0]
