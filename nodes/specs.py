@@ -37,6 +37,9 @@ class OptimizerSpec:
             raise ValueError(f"optimizer weight_decay must be >= 0, got {self.weight_decay}")
         if not 0 <= self.momentum < 1:
             raise ValueError(f"optimizer momentum must be in [0, 1), got {self.momentum}")
+        if self.name == "sgd_momentum" and self.nesterov and self.momentum == 0:
+            # torch refuses Nesterov without momentum; say so before a run starts
+            raise ValueError("optimizer nesterov needs a momentum above 0 (got 0.0): raise momentum or turn nesterov off")
 
     def build(self, params: Any) -> Any:
         """The torch optimizer over ``params``."""
@@ -51,7 +54,7 @@ class OptimizerSpec:
         if self.name == "sgd":
             return torch.optim.SGD(params, lr=self.lr, weight_decay=self.weight_decay)
         if self.name == "sgd_momentum":
-            return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum or 0.9, nesterov=self.nesterov,
+            return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, nesterov=self.nesterov,
                                    weight_decay=self.weight_decay)
         return torch.optim.RMSprop(params, lr=self.lr, momentum=self.momentum, eps=self.eps,
                                    weight_decay=self.weight_decay)

@@ -115,7 +115,7 @@ def _optimizer_code(n: _Node) -> list[str]:
     elif spec.name == "sgd":
         call = f"torch.optim.SGD(params, lr={py_literal(spec.lr)}, weight_decay={py_literal(spec.weight_decay)})"
     elif spec.name == "sgd_momentum":
-        call = (f"torch.optim.SGD(params, lr={py_literal(spec.lr)}, momentum={py_literal(spec.momentum or 0.9)}, "
+        call = (f"torch.optim.SGD(params, lr={py_literal(spec.lr)}, momentum={py_literal(spec.momentum)}, "
                 f"nesterov={py_literal(spec.nesterov)}, weight_decay={py_literal(spec.weight_decay)})")
     else:
         call = (f"torch.optim.RMSprop(params, lr={py_literal(spec.lr)}, momentum={py_literal(spec.momentum)}, eps={py_literal(spec.eps)}, "

@@ -308,6 +308,16 @@ def test_optimizer_spec_builds_the_torch_optimizer():
     assert OptimizerSpec("sgd", 0.1).build(p).defaults["momentum"] == 0
 
 
+def test_a_chosen_momentum_of_zero_stays_zero():
+    p = [torch.nn.Parameter(torch.zeros(2))]
+    assert OptimizerSpec("sgd_momentum", 0.1, momentum=0.0).build(p).defaults["momentum"] == 0.0
+
+
+def test_nesterov_without_momentum_is_refused_before_the_run():
+    with pytest.raises(ValueError, match="nesterov needs a momentum above 0"):
+        OptimizerSpec("sgd_momentum", 0.1, momentum=0.0, nesterov=True)
+
+
 def test_evaluate_node_is_an_output_node(digits, loaders, build_mlp, train_node):
     tl, vl = loaders
     trained, m = train_node(build_mlp(digits[2]), tl, epochs=5, val_dataloader=vl)

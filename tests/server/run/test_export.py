@@ -125,3 +125,11 @@ def test_the_script_builds_the_same_models_and_losses():
                          ("smooth_l1", torch.randn(6, 3))):
         (spec,) = N["XPULoss"]().make(name, 0.1 if name == "cross_entropy" else 0.0)
         assert torch.equal(export_train.Loss(name, spec.label_smoothing)(out, target), spec.build()(out, target)), name
+
+
+def test_a_chosen_momentum_of_zero_exports_as_zero():
+    graph = example("mlp_digits")
+    (opt,) = [n for n in graph.values() if n["class_type"] == "XPUOptimizer"]
+    opt["inputs"].update(name="sgd_momentum", momentum=0.0, nesterov=False)
+    text, _ = export_script(graph)
+    assert "torch.optim.SGD(params, lr=" in text and "momentum=0.0," in text
