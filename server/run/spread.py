@@ -263,8 +263,14 @@ def _part_cause(result: GroupResult) -> MemberExit | None:
     only lost its peers or was ended by the launcher), or None; none after a stop."""
     if result.stop_reason in ("cancel", "interrupt"):
         return None
-    own = sorted((e for e in result.exits if ddp.own_failure(e)), key=lambda e: e.ended_at)
+    own = sorted((e for e in result.exits if ddp.own_failure(e) and not _stopped(e)), key=lambda e: e.ended_at)
     return own[0] if own else None
+
+
+def _stopped(e: MemberExit) -> bool:
+    """A rank that stopped because the run was stopped: rank 0's stop reaches every rank through the
+    per-batch agreement (nodes/ddp.py), so a part's ranks end cancelled without their group being stopped."""
+    return (e.finished or {}).get("status") in ("cancelled", "interrupted")
 
 
 def leader_finish(result: GroupResult, layout: Layout | None) -> dict[str, Any] | None:
@@ -301,7 +307,7 @@ def part_outcome(result: GroupResult, layout: Layout) -> dict[str, Any]:
                 "error": failure_text(rank, layout.world_size, layout.here.worker, cause.cause)}
     if all(not e.failed for e in result.exits):
         return {"status": "succeeded"}
-    if result.stop_reason in ("cancel", "interrupt"):
+    if result.stop_reason in ("cancel", "interrupt") or all(not e.failed or _stopped(e) for e in result.exits):
         return {"status": "cancelled"}
     return {"status": "failed", "peer_lost": True,
             "error": f"the ranks on worker {layout.here.worker} lost contact with the other ranks"}

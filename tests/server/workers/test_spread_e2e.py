@@ -17,6 +17,8 @@ import fleet_harness as fh  # registered by tests/server/conftest.py
 import psutil
 import pytest
 
+from xpufleet.constants import ENV_TEST_DDP_RAISE
+
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 GRAPH: dict[str, Any] = {
@@ -48,11 +50,11 @@ class Agent:
     """``xpufleet agent start --foreground`` in a session of its own (so its process group can be
     killed as one without touching the test's), with its own XPUFLEET_HOME."""
 
-    def __init__(self, fleet: fh.Fleet, name: str, cards: str, home: Path, *args: str) -> None:
+    def __init__(self, fleet: fh.Fleet, name: str, cards: str, home: Path, *args: str, **env: str) -> None:
         self.name, self.home = name, home
         home.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen([*fh.CLI, "agent", "start", "--foreground", "--name", name, "--simulate", cards,
-                                      *args], env=fleet.env(home), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      *args], env=fleet.env(home, **env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         self.out = fh.LineWatcher(self.proc.stdout, fleet.tmp / f"test-agent-{name}.log")
         self.out.start()
@@ -83,10 +85,10 @@ class SpreadFleet:
         self.sc = fleet.sidecar()
         self.agents: dict[str, Agent] = {}
 
-    def join(self, name: str, cards: str) -> Agent:
+    def join(self, name: str, cards: str, **env: str) -> Agent:
         token = self.sc.ok("POST", "/api/workers/join-tokens", {"name": name}, 201)["join_token"]
         agent = Agent(self.fleet, name, cards, self.fleet.tmp / f"home-{name}", "--server", self.sc.url,
-                      "--join", token, "--advertise-addr", "127.0.0.1")
+                      "--join", token, "--advertise-addr", "127.0.0.1", **env)
         self.agents[name] = agent
         self.sc.wait_worker(name, "Online", timeout=120)
         return agent
@@ -163,6 +165,68 @@ def test_ddp_across_two_workers_trains_like_two_ranks_on_one_worker(spread_fleet
         assert torch.allclose(spread_w[key], one_w[key], atol=1e-5, rtol=0), key
     assert runs[wide]["final_metrics"]["val_accuracy"] == pytest.approx(runs[one]["final_metrics"]["val_accuracy"])
     assert f.slots_used("a") == {"cuda:0": 0} and f.slots_used("b") == {"cuda:0": 0}
+
+
+def _stopped_at(events: list[dict[str, Any]]) -> str:
+    (line,) = [e["payload"]["message"] for e in events
+               if e["type"] == "log" and "stopped at" in e["payload"].get("message", "")]
+    return line.split("stopped at ", 1)[1].split(";")[0]
+
+
+def test_a_stop_reaches_the_ranks_on_both_workers_on_the_same_batch(spread_fleet):
+    import json
+
+    f = spread_fleet
+    wide = f.sc.submit(graph(10**5), target={"spread": SPREAD})
+    f.first(wide, "progress")
+    f.sc.ok("POST", f"/api/runs/{wide}/cancel", {})
+    run = f.sc.wait_run(wide, {"cancelled", "failed", "succeeded"}, timeout=300)
+    assert run["status"] == "cancelled", run["error"]
+    part = f.agents["b"].home / "agents" / "b" / "runs" / f"{wide}-part1"
+    rank1 = [json.loads(line) for line in (part / "ddp" / "events-rank1.jsonl").read_text().splitlines()]
+    assert rank1[-1]["payload"]["status"] == "cancelled"
+    assert _stopped_at(f.events(wide)) == _stopped_at(rank1)  # "epoch E, batch B, step S" on both workers
+    assert [p["status"] for p in run["execution_facts"]["spread_parts"][1:]] == ["cancelled"]
+
+
+def test_an_exception_in_the_other_worker_s_rank_fails_the_run_naming_it(spread_fleet):
+    f = spread_fleet
+    raiser = f.join("c", "cuda:0=24", **{ENV_TEST_DDP_RAISE: "1:4"})
+    try:
+        wide = f.sc.submit(graph(10**5), target={"spread": [SPREAD[0], {"worker": "c", "devices": ["cuda:0"]}]})
+        run = f.sc.wait_run(wide, {"failed", "succeeded", "cancelled"}, timeout=300)
+        assert run["status"] == "failed"
+        assert run["error"].startswith(f"DDP rank 1 of 2 failed on worker c: Node 7 (XPUTrainingLoop) failed: "
+                                       f"RuntimeError: test hook {ENV_TEST_DDP_RAISE}: rank 1 raised after batch 4"), \
+            run["error"]
+        assert run["error"].endswith("see output-rank1.log on worker c")
+        assert f.slots_used("a") == {"cuda:0": 0} and f.slots_used("c") == {"cuda:0": 0}
+    finally:
+        raiser.stop()
+
+
+def test_the_cli_runs_a_graph_spread_over_workers_and_the_api_refuses_what_cannot_spread(spread_fleet, tmp_path):
+    import json
+
+    f = spread_fleet
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps(graph(1)))
+    proc = f.fleet.cli("run", str(path), "--spread", "a:cuda:0", "--spread", "b:cuda:0", "--name", "cli-spread",
+                       "--wait", timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (listed,) = f.sc.ok("GET", "/api/runs?name=cli-spread")["runs"]
+    assert f.sc.run(listed["id"])["execution_facts"]["world_size"] == 2
+    bad = f.fleet.cli("run", str(path), "--spread", "a", timeout=60)
+    assert bad.returncode == 2 and "write WORKER:DEVICES" in bad.stderr
+    single = graph(1)
+    single["7"]["inputs"]["strategy"] = "single"
+    code, body = f.sc.call("POST", "/api/runs", {"graph": single, "options": {"target": {"spread": SPREAD}}})
+    assert code == 400 and body["error"].startswith("options.target.spread: a run spread over workers trains with "
+                                                    "ddp"), body
+    code, body = f.sc.call("POST", "/api/runs", {"graph": graph(1), "options": {"target": {"spread": [
+        SPREAD[0], {"worker": "b", "devices": ["cuda:5"]}]}}})
+    assert code == 400 and body["error"] == ("options.target.spread[1]: worker 'b' does not offer cuda:5 (it offers "
+                                             "cpu, cuda:0)"), body
 
 
 def test_a_spread_run_waits_for_every_worker_s_card_at_once(spread_fleet):
