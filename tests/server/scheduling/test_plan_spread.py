@@ -162,3 +162,71 @@ def test_build_state_holds_a_spread_run_on_every_part():
     assert state.slots["a/cuda:0"].holders == ["wide"] and state.slots["b/cuda:1"].holders == ["wide"]
     state.release("wide")
     assert state.slots["a/cuda:0"].used == 0 and state.slots["b/cuda:1"].used == 0
+
+
+def _random_run(rng, providers, run_id: str) -> QueuedRun:
+    """A single card, a device set, or a spread run over 2-3 workers (sometimes with a second way)."""
+    r = rng.random()
+    workers = [p for p in providers if len(p.devices) > 1]
+    if r < 0.35 and len(workers) >= 2:
+        chosen = rng.sample(workers, rng.randint(2, min(3, len(workers))))
+        parts = [(p.name, tuple(rng.sample([d.name for d in p.devices if d.name != "cpu"], 1))) for p in chosen]
+        cands = [Candidate(parts[0][0], parts[0][1], tuple(parts[1:]))]
+        if rng.random() < 0.2:
+            p = rng.choice(providers)
+            cands.append(Candidate(p.name, (rng.choice([d.name for d in p.devices]),)))
+        return QueuedRun(run_id, tuple(cands))
+    p = rng.choice(providers)
+    names = [d.name for d in p.devices]
+    if r < 0.5 and len(names) > 2:
+        return QueuedRun(run_id, (Candidate(p.name, tuple(rng.sample(names, 2))),))
+    return QueuedRun(run_id, (Candidate(p.name, (rng.choice(names),)),))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_slot_queue_decides_spread_runs_incrementally_exactly_like_the_reference_rule(seed):
+    """The dispatcher's hot path with spread runs in the queue: pass after pass (runs end, waiting
+    spread runs are cancelled, new ones come, a worker leaves or comes back), SlotQueue continues from
+    its previous pass and gives plan()'s placements and reservations; a placed spread run holds every
+    part's slots under its id."""
+    import random
+
+    rng = random.Random(9000 + seed)
+    providers = [worker(f"w{i}", "cpu", *[f"cuda:{j}" for j in range(rng.randint(1, 3))],
+                        online=rng.random() < 0.9) for i in range(rng.randint(2, 4))]
+    q = SlotQueue()
+    n = 0
+    for _ in range(rng.randint(5, 30)):
+        n += 1
+        q.add(_random_run(rng, providers, f"r{n}"))
+    holdings: dict = {}
+    state = build_state(providers, None, holdings)
+    for step in range(40):
+        ref = plan(list(q), state, explain=False)
+        fast = q.plan(state, explain=False)
+        assert [(p.run_id, p.provider, p.devices, p.extra) for p in fast.placements] == \
+            [(p.run_id, p.provider, p.devices, p.extra) for p in ref.placements], step
+        assert fast.reserved == ref.reserved, step
+        for p in fast.placements:
+            q.remove(p.run_id)
+            holdings[p.run_id] = (p.provider, p.devices, p.extra)
+            state.hold(p.run_id, p.provider, p.devices, p.extra)
+            assert state.held[p.run_id] == p.slot_keys
+        for _ in range(rng.randint(0, 3)):
+            if holdings and rng.random() < 0.7:
+                run_id = rng.choice(sorted(holdings))
+                del holdings[run_id]
+                state.release(run_id)
+            if len(q) and rng.random() < 0.3:
+                sets = [r.run_id for r in q if r.is_device_set]
+                q.remove(rng.choice(sets if sets and rng.random() < 0.6 else [r.run_id for r in q]))
+            if rng.random() < 0.6:
+                n += 1
+                q.add(_random_run(rng, providers, f"r{n}"))
+        for slot in state.slots.values():
+            assert slot.used <= min(o.limit for o in slot.offers)  # never over the limit, online or not
+        if rng.random() < 0.05:
+            i = rng.randrange(len(providers))
+            p = providers[i]
+            providers[i] = ProviderInfo(p.name, p.devices, online=not p.online)
+            state = build_state(providers, None, holdings)

@@ -267,3 +267,26 @@ def test_kill_9_of_one_agent_fails_the_run_naming_that_worker_and_rank_and_leave
     assert not psutil.pid_exists(pids[0]) or psutil.Process(pids[0]).status() == psutil.STATUS_ZOMBIE
     assert a.descendants() - before == set()
     assert f.slots_used("a") == {"cuda:0": 0}
+
+
+def test_kill_9_of_rank_0_s_agent_fails_the_run_naming_rank_0_and_leaves_nothing_on_the_other(spread_fleet):
+    f = spread_fleet
+    b = f.agents["b"]
+    if b.proc.poll() is not None:  # the test before killed it: it comes back with its stored credential
+        b = f.agents["b"] = Agent(f.fleet, "b", "cuda:0=24", b.home, "--server", f.sc.url, "--advertise-addr",
+                                  "127.0.0.1")
+        f.sc.wait_worker("b", "Online", timeout=120)
+    a = f.agents["a"]
+    before = b.descendants()
+    wide = f.sc.submit(graph(10**5), target={"spread": SPREAD})
+    pids = [r["pid"] for r in f.first(wide, "ddp_started")["payload"]["ranks"]]
+    f.first(wide, "progress")
+    os.killpg(a.proc.pid, signal.SIGKILL)
+    fh.kill9(pids[0])
+    a.proc.wait(timeout=30)
+    run = f.sc.wait_run(wide, {"failed", "succeeded", "cancelled", "interrupted"}, timeout=300)
+    assert run["status"] == "failed"
+    assert run["error"].startswith("DDP rank 0 of 2 failed on worker a: worker a disconnected"), run["error"]
+    assert b.descendants() - before == set()  # b reported its part once its rank had exited
+    assert not psutil.pid_exists(pids[1]) or psutil.Process(pids[1]).status() == psutil.STATUS_ZOMBIE
+    assert f.slots_used("b") == {"cuda:0": 0}
