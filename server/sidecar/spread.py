@@ -203,6 +203,11 @@ class SpreadRuns:
         if record is None:
             return
         for i, part in enumerate(run.layout.parts[1:], start=1):
+            unreachable = self._unreachable(run, part.worker, store)
+            if unreachable is not None:
+                self._part_done(run, i, {"status": "failed", "failed_rank": part.first_rank, "error": failure_text(
+                    part.first_rank, run.layout.world_size, part.worker, unreachable)})
+                return
             layout = Layout(run.layout.parts, i, store)
             log.info("run %s: rank 0 opened its store at %s; starting ranks %d.. on worker %s", run.run_id, store,
                      part.first_rank, part.worker)
@@ -213,6 +218,20 @@ class SpreadRuns:
                 self._part_done(run, i, {"status": "failed", "failed_rank": part.first_rank, "error": failure_text(
                     part.first_rank, run.layout.world_size, part.worker,
                     f"worker {part.worker} is not connected, so its ranks could not start")})
+
+    def _unreachable(self, run: SpreadRun, worker: str, store: str) -> str | None:
+        """Why ``worker`` cannot reach rank 0's store: a loopback address advertised by rank 0's worker
+        while ``worker`` connects from another machine (its ranks would wait out the collective timeout)."""
+        host = store.rpartition(":")[0].strip("[]")
+        if not (host.startswith("127.") or host == "::1"):
+            return None
+        first = run.layout.parts[0].worker
+        here, there = getattr(self._provider(first), "peer", None), getattr(self._provider(worker), "peer", None)
+        if here is None or there is None or here == there:
+            return None
+        return (f"rank 0's store is at {store} on worker {first}, a loopback address that worker {worker} (connected "
+                f"from {there}, another machine than {first}'s {here}) cannot reach; start {first}'s agent with "
+                f"--advertise-addr and an address the other workers reach")
 
     def _stop_parts(self, run: SpreadRun, why: str) -> None:
         for i in run.pending():

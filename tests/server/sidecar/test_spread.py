@@ -13,7 +13,7 @@ from xpufleet.server.sidecar.spread import SpreadRuns, holder_id
 
 class Worker:
     def __init__(self, name: str) -> None:
-        self.name, self.online, self.sent = name, True, []
+        self.name, self.online, self.sent, self.peer = name, True, [], "127.0.0.1"
 
     async def send(self, mtype: str, **fields: Any) -> bool:
         self.sent.append((mtype, fields))
@@ -152,5 +152,21 @@ def test_a_part_that_never_reports_does_not_hold_the_result_past_the_wait(monkey
         await asyncio.sleep(0.2)  # bounded: the wait of 0.05 s ran out
         (ev,) = d.ingested
         assert ev["payload"]["status"] == "succeeded"
+
+    asyncio.run(main())
+
+
+def test_a_loopback_store_that_a_worker_on_another_machine_cannot_reach_fails_the_run_at_once():
+    async def main() -> None:
+        d = Dispatcher()
+        d.providers["b"].peer = "10.0.0.7"
+        s = SpreadRuns(d)  # type: ignore[arg-type]
+        s.placed("r", "a", ("cuda:0",), (("b", ("cuda:0",)),))
+        s.filter("r", [{"type": "ddp_ready", "payload": {"store": "127.0.0.1:4000"}}])
+        await asyncio.gather(*d.tasks)
+        assert not [m for m, _ in d.providers["b"].sent if m == "start_part"]
+        (mtype, fields), = [x for x in d.providers["a"].sent if x[0] == "cancel_run"]
+        assert "a loopback address that worker b (connected from 10.0.0.7" in fields["reason"]
+        assert "--advertise-addr" in fields["reason"]
 
     asyncio.run(main())
