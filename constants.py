@@ -124,6 +124,12 @@ ENV_DDP_RANK = "XPUFLEET_DDP_RANK"  # set by the launcher on follower ranks 1..N
 DDP_RANK_ENV_DEFAULTS = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
 DDP_DIRNAME = "ddp"  # under the run dir: the rendezvous file and the followers' event logs
 DDP_RENDEZVOUS_FILENAME = "rendezvous"  # torch.distributed FileStore (file:// init_method)
+# ddp across workers (docs/architecture.md "ddp across workers"): rank 0's TCPStore "host:port", given to
+# every other rank; the address an agent advertises for it (--advertise-addr; loopback only in tests).
+ENV_DDP_STORE = "XPUFLEET_DDP_STORE"
+AGENT_ADVERTISE_ADDR_DEFAULT = "127.0.0.1"
+# How long the sidecar holds a spread run's result for its other workers' ranks to end and report.
+SPREAD_PARTS_WAIT_S = RUN_STOP_GRACE_S + 15.0
 # Tests only: "RANK:BATCH" makes that rank raise a RuntimeError after that many training batches.
 ENV_TEST_DDP_RAISE = "XPUFLEET_TEST_DDP_RAISE"
 

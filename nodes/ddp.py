@@ -104,6 +104,7 @@ class _ProcessState:
 
     control: Any = None
     backend: str | None = None
+    listener: Any = None  # rank 0's TCPStore socket (ddp across workers)
 
 
 _STATE = _ProcessState()
@@ -146,24 +147,23 @@ class DistributedStrategy:
         for key, value in DDP_RANK_ENV_DEFAULTS.items():
             if key != "OMP_NUM_THREADS":  # read by OpenMP at start-up: the launcher sets it in the env
                 os.environ.setdefault(key, value)
-        for key, value in (("RANK", self.rank), ("LOCAL_RANK", self.rank), ("WORLD_SIZE", self.world_size),
-                           ("LOCAL_WORLD_SIZE", self.world_size)):
+        for key, value in (("RANK", self.rank), ("WORLD_SIZE", self.world_size)):
             os.environ[key] = str(value)  # for libraries that read them; the rendezvous is the file
+        for key, value in (("LOCAL_RANK", self.rank), ("LOCAL_WORLD_SIZE", self.world_size)):
+            os.environ.setdefault(key, str(value))  # across workers the launcher sets this worker's own
         if self._device.type == "cuda":
             torch.cuda.set_device(self._device)
-        rendezvous = self.role.rendezvous
+        timeout = timedelta(seconds=DDP_COLLECTIVE_TIMEOUT_S)
+        where, meet = _rendezvous(self.role, timeout)
         if self.is_main:
-            rendezvous.parent.mkdir(parents=True, exist_ok=True)
-            rendezvous.unlink(missing_ok=True)  # a stale store from an earlier attempt would confuse the ranks
-            self.ctx.event("ddp_ready", {"rendezvous": str(rendezvous), "world_size": self.world_size,
-                                         "backend": self.backend, "cards": list(self.role.cards)})
+            self.ctx.event("ddp_ready", {**where, "world_size": self.world_size, "backend": self.backend,
+                                         "cards": list(self.role.cards)})
             runtime.info(f"{self.label}: ddp on {self.world_size} ranks ({', '.join(self.role.cards)}), backend "
                          f"{self.backend}; waiting for ranks 1..{self.world_size - 1}")
-        timeout = timedelta(seconds=DDP_COLLECTIVE_TIMEOUT_S)
 
         def join() -> Any:
-            dist.init_process_group(self.backend, init_method=rendezvous.as_uri(), rank=self.rank,
-                                    world_size=self.world_size, timeout=timeout)
+            dist.init_process_group(self.backend, **meet(), rank=self.rank, world_size=self.world_size,
+                                    timeout=timeout)
             # Stop/report flags and small objects travel on a gloo group of their own (CPU tensors).
             return dist.new_group(backend="gloo", timeout=timeout)
 
@@ -174,7 +174,7 @@ class DistributedStrategy:
                               "device": str(self._device)})
         if self.is_main:
             self.ctx.execution_facts["ddp"] = {"world_size": self.world_size, "backend": self.backend,
-                                               "rendezvous": str(rendezvous), "ranks": ranks}
+                                               "rendezvous": where["rendezvous"], "ranks": ranks}
             self.ctx.event("ddp_started", {"world_size": self.world_size, "backend": self.backend, "ranks": ranks})
 
     def _gather(self, obj: Any) -> list[Any]:
@@ -313,6 +313,38 @@ class DistributedStrategy:
 
     def facts(self) -> dict[str, Any]:
         return {"strategy": self.name, "world_size": self.world_size, "backend": self.backend}
+
+
+def _rendezvous(role: runtime.DdpRole, timeout: timedelta) -> tuple[dict[str, Any], Any]:
+    """Where the ranks meet (what ``ddp_ready`` says) and a function giving ``init_process_group``'s
+    rendezvous arguments: the FileStore in the run directory on one machine; across workers, rank 0's
+    TCPStore, which rank 0 opens on its worker's advertised address (a socket bound there only, a free
+    port) and the other ranks reach at ``store_host:store_port`` (server/run/spread.py)."""
+    import socket
+
+    import torch.distributed as dist
+
+    if role.store_host is None:
+        path = role.rendezvous
+        if role.rank == 0:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.unlink(missing_ok=True)  # a stale store from an earlier attempt would confuse the ranks
+        return {"rendezvous": str(path)}, lambda: {"init_method": path.as_uri()}
+    host = role.store_host
+    if role.rank != 0:
+        port = int(role.store_port or 0)
+        return ({"rendezvous": f"tcp://{host}:{port}"},
+                lambda: {"store": dist.TCPStore(host, port, role.world_size, False, timeout)})
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((host, 0))
+    listener.listen(128)
+    port = listener.getsockname()[1]
+    store = dist.TCPStore(host, port, role.world_size, True, timeout, wait_for_workers=False,
+                          master_listen_fd=listener.fileno())
+    _STATE.listener = listener  # the store serves on it for the life of the process
+    return {"rendezvous": f"tcp://{host}:{port}", "store": f"{host}:{port}"}, lambda: {"store": store}
 
 
 def _wait_stoppable(fn: Any, stop: threading.Event, message: str) -> Any:

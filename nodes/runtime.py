@@ -39,6 +39,10 @@ class DdpRole:
     rendezvous: Path  # the FileStore file in the run directory (torch.distributed ``file://`` init)
     loops: frozenset[str] = frozenset()  # ids of the TrainingLoops the graph sets to ddp
     simulated: bool = False  # simulated cards (SPEC W6): every rank computes on the CPU, backend gloo
+    # ddp across workers (docs/architecture.md): rank 0's TCPStore on its worker's advertised address
+    # instead of the file; rank 0 has the host only (it opens the store on a free port).
+    store_host: str | None = None
+    store_port: int | None = None
 
 
 @dataclass

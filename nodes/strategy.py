@@ -106,7 +106,8 @@ def ddp_unavailable_reason(ctx: runtime.RunContext | None, node_id: str | None =
     accel = _accelerators(ctx.devices)
     if ctx.placement != "worker":
         return f"runs on this server (target {ctx.placement}) train in one process, even with a device set; {DDP_NEEDS}"
-    if len(accel) < 2:
+    spread = ctx.ddp is not None and ctx.ddp.store_host is not None  # ddp across workers: ranks elsewhere too
+    if len(accel) < 2 and not spread:
         what = ", ".join(ctx.devices) or "cpu"
         return f"this run on a worker has {len(accel)} card{'s' if len(accel) != 1 else ''} ({what}); {DDP_NEEDS}"
     kinds = sorted({d.split(":")[0] for d in accel})

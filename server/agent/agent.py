@@ -20,9 +20,7 @@ import asyncio
 import contextlib
 import logging
 import os
-import secrets
 import signal
-import socket
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -40,19 +38,21 @@ from ...constants import (
 from ..devices import inventory as devinv
 from ..devices import names as devnames
 from ..devices import renumbering as devren
-from ..run import ddp
+from ..run import ddp, spread
 from ..run.events import describe_exit
 from ..run.launcher import LaunchError, ProcessGroup, member_env, single
 from ..run.spec import RunSpec, build_spec
 from ..run.warm import default_starter, warm_up
 from ..sidecar import tls
 from ..workers import protocol
-from .config import (
+from .config import (  # noqa: F401 - default_name, one_shot_name: the CLI's agent.default_name()
     AgentConfig,
     AuthChoice,
     AuthError,
     agents_dir,
     credential_file,
+    default_name,
+    one_shot_name,
     resolve_auth,
     state_file,
     unix_socket_of,
@@ -60,6 +60,7 @@ from .config import (
     ws_url,
 )
 from .instances import InstanceHost
+from .parts import PartHost
 from .remote import RemoteFeatures
 from .usage import run_memory
 
@@ -122,6 +123,7 @@ class Agent(RemoteFeatures):
         self._refusals_reported: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self.instances = InstanceHost(self)  # inference unit instances (instances.py)
+        self.parts = PartHost(self)
 
     def heartbeat_s(self) -> float:
         """Heartbeat period: the server's (from welcome), else this process's own setting."""
@@ -362,6 +364,8 @@ class Agent(RemoteFeatures):
             self._spawn(self._serve_outputs(msg))
         elif mtype in ("start_instance", "stop_instance"):
             await self.instances.handle(msg)
+        elif mtype in ("start_part", "stop_part"):  # ranks of a run spread over workers (parts.py)
+            await self.parts.handle(msg)
         elif mtype == "credential":  # reissued: the old credential no longer works
             server = self.state.get("server")
             write_private_json(credential_file(self.cfg.home, self.cfg.name),
@@ -466,11 +470,13 @@ class Agent(RemoteFeatures):
 
     async def _run_child(self, rs: RunState, msg: dict[str, Any], machine: list[str],
                          renum: devren.Renumbering) -> None:
-        spec = self._spec(rs, msg, renum)
+        layout = spread.leader_layout(msg, self.cfg.advertise_addr)  # None: not a run spread over workers
+        spec = spread.with_layout(self._spec(rs, msg, renum), layout)
         spec.write(rs.run_dir)
         extra = {**self.cfg.extra_env, **renum.env}
         # A run with a ddp loop: every rank on loopback with one thread, unless this agent's env says otherwise.
-        extra.update(ddp.rank_env(spec.graph, spec.world_size, {**os.environ, **extra}))
+        extra.update({**ddp.rank_env(spec.graph, spec.world_size, {**os.environ, **extra}),
+                      **spread.leader_env(layout, {**os.environ, **extra})})  # its sockets: the advertised address
         env = member_env(None, extra)
 
         def on_events(rank: int, events: list[dict[str, Any]]) -> None:
@@ -479,7 +485,7 @@ class Agent(RemoteFeatures):
 
         rs.group = ProcessGroup(single(rs.run_id, rs.run_dir, env, stop_grace_s=RUN_STOP_GRACE_S),
                                 on_events=on_events, starter=default_starter())
-        followers = ddp.Followers(rs.group, rs.run_dir, spec.world_size, env)
+        followers = spread.followers(rs.group, rs.run_dir, spec.world_size, env, layout)
         pump = asyncio.create_task(self._pump(rs))
         try:
             await rs.group.start()
@@ -496,7 +502,7 @@ class Agent(RemoteFeatures):
         rs.pending.put_nowait(None)
         await pump
         # Rank 0's report, for the whole group: a ddp follower's failure is the run's error (server/run/ddp.py).
-        payload = ddp.group_finish(result)
+        payload = spread.leader_finish(result, layout)
         if payload is not None:
             ev = result.finished_event or {"seq": rs.last_seq + 1, "type": "run_finished", "ts": time.time()}
             await self._record(rs, self._finish_payload(rs, {**ev, "payload": payload}, renum))
@@ -581,7 +587,8 @@ class Agent(RemoteFeatures):
         for rs in active:
             self.stop_run(rs, "shutdown")
         self.instances.stop_all()
-        tasks = [rs.task for rs in active if rs.task is not None] + self.instances.tasks()
+        self.parts.stop_all()
+        tasks = [rs.task for rs in active if rs.task is not None] + self.instances.tasks() + self.parts.tasks()
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=RUN_STOP_GRACE_S + 5)
             for rs in active:
@@ -597,18 +604,6 @@ class Agent(RemoteFeatures):
                 await t
         self._write_state("removed" if self.removed else ("done" if self.took_run and self.cfg.one_shot else "stopped"))
         return 0
-
-
-def default_name() -> str:
-    """The worker name when ``--name`` is not given: this machine's hostname (no domain)."""
-    host = socket.gethostname().split(".")[0]
-    name = "".join(c if (c.isascii() and c.isalnum()) or c in "-_" else "-" for c in host).lstrip("-_")[:64]
-    return name if protocol.worker_name_problem(name) is None else "worker"
-
-
-def one_shot_name() -> str:
-    """A one-shot agent's default name: the hostname and a random suffix (many share a machine)."""
-    return f"{default_name()[:55]}-{secrets.token_hex(3)}"
 
 
 def run_agent(cfg: AgentConfig) -> int:

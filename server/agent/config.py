@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...constants import AGENT_WS_PATH, RUNTIME_FILENAME
+from ...constants import AGENT_ADVERTISE_ADDR_DEFAULT, AGENT_WS_PATH, RUNTIME_FILENAME
 from ..devices.simulated import SimulatedCard
 from ..sidecar.runtime_file import read_runtime
-from ..workers.protocol import POOL_SECRET_PREFIX
+from ..workers.protocol import POOL_SECRET_PREFIX, worker_name_problem
 
 
 def agents_dir(home: Path) -> Path:
@@ -87,6 +89,9 @@ class AgentConfig:
     mounts: dict[str, Path] = field(default_factory=dict)  # --mount label=folder (SPEC W9)
     one_shot: bool = False  # take one run, exit when it ends (SPEC W8)
     fingerprint: str | None = None  # --fingerprint: the TLS certificate pinned (SPEC S3)
+    # --advertise-addr: where the other workers' ddp ranks reach this one's (a spread run's rank 0 opens
+    # its rendezvous store here; docs/architecture.md "ddp across workers")
+    advertise_addr: str = AGENT_ADVERTISE_ADDR_DEFAULT
 
 
 class AuthError(RuntimeError):
@@ -135,3 +140,13 @@ def _same_server(a: str | None, b: str | None) -> bool:
     return bool(a and b) and a.rstrip("/") == b.rstrip("/")
 
 
+def default_name() -> str:
+    """The worker name when ``--name`` is not given: this machine's hostname (no domain)."""
+    host = socket.gethostname().split(".")[0]
+    name = "".join(c if (c.isascii() and c.isalnum()) or c in "-_" else "-" for c in host).lstrip("-_")[:64]
+    return name if worker_name_problem(name) is None else "worker"
+
+
+def one_shot_name() -> str:
+    """A one-shot agent's default name: the hostname and a random suffix (many share a machine)."""
+    return f"{default_name()[:55]}-{secrets.token_hex(3)}"

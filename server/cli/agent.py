@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...constants import ENV_MOUNTS, RUN_STOP_GRACE_S, home_dir
+from ...constants import AGENT_ADVERTISE_ADDR_DEFAULT, ENV_MOUNTS, RUN_STOP_GRACE_S, home_dir
 from ...nodes.mounts import MountError, parse_mounts
 from ..agent import agent as agentmod
 from ..agent import config as agentcfg
@@ -63,6 +63,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="a storage mount: node file inputs 'LABEL:file.csv' read FOLDER/file.csv here (repeatable)")
     s.add_argument("--one-shot", action="store_true",
                    help="take exactly one run and exit when it ends (with --join POOL_TOKEN: join that pool)")
+    s.add_argument("--advertise-addr", metavar="ADDRESS", default=AGENT_ADVERTISE_ADDR_DEFAULT,
+                   help="this machine's address that other workers reach for ddp across workers (the rank 0 "
+                        f"store and the ranks' sockets); default {AGENT_ADVERTISE_ADDR_DEFAULT}, this machine only")
     s.add_argument("--fingerprint", metavar="SHA256",
                    help="the TLS sidecar's certificate fingerprint to pin (the join command carries it)")
     t = sub.add_parser("stop", help="stop a worker agent started with `agent start`")
@@ -164,6 +167,7 @@ def _config(args: argparse.Namespace, home: Path) -> agentcfg.AgentConfig:
     except MountError as exc:
         raise DeviceSpecError(f"--mount: {exc}") from None
     extra_env = {ENV_MOUNTS: json.dumps({k: str(v) for k, v in mount_map.items()})} if mount_map else {}
+    advertise = advertise_address(getattr(args, "advertise_addr", None) or AGENT_ADVERTISE_ADDR_DEFAULT)
     return agentcfg.AgentConfig(
         name=name,
         home=home,
@@ -175,7 +179,24 @@ def _config(args: argparse.Namespace, home: Path) -> agentcfg.AgentConfig:
         mounts=mount_map,
         one_shot=one_shot,
         fingerprint=fingerprint,
+        advertise_addr=advertise,
     )
+
+
+def advertise_address(text: str) -> str:
+    """``--advertise-addr``: an IP address of one of this machine's interfaces (DeviceSpecError: exit 2)."""
+    import ipaddress
+
+    from ..run.spread import interface_for
+
+    try:
+        addr = str(ipaddress.ip_address(text.strip().strip("[]")))
+    except ValueError:
+        raise DeviceSpecError(f"--advertise-addr: {text!r} is not an IP address (e.g. 10.0.0.5)") from None
+    if interface_for(addr) is None:
+        raise DeviceSpecError(f"--advertise-addr: no network interface of this machine holds {addr}; give one of "
+                              f"its addresses (ip addr)")
+    return addr
 
 
 def _start(args: argparse.Namespace) -> int:
@@ -221,6 +242,7 @@ def _spawn(args: argparse.Namespace, cfg: agentcfg.AgentConfig, home: Path) -> i
         argv += ["--one-shot"]
     if cfg.fingerprint:
         argv += ["--fingerprint", cfg.fingerprint]
+    argv += ["--advertise-addr", cfg.advertise_addr]
     env = dict(os.environ)
     if cfg.join_token:
         env[ENV_JOIN_TOKEN] = cfg.join_token

@@ -26,6 +26,9 @@ def add_parser(sub: Any) -> None:
     dev = p.add_mutually_exclusive_group()
     dev.add_argument("--device", help="one device: auto, cpu, cuda, cuda:N, xpu:N, mps (falls back if missing)")
     dev.add_argument("--devices", help="a device set, e.g. cuda:0,cuda:1 (every device must be offered)")
+    p.add_argument("--spread", action="append", type=spread_entry, metavar="WORKER:DEVICES",
+                   help="ddp across workers: this worker's cards, e.g. --spread a:cuda:0 --spread b:cuda:0,cuda:1 "
+                        "(repeat, in rank order; the graph's TrainingLoop uses strategy ddp)")
     p.add_argument("--memory-gib", type=float, help="memory budget per card (GiB) for shared cards")
     p.add_argument("--memory-source", choices=("user", "estimate", "measured"),
                    help="where --memory-gib came from: user (typed, default, never changed), estimate (from "
@@ -91,6 +94,16 @@ def _load_graph(path: str) -> dict[str, Any]:
     return graph
 
 
+def spread_entry(text: str) -> dict[str, Any]:
+    """``--spread a:cuda:0,cuda:1`` -> ``{"worker": "a", "devices": ["cuda:0", "cuda:1"]}`` (the server
+    checks the names; a malformed entry is a usage error, exit 2)."""
+    worker, sep, devices = text.partition(":")
+    names = [d.strip() for d in devices.split(",") if d.strip()]
+    if not sep or not worker.strip() or not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: write WORKER:DEVICES, e.g. a:cuda:0 or b:cuda:0,cuda:1")
+    return {"worker": worker.strip(), "devices": names}
+
+
 def _run_options(args: argparse.Namespace) -> dict[str, Any]:
     options: dict[str, Any] = {}
     if args.name:
@@ -116,6 +129,8 @@ def _run_options(args: argparse.Namespace) -> dict[str, Any]:
         target["memory_source"] = args.memory_source
     if args.queue_wait is not None:
         target["wait"] = args.queue_wait
+    if getattr(args, "spread", None):
+        target["spread"] = args.spread
     if target:
         options["target"] = target
     return options

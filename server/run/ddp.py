@@ -166,7 +166,7 @@ class Followers:
 # --- the result (pure) ----------------------------------------------------------------------------------
 
 
-def _own_failure(e: MemberExit) -> bool:
+def own_failure(e: MemberExit) -> bool:
     """A member that failed by itself: not ended by the launcher, not a rank that only lost a peer."""
     return e.failed and not e.ended_by_group and not (e.finished or {}).get("ddp_peer_lost")
 
@@ -177,9 +177,9 @@ def root_cause(result: GroupResult) -> MemberExit | None:
     if result.world_size < 2 or result.stop_reason in ("cancel", "interrupt"):
         return None
     rank0, followers = result.exits[0], result.exits[1:]
-    if _own_failure(rank0):
+    if own_failure(rank0):
         return None
-    own = sorted((e for e in followers if _own_failure(e)), key=lambda e: e.ended_at)
+    own = sorted((e for e in followers if own_failure(e)), key=lambda e: e.ended_at)
     if own:
         return own[0]
     if rank0.failed:  # rank 0 lost its peers, none of which failed: the first that left before it did

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from ...constants import VERSION
-from . import ddp
+from . import ddp, spread
 from .events import EventSink
 from .memory import apply_memory_budget, is_out_of_memory, peak_memory, simulated_card_memory
 from .outputs import OutputRecorder, record_mode
@@ -132,7 +132,8 @@ def run(run_dir: Path, events_fd: int | None = None, stdin: Any = None) -> int:
         for key, value in (spec.get("env") or {}).items():
             os.environ.setdefault(str(key), str(value))
         facts = base_facts(spec)
-        role = ddp.role_for(spec, run_dir, rank)
+        role = spread.role_for(spec, run_dir, rank, os.environ) if spec.get("spread") else \
+            ddp.role_for(spec, run_dir, rank)
         if rank and role is None:
             raise RuntimeError(f"this process is ddp rank {rank}, but the run has no ddp loop to train")
         apply_memory_budget(spec, facts, role)

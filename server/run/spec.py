@@ -40,6 +40,8 @@ class RunSpec:
     # The ranks a ddp TrainingLoop of this run trains on (one per card, see ddp_world_size); only rank 0
     # runs until the loop starts, then the launcher adds ranks 1..N-1. 1 = the run cannot use ddp.
     world_size: int = 1
+    # A run spread over workers: this worker's part of it (server/run/spread.py Layout.to_json).
+    spread: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.run_id, str) or not self.run_id:

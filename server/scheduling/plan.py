@@ -14,19 +14,44 @@ from .waiting import busy_reason, provider_reason, waiting_text
 # --- the queue and the plan -----------------------------------------------------------------------------
 
 
+Part = tuple[str, tuple[str, ...]]  # (provider, the provider's names of the devices it takes)
+
+
 @dataclass(frozen=True)
 class Candidate:
-    """One way to run: a provider and the provider's names of the devices to take (all at once)."""
+    """One way to run: a provider and the provider's names of the devices to take (all at once).
+
+    ``extra``: the other workers' parts of a run spread over workers (ddp across workers,
+    docs/architecture.md "ddp across workers"): the run takes every device of every part at once."""
 
     provider: str
     devices: tuple[str, ...]
+    extra: tuple[Part, ...] = ()
+
+    @property
+    def parts(self) -> tuple[Part, ...]:
+        """Every (provider, devices) the candidate takes, its own provider first."""
+        return ((self.provider, self.devices), *self.extra)
+
+    @functools.cached_property
+    def pairs(self) -> tuple[tuple[str, str], ...]:
+        """Every (provider, device) the candidate takes, in order."""
+        return tuple((p, d) for p, devs in self.parts for d in devs)
+
+    def labels(self) -> list[str]:
+        """Its devices as a waiting_reason names them (``b/cuda:0`` when it spans workers)."""
+        return [f"{p}/{d}" for p, d in self.pairs] if self.extra else list(self.devices)
 
     def to_json(self) -> dict[str, Any]:
-        return {"provider": self.provider, "devices": list(self.devices)}
+        out: dict[str, Any] = {"provider": self.provider, "devices": list(self.devices)}
+        if self.extra:
+            out["spread"] = [{"provider": p, "devices": list(devs)} for p, devs in self.extra]
+        return out
 
     @staticmethod
     def from_json(data: Mapping[str, Any]) -> Candidate:
-        return Candidate(str(data["provider"]), tuple(str(d) for d in data["devices"]))
+        extra = tuple((str(x["provider"]), tuple(str(d) for d in x["devices"])) for x in data.get("spread") or ())
+        return Candidate(str(data["provider"]), tuple(str(d) for d in data["devices"]), extra)
 
 
 @dataclass(frozen=True)
@@ -38,7 +63,7 @@ class QueuedRun:
 
     @functools.cached_property
     def is_device_set(self) -> bool:
-        return any(len(c.devices) > 1 for c in self.candidates)
+        return any(len(c.devices) > 1 or c.extra for c in self.candidates)
 
 
 @dataclass(frozen=True)
@@ -47,6 +72,7 @@ class Placement:
     provider: str
     devices: tuple[str, ...]
     slot_keys: tuple[str, ...]
+    extra: tuple[Part, ...] = ()  # the other workers' parts of a spread run (Candidate.extra)
 
 
 @dataclass
@@ -108,11 +134,17 @@ MAX_REASONS = 3  # reasons spelled out in a waiting_reason; the rest are counted
 
 def candidate_table(cands: Sequence[Candidate], state: SlotState) -> CandTable:
     """Each candidate with its provider, its devices' slot keys (None: no longer offered), and whether
-    a run could ever start through it now (provider online, not draining, every device offered)."""
+    a run could ever start through it now (provider online, not draining, every device offered; for
+    a spread candidate, every part's provider and device)."""
     index, providers = state.index, state.providers
     out: CandTable = []
     for c in cands:
         prov = providers.get(c.provider)
+        if c.extra:
+            keys = tuple(index.get(pair) for pair in c.pairs)
+            usable = all(usable_provider(providers.get(p)) for p, _ in c.extra)
+            out.append((c, prov, keys, usable and usable_provider(prov) and None not in keys))
+            continue
         keys = tuple(index.get((c.provider, d)) for d in c.devices)
         out.append((c, prov, keys, usable_provider(prov) and None not in keys))
     return out
@@ -175,7 +207,7 @@ class PlanPass:
                     if verdict is not True and verdict is not None:
                         reasons.append(verdict if isinstance(verdict, str) else f"{prov.label} did not admit it")
                         continue
-                chosen = Placement(run.run_id, cand.provider, cand.devices, keys)  # type: ignore[arg-type]
+                chosen = Placement(run.run_id, cand.provider, cand.devices, keys, cand.extra)  # type: ignore[arg-type]
                 break
         if chosen is not None:
             for key in chosen.slot_keys:
@@ -188,7 +220,7 @@ class PlanPass:
             entry = next((e for e in table if e[3]), None)
             if entry is not None:
                 taken: list[str] = []
-                for dev, key in zip(entry[0].devices, entry[2], strict=True):
+                for dev, key in zip(entry[0].labels(), entry[2], strict=True):
                     if key in free_set:
                         self._take(key)  # type: ignore[arg-type]
                         self.result.reserved.setdefault(key, run.run_id)  # type: ignore[arg-type]
@@ -217,14 +249,17 @@ class PlanPass:
 
     def _why(self, cand: Candidate, prov: ProviderInfo | None, keys: tuple[str | None, ...],
              run_id: str = "") -> str | None:
-        if prov is None or not prov.online or prov.draining:
-            return provider_reason(cand.provider, prov)
-        for dev, key in zip(cand.devices, keys, strict=True):
+        providers = self.state.providers
+        for name, _ in cand.parts:  # a spread candidate waits for every part's worker
+            p = prov if name == cand.provider else providers.get(name)
+            if p is None or not p.online or p.draining:
+                return provider_reason(name, p)
+        for (name, dev), key in zip(cand.pairs, keys, strict=True):
             if key is None:
-                return f"{prov.label} no longer offers {dev}"
+                return f"{providers[name].label} no longer offers {dev}"
         reserved = self.result.reserved
-        busy = [busy_reason(self.state, prov, dev, key, reserved)
-                for dev, key in zip(cand.devices, keys, strict=True)
+        busy = [busy_reason(self.state, providers[name], dev, key, reserved)
+                for (name, dev), key in zip(cand.pairs, keys, strict=True)
                 if key is not None and self.free.get(key, 0) <= 0 and reserved.get(key) != run_id]
         return "; ".join(busy) if busy else None
 

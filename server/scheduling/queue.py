@@ -37,7 +37,7 @@ class _Group:
         self.cands = cands
         self.members: list[int] = []  # seqs, ascending; removed runs are skipped (and trimmed)
         self.alive = 0
-        self.pairs = tuple(dict.fromkeys((c.provider, d) for c in cands for d in c.devices))
+        self.pairs = tuple(dict.fromkeys(pair for c in cands for pair in c.pairs))
         self.keys_for: int | None = None  # serial of the SlotState ``keys``/``table``/``pos_of`` are for
         self.keys: frozenset[str] = frozenset()
         self.table: CandTable = []
@@ -358,7 +358,7 @@ class SlotQueue:
         if chosen is not None:
             cand, _, keys, _ = chosen
             new = keys  # type: ignore[assignment]
-            placements.append(Placement(run.run_id, cand.provider, cand.devices, new))
+            placements.append(Placement(run.run_id, cand.provider, cand.devices, new, cand.extra))
             placed[seq] = new
         else:
             held_devices: list[str] = []
@@ -366,7 +366,7 @@ class SlotQueue:
                 entry = next((e for e in table if e[3]), None)
                 if entry is not None:
                     new = tuple(k for k in entry[2] if free_at(k) > 0)  # type: ignore[arg-type]
-                    held_devices = [d for d, k in zip(entry[0].devices, entry[2], strict=True) if k in new]
+                    held_devices = [d for d, k in zip(entry[0].labels(), entry[2], strict=True) if k in new]
                     if new:
                         self._takes[seq] = new
             blocked.append((run, table, tuple(held_devices), []))

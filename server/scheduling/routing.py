@@ -38,6 +38,8 @@ class RunTarget:
     memory_source: str | None = None
     wait: bool | None = None
     mounts: tuple[str, ...] = ()
+    # A ddp run over several workers (worker "spread"): (worker, devices) per part, ranks in order.
+    spread: tuple[tuple[str, tuple[str, ...]], ...] | None = None
 
 
 MEMORY_SOURCES = ("user", "estimate", "measured")
@@ -143,6 +145,48 @@ def _any_may_use_local(t: RunTarget) -> bool:
     return not (len(cuda) > 1 or (len(cuda) == 1 and cuda[0] != "cuda:0"))
 
 
+def _spread_resolution(t: RunTarget, workers: Sequence[ProviderInfo],
+                       pools: Mapping[str, Sequence[str]]) -> Resolution:
+    """One candidate taking every entry's cards at once (ddp across workers); each entry's worker is
+    checked like a named worker's target, the error prefixed by the entry's path."""
+    assert t.spread is not None
+    for i, (name, devices) in enumerate(t.spread):
+        path = f"options.target.spread[{i}]"
+        try:
+            _named_worker(RunTarget(name, devices, mounts=t.mounts), workers, pools)
+        except TargetError as exc:
+            raise TargetError(f"{path}: {exc}") from None
+    (first, devices), *extra = t.spread
+    requested = tuple(f"{w}:{','.join(devs)}" for w, devs in t.spread)
+    return Resolution("+".join(w for w, _ in t.spread), (Candidate(first, devices, tuple(extra)),), requested, True)
+
+
+def _named_worker(t: RunTarget, workers: Sequence[ProviderInfo], pools: Mapping[str, Sequence[str]]) -> Resolution:
+    """A target naming one worker (``options.target.worker``): its candidates, or the 400."""
+    requested = t.devices if t.devices is not None else (t.device or "auto",)
+    worker = next((p for p in workers if p.name == t.worker), None)
+    if worker is None:
+        raise TargetError(f"unknown worker '{t.worker}': no worker with this name has connected since the server started")
+    pool = next((name for name, members in pools.items() if worker.name in members), None)
+    if pool is not None:
+        raise TargetError(f"worker '{worker.name}' is a one-shot instance of pool '{pool}': target the pool "
+                          f"(options.target.pool = \"{pool}\")")
+    if worker.disabled:
+        raise TargetError(f"worker '{worker.name}' is disabled: enable it (xpufleet workers enable {worker.name}) "
+                          f"or choose another target")
+    lacking = _lacks_mounts(worker, t)
+    if lacking:
+        have = ", ".join(sorted(worker.mounts)) or "none"
+        raise TargetError(f"worker '{worker.name}' has no storage mount {_labels(lacking)} (its mounts: {have}); "
+                          f"start its agent with --mount {lacking[0]}=FOLDER, or choose another target")
+    cands = _provider_candidates(worker, t)
+    if not cands:
+        missing = [d for d in requested if not _single_choices(worker, d)]
+        raise TargetError(f"worker '{worker.name}' does not offer {', '.join(missing or requested)} "
+                          f"(it offers {_offers(worker)})")
+    return Resolution(worker.name, tuple(cands), requested, t.devices is not None)
+
+
 def resolve_target(
     t: RunTarget,
     providers: Sequence[ProviderInfo],
@@ -160,6 +204,8 @@ def resolve_target(
     instances = {n for members in pools.values() for n in members}
     local = next((p for p in providers if p.is_local), None)
     workers = sorted((p for p in providers if not p.is_local), key=lambda p: p.name)
+    if t.spread is not None:
+        return _spread_resolution(t, workers, pools)
     requested = t.devices if t.devices is not None else (t.device or "auto",)
     wanted = ", ".join(requested)
     mounts = f" with mount {_labels(t.mounts)}" if t.mounts else ""
@@ -205,24 +251,4 @@ def resolve_target(
                 f"no worker seen since the server started offers {wanted}{server} (workers: {seen}){why}"
             )
         return Resolution("any", tuple(cands), requested, t.devices is not None, dynamic=bool(t.mounts))
-    worker = next((p for p in workers if p.name == t.worker), None)
-    if worker is None:
-        raise TargetError(f"unknown worker '{t.worker}': no worker with this name has connected since the server started")
-    pool = next((name for name, members in pools.items() if worker.name in members), None)
-    if pool is not None:
-        raise TargetError(f"worker '{worker.name}' is a one-shot instance of pool '{pool}': target the pool "
-                          f"(options.target.pool = \"{pool}\")")
-    if worker.disabled:
-        raise TargetError(f"worker '{worker.name}' is disabled: enable it (xpufleet workers enable {worker.name}) "
-                          f"or choose another target")
-    lacking = _lacks_mounts(worker, t)
-    if lacking:
-        have = ", ".join(sorted(worker.mounts)) or "none"
-        raise TargetError(f"worker '{worker.name}' has no storage mount {_labels(lacking)} (its mounts: {have}); "
-                          f"start its agent with --mount {lacking[0]}=FOLDER, or choose another target")
-    cands = _provider_candidates(worker, t)
-    if not cands:
-        missing = [d for d in requested if not _single_choices(worker, d)]
-        raise TargetError(f"worker '{worker.name}' does not offer {', '.join(missing or requested)} "
-                          f"(it offers {_offers(worker)})")
-    return Resolution(worker.name, tuple(cands), requested, t.devices is not None)
+    return _named_worker(t, workers, pools)

@@ -87,12 +87,15 @@ class SlotState:
         key = self.index.get((provider, device))
         return self.slots.get(key) if key is not None else None
 
-    def hold(self, run_id: str, provider: str, devices: Sequence[str]) -> None:
+    def hold(self, run_id: str, provider: str, devices: Sequence[str],
+             extra: Sequence[tuple[str, Sequence[str]]] = ()) -> None:
         """Count a started or assigned run on its slots (the dispatcher keeps one state up to date
-        between provider changes instead of rebuilding it for every pass)."""
+        between provider changes instead of rebuilding it for every pass); ``extra``: the other
+        workers' parts of a spread run, held under the same run id."""
         if run_id in self.held:
             return
-        keys = tuple(k for d in devices if (k := self.index.get((provider, d))) is not None)
+        parts = ((provider, devices), *extra)
+        keys = tuple(k for p, devs in parts for d in devs if (k := self.index.get((p, d))) is not None)
         for key in keys:
             slot = self.slots[key]
             slot.used += 1
@@ -121,7 +124,8 @@ def slot_key(provider: str, offer: DeviceOffer) -> str:
     return f"uuid:{offer.uuid}" if offer.uuid else f"{provider}/{offer.name}"
 
 
-Holding = tuple[str, Sequence[str]]  # (provider, devices) a started or assigned run holds
+# (provider, devices) a started or assigned run holds, plus a spread run's other parts (SlotState.hold)
+Holding = tuple[str, Sequence[str]] | tuple[str, Sequence[str], Sequence[tuple[str, Sequence[str]]]]
 
 
 def build_state(
@@ -176,8 +180,8 @@ def build_state(
     for pair, key in index.items():
         state.pairs_of.setdefault(key, []).append(pair)
     state.repeated_keys = any(len({prov for prov, _ in pairs}) < len(pairs) for pairs in state.pairs_of.values())
-    for run_id, (provider, devices) in (holdings or {}).items():
-        state.hold(run_id, provider, devices)
+    for run_id, holding in (holdings or {}).items():
+        state.hold(run_id, *holding)
     return state
 
 

@@ -53,6 +53,7 @@ from .hub import EventHub
 from .providers import provider_info
 from .recovery import Recovery
 from .requests import RequestError, RunRequest
+from .spread import SpreadRuns
 from .store import NewEvent, Store, StoreError
 
 log = logging.getLogger("xpufleet.dispatcher")
@@ -108,6 +109,7 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
         self._notes: dict[str, str] = {}
         self._reresolve = False
         self.memory = MemoryAdmission(self)
+        self.spread = SpreadRuns(self)  # runs spread over workers (spread.py)
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._bg: set[asyncio.Task[Any]] = set()
@@ -181,6 +183,7 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
         self._wake = asyncio.Event()
         await self._recover()
         self.memory.load()
+        self.spread.recover()
         for run_id, cands in self.store.queued():
             self._cands[run_id] = tuple(Candidate.from_json(c) for c in cands)
         self._load_dynamic()
@@ -280,6 +283,7 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
                                "first) or leave it out")
         if not graph_checked:
             self.validate_graph(request, resolution)
+        self.spread.check(request, resolution)
         try:  # the budget and the memory decision (SPEC M): a rejection writes nothing
             prep = prepare(self.memory, request.graph, request.target, resolution, self.slot_state())
         except AdmissionError as exc:
@@ -356,7 +360,7 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
             self._place(run_id, cand.provider, cand.devices, memory_keys=keys)
         result = self._queue.plan(state, admit=self._admit if self.admit_hooks else None, explain=False)
         for placement in result.placements:
-            self._place(placement.run_id, placement.provider, placement.devices)
+            self._place(placement.run_id, placement.provider, placement.devices, extra=placement.extra)
         changed: dict[str, str | None] = {}
         if providers_changed:  # a pass may not look at a run whose providers cannot take it: say why now
             for run_id in list(self._dynamic):
@@ -397,7 +401,7 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
         self.wake()
 
     def _place(self, run_id: str, provider_name: str, devices: tuple[str, ...],
-               memory_keys: tuple[str, ...] | None = None) -> None:
+               memory_keys: tuple[str, ...] | None = None, extra: tuple[Any, ...] = ()) -> None:
         if self._place_holder(run_id, provider_name, devices):
             return  # not a run: the slots are held, the holder starts its own process
         provider = self.providers.get(provider_name)
@@ -427,7 +431,10 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
         self._holdings[run_id] = (provider_name, tuple(devices))
         self.slot_state().hold(run_id, provider_name, devices)
         self.hub.notify(run_id)
+        layout = self.spread.placed(run_id, provider_name, devices, extra) if extra else None
         run = self.store.get_run(run_id, with_graph=True)
+        if run is not None and layout is not None:
+            run["spread"] = layout  # start_run carries it: rank 0's worker of a run spread over workers
         if run is not None:  # the cap the run's process gets (a default is never a cap on an exclusive card)
             keys = memory_keys if memory_keys is not None else self.memory.keys_of(Candidate(provider_name, devices))
             run["budget_gib"] = self.memory.budget_to_send(run_id, keys)
@@ -450,6 +457,7 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
 
     def ingest(self, run_id: str, events: Sequence[Mapping[str, Any]]) -> None:
         """Store a run child's events (deduplicated by ``seq``); ``run_finished`` ends the run."""
+        events = self.spread.filter(run_id, list(events))  # a spread run's end waits for its other workers
         batch = []
         for ev in events:
             payload = ev.get("payload")
@@ -500,6 +508,7 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
         return run is None or run["status"] in TERMINAL_STATUSES
 
     def _release(self, run_id: str) -> None:
+        self.spread.release(run_id)
         self._forget_dynamic(run_id)
         self.memory.release(run_id)
         self._cands.pop(run_id, None)

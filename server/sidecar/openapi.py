@@ -80,6 +80,13 @@ SCHEMAS: dict[str, Any] = {
                                                        "rejects (default: a named worker rejects, any waits)"},
             "pool": {"type": "string", "description": "a one-shot worker pool: an idle instance takes the run "
                                                       "(it waits while none is idle)"},
+            "spread": {"type": "array", "minItems": 2, "maxItems": MAX_DEVICE_SET,
+                       "description": "ddp across workers (alone: no other target field): one entry per worker, "
+                                      "ranks numbered in entry order; the graph trains with strategy ddp",
+                       "items": {"type": "object", "additionalProperties": False, "required": ["worker", "devices"],
+                                 "properties": {"worker": {"type": "string", "minLength": 1, "maxLength": 64},
+                                                "devices": {"type": "array", "items": {"type": "string"},
+                                                            "minItems": 1, "maxItems": MAX_DEVICE_SET}}}},
         },
     },
     "RunOptions": {

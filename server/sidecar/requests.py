@@ -194,10 +194,12 @@ def parse_target(options: Mapping[str, Any]) -> RunTarget:
         raw = {"worker": raw}
     if not isinstance(raw, Mapping):
         raise TargetError("options.target must be an object like {\"worker\": \"local\"} or a worker name string")
-    known = {"worker", "devices", "memory_gib", "memory_source", "wait", "pool"}
+    known = {"worker", "devices", "memory_gib", "memory_source", "wait", "pool", "spread"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise TargetError(f"options.target has unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    if raw.get("spread") is not None:
+        return RunTarget(worker="spread", spread=parse_spread(raw, device_raw))
     worker = raw.get("worker", LOCAL)
     if worker is None:
         worker = LOCAL
@@ -217,28 +219,7 @@ def parse_target(options: Mapping[str, Any]) -> RunTarget:
             raise TargetError("give options.target.worker or options.target.pool, not both")
     devices: tuple[str, ...] | None = None
     if raw.get("devices") is not None:
-        devs = raw["devices"]
-        if isinstance(devs, str):
-            devs = [d for d in devs.split(",") if d.strip()]
-        if not isinstance(devs, list) or not devs:
-            raise TargetError("options.target.devices must be a non-empty list of device names like [\"cuda:0\"]")
-        if len(devs) > MAX_DEVICE_SET:
-            raise TargetError(f"options.target.devices lists {len(devs)} devices; at most {MAX_DEVICE_SET}")
-        names: list[str] = []
-        for d in devs:
-            try:
-                names.append(normalize_device(d, allow_kind=False))
-            except ValueError as exc:
-                raise TargetError(f"options.target.devices: {exc}") from None
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise TargetError(f"options.target.devices lists {', '.join(dupes)} more than once")
-        kinds = {device_kind(n) for n in names}
-        if len(kinds) > 1:
-            raise TargetError(
-                f"options.target.devices mixes device kinds ({', '.join(names)}); a set is of one kind"
-            )
-        devices = tuple(names)
+        devices = parse_devices(raw["devices"], "options.target.devices")
     device: str | None = None
     if device_raw is not None:
         try:
@@ -267,3 +248,81 @@ def parse_target(options: Mapping[str, Any]) -> RunTarget:
     if wait is not None and not isinstance(wait, bool):
         raise TargetError("options.target.wait must be true or false")
     return RunTarget(worker, devices, device, pool, memory_gib, memory_source, wait)
+
+
+def parse_devices(devs: Any, path: str) -> tuple[str, ...]:
+    """A device set at ``path`` (``options.target.devices``, ``options.target.spread[1].devices``):
+    a non-empty list (or comma-separated string) of distinct device names of one kind."""
+    if isinstance(devs, str):
+        devs = [d for d in devs.split(",") if d.strip()]
+    if not isinstance(devs, list) or not devs:
+        raise TargetError(f"{path} must be a non-empty list of device names like [\"cuda:0\"]")
+    if len(devs) > MAX_DEVICE_SET:
+        raise TargetError(f"{path} lists {len(devs)} devices; at most {MAX_DEVICE_SET}")
+    names: list[str] = []
+    for d in devs:
+        try:
+            names.append(normalize_device(d, allow_kind=False))
+        except ValueError as exc:
+            raise TargetError(f"{path}: {exc}") from None
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise TargetError(f"{path} lists {', '.join(dupes)} more than once")
+    kinds = {device_kind(n) for n in names}
+    if len(kinds) > 1:
+        raise TargetError(f"{path} mixes device kinds ({', '.join(names)}); a set is of one kind")
+    return tuple(names)
+
+
+SPREAD_ENTRY_FIELDS = ("worker", "devices")
+DDP_KINDS = ("cuda", "xpu")  # the card kinds ddp trains on (nodes/ddp.py backend_for)
+
+
+def parse_spread(raw: Mapping[str, Any], device_raw: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """``options.target.spread``: a ddp run over several workers (docs/architecture.md "ddp across
+    workers"), ``[{"worker": "a", "devices": ["cuda:0"]}, {"worker": "b", "devices": [...]}]``; each
+    entry is checked like a one-worker target, its errors prefixed by its path. Ranks are numbered
+    across the entries in order."""
+    others = sorted(k for k in raw if k != "spread" and raw[k] is not None)
+    if others or device_raw is not None:
+        named = [f"options.target.{k}" for k in others] + (["options.device"] if device_raw is not None else [])
+        raise TargetError(f"give options.target.spread alone: {', '.join(named)} cannot go with it (each entry "
+                          f"names its worker and devices)")
+    entries = raw["spread"]
+    if not isinstance(entries, list) or len(entries) < 2:
+        raise TargetError("options.target.spread must list two or more entries like {\"worker\": \"a\", "
+                          "\"devices\": [\"cuda:0\"]}; for one worker use options.target.worker and devices")
+    if len(entries) > MAX_DEVICE_SET:
+        raise TargetError(f"options.target.spread lists {len(entries)} workers; at most {MAX_DEVICE_SET}")
+    parts: list[tuple[str, tuple[str, ...]]] = []
+    for i, entry in enumerate(entries):
+        path = f"options.target.spread[{i}]"
+        if not isinstance(entry, Mapping):
+            raise TargetError(f"{path} must be an object like {{\"worker\": \"a\", \"devices\": [\"cuda:0\"]}}")
+        unknown = sorted(set(entry) - set(SPREAD_ENTRY_FIELDS))
+        if unknown:
+            raise TargetError(f"{path} has unknown field(s) {', '.join(unknown)}; known: worker, devices")
+        worker = entry.get("worker")
+        if not isinstance(worker, str) or not worker.strip():
+            raise TargetError(f"{path}.worker must be a worker name")
+        worker = worker.strip()
+        if worker in (LOCAL, "any"):
+            raise TargetError(f"{path}.worker must name a worker: a spread run runs on worker agents only, not on "
+                              f"{worker!r}")
+        if not WORKER_NAME_RE.match(worker):
+            raise TargetError(f"{path}.worker {worker!r} is not a worker name (letters, digits, '.', '_', '-'; "
+                              f"up to 64)")
+        if entry.get("devices") is None:
+            raise TargetError(f"{path}.devices: missing; list the worker's cards, e.g. [\"cuda:0\"]")
+        devices = parse_devices(entry["devices"], f"{path}.devices")
+        if any(device_kind(d) not in DDP_KINDS for d in devices):
+            raise TargetError(f"{path}.devices: {', '.join(devices)}; a spread run trains with ddp, one rank per "
+                              f"card, on CUDA or XPU cards only")
+        if parts and device_kind(devices[0]) != device_kind(parts[0][1][0]):
+            raise TargetError(f"{path}.devices are {device_kind(devices[0])} cards, options.target.spread[0]'s "
+                              f"are {device_kind(parts[0][1][0])}; every rank of a run uses one kind")
+        if any(worker == w for w, _ in parts):
+            raise TargetError(f"{path}.worker {worker!r} is listed twice; give one entry per worker with all its "
+                              f"cards")
+        parts.append((worker, devices))
+    return tuple(parts)

@@ -25,10 +25,16 @@ agent -> sidecar
                  picked), ``running``, ``arrived`` (at the unit's barrier) or ``exited``
   ``instances``  {instances: [{unit_id, rank, generation, attempt, state, pid, port, master_port}]}:
                  after welcome, the instances this agent runs (the sidecar takes them over)
+  ``part_finished`` {run_id, part, status, error?, failed_rank?, peer_lost?}: this worker's ranks of a
+                 run spread over workers have all ended (server/agent/parts.py)
 sidecar -> agent
   ``start_run``  {run_id, graph, options, devices, budget_gib}: machine device names, in the order
                  the run lists them (run cuda:0 = ``devices[0]``)
+                 ``spread`` (optional): the run's layout over workers, this worker holding rank 0
   ``cancel_run`` {run_id, reason}
+  ``start_part`` {run_id, graph, options, devices, budget_gib, spread}: this worker's ranks of a run
+                 spread over workers, ``spread.store`` naming rank 0's store (server/run/spread.py)
+  ``stop_part``  {run_id, reason}: stop them
   ``ack``        {run_id, seq}: everything up to ``seq`` is stored; after ``run_finished`` is
                  acked the agent forgets the run
   ``forget_run`` {run_id, reason}: the sidecar no longer expects this run (it ended there, e.g.
@@ -253,6 +259,38 @@ def _start_run(msg: dict[str, Any]) -> None:
         raise ProtocolError("start_run: 'budget_gib' must be a number or null")
 
 
+def _spread(msg: dict[str, Any], needs_store: bool = False) -> None:
+    from ..run.spread import Layout, LayoutError  # (pure; the launcher's half of the same layout)
+
+    try:
+        layout = Layout.from_json(msg.get("spread"))
+    except LayoutError as exc:
+        raise ProtocolError(f"{msg['type']}: {exc}") from None
+    if needs_store and layout.store is None:
+        raise ProtocolError(f"{msg['type']}: 'spread.store' must name rank 0's store (host:port)")
+
+
+def _start_run_spread(msg: dict[str, Any]) -> None:
+    _start_run(msg)
+    if msg.get("spread") is not None:
+        _spread(msg)
+
+
+def _start_part(msg: dict[str, Any]) -> None:
+    _start_run({**msg, "type": "start_part"})
+    _spread(msg, needs_store=True)
+
+
+def _part_finished(msg: dict[str, Any]) -> None:
+    _req(msg, "run_id", str, "the run id")
+    _req(msg, "part", int, "the part's index in the run's spread")
+    if msg.get("status") not in ("succeeded", "cancelled", "failed"):
+        raise ProtocolError("part_finished: 'status' must be succeeded, cancelled or failed")
+    _opt(msg, "error", str, "how the part failed")
+    _opt(msg, "failed_rank", int, "the rank that failed by itself")
+    _opt(msg, "peer_lost", bool, "true when its ranks only lost their peers")
+
+
 def _run_ref(msg: dict[str, Any]) -> None:
     _req(msg, "run_id", str, "the run id")
 
@@ -365,8 +403,11 @@ _VALIDATORS = {
     "event": _event,
     "welcome": _welcome,
     "reject": _reject,
-    "start_run": _start_run,
+    "start_run": _start_run_spread,
     "cancel_run": _run_ref,
+    "start_part": _start_part,
+    "stop_part": _run_ref,
+    "part_finished": _part_finished,
     "forget_run": _run_ref,
     "ack": _ack,
     "credential": _credential,
@@ -379,9 +420,9 @@ _VALIDATORS = {
     "stop_instance": _stop_instance,
 }
 AGENT_TO_SIDECAR = frozenset({"hello", "heartbeat", "event", "outputs_data", "refused_server", "instance_state",
-                              "instances"})
+                              "instances", "part_finished"})
 SIDECAR_TO_AGENT = frozenset({"welcome", "reject", "start_run", "cancel_run", "forget_run", "ack", "credential",
-                              "read_outputs", "start_instance", "stop_instance"})
+                              "read_outputs", "start_instance", "stop_instance", "start_part", "stop_part"})
 
 
 def validate(msg: Any, allowed: frozenset[str] | None = None) -> dict[str, Any]:

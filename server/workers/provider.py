@@ -98,6 +98,17 @@ class WorkerProvider:
         if not await self.registry.send_start(st.conn, run, devices):
             raise RuntimeError(f"worker {self.name} disconnected before the run could be sent to it")
 
+    @property
+    def peer(self) -> str | None:
+        """The address the agent's connection comes from (None while it is not connected)."""
+        st = self._state
+        return st.conn.peer if st is not None and st.conn is not None else None
+
+    async def send(self, mtype: str, **fields: Any) -> bool:
+        """Send one message to the agent (False while it is not connected)."""
+        st = self._state
+        return st is not None and st.conn is not None and await st.conn.send(mtype, **fields)
+
     async def cancel(self, run_id: str) -> bool:
         """Ask the agent to stop the run (sent again after a reconnect if it is offline now)."""
         st = self._state

@@ -69,6 +69,10 @@ class WorkerRegistry(AgentSessions, WorkerManagement, PoolManagement, OutputsAcc
         self.message_handlers: dict[str, Callable[[str, dict[str, Any]], Awaitable[None]]] = {}
         self.connection_listeners: list[Callable[[str, bool], None]] = []
         store.ensure_schema(SCHEMA_NAME, SCHEMA, SCHEMA_VERSION)
+        spread = getattr(dispatcher, "spread", None)  # runs spread over workers (sidecar/spread.py)
+        if spread is not None:
+            self.message_handlers["part_finished"] = spread.on_part_finished
+            self.connection_listeners.append(spread.on_connection)
         memory = getattr(dispatcher, "memory", None)
         if memory is not None:  # a card's mode decides whether it admits runs by memory
             memory.mode_of = self.device_mode

@@ -362,9 +362,10 @@ class AgentSessions:
 
     async def send_start(self, conn: Connection, run: dict[str, Any], devices: list[str]) -> bool:
         """Send one run to an agent."""
+        extra = {"spread": run["spread"]} if run.get("spread") else {}  # rank 0 of a run spread over workers
         return await conn.send(
             "start_run", run_id=run["id"], graph=run["graph"], options=run.get("options") or {},
-            devices=list(devices), budget_gib=run.get("budget_gib"),
+            devices=list(devices), budget_gib=run.get("budget_gib"), **extra,
         )
 
     async def _on_heartbeat(self, st: WorkerState, conn: Connection, msg: dict[str, Any]) -> None:

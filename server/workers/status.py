@@ -74,6 +74,8 @@ class WorkersPanel:
     # --- slots view -------------------------------------------------------------------------------------
     def _slot_state(self) -> Any:
         holdings = {r["id"]: (r["worker_id"] or LOCAL_PROVIDER, tuple(r["devices"])) for r in self.store.active()}
+        spread = getattr(self.dispatcher, "spread", None)  # the other workers' cards of spread runs
+        holdings.update(spread.part_holdings() if spread is not None else {})
         return build_state(self.dispatcher.provider_infos(), self.dispatcher.overrides, holdings)
 
     def limit_warnings(self, name: str | None = None, state: Any = None) -> list[str]:

@@ -148,8 +148,8 @@ class QueueDialog {
   async loadEstimate() {
     const { target, kind } = this.targetOptions();
     if (!this.graph.prompt) return;
-    if (kind === "local") {
-      replace(this.budgetBox, h("div", { class: "xf-hint" }, t("queue.budget_local")));
+    if (kind === "local" || kind === "spread") { // a spread run takes exclusive cards: no budget
+      replace(this.budgetBox, h("div", { class: "xf-hint" }, t(kind === "local" ? "queue.budget_local" : "queue.budget_spread")));
       return;
     }
     if (this.estimateError?.status === 404) { this.renderEstimate(); return; } // not built on this server: ask once
@@ -194,12 +194,12 @@ class QueueDialog {
   // --- submit ---
   async submit() {
     replace(this.errorBox);
-    const { options, target } = this.targetOptions();
+    const { options, target, kind } = this.targetOptions();
     if (this.nameInput.value.trim()) options.name = this.nameInput.value.trim();
     if (this.seedInput.value !== "") options.seed = Number(this.seedInput.value);
     if (this.detInput.checked) options.deterministic = true;
     if (this.recInput.value) options.record_outputs = this.recInput.value === "upload" ? "upload" : true;
-    const budget = this.budgetInput.value === "" ? null : Number(this.budgetInput.value);
+    const budget = this.budgetInput.value === "" || kind === "spread" ? null : Number(this.budgetInput.value);
     const e = this.estimate;
     if (budget !== null) {
       const unchanged = e && !this.budgetTouched && e.budget_gib === budget;
@@ -210,7 +210,7 @@ class QueueDialog {
         if (unchanged && e.source === "estimate") target.memory_source = "estimate";
       }
     }
-    if (this.waitInput.checked) target.wait = true;
+    if (this.waitInput.checked && kind !== "spread") target.wait = true;
     options.target = target;
     this.submitBtn.disabled = true;
     try {

@@ -1,6 +1,6 @@
 // The target and device picker of Queue on... and New sweep (seed 000): this server (one device), each
 // worker with its status and devices (cards of one kind, each with its in-run name), any free worker
-// by device kind, or a one-shot pool (SPEC W8). It turns the choice into POST /api/runs options; the
+// by device kind, a one-shot pool (SPEC W8), or several workers (ddp across workers: target.spread). It turns the choice into POST /api/runs options; the
 // server decides the rest (which workers are `selectable`, what it refuses).
 import { field, h, nextId, replace } from "./dom.mjs";
 import { gib } from "./format.mjs";
@@ -55,6 +55,9 @@ export class TargetPicker {
     if (this.workers.some((w) => w.connected && !w.drained)) {
       this.targetInputs.push(addTarget("any", t("queue.any")));
     }
+    if (this.spreadWorkers().length >= 2) { // ddp across workers: one rank per card, on several workers
+      this.targetInputs.push(addTarget("spread", t("queue.spread"), { note: t("queue.spread_note") }));
+    }
     for (const p of this.pools) {
       const counts = t("queue.pool_counts", { idle: p.idle ?? 0, busy: p.busy ?? 0, queued: p.queued ?? 0 });
       this.targetInputs.push(addTarget(`pool:${p.name}`, `${p.name} — ${t("queue.pool")} — ${counts}`,
@@ -66,10 +69,16 @@ export class TargetPicker {
     return h("fieldset", { class: "xf-targets", dataset: { xpufleet: "targets" } }, h("legend", {}, t("queue.target")), targets, noWorkers);
   }
 
+  /** Workers a run spread over workers may use: selectable, with CUDA or XPU cards. */
+  spreadWorkers() {
+    return this.workers.filter((w) => w.selectable !== false && !w.one_shot
+      && (w.devices || []).some((d) => d.kind === "cuda" || d.kind === "xpu"));
+  }
+
   selected() {
     const input = this.targetInputs.find((i) => i.checked) || this.targetInputs[0];
     const v = input.value;
-    if (v === "local" || v === "any") return { kind: v };
+    if (v === "local" || v === "any" || v === "spread") return { kind: v };
     if (v.startsWith("pool:")) {
       const name = v.slice("pool:".length);
       return { kind: "pool", name, pool: this.pools.find((p) => p.name === name) };
@@ -95,6 +104,16 @@ export class TargetPicker {
         KINDS.map(([v, k]) => h("option", { value: v }, t(k))));
       replace(box, h("legend", {}, t("queue.devices")), field(t("queue.kind"), this.kindSelect,
         target.kind === "pool" ? t("queue.pool_hint") : t("queue.first_free")));
+    } else if (target.kind === "spread") {
+      const groups = this.spreadWorkers().map((w) => h("div", { class: "xf-choice", dataset: { spreadWorker: w.name } },
+        h("strong", {}, w.name), (w.devices || []).filter((d) => d.kind === "cuda" || d.kind === "xpu").map((d) => {
+          const input = h("input", { type: "checkbox", value: d.name, id: nextId("xf-d"),
+            dataset: { device: `${w.name}:${d.name}`, kind: d.kind }, onchange: () => this.devicesChanged() });
+          const alias = h("span", { class: "xf-alias", dataset: { alias: `${w.name}:${d.name}` } });
+          this.deviceChecks.push({ input, alias, device: d, worker: w.name });
+          return h("span", {}, " ", input, h("label", { for: input.id }, d.name + (d.simulated ? "*" : "")), " ", alias);
+        })));
+      replace(box, h("legend", {}, t("queue.devices")), groups, h("div", { class: "xf-hint" }, t("queue.spread_hint")));
     } else {
       const w = target.worker;
       const rows = (w?.devices || []).map((d) => {
@@ -120,6 +139,10 @@ export class TargetPicker {
     this.deviceChecks.forEach((c) => {
       c.input.disabled = Boolean(kind) && c.device.kind !== kind; // a set is of one kind
       const at = checked.indexOf(c);
+      if (c.worker) { // across workers: ranks numbered in the listed order of workers and cards
+        c.alias.textContent = at >= 0 ? t("queue.spread_rank", { rank: at }) : "";
+        return;
+      }
       // the run sees its cards renumbered from 0 in the order the worker lists them
       c.alias.textContent = at >= 0 && c.device.kind !== "cpu"
         ? t("queue.in_run", { machine: c.device.name, run: `${c.device.kind}:${at}` }) : "";
@@ -127,7 +150,7 @@ export class TargetPicker {
     this.onChange();
   }
 
-  /** The choice as POST /api/runs options: {options: {device?}, target: {worker | pool, devices?}, kind}. */
+  /** The choice as POST /api/runs options: {options: {device?}, target: {worker | pool | spread, devices?}, kind}. */
   choice() {
     const target = this.selected();
     const options = {};
@@ -141,6 +164,12 @@ export class TargetPicker {
     } else if (target.kind === "pool") {
       tgt.pool = target.name;
       if (this.kindSelect?.value) options.device = this.kindSelect.value;
+    } else if (target.kind === "spread") {
+      const parts = new Map(); // worker -> its checked cards, in the listed order (= rank order)
+      for (const c of this.deviceChecks.filter((x) => x.input.checked)) {
+        parts.set(c.worker, [...(parts.get(c.worker) || []), c.device.name]);
+      }
+      tgt.spread = [...parts].map(([worker, devices]) => ({ worker, devices }));
     } else {
       tgt.worker = target.name;
       const devices = this.deviceChecks.filter((c) => c.input.checked).map((c) => c.device.name);

@@ -1,0 +1,302 @@
+"""The sidecar's side of ddp across workers (docs/architecture.md "ddp across workers").
+
+A run with ``options.target.spread`` is admitted only when it trains with ddp and its cards are
+exclusive (the slot rule, not memory admission); the slot rule places it on every part's cards at
+once (server/scheduling/plan.py). It then is rank 0's worker's run: the store records that worker
+and its cards; the other parts' cards are held under ``<run id>@<worker>`` until the run ends.
+
+* Start: rank 0's worker gets ``start_run`` with the layout. When rank 0 reports ``ddp_ready`` with
+  its store's ``host:port``, every other part's worker gets ``start_part``.
+* A failure: a part whose rank failed by itself (``part_finished`` with ``failed_rank``), or whose
+  worker disconnected, is the run's root cause, ``DDP rank 1 of 2 failed on worker b: ...``; the
+  other workers' ranks are told to stop (``cancel_run`` to rank 0's worker, ``stop_part`` to the
+  others). A spread run does not wait out the resume grace for a part's worker: its collectives
+  cannot go on without those ranks.
+* The end: rank 0's ``run_finished`` is held until every part has reported (or
+  ``SPREAD_PARTS_WAIT_S`` passed), so the run ends once no rank runs on any worker, and its error is
+  the root cause when rank 0 only lost its peers or was stopped for it. If rank 0's worker is gone
+  when a part reports that its ranks lost their peers, the run fails naming rank 0 and that worker.
+* A sidecar restart ends a spread run that was assigned or running ``interrupted`` (its parts are
+  not persisted); the agents then stop its ranks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ...constants import SPREAD_PARTS_WAIT_S
+from ..run import ddp
+from ..run.spread import Layout, failure_text, layout_of
+from .requests import RequestError
+
+if TYPE_CHECKING:
+    from ..scheduling import Resolution
+    from .dispatcher import Dispatcher
+    from .requests import RunRequest
+
+log = logging.getLogger("xpufleet.dispatcher")
+
+
+@dataclass
+class SpreadRun:
+    """One placed spread run: its layout, which parts have ended, and its root cause once known."""
+
+    run_id: str
+    layout: Layout  # seen from part 0
+    started: bool = False  # start_part sent to the other parts
+    done: dict[int, dict[str, Any]] = field(default_factory=dict)  # part index -> part_finished
+    cause: str | None = None
+    cause_rank: int | None = None
+    cause_worker: str | None = None
+    stopped: bool = False  # the sidecar stopped rank 0 for a part's failure
+    held: list[Any] | None = None  # rank 0's run_finished, waiting for the parts
+    timer: asyncio.TimerHandle | None = None
+    ended: bool = False
+
+    def pending(self) -> list[int]:
+        """Parts (1..) that were started and have not reported."""
+        return [i for i in range(1, len(self.layout.parts)) if self.started and i not in self.done]
+
+
+def holder_id(run_id: str, worker: str) -> str:
+    """The slot holder of a spread run's part on ``worker`` (the run id holds part 0)."""
+    return f"{run_id}@{worker}"
+
+
+class SpreadRuns:
+    """The spread runs of one dispatcher (see the module docstring)."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self.d = dispatcher
+        self.runs: dict[str, SpreadRun] = {}
+
+    # --- admission --------------------------------------------------------------------------------
+
+    def check(self, request: RunRequest, resolution: Resolution) -> None:
+        """The 400s of a spread run that the target alone does not tell: a graph that does not train
+        with ddp (or trains two ddp loops side by side), cards shared by memory."""
+        if request.target.spread is None:
+            return
+        if not ddp.ddp_loops(request.graph):
+            raise RequestError("options.target.spread: a run spread over workers trains with ddp, one rank per "
+                               "card; this graph has no TrainingLoop with strategy ddp (set strategy to ddp, or "
+                               "target one worker)")
+        parallel = ddp.parallel_loops_error(request.graph)
+        if parallel is not None:
+            raise RequestError("options.target.spread: " + parallel.errors[0].message)
+        state = self.d.slot_state()
+        shared = [f"{dev} on {worker}" for worker, dev in resolution.candidates[0].pairs
+                  if state.index.get((worker, dev)) in self.d.memory.keys]
+        if shared:
+            raise RequestError(f"options.target.spread: {', '.join(shared)} {'is' if len(shared) == 1 else 'are'} "
+                               f"shared by memory; a run spread over workers takes exclusive cards (set the cards "
+                               f"exclusive, or target one worker)")
+
+    # --- placement ------------------------------------------------------------------------------------
+
+    def placed(self, run_id: str, provider: str, devices: tuple[str, ...],
+               extra: tuple[tuple[str, tuple[str, ...]], ...]) -> dict[str, Any]:
+        """Hold the other parts' cards and remember the run; the layout ``start_run`` carries."""
+        layout = layout_of(((provider, devices), *extra), 0)
+        self.runs[run_id] = SpreadRun(run_id, layout)
+        state = self.d.slot_state()
+        for worker, devs in extra:
+            hid = holder_id(run_id, worker)
+            self.d._holdings[hid] = (worker, tuple(devs))
+            state.hold(hid, worker, devs)
+        self.d.store.set_execution_facts(run_id, {"spread": layout.to_json()["parts"],
+                                                  "world_size": layout.world_size})
+        return layout.to_json()
+
+    def part_holdings(self) -> dict[str, tuple[str, tuple[str, ...]]]:
+        """The other parts' slot holdings (the workers panel counts them)."""
+        return {hid: h for hid, h in self.d._holdings.items() if "@" in hid}
+
+    def release(self, run_id: str) -> None:
+        run = self.runs.get(run_id)
+        if run is None:
+            return
+        for part in run.layout.parts[1:]:
+            hid = holder_id(run_id, part.worker)
+            if self.d._holdings.pop(hid, None) is not None and self.d._state is not None:
+                self.d._state.release(hid)
+        if run.timer is not None:
+            run.timer.cancel()
+        self.runs.pop(run_id, None)
+        self._stop_parts(run, "the run ended")
+
+    # --- events of rank 0 -------------------------------------------------------------------------------
+
+    def filter(self, run_id: str, events: list[Any]) -> list[Any]:
+        """Rank 0's events as the run keeps them: ``ddp_ready`` starts the other parts; ``run_finished``
+        waits for them and names the root cause."""
+        run = self.runs.get(run_id)
+        if run is None or run.ended:
+            return events
+        out = []
+        for ev in events:
+            kind = ev.get("type")
+            if kind == "ddp_ready" and not run.started:
+                store = (ev.get("payload") or {}).get("store")
+                if store:
+                    run.started = True
+                    self.d._spawn(self._start_parts(run, store))
+            if kind == "run_finished":
+                run.held = [*(run.held or []), ev]
+                if run.pending():
+                    self._stop_parts(run, "rank 0 ended")
+                    run.timer = asyncio.get_running_loop().call_later(SPREAD_PARTS_WAIT_S, self._finish, run_id)
+                    continue
+                out.append(self._final(run, ev))
+                run.ended = True
+                continue
+            out.append(ev)
+        return out
+
+    def _finish(self, run_id: str) -> None:
+        """Every part has reported (or the wait ran out): the held ``run_finished`` goes in."""
+        run = self.runs.get(run_id)
+        if run is None or run.ended or not run.held:
+            return
+        run.ended = True
+        if run.timer is not None:
+            run.timer.cancel()
+        self.d.ingest(run_id, [self._final(run, ev) for ev in run.held])
+
+    def _final(self, run: SpreadRun, ev: Any) -> Any:
+        payload = dict(ev.get("payload") or {})
+        peer_lost = bool(payload.pop("ddp_peer_lost", False))
+        facts = dict(payload.get("execution_facts") or {})
+        facts["spread_parts"] = [{"worker": p.worker, "ranks": [p.first_rank, p.first_rank + len(p.devices) - 1],
+                                  **({"status": run.done[i].get("status")} if i in run.done else {})}
+                                 for i, p in enumerate(run.layout.parts)]
+        if run.cause is not None and payload.get("status") != "succeeded" and (peer_lost or run.stopped):
+            if payload.get("error"):
+                facts["ddp_rank0_error"] = payload["error"]
+            payload.update(status="failed", error=run.cause)
+            facts.update(ddp_failed_rank=run.cause_rank, ddp_failed_worker=run.cause_worker)
+        payload["execution_facts"] = facts
+        return {**ev, "payload": payload}
+
+    # --- the other parts ----------------------------------------------------------------------------
+
+    def _provider(self, worker: str) -> Any:
+        return self.d.providers.get(worker)
+
+    async def _send(self, worker: str, mtype: str, **fields: Any) -> bool:
+        provider = self._provider(worker)
+        send = getattr(provider, "send", None)
+        if send is None or not provider.online:
+            return False
+        try:
+            return bool(await send(mtype, **fields))
+        except Exception:  # noqa: BLE001 - a worker gone meanwhile: treated as its part failing
+            log.exception("run: sending %s to worker %s failed", mtype, worker)
+            return False
+
+    async def _start_parts(self, run: SpreadRun, store: str) -> None:
+        record = self.d.store.get_run(run.run_id, with_graph=True)
+        if record is None:
+            return
+        for i, part in enumerate(run.layout.parts[1:], start=1):
+            unreachable = self._unreachable(run, part.worker, store)
+            if unreachable is not None:
+                self._part_done(run, i, {"status": "failed", "failed_rank": part.first_rank, "error": failure_text(
+                    part.first_rank, run.layout.world_size, part.worker, unreachable)})
+                return
+            layout = Layout(run.layout.parts, i, store)
+            log.info("run %s: rank 0 opened its store at %s; starting ranks %d.. on worker %s", run.run_id, store,
+                     part.first_rank, part.worker)
+            ok = await self._send(part.worker, "start_part", run_id=run.run_id, graph=record["graph"],
+                                  options=record.get("options") or {}, devices=list(part.devices),
+                                  budget_gib=record.get("budget_gib"), spread=layout.to_json())
+            if not ok:
+                self._part_done(run, i, {"status": "failed", "failed_rank": part.first_rank, "error": failure_text(
+                    part.first_rank, run.layout.world_size, part.worker,
+                    f"worker {part.worker} is not connected, so its ranks could not start")})
+
+    def _unreachable(self, run: SpreadRun, worker: str, store: str) -> str | None:
+        """Why ``worker`` cannot reach rank 0's store: a loopback address advertised by rank 0's worker
+        while ``worker`` connects from another machine (its ranks would wait out the collective timeout)."""
+        host = store.rpartition(":")[0].strip("[]")
+        if not (host.startswith("127.") or host == "::1"):
+            return None
+        first = run.layout.parts[0].worker
+        here, there = getattr(self._provider(first), "peer", None), getattr(self._provider(worker), "peer", None)
+        if here is None or there is None or here == there:
+            return None
+        return (f"rank 0's store is at {store} on worker {first}, a loopback address that worker {worker} (connected "
+                f"from {there}, another machine than {first}'s {here}) cannot reach; start {first}'s agent with "
+                f"--advertise-addr and an address the other workers reach")
+
+    def _stop_parts(self, run: SpreadRun, why: str) -> None:
+        for i in run.pending():
+            self.d._spawn(self._send(run.layout.parts[i].worker, "stop_part", run_id=run.run_id, reason=why))
+
+    def _part_done(self, run: SpreadRun, part: int, outcome: dict[str, Any]) -> None:
+        if part in run.done:
+            return
+        run.done[part] = outcome
+        failed_rank = outcome.get("failed_rank")
+        if outcome.get("status") == "failed" and run.cause is None and not run.ended:
+            if failed_rank is not None:
+                run.cause, run.cause_rank = str(outcome.get("error")), int(failed_rank)
+                run.cause_worker = run.layout.worker_of(int(failed_rank))
+                log.warning("run %s: %s; stopping the other ranks", run.run_id, run.cause)
+                self._stop_all(run)
+            elif not self._online(run.layout.parts[0].worker) and run.held is None:
+                # rank 0's worker is gone and this part's ranks lost it: nothing else will report
+                first = run.layout.parts[0].worker
+                run.cause, run.cause_rank, run.cause_worker = failure_text(
+                    0, run.layout.world_size, first, f"worker {first} disconnected (its agent stopped or lost its "
+                    f"connection)"), 0, first
+                self._stop_parts(run, "rank 0's worker is gone")
+                run.ended = True
+                self.d.run_ended(run.run_id, "failed", run.cause)
+                return
+        if run.held is not None and not run.pending():
+            self._finish(run.run_id)
+
+    def _stop_all(self, run: SpreadRun) -> None:
+        run.stopped = True
+        if run.held is None:
+            self.d._spawn(self._send(run.layout.parts[0].worker, "cancel_run", run_id=run.run_id,
+                                     reason=f"stopped: {run.cause}"))
+        self._stop_parts(run, str(run.cause))
+
+    def _online(self, worker: str) -> bool:
+        provider = self._provider(worker)
+        return provider is not None and bool(provider.online)
+
+    async def on_part_finished(self, worker: str, msg: dict[str, Any]) -> None:
+        """``part_finished`` from an agent (a registry message handler)."""
+        run = self.runs.get(msg["run_id"])
+        part = int(msg["part"])
+        if run is None or not 0 < part < len(run.layout.parts) or run.layout.parts[part].worker != worker:
+            return
+        self._part_done(run, part, {k: msg.get(k) for k in ("status", "error", "failed_rank", "peer_lost")})
+
+    def on_connection(self, worker: str, online: bool) -> None:
+        """A worker disconnected: its parts of spread runs have failed (a registry connection listener)."""
+        if online:
+            return
+        for run in list(self.runs.values()):
+            for i, part in enumerate(run.layout.parts[1:], start=1):
+                if part.worker == worker and run.started and i not in run.done:
+                    self._part_done(run, i, {"status": "failed", "failed_rank": part.first_rank, "error": failure_text(
+                        part.first_rank, run.layout.world_size, worker,
+                        f"worker {worker} disconnected (its agent stopped or lost its connection)")})
+
+    # --- restart ----------------------------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """After a sidecar restart: spread runs still assigned or running end interrupted."""
+        for run in self.d.store.active():
+            if (run.get("execution_facts") or {}).get("spread"):
+                with contextlib.suppress(Exception):
+                    self.d.run_ended(run["id"], "interrupted", "the server restarted during this run spread over "
+                                     "workers; its ranks on the other workers are not taken over")
