@@ -149,3 +149,8 @@ def home_dir(env: dict[str, str] | None = None) -> Path:
     env = os.environ if env is None else env
     raw = env.get(ENV_HOME, "").strip()
     return Path(os.path.expanduser(raw or DEFAULT_HOME)).resolve()
+
+# --- ComfyUI templates (docs/templates.md) --------------------------------------------------------
+SAMPLES_DIR = "samples"  # API-format graphs, service specs, request bodies, sweep/study YAML
+TEMPLATES_DIR = "example_workflows"  # workflow-format twins + .jpg thumbnails: ComfyUI's Templates browser
+

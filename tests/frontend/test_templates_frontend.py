@@ -1,0 +1,100 @@
+"""A new user's first minutes in the real ComfyUI: Templates -> XPU Fleet -> mlp_digits, clicked as a user
+clicks, then ComfyUI's own Run button. Checks what the page shows (the cards and their thumbnails, the loaded
+graph, the run's success) and that nothing in the flow logs a console error or a failed request.
+
+Screenshots: templates-browser.png, templates-loaded.png, templates-run-done.png (conftest.py prints where)."""
+
+from __future__ import annotations
+
+import json
+
+import browser_harness as bh  # registered by tests/frontend/conftest.py
+import pytest
+
+from xpufleet.constants import SAMPLES_DIR
+from xpufleet.server.comfy.make_templates import plugin_defs, sample_graphs
+from xpufleet.server.comfy.workflow_format import with_defaults
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
+
+WAIT_MS = int(bh.WAIT_S * 1000)
+SETTINGS = {"Comfy.TutorialCompleted": True, "XPUFleet.Language": "en"}
+GRAPHS = sample_graphs(bh.REPO / SAMPLES_DIR)
+
+
+@pytest.fixture(scope="module")
+def page(playwright_browser, comfy_host):
+    bh.comfy_settings(comfy_host, SETTINGS)
+    context = playwright_browser.new_context(viewport={"width": 1500, "height": 950})
+    log = bh.ConsoleLog()
+    page = bh.open_comfy(context, comfy_host.url, log)
+    page.wait_for_timeout(1000)  # the page's own start-up requests settle before the flow is recorded
+    try:
+        yield page, log
+    finally:
+        context.close()
+
+
+def open_xpufleet_templates(page) -> object:
+    page.click(".templates-tab-button")
+    dialog = page.locator(".p-dialog", has_text="XPU Fleet")
+    dialog.get_by_role("option", name="XPU Fleet").click(timeout=WAIT_MS)
+    return dialog
+
+
+def run_and_wait(page, comfy_host) -> dict:
+    """Press ComfyUI's Run button; wait for the prompt's execution_success (or error) on the page."""
+    page.evaluate("""() => { window.__xfDone = null;
+        for (const type of ['execution_success', 'execution_error'])
+            app.api.addEventListener(type, (e) => { window.__xfDone = {type, prompt_id: e.detail.prompt_id}; }); }""")
+    page.locator(".comfyui-queue-button").get_by_role("button", name="Run").first.click()
+    page.wait_for_function("() => window.__xfDone", timeout=WAIT_MS * 3)
+    done = page.evaluate("() => window.__xfDone")
+    assert done["type"] == "execution_success", comfy_host.log_tail()
+    return done
+
+
+def test_templates_xpu_fleet_mlp_digits_loads_the_graph_and_runs(page, comfy_host, screenshots):
+    page, log = page
+    mark_errors, mark_failed = len(log.errors), len(log.failed)
+    dialog = open_xpufleet_templates(page)
+    cards = dialog.locator("[data-testid^=template-workflow-]:not([data-testid=template-workflows-content])")
+    for name in GRAPHS:  # every example graph is a card, its thumbnail loaded
+        card = dialog.locator(f"[data-testid=template-workflow-{name}]")
+        card.wait_for(timeout=WAIT_MS)
+        card.locator("img").first.wait_for(timeout=WAIT_MS)
+    page.wait_for_function("""() => [...document.querySelectorAll('.p-dialog [data-testid^=template-workflow-] img')]
+        .every((img) => img.complete && img.naturalWidth > 0)""", timeout=WAIT_MS)
+    assert cards.count() == len(GRAPHS)
+    page.screenshot(path=str(screenshots / "templates-browser.png"))
+
+    dialog.locator("[data-testid=template-workflow-mlp_digits]").click()
+    dialog.wait_for(state="hidden", timeout=WAIT_MS)
+    page.wait_for_function("() => app.graph.nodes.length === 10", timeout=WAIT_MS)
+    # the front end's own API prompt of the loaded template is the API-format example (defaults filled)
+    prompt = page.evaluate("async () => (await app.graphToPrompt()).output")
+    assert json.loads(json.dumps(prompt)) == with_defaults(GRAPHS["mlp_digits"], plugin_defs())
+    titles = page.evaluate("() => app.graph._groups.map((g) => g.title)")
+    assert titles == ["Data", "Model", "Training", "Results"]
+    assert page.evaluate("() => app.extensionManager.workflow.activeWorkflow.filename") == "mlp_digits"
+    page.screenshot(path=str(screenshots / "templates-loaded.png"))
+
+    done = run_and_wait(page, comfy_host)
+    history = comfy_host.get(f"/history/{done['prompt_id']}")[done["prompt_id"]]
+    assert history["status"]["status_str"] == "success"
+    page.screenshot(path=str(screenshots / "templates-run-done.png"))
+    assert log.errors[mark_errors:] == [] and log.failed[mark_failed:] == []
+    assert [f for f in log.failed if "xpufleet" in f or "workflow_templates" in f] == []
+
+
+@pytest.mark.parametrize("name", sorted(set(GRAPHS) - {"mlp_digits"}))
+def test_every_other_template_loads_as_the_same_graph(page, name):
+    page, log = page
+    mark_errors, mark_failed = len(log.errors), len(log.failed)
+    dialog = open_xpufleet_templates(page)
+    dialog.locator(f"[data-testid=template-workflow-{name}]").click(timeout=WAIT_MS)
+    dialog.wait_for(state="hidden", timeout=WAIT_MS)
+    page.wait_for_function(f"() => app.graph.nodes.length === {len(GRAPHS[name])}", timeout=WAIT_MS)
+    prompt = page.evaluate("async () => (await app.graphToPrompt()).output")
+    assert json.loads(json.dumps(prompt)) == with_defaults(GRAPHS[name], plugin_defs())
+    assert log.errors[mark_errors:] == [] and log.failed[mark_failed:] == []
