@@ -9,6 +9,7 @@ import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { Fleet } from "./lib/api.mjs";
 import { CapsuleBar, SETTINGS } from "./lib/capsule.mjs";
+import { fixSeedControls, isPluginNodeDef } from "./lib/canvas_nodes.mjs";
 import { h } from "./lib/dom.mjs";
 import { resolveLanguage, setLanguage, t } from "./lib/i18n.mjs";
 
@@ -256,7 +257,16 @@ app.registerExtension({
   bottomPanelTabs: [tab(RUNS_TAB, "runs.title", getRunsPanel), tab(WORKERS_TAB, "workers.title", getWorkersPanel),
     tab(SWEEPS_TAB, "sweep.title", getSweepsPanel)],
 
-  async beforeRegisterNodeDef(nodeType) {
+  async beforeRegisterNodeDef(nodeType, nodeData) {
+    if (isPluginNodeDef(nodeData)) {
+      // our seeds start "fixed" (lib/canvas_nodes.mjs); ComfyUI calls onNodeCreated once the widgets exist
+      const created = nodeType.prototype.onNodeCreated;
+      nodeType.prototype.onNodeCreated = function (...args) {
+        const out = created?.apply(this, args);
+        fixSeedControls(this);
+        return out;
+      };
+    }
     // a widget edited on the canvas (LiteGraph calls onWidgetChanged from setValue) rescans the graph
     const previous = nodeType.prototype.onWidgetChanged;
     nodeType.prototype.onWidgetChanged = function (...args) {

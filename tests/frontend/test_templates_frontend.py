@@ -42,6 +42,19 @@ def open_xpufleet_templates(page) -> object:
     return dialog
 
 
+def seeds(page) -> list[list]:
+    """[node title, widget, value, its control-after-generate value] of every seed widget on the canvas."""
+    return page.evaluate("""() => app.graph.nodes.flatMap((n) => (n.widgets || []).filter((w) => w.name === 'seed')
+        .map((w) => [n.title, w.name, w.value, (w.linkedWidgets || [])[0]?.value ?? null]))""")
+
+
+def open_template(page, name: str, nodes: int) -> None:
+    dialog = open_xpufleet_templates(page)
+    dialog.locator(f"[data-testid=template-workflow-{name}]").click(timeout=WAIT_MS)
+    dialog.wait_for(state="hidden", timeout=WAIT_MS)
+    page.wait_for_function(f"() => app.graph.nodes.length === {nodes}", timeout=WAIT_MS)
+
+
 def run_and_wait(page, comfy_host) -> dict:
     """Press ComfyUI's Run button; wait for the prompt's execution_success (or error) on the page."""
     page.evaluate("""() => { window.__xfDone = null;
@@ -79,7 +92,11 @@ def test_templates_xpu_fleet_mlp_digits_loads_the_graph_and_runs(page, comfy_hos
     assert page.evaluate("() => app.extensionManager.workflow.activeWorkflow.filename") == "mlp_digits"
     page.screenshot(path=str(screenshots / "templates-loaded.png"))
 
+    before = seeds(page)
+    assert [v for _, _, v, control in before if control] == [0, 0, 0]  # Dataset, MLP, train
+    assert {control for *_, control in before if control} == {"fixed"}
     done = run_and_wait(page, comfy_host)
+    assert seeds(page) == before  # ComfyUI's Run left every seed as it was
     history = comfy_host.get(f"/history/{done['prompt_id']}")[done["prompt_id"]]
     assert history["status"]["status_str"] == "success"
     page.screenshot(path=str(screenshots / "templates-run-done.png"))
@@ -91,10 +108,25 @@ def test_templates_xpu_fleet_mlp_digits_loads_the_graph_and_runs(page, comfy_hos
 def test_every_other_template_loads_as_the_same_graph(page, name):
     page, log = page
     mark_errors, mark_failed = len(log.errors), len(log.failed)
-    dialog = open_xpufleet_templates(page)
-    dialog.locator(f"[data-testid=template-workflow-{name}]").click(timeout=WAIT_MS)
-    dialog.wait_for(state="hidden", timeout=WAIT_MS)
-    page.wait_for_function(f"() => app.graph.nodes.length === {len(GRAPHS[name])}", timeout=WAIT_MS)
+    open_template(page, name, len(GRAPHS[name]))
     prompt = page.evaluate("async () => (await app.graphToPrompt()).output")
     assert json.loads(json.dumps(prompt)) == with_defaults(GRAPHS[name], plugin_defs())
     assert log.errors[mark_errors:] == [] and log.failed[mark_failed:] == []
+
+
+def test_a_new_node_of_ours_starts_with_fixed_seeds_and_randomize_can_still_be_picked(page, comfy_host, screenshots):
+    page, log = page
+    added = page.evaluate("""() => ['XPUDataset', 'XPUTrainingLoop', 'XPUMLP', 'KSampler'].map((type) => {
+        const n = LiteGraph.createNode(type); app.graph.add(n);
+        const control = n.widgets.find((w) => w.name === 'seed').linkedWidgets[0].value; app.graph.remove(n);
+        return [type, control]; })""")
+    # ours start fixed; ComfyUI's own KSampler keeps ComfyUI's default
+    assert added == [["XPUDataset", "fixed"], ["XPUTrainingLoop", "fixed"], ["XPUMLP", "fixed"], ["KSampler", "randomize"]]
+    open_template(page, "mlp_digits", len(GRAPHS["mlp_digits"]))
+    bh.choose_combo(page, "Dataset (digits)", "control_after_generate", "randomize")
+    before = {title: value for title, _, value, _ in seeds(page)}
+    run_and_wait(page, comfy_host)
+    after = {title: (value, control) for title, _, value, control in seeds(page)}
+    assert after["Dataset (digits)"][1] == "randomize" and after["Dataset (digits)"][0] != before["Dataset (digits)"]
+    assert after["MLP"] == (before["MLP"], "fixed") and after["train"] == (before["train"], "fixed")
+    page.screenshot(path=str(screenshots / "templates-seed-randomize.png"))
