@@ -48,6 +48,14 @@ def seeds(page) -> list[list]:
         .map((w) => [n.title, w.name, w.value, (w.linkedWidgets || [])[0]?.value ?? null]))""")
 
 
+def node_results(page) -> dict[str, dict]:
+    """What our nodes show after a Run: {node title: {text, curves, points}} from the page's DOM."""
+    return page.evaluate("""() => Object.fromEntries(app.graph.nodes.filter((n) => n.xpufleetResult).map((n) => {
+        const el = n.xpufleetResult.element, lines = [...el.querySelectorAll('polyline')];
+        return [n.title, {text: el.querySelector('.xf-node-result-text').innerText, curves: lines.length,
+                          points: lines.reduce((k, l) => k + l.points.length, 0), visible: el.checkVisibility()}]; }))""")
+
+
 def open_template(page, name: str, nodes: int) -> None:
     dialog = open_xpufleet_templates(page)
     dialog.locator(f"[data-testid=template-workflow-{name}]").click(timeout=WAIT_MS)
@@ -95,10 +103,26 @@ def test_templates_xpu_fleet_mlp_digits_loads_the_graph_and_runs(page, comfy_hos
     before = seeds(page)
     assert [v for _, _, v, control in before if control] == [0, 0, 0]  # Dataset, MLP, train
     assert {control for *_, control in before if control} == {"fixed"}
+    page.evaluate("""() => { window.__xfLive = [];
+        app.api.addEventListener('xpufleet.metric', (e) => window.__xfLive.push(e.detail)); }""")
     done = run_and_wait(page, comfy_host)
     assert seeds(page) == before  # ComfyUI's Run left every seed as it was
+    # the results on the nodes: the loop's and Evaluate's final metrics, the saved path, the loss curve
+    shown = node_results(page)
+    outputs = comfy_host.get(f"/history/{done['prompt_id']}")[done["prompt_id"]]["outputs"]
+    final = outputs["8"]["metrics"][0]
+    assert f"val_accuracy {final['final_val_accuracy']:.4f}" in shown["train"]["text"]
+    assert f"accuracy {outputs['9']['metrics'][0]['accuracy']:.4f}" in shown["Evaluate (val)"]["text"]
+    saved = outputs["10"]["text"][0]
+    assert saved.endswith("output/xpufleet/models/mlp_digits.safetensors") and shown["Save model"]["text"] == saved
+    assert shown["train"]["curves"] == 2 and shown["train"]["points"] > 10  # batch loss and validation loss
+    live = page.evaluate("() => window.__xfLive")
+    assert {p["name"] for p in live} >= {"train_loss_batch", "val_loss_step", "val_accuracy"}
+    assert {p["node"] for p in live if p["name"] == "train_loss_batch"} == {"8"}  # the TrainingLoop's
+    assert {p["prompt_id"] for p in live} == {done["prompt_id"]}
     history = comfy_host.get(f"/history/{done['prompt_id']}")[done["prompt_id"]]
     assert history["status"]["status_str"] == "success"
+    assert all(v["visible"] for v in shown.values()), shown
     page.screenshot(path=str(screenshots / "templates-run-done.png"))
     assert log.errors[mark_errors:] == [] and log.failed[mark_failed:] == []
     assert [f for f in log.failed if "xpufleet" in f or "workflow_templates" in f] == []
