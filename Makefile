@@ -38,7 +38,7 @@ test: install lint
 	$(PYTHON) -m pytest -q -m browser
 
 demo: install
-	$(PYTHON) examples/demo.py
+	$(PYTHON) samples/demo.py
 
 bench: install
 	for b in bench/bench_*.py; do echo "== $$b"; $(PYTHON) $$b || exit 1; done

@@ -155,3 +155,12 @@ def home_dir(env: dict[str, str] | None = None) -> Path:
     env = os.environ if env is None else env
     raw = env.get(ENV_HOME, "").strip()
     return Path(os.path.expanduser(raw or DEFAULT_HOME)).resolve()
+
+# --- ComfyUI templates (docs/templates.md) --------------------------------------------------------
+SAMPLES_DIR = "samples"  # API-format graphs, service specs, request bodies, sweep/study YAML
+TEMPLATES_DIR = "example_workflows"  # workflow-format twins + .jpg thumbnails: ComfyUI's Templates browser
+
+
+# --- results on ComfyUI's canvas (docs/canvas.md) ----------------------------------------------------
+CANVAS_METRIC_EVENT = "xpufleet.metric"  # the websocket message a hosted TrainingLoop sends per metric point
+CANVAS_CURVE_POINTS = 400  # at most this many points per series in a TrainingLoop's ui output (history)

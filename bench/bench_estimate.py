@@ -2,7 +2,7 @@
 
     python bench/bench_estimate.py [--only NAME] [--repeat 3]
 
-For each built-in example graph that trains (examples/*.json) and larger graphs built here (a CNN with
+For each built-in example graph that trains (samples/*.json) and larger graphs built here (a CNN with
 millions of parameters, feed-forward transformer blocks from the Sequential layer spec, an MLP with a large
 batch, a wide optimizer-bound MLP, an autocast MLP with SGD momentum, an adaptive-pooling CNN with
 RMSprop), it compares:
@@ -115,7 +115,7 @@ def larger_graphs() -> dict[str, dict[str, Any]]:
 
 def example_graphs() -> dict[str, dict[str, Any]]:
     out = {}
-    for path in sorted((ROOT / "examples").glob("*.json")):
+    for path in sorted((ROOT / "samples").glob("*.json")):
         if path.name.startswith("serve_"):  # service specs, not graphs
             continue
         g = json.loads(path.read_text())

@@ -8,7 +8,7 @@ worker stays known, so runs for it are accepted and wait for it (nothing trains)
 
 * baseline: ``--variants`` runs submitted one by one with ``POST /api/runs`` (the same child bodies);
 * sweep: one ``POST /api/sweeps`` of ``--variants`` variants (a 250-point log grid of the learning rate
-  x 4 seeds, on examples/mlp_digits.json) for the same worker: every child parsed and checked by the
+  x 4 seeds, on samples/mlp_digits.json) for the same worker: every child parsed and checked by the
   dispatcher's own admission, then all written in one transaction and queued in one pass.
 
 Each is timed from the request to its answer; afterwards ``GET /api/runs?status=queued`` must count
@@ -37,7 +37,7 @@ from xpufleet.server.cli.client import Client
 from xpufleet.server.sidecar.runtime_file import read_runtime
 
 GOAL_RUNS_PER_S = 1000.0
-GRAPH = json.loads((Path(__file__).resolve().parents[1] / "examples" / "mlp_digits.json").read_text())
+GRAPH = json.loads((Path(__file__).resolve().parents[1] / "samples" / "mlp_digits.json").read_text())
 CLI = [sys.executable, "-m", "xpufleet.server"]
 
 

@@ -232,7 +232,7 @@ def check_model_server(device: str, work: Path) -> R.Outcome:
     home = work / "home"
     model = home / "outputs" / "models" / "gpu-check-server.safetensors"
     save_model(model)
-    request = json.loads((ROOT / "examples" / "serve_mlp_digits.request.json").read_text())
+    request = json.loads((ROOT / "samples" / "serve_mlp_digits.request.json").read_text())
     request = {"inputs": request["inputs"], "output": "probabilities"}
     with GpuFleet(home, device) as fleet:
         fleet.agent()

@@ -11,12 +11,15 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import math
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ..constants import CANVAS_METRIC_EVENT
 
 log = logging.getLogger("xpufleet.nodes")
 
@@ -151,6 +154,23 @@ def metric(name: str, value: float, **extra: Any) -> None:
         ctx.event("metric", {"name": name, "value": float(value), **extra})
     else:
         log.debug("metric %s=%s %s", name, value, extra)
+        _to_canvas(name, float(value), extra)
+
+
+def _to_canvas(name: str, value: float, extra: dict[str, Any]) -> None:
+    """Hosted in ComfyUI: the point to the browser that queued the prompt, as ComfyUI sends its own
+    progress (``send_sync`` to its ``client_id``), for the node's live chart (docs/canvas.md)."""
+    node = hosted_node_id()
+    comfy_server = sys.modules.get("server")  # ComfyUI's server.py, imported long before any node runs
+    instance = getattr(getattr(comfy_server, "PromptServer", None), "instance", None)
+    if node is None or instance is None or not math.isfinite(value):
+        return
+    payload = {"node": node, "prompt_id": getattr(instance, "last_prompt_id", None), "name": name, "value": value,
+               **{k: v for k, v in extra.items() if isinstance(v, (int, float, str))}}
+    try:
+        instance.send_sync(CANVAS_METRIC_EVENT, payload, getattr(instance, "client_id", None))
+    except Exception as exc:  # the canvas chart is a view: training goes on without it
+        log.debug("canvas metric not sent: %s", exc)
 
 
 _shown: contextvars.ContextVar[list[dict[str, str]] | None] = contextvars.ContextVar("xpufleet_shown", default=None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..constants import CANVAS_CURVE_POINTS
 from . import device as devmod
 from . import hostmode, paths, runtime
 from . import types as T
@@ -244,7 +245,7 @@ class XPUTrainingLoop:
         text = _format_metrics(metrics)
         runtime.info(f"{label}: {text}")
         shown = [text] + [f"warning ({w['kind']}): {w['message']}" for w in warnings]
-        return {"ui": {"text": shown, "metrics": [ui_metrics(metrics)], "warnings": warnings},
+        return {"ui": {"text": shown, "metrics": [ui_metrics(metrics)], "warnings": warnings, "curve": [ui_curve(metrics)]},
                 "result": (trained, metrics)}
 
 
@@ -267,6 +268,20 @@ def ui_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
     """The JSON-safe summary of a TrainingLoop's or Evaluate's metrics for its ``ui`` output."""
     keys = _UI_METRIC_KEYS if "final_train_loss" in metrics else tuple(metrics)
     return {k: _json_safe(metrics[k]) for k in keys if k in metrics}
+
+
+def ui_curve(metrics: dict[str, Any], points: int | None = None) -> dict[str, list[list[float]]]:
+    """The TrainingLoop's loss curves for the node's chart on the canvas: ``[step, value]`` pairs of the
+    batch loss and of every validation, each thinned to at most ``points`` (first and last kept)."""
+    limit = points or CANVAS_CURVE_POINTS
+    out = {}
+    for key in ("train_loss_batch", "val_loss_step"):
+        series = [[int(s), float(v)] for s, v in metrics.get(key) or [] if v is not None and math.isfinite(v)]
+        if len(series) > limit:
+            stride = (len(series) - 1) / (limit - 1)
+            series = [series[round(i * stride)] for i in range(limit)]
+        out[key] = series
+    return out
 
 
 def default_loss_for(model: Any, loader: Any) -> LossSpec:

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..constants import BYTES_PER_GB
+from ..nodes import types as T
 from .resolve import (
     ModelResolver,
     Resolution,
@@ -30,6 +31,11 @@ from .resolve import (
     check_model_name,
     default_resolver,
 )
+
+# The plugin's own nodes whose file input is no model of ComfyUI's model folders: ModelSaver writes its
+# file, ModelLoader reads one a ModelSaver wrote under the plugin's outputs folder (nodes/io.py). Their
+# memory is the training graph's static estimate, not a file size; the capsule must not flag them.
+OWN_FILE_NODES = frozenset({T.MODEL_SAVER_NODE, T.MODEL_LOADER_NODE})
 
 
 @dataclass(frozen=True)
@@ -272,6 +278,8 @@ class _Scanner:
         for inp, value in values:
             if not isinstance(value, str) or not value.lower().endswith(MODEL_EXTENSIONS) or value in known:
                 continue
+            if ctype in OWN_FILE_NODES:
+                continue  # the plugin's own file, not a model of ComfyUI's model folders
             try:
                 name = check_model_name(value.strip())
             except UnsafeModelName as exc:

@@ -9,6 +9,7 @@ import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { Fleet } from "./lib/api.mjs";
 import { CapsuleBar, SETTINGS } from "./lib/capsule.mjs";
+import { CANVAS_METRIC_EVENT, fixSeedControls, isPluginNodeDef, showExecuted, showLivePoint } from "./lib/canvas_nodes.mjs";
 import { h } from "./lib/dom.mjs";
 import { resolveLanguage, setLanguage, t } from "./lib/i18n.mjs";
 
@@ -57,12 +58,14 @@ function canvasWorkflow() {
 
 /** The graph Queue on... sends: ComfyUI's own graph-to-prompt (API format). */
 async function canvasPrompt() {
-  const name = app.extensionManager?.workflow?.activeWorkflow?.filename || "";
+  const workflow = app.extensionManager?.workflow?.activeWorkflow;
+  const name = workflow?.filename || "";
+  const key = workflow?.path || name;  // Queue on... remembers its last target per workflow
   try {
     const { output } = await app.graphToPrompt();
-    return { prompt: Object.keys(output || {}).length ? output : null, name };
+    return { prompt: Object.keys(output || {}).length ? output : null, name, key };
   } catch (err) {
-    return { prompt: null, name, problem: `${t("app.prompt_failed")}: ${err?.message || err}` };
+    return { prompt: null, name, key, problem: `${t("app.prompt_failed")}: ${err?.message || err}` };
   }
 }
 
@@ -256,7 +259,23 @@ app.registerExtension({
   bottomPanelTabs: [tab(RUNS_TAB, "runs.title", getRunsPanel), tab(WORKERS_TAB, "workers.title", getWorkersPanel),
     tab(SWEEPS_TAB, "sweep.title", getSweepsPanel)],
 
-  async beforeRegisterNodeDef(nodeType) {
+  async beforeRegisterNodeDef(nodeType, nodeData) {
+    if (isPluginNodeDef(nodeData)) {
+      // our seeds start "fixed" (lib/canvas_nodes.mjs); ComfyUI calls onNodeCreated once the widgets exist
+      const created = nodeType.prototype.onNodeCreated;
+      nodeType.prototype.onNodeCreated = function (...args) {
+        const out = created?.apply(this, args);
+        fixSeedControls(this);
+        return out;
+      };
+      // the node's `ui` output after ComfyUI's Run: metrics, the saved path, the loss curve
+      const executed = nodeType.prototype.onExecuted;
+      nodeType.prototype.onExecuted = function (output) {
+        const out = executed?.apply(this, [output]);
+        showExecuted(this, output);
+        return out;
+      };
+    }
     // a widget edited on the canvas (LiteGraph calls onWidgetChanged from setValue) rescans the graph
     const previous = nodeType.prototype.onWidgetChanged;
     nodeType.prototype.onWidgetChanged = function (...args) {
@@ -285,6 +304,7 @@ app.registerExtension({
     placeCapsules();
     placeQueueButton();
     api.addEventListener("graphChanged", () => capsules.requestScan());
+    api.addEventListener(CANVAS_METRIC_EVENT, (e) => showLivePoint(app.graph, e.detail));
     for (const type of ["execution_success", "execution_error", "execution_interrupted", "reconnected"]) {
       api.addEventListener(type, () => capsules.requestScan());
     }

@@ -26,7 +26,7 @@ def add_parser(sub: Any) -> None:
     """The ``serve`` and ``services`` commands."""
     p = sub.add_parser("serve", help="start a service of distributed inference units from a spec file",
                        description="Create a service: SPEC.json is the body of POST /api/services "
-                                   "(examples/serve_mlp_digits.json); the options override its fields.")
+                                   "(samples/serve_mlp_digits.json); the options override its fields.")
     p.add_argument("spec", help="the service spec (JSON)")
     p.add_argument("--name", help="service name")
     p.add_argument("--replicas", type=int, help="number of units")
@@ -64,7 +64,7 @@ def add_parser(sub: Any) -> None:
     c.add_argument("-o", "--output", help="write to this file instead of stdout")
     c = ssub.add_parser("infer", help="send one request (a JSON file, the body of /infer) and print the answer")
     c.add_argument("name")
-    c.add_argument("request", help="the request body (examples/serve_mlp_digits.request.json)")
+    c.add_argument("request", help="the request body (samples/serve_mlp_digits.request.json)")
     s.set_defaults(func=cmd_services)
 
 
@@ -154,7 +154,7 @@ def cmd_services(args: argparse.Namespace) -> int:
             print(json.dumps(out, indent=2))
             return EXIT_OK
         if not out["services"]:
-            print("no services: `xpufleet serve examples/serve_mlp_digits.json` starts one")
+            print("no services: `xpufleet serve samples/serve_mlp_digits.json` starts one")
         for svc in out["services"]:
             _print_service(svc, brief=True)
         return EXIT_OK

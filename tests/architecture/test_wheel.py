@@ -31,7 +31,8 @@ def test_the_wheel_holds_every_module_and_the_front_end(wheel):
     expected = {str(p.relative_to(arch.REPO).as_posix()) for p in arch.modules().values()}
     in_wheel = {n.removeprefix("xpufleet/") for n in names if n.startswith("xpufleet/")}
     assert expected - in_wheel == set()
-    assert "web/xpu_monitor.js" in in_wheel and "examples/mlp_digits.json" in in_wheel
+    assert "web/xpu_monitor.js" in in_wheel and "samples/mlp_digits.json" in in_wheel
+    assert {"example_workflows/mlp_digits.json", "example_workflows/mlp_digits.jpg", "locales/en/main.json"} <= in_wheel
     tops = {n.split("/")[0] for n in names if not n.startswith("xpufleet-")}
     assert tops == {"xpufleet"}  # nothing that could shadow ComfyUI's own nodes/ or server.py
 

@@ -15,7 +15,7 @@ from xpufleet import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
 
 pytestmark = pytest.mark.comfy
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "samples"
 
 
 def test_plugin_imports_with_no_error_line(comfyui):

@@ -18,7 +18,7 @@ import torch
 
 pytestmark = pytest.mark.comfy
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "samples"
 # Graphs that load what another one saves run after it (predict_saved loads mlp_digits' model).
 ORDER = sorted((p.stem for p in EXAMPLES.glob("*.json") if not p.name.startswith("serve_")),  # serve_*: services
                key=lambda n: ("XPUModelLoader" in (EXAMPLES / f"{n}.json").read_text(), n))
@@ -30,7 +30,7 @@ def example(name: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def example_runs(comfyui) -> dict[str, comfy_harness.PromptResult]:
-    """Every graph in examples/ queued once, in ORDER."""
+    """Every graph in samples/ queued once, in ORDER."""
     return {name: comfyui.run_prompt(example(name)) for name in ORDER}
 
 

@@ -1,4 +1,4 @@
-"""The example graphs in examples/, run through the graph executor (and hosted the way ComfyUI loads us)."""
+"""The example graphs in samples/, run through the graph executor (and hosted the way ComfyUI loads us)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from xpufleet.nodes import NODE_CLASS_MAPPINGS, runtime
 from xpufleet.server.run.executor import execute_graph, validate_graph
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "samples"
 NODE_EXAMPLES = ["mlp_digits", "cnn_digits", "predict_saved", "ddp_digits"]
 
 

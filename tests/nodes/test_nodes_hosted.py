@@ -17,7 +17,7 @@ from xpufleet.nodes import NODE_CLASS_MAPPINGS as N
 from xpufleet.nodes import hostmode, runtime
 from xpufleet.server.run.executor import execute_graph
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "samples"
 
 # iris, a small MLP, a TrainingLoop (node 7) and an Evaluate (node 8, an output node).
 IRIS: dict[str, Any] = {

@@ -16,7 +16,7 @@ from xpufleet.predictor import estimate as E
 from xpufleet.predictor.estimate import estimate_graph, training_bytes
 from xpufleet.predictor.estimate_graph import BUNDLED, dataset_facts, read_graph, split_sizes
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "samples"
 MIB = 1024**2
 
 

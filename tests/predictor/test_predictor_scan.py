@@ -389,3 +389,21 @@ def test_mangled_templates_give_clear_errors_only(all_workflows):
             assert str(exc)
             outcomes["refused"] += 1
     assert outcomes["answered"] > 100 and outcomes["refused"] > 0
+
+
+@pytest.mark.parametrize("folder,name", [("samples", "mlp_digits.json"), ("samples", "predict_saved.json"),
+                                         ("example_workflows", "mlp_digits.json"),
+                                         ("example_workflows", "predict_saved.json")])
+def test_the_plugins_own_model_files_are_not_model_references(folder, name, tmp_path):
+    """ModelSaver's filename and ModelLoader's path name the plugin's own files (its outputs folder), not
+    files of ComfyUI's model folders: the capsule must not flag them as unresolved."""
+    from pathlib import Path
+
+    graph = json.loads((Path(__file__).resolve().parents[2] / folder / name).read_text())
+    res = scan_workflow(graph, DirsResolver([tmp_path]))
+    assert [m for m in res.models if m.class_type in ("XPUModelSaver", "XPUModelLoader")] == []
+    # a node the table does not know with the same input still is one
+    renamed = json.loads(json.dumps(graph).replace("XPUModelSaver", "SomeOtherSaver"))
+    if "SomeOtherSaver" in json.dumps(renamed):
+        res = scan_workflow(renamed, DirsResolver([tmp_path]))
+        assert [m.status for m in res.models if m.class_type == "SomeOtherSaver"] == ["unresolved"]

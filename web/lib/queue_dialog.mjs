@@ -11,6 +11,29 @@ import { TargetPicker } from "./target_picker.mjs";
 
 let openDialog = null;
 
+// Queue on... opens on the target last queued to from the same workflow (its path, else its name), kept
+// in this browser's localStorage; a workflow never queued from opens on this server.
+const REMEMBER_PREFIX = "XPUFleet.QueueOn.LastTarget:";
+
+/** The remembered picker state of workflow ``key`` (null when none, or no key, or storage is off). */
+export function rememberedTarget(key) {
+  if (!key) return null;
+  try {
+    return JSON.parse(localStorage.getItem(REMEMBER_PREFIX + key) || "null");
+  } catch {
+    return null;
+  }
+}
+
+export function rememberTarget(key, state) {
+  if (!key) return;
+  try {
+    localStorage.setItem(REMEMBER_PREFIX + key, JSON.stringify(state));
+  } catch {
+    // storage full or disabled: the dialog just opens on the default next time
+  }
+}
+
 /**
  * @param {object} o
  * @param {import("./api.mjs").Fleet} o.fleet
@@ -114,6 +137,7 @@ class QueueDialog {
         h("button", { type: "button", onclick: () => this.close() }, t("common.cancel")), this.submitBtn));
     replace(this.el, form);
     this.picker.targetChanged();
+    this.picker.restore(rememberedTarget(this.graph.key));
     this.nameInput.focus();
   }
 
@@ -215,6 +239,7 @@ class QueueDialog {
     this.submitBtn.disabled = true;
     try {
       const answer = await this.fleet.submit(this.graph.prompt, options);
+      rememberTarget(this.graph.key, this.picker.state());
       this.close();
       this.openRuns(answer.run_id);
     } catch (err) {

@@ -150,6 +150,26 @@ export class TargetPicker {
     this.onChange();
   }
 
+  /** What the user picked, to remember: {target: "local" | "any" | "worker:NAME" | "pool:NAME", devices, device}. */
+  state() {
+    const input = this.targetInputs.find((i) => i.checked) || this.targetInputs[0];
+    return { target: input.value, devices: this.deviceChecks.filter((c) => c.input.checked).map((c) => c.device.name),
+             device: this.deviceSelect?.value || this.kindSelect?.value || "" };
+  }
+
+  /** Pick a remembered {@link state} again, as far as it still applies (a gone or disabled target is skipped). */
+  restore(state) {
+    const input = this.targetInputs.find((i) => i.value === state?.target && !i.disabled);
+    if (!input) return false;
+    input.checked = true;
+    this.targetChanged();
+    const select = this.deviceSelect || this.kindSelect;
+    if (select && [...select.options].some((o) => o.value === state.device)) select.value = state.device;
+    for (const c of this.deviceChecks) c.input.checked = (state.devices || []).includes(c.device.name);
+    this.devicesChanged();
+    return true;
+  }
+
   /** The choice as POST /api/runs options: {options: {device?}, target: {worker | pool | spread, devices?}, kind}. */
   choice() {
     const target = this.selected();

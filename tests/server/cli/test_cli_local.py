@@ -24,7 +24,7 @@ def xpufleet(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_mlp_example_trains_and_prints_a_summary(tmp_path):
-    out = xpufleet(tmp_path, "run", str(REPO / "examples/mlp_digits.json"), "--local", "--seed", "3",
+    out = xpufleet(tmp_path, "run", str(REPO / "samples/mlp_digits.json"), "--local", "--seed", "3",
                    "--output-dir", str(tmp_path / "run"))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "run succeeded" in out.stdout
@@ -35,7 +35,7 @@ def test_mlp_example_trains_and_prints_a_summary(tmp_path):
     assert saved.is_file() and f"saved model: {saved}" in out.stdout
     assert f"run files: {tmp_path / 'run'}" in out.stdout
     # the saved model, reloaded by the predict example: the Predict node's output is printed too
-    out = xpufleet(tmp_path, "run", str(REPO / "examples/predict_saved.json"), "--local")
+    out = xpufleet(tmp_path, "run", str(REPO / "samples/predict_saved.json"), "--local")
     assert out.returncode == 0, out.stderr
     assert re.search(r"node 4 \(XPUPredict\): 359 predictions \(classes\)", out.stdout)
     assert f"accuracy vs labels {acc:.4f}" in out.stdout
@@ -43,7 +43,7 @@ def test_mlp_example_trains_and_prints_a_summary(tmp_path):
 
 
 def test_validation_errors_exit_2_and_name_node_and_input(tmp_path):
-    graph = json.loads((REPO / "examples/mlp_digits.json").read_text())
+    graph = json.loads((REPO / "samples/mlp_digits.json").read_text())
     graph["2"]["inputs"]["batch_size"] = 0
     del graph["8"]["inputs"]["model"]
     bad = tmp_path / "bad.json"
@@ -56,7 +56,7 @@ def test_validation_errors_exit_2_and_name_node_and_input(tmp_path):
 
 
 def test_node_failure_exits_1_naming_the_node(tmp_path):
-    graph = json.loads((REPO / "examples/mlp_digits.json").read_text())
+    graph = json.loads((REPO / "samples/mlp_digits.json").read_text())
     graph["1"]["inputs"].update({"name": "csv", "path": str(tmp_path / "missing.csv")})
     bad = tmp_path / "missing_csv.json"
     bad.write_text(json.dumps(graph))
@@ -75,7 +75,7 @@ def test_missing_or_broken_file_exits_2(tmp_path):
 
 
 def test_missing_device_falls_back_to_cpu_with_a_warning(tmp_path):
-    out = xpufleet(tmp_path, "run", str(REPO / "examples/mlp_digits.json"), "--local", "--device", "xpu:3",
+    out = xpufleet(tmp_path, "run", str(REPO / "samples/mlp_digits.json"), "--local", "--device", "xpu:3",
                    "--output-dir", str(tmp_path / "run"))
     assert out.returncode == 0, out.stderr
     assert "warning (device_fallback): --device xpu:3: this machine offers" in out.stderr
@@ -85,7 +85,7 @@ def test_ctrl_c_stops_after_the_batch_with_an_interrupt_checkpoint(tmp_path):
     import signal
     import threading
 
-    graph = json.loads((REPO / "examples/mlp_digits.json").read_text())
+    graph = json.loads((REPO / "samples/mlp_digits.json").read_text())
     graph["8"]["inputs"]["epochs"] = 100_000  # cannot finish before the Ctrl-C
     long_run = tmp_path / "long.json"
     long_run.write_text(json.dumps(graph))
@@ -118,7 +118,7 @@ def test_ctrl_c_stops_after_the_batch_with_an_interrupt_checkpoint(tmp_path):
 def test_output_into_a_closed_pipe_is_quiet(tmp_path):
     # `xpufleet ... | head`: the reader goes away; the command must not print a traceback.
     env = {**os.environ, "XPUFLEET_HOME": str(tmp_path / "home")}
-    cmd = [sys.executable, "-m", "xpufleet.server", "predict", str(REPO / "examples/mlp_digits.json"), "--json"]
+    cmd = [sys.executable, "-m", "xpufleet.server", "predict", str(REPO / "samples/mlp_digits.json"), "--json"]
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) as proc:
         proc.stdout.close()  # nobody reads: the first write fails with EPIPE
         err = proc.stderr.read().decode()

@@ -16,15 +16,15 @@ from xpufleet.server.cli import sweeps as sweeps_cli
 from xpufleet.server.cli.specs import LiveTable, load_spec, render
 
 REPO = Path(__file__).resolve().parents[3]
-DIGITS = json.loads((REPO / "examples" / "mlp_digits.json").read_text())
+DIGITS = json.loads((REPO / "samples" / "mlp_digits.json").read_text())
 
 
 def test_the_example_specs_load_with_their_graph_read_from_the_file_next_to_them():
-    sweep = load_spec(str(REPO / "examples" / "sweep_lr.yaml"))
+    sweep = load_spec(str(REPO / "samples" / "sweep_lr.yaml"))
     assert sweep["graph"] == DIGITS and sweep["parameters"] == {"5.lr": [0.0005, 0.002, 0.008, 0.03]}
     assert sweep["objective"] == {"metric": "val_accuracy", "direction": "maximize"}
     assert sweep["options"] == {"target": {"worker": "any"}} and sweep["set"] == {"10.location": "run_dir"}
-    study = load_spec(str(REPO / "examples" / "study_lr.yaml"))
+    study = load_spec(str(REPO / "samples" / "study_lr.yaml"))
     assert study["parameters"]["5.lr"] == {"low": 1e-4, "high": 0.3, "log": True} and study["n_trials"] == 12
 
 
@@ -112,7 +112,7 @@ def test_without_a_sidecar_the_commands_exit_3_and_a_bad_spec_exits_2(tmp_path):
     bad.write_text("graph: [1\n")
     out = subprocess.run([*run, "sweep", str(bad)], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "is not valid YAML" in out.stderr
-    out = subprocess.run([*run, "sweep", str(REPO / "examples" / "sweep_lr.yaml")], env=env, capture_output=True,
+    out = subprocess.run([*run, "sweep", str(REPO / "samples" / "sweep_lr.yaml")], env=env, capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 3 and "no sidecar is running" in out.stderr
     out = subprocess.run([*run, "studies"], env=env, capture_output=True, text=True, timeout=60)

@@ -10,7 +10,7 @@ import pytest
 from xpufleet.server.ledger import budget as B
 from xpufleet.server.ledger.budget import Budget, BudgetError, DefaultBudget, MeasuredPeak
 
-EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "samples"
 RUN1, RUN2 = "a1b2c3d4-0000-4000-8000-000000000001", "c3d4e5f6-0000-4000-8000-000000000002"
 
 

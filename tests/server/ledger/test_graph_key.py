@@ -11,7 +11,7 @@ import pytest
 from xpufleet.nodes import NODE_CLASS_MAPPINGS
 from xpufleet.server.ledger.graph_key import graph_key, running_nodes
 
-EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "samples"
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from xpufleet.server.run import export_train
 from xpufleet.server.run.executor import GraphValidationError
 from xpufleet.server.run.export import ExportError, export_script
 
-EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "samples"
 
 
 def example(name: str) -> dict:

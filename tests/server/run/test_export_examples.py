@@ -17,7 +17,7 @@ from xpufleet.server.run.executor import execute_graph
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
-EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "samples"
 SEED = 0
 
 

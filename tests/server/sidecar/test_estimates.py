@@ -13,7 +13,7 @@ import scripted_agent as sa  # registered by tests/server/conftest.py
 from xpufleet.server.cli import estimate as estimate_cli
 from xpufleet.server.cli.main import main as cli_main
 
-EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "mlp_digits.json"
+EXAMPLE = Path(__file__).resolve().parents[3] / "samples" / "mlp_digits.json"
 
 
 def test_estimate_lists_every_item_and_then_the_measured_default_once_a_run_has_a_peak(xpufleet_home):

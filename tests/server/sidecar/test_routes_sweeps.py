@@ -16,7 +16,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from xpufleet.server.sidecar.app import SidecarConfig, create_app
 
 CPU = [{"name": "cpu", "kind": "cpu", "uuid": None, "total_gib": None}]
-GRAPH = json.loads((Path(__file__).resolve().parents[3] / "examples" / "mlp_digits.json").read_text())
+GRAPH = json.loads((Path(__file__).resolve().parents[3] / "samples" / "mlp_digits.json").read_text())
 SWEEP = {"name": "lr", "graph": GRAPH, "objective": {"metric": "val_accuracy"},
          "parameters": {"5.lr": [0.001, 0.01]}, "seeds": 2}
 

@@ -17,7 +17,7 @@ from xpufleet.server.sidecar.store import StoreError
 from xpufleet.server.sweeps.driver import SweepService
 from xpufleet.server.sweeps.records import SCHEMA_NAME, SCHEMA_VERSION
 
-GRAPH = json.loads((Path(__file__).resolve().parents[3] / "examples" / "mlp_digits.json").read_text())
+GRAPH = json.loads((Path(__file__).resolve().parents[3] / "samples" / "mlp_digits.json").read_text())
 OBJ = {"metric": "val_accuracy"}
 
 

@@ -9,7 +9,7 @@ from xpufleet.server.sidecar.requests import parse_run_request
 from xpufleet.server.sweeps.expand import child_name, points, probe_points, study_child, sweep_child, variants
 from xpufleet.server.sweeps.spec import parse_study, parse_sweep
 
-GRAPH = json.loads((Path(__file__).resolve().parents[3] / "examples" / "mlp_digits.json").read_text())
+GRAPH = json.loads((Path(__file__).resolve().parents[3] / "samples" / "mlp_digits.json").read_text())
 OBJ = {"metric": "val_accuracy"}
 
 

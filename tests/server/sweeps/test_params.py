@@ -25,7 +25,7 @@ from xpufleet.server.sweeps.params import (
     sample,
 )
 
-GRAPH = json.loads((Path(__file__).resolve().parents[3] / "examples" / "mlp_digits.json").read_text())
+GRAPH = json.loads((Path(__file__).resolve().parents[3] / "samples" / "mlp_digits.json").read_text())
 
 
 def test_a_path_names_a_node_and_one_of_its_value_inputs():

@@ -11,7 +11,7 @@ from xpufleet.constants import SWEEP_DEFAULT_MAX_RUNS, SWEEP_MAX_RUNS
 from xpufleet.server.sweeps.params import SpecError
 from xpufleet.server.sweeps.spec import METRIC_DIRECTIONS, parse_study, parse_sweep
 
-GRAPH = json.loads((Path(__file__).resolve().parents[3] / "examples" / "mlp_digits.json").read_text())
+GRAPH = json.loads((Path(__file__).resolve().parents[3] / "samples" / "mlp_digits.json").read_text())
 OBJ = {"metric": "val_accuracy"}
 
 

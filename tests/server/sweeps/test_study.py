@@ -23,7 +23,7 @@ from xpufleet.server.sweeps.study import StudyService
 
 pytestmark = pytest.mark.timeout(180)
 
-GRAPH = json.loads((Path(__file__).resolve().parents[3] / "examples" / "mlp_digits.json").read_text())
+GRAPH = json.loads((Path(__file__).resolve().parents[3] / "samples" / "mlp_digits.json").read_text())
 
 
 def study_body(**kw: Any) -> dict[str, Any]:

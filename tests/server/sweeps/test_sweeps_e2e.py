@@ -1,7 +1,7 @@
 """End to end: a real sidecar and two real agents simulating one CUDA card each (SPEC W6), real run
 processes training on digits, the real CLI (SPEC Q6, issue 15's "Must show").
 
-* a four-variant learning-rate sweep (examples/sweep_lr.yaml on CUDA cards only) runs two at a time,
+* a four-variant learning-rate sweep (samples/sweep_lr.yaml on CUDA cards only) runs two at a time,
   read from the runs' own start and end times; the ranked table, its CSV, the live CLI;
 * a sweep or study a single run would be refused is refused whole, with nothing queued;
 * an Optuna study on digits finds a learning rate that beats the base graph's val_accuracy and prunes;
@@ -33,8 +33,8 @@ from xpufleet.server.cli.specs import load_spec
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parents[3]
-EXAMPLE = REPO / "examples" / "sweep_lr.yaml"
-DIGITS = json.loads((REPO / "examples" / "mlp_digits.json").read_text())
+EXAMPLE = REPO / "samples" / "sweep_lr.yaml"
+DIGITS = json.loads((REPO / "samples" / "mlp_digits.json").read_text())
 CLI = [sys.executable, "-m", "xpufleet.server"]
 
 
@@ -146,9 +146,9 @@ def max_overlap(spans: list[tuple[float, float]]) -> int:
 
 
 def spec_file(tmp_path: Path, **changes: Any) -> Path:
-    """examples/sweep_lr.yaml with ``changes`` merged in (graph path kept pointing at the example)."""
+    """samples/sweep_lr.yaml with ``changes`` merged in (graph path kept pointing at the example)."""
     spec = yaml.safe_load(EXAMPLE.read_text())
-    spec["graph"] = str(REPO / "examples" / spec["graph"])
+    spec["graph"] = str(REPO / "samples" / spec["graph"])
     for key, value in changes.items():
         if isinstance(value, dict) and isinstance(spec.get(key), dict):
             spec[key] = {**spec[key], **value}

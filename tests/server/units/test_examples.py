@@ -9,7 +9,7 @@ from xpufleet.server.units.model_server import _inputs
 from xpufleet.server.units.spec import ModelProgram, parse_service
 from xpufleet.server.units.split import Stage
 
-EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "samples"
 
 
 def test_the_service_example_serves_the_model_mlp_digits_saves():

@@ -358,9 +358,9 @@ def test_the_restart_budget_ends_in_failed_in_the_api_and_the_cli(fleet):
 
 
 def test_the_readme_example_trains_serves_and_answers(fleet):
-    """README "Services (Units)": train examples/mlp_digits.json, serve examples/serve_mlp_digits.json on the
-    simulated cards, send examples/serve_mlp_digits.request.json (four validation digits: 1, 4, 8, 6)."""
-    examples = Path(__file__).resolve().parents[3] / "examples"
+    """README "Services (Units)": train samples/mlp_digits.json, serve samples/serve_mlp_digits.json on the
+    simulated cards, send samples/serve_mlp_digits.request.json (four validation digits: 1, 4, 8, 6)."""
+    examples = Path(__file__).resolve().parents[3] / "samples"
     trained = fleet.cli("run", str(examples / "mlp_digits.json"), "--wait", timeout=900)
     assert trained.returncode == 0, trained.stdout + trained.stderr
     served = fleet.cli("serve", str(examples / "serve_mlp_digits.json"), "--wait", "--timeout", "300", timeout=400)

@@ -45,12 +45,12 @@ def main() -> int:
         xpufleet("workers", env=env)
         step("queue the MLP on the worker's cards cuda:1,cuda:0 (the run sees them as cuda:0, cuda:1)")
         codes.append(
-            xpufleet("run", "examples/mlp_digits.json", "--target", "demo-gpu", "--devices", "cuda:1,cuda:0",
+            xpufleet("run", "samples/mlp_digits.json", "--target", "demo-gpu", "--devices", "cuda:1,cuda:0",
                      "--name", "demo-mlp", "--seed", "1", "--follow", check=False, env=env)
         )
         step("queue the CNN on whichever worker has a free CUDA card first (--target any)")
         codes.append(
-            xpufleet("run", "examples/cnn_digits.json", "--target", "any", "--device", "cuda", "--name",
+            xpufleet("run", "samples/cnn_digits.json", "--target", "any", "--device", "cuda", "--name",
                      "demo-cnn", "--seed", "1", "--follow", check=False, env=env)
         )
         step("runs and workers")

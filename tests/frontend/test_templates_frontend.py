@@ -1,0 +1,156 @@
+"""A new user's first minutes in the real ComfyUI: Templates -> XPU Fleet -> mlp_digits, clicked as a user
+clicks, then ComfyUI's own Run button. Checks what the page shows (the cards and their thumbnails, the loaded
+graph, the run's success) and that nothing in the flow logs a console error or a failed request.
+
+Screenshots: templates-browser.png, templates-loaded.png, templates-run-done.png (conftest.py prints where)."""
+
+from __future__ import annotations
+
+import json
+
+import browser_harness as bh  # registered by tests/frontend/conftest.py
+import pytest
+
+from xpufleet.constants import SAMPLES_DIR
+from xpufleet.server.comfy.make_templates import plugin_defs, sample_graphs
+from xpufleet.server.comfy.workflow_format import with_defaults
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
+
+WAIT_MS = int(bh.WAIT_S * 1000)
+SETTINGS = {"Comfy.TutorialCompleted": True, "XPUFleet.Language": "en"}
+GRAPHS = sample_graphs(bh.REPO / SAMPLES_DIR)
+
+
+@pytest.fixture(scope="module")
+def page(playwright_browser, comfy_host):
+    bh.comfy_settings(comfy_host, SETTINGS)
+    context = playwright_browser.new_context(viewport={"width": 1500, "height": 950})
+    log = bh.ConsoleLog()
+    page = bh.open_comfy(context, comfy_host.url, log)
+    page.wait_for_timeout(1000)  # the page's own start-up requests settle before the flow is recorded
+    try:
+        yield page, log
+    finally:
+        context.close()
+
+
+def open_xpufleet_templates(page) -> object:
+    page.click(".templates-tab-button")
+    dialog = page.locator(".p-dialog", has_text="XPU Fleet")
+    dialog.get_by_role("option", name="XPU Fleet").click(timeout=WAIT_MS)
+    return dialog
+
+
+def seeds(page) -> list[list]:
+    """[node title, widget, value, its control-after-generate value] of every seed widget on the canvas."""
+    return page.evaluate("""() => app.graph.nodes.flatMap((n) => (n.widgets || []).filter((w) => w.name === 'seed')
+        .map((w) => [n.title, w.name, w.value, (w.linkedWidgets || [])[0]?.value ?? null]))""")
+
+
+def node_results(page) -> dict[str, dict]:
+    """What our nodes show after a Run: {node title: {text, curves, points}} from the page's DOM."""
+    return page.evaluate("""() => Object.fromEntries(app.graph.nodes.filter((n) => n.xpufleetResult).map((n) => {
+        const el = n.xpufleetResult.element, lines = [...el.querySelectorAll('polyline')];
+        return [n.title, {text: el.querySelector('.xf-node-result-text').innerText, curves: lines.length,
+                          points: lines.reduce((k, l) => k + l.points.length, 0), visible: el.checkVisibility()}]; }))""")
+
+
+def open_template(page, name: str, nodes: int) -> None:
+    dialog = open_xpufleet_templates(page)
+    dialog.locator(f"[data-testid=template-workflow-{name}]").click(timeout=WAIT_MS)
+    dialog.wait_for(state="hidden", timeout=WAIT_MS)
+    page.wait_for_function(f"() => app.graph.nodes.length === {nodes}", timeout=WAIT_MS)
+
+
+def run_and_wait(page, comfy_host) -> dict:
+    """Press ComfyUI's Run button; wait for the prompt's execution_success (or error) on the page."""
+    page.evaluate("""() => { window.__xfDone = null;
+        for (const type of ['execution_success', 'execution_error'])
+            app.api.addEventListener(type, (e) => { window.__xfDone = {type, prompt_id: e.detail.prompt_id}; }); }""")
+    page.locator(".comfyui-queue-button").get_by_role("button", name="Run").first.click()
+    page.wait_for_function("() => window.__xfDone", timeout=WAIT_MS * 3)
+    done = page.evaluate("() => window.__xfDone")
+    assert done["type"] == "execution_success", comfy_host.log_tail()
+    return done
+
+
+def test_templates_xpu_fleet_mlp_digits_loads_the_graph_and_runs(page, comfy_host, screenshots):
+    page, log = page
+    mark_errors, mark_failed = len(log.errors), len(log.failed)
+    dialog = open_xpufleet_templates(page)
+    cards = dialog.locator("[data-testid^=template-workflow-]:not([data-testid=template-workflows-content])")
+    for name in GRAPHS:  # every example graph is a card, its thumbnail loaded
+        card = dialog.locator(f"[data-testid=template-workflow-{name}]")
+        card.wait_for(timeout=WAIT_MS)
+        card.locator("img").first.wait_for(timeout=WAIT_MS)
+    page.wait_for_function("""() => [...document.querySelectorAll('.p-dialog [data-testid^=template-workflow-] img')]
+        .every((img) => img.complete && img.naturalWidth > 0)""", timeout=WAIT_MS)
+    assert cards.count() == len(GRAPHS)
+    page.screenshot(path=str(screenshots / "templates-browser.png"))
+
+    dialog.locator("[data-testid=template-workflow-mlp_digits]").click()
+    dialog.wait_for(state="hidden", timeout=WAIT_MS)
+    page.wait_for_function("() => app.graph.nodes.length === 10", timeout=WAIT_MS)
+    # the front end's own API prompt of the loaded template is the API-format example (defaults filled)
+    prompt = page.evaluate("async () => (await app.graphToPrompt()).output")
+    assert json.loads(json.dumps(prompt)) == with_defaults(GRAPHS["mlp_digits"], plugin_defs())
+    titles = page.evaluate("() => app.graph._groups.map((g) => g.title)")
+    assert titles == ["Data", "Model", "Training", "Results"]
+    assert page.evaluate("() => app.extensionManager.workflow.activeWorkflow.filename") == "mlp_digits"
+    page.screenshot(path=str(screenshots / "templates-loaded.png"))
+
+    before = seeds(page)
+    assert [v for _, _, v, control in before if control] == [0, 0, 0]  # Dataset, MLP, train
+    assert {control for *_, control in before if control} == {"fixed"}
+    page.evaluate("""() => { window.__xfLive = [];
+        app.api.addEventListener('xpufleet.metric', (e) => window.__xfLive.push(e.detail)); }""")
+    done = run_and_wait(page, comfy_host)
+    assert seeds(page) == before  # ComfyUI's Run left every seed as it was
+    # the results on the nodes: the loop's and Evaluate's final metrics, the saved path, the loss curve
+    shown = node_results(page)
+    outputs = comfy_host.get(f"/history/{done['prompt_id']}")[done["prompt_id"]]["outputs"]
+    final = outputs["8"]["metrics"][0]
+    assert f"val_accuracy {final['final_val_accuracy']:.4f}" in shown["train"]["text"]
+    assert f"accuracy {outputs['9']['metrics'][0]['accuracy']:.4f}" in shown["Evaluate (val)"]["text"]
+    saved = outputs["10"]["text"][0]
+    assert saved.endswith("output/xpufleet/models/mlp_digits.safetensors") and shown["Save model"]["text"] == saved
+    assert shown["train"]["curves"] == 2 and shown["train"]["points"] > 10  # batch loss and validation loss
+    live = page.evaluate("() => window.__xfLive")
+    assert {p["name"] for p in live} >= {"train_loss_batch", "val_loss_step", "val_accuracy"}
+    assert {p["node"] for p in live if p["name"] == "train_loss_batch"} == {"8"}  # the TrainingLoop's
+    assert {p["prompt_id"] for p in live} == {done["prompt_id"]}
+    history = comfy_host.get(f"/history/{done['prompt_id']}")[done["prompt_id"]]
+    assert history["status"]["status_str"] == "success"
+    assert all(v["visible"] for v in shown.values()), shown
+    page.screenshot(path=str(screenshots / "templates-run-done.png"))
+    assert log.errors[mark_errors:] == [] and log.failed[mark_failed:] == []
+    assert [f for f in log.failed if "xpufleet" in f or "workflow_templates" in f] == []
+
+
+@pytest.mark.parametrize("name", sorted(set(GRAPHS) - {"mlp_digits"}))
+def test_every_other_template_loads_as_the_same_graph(page, name):
+    page, log = page
+    mark_errors, mark_failed = len(log.errors), len(log.failed)
+    open_template(page, name, len(GRAPHS[name]))
+    prompt = page.evaluate("async () => (await app.graphToPrompt()).output")
+    assert json.loads(json.dumps(prompt)) == with_defaults(GRAPHS[name], plugin_defs())
+    assert log.errors[mark_errors:] == [] and log.failed[mark_failed:] == []
+
+
+def test_a_new_node_of_ours_starts_with_fixed_seeds_and_randomize_can_still_be_picked(page, comfy_host, screenshots):
+    page, log = page
+    added = page.evaluate("""() => ['XPUDataset', 'XPUTrainingLoop', 'XPUMLP', 'KSampler'].map((type) => {
+        const n = LiteGraph.createNode(type); app.graph.add(n);
+        const control = n.widgets.find((w) => w.name === 'seed').linkedWidgets[0].value; app.graph.remove(n);
+        return [type, control]; })""")
+    # ours start fixed; ComfyUI's own KSampler keeps ComfyUI's default
+    assert added == [["XPUDataset", "fixed"], ["XPUTrainingLoop", "fixed"], ["XPUMLP", "fixed"], ["KSampler", "randomize"]]
+    open_template(page, "mlp_digits", len(GRAPHS["mlp_digits"]))
+    bh.choose_combo(page, "Dataset (digits)", "control_after_generate", "randomize")
+    before = {title: value for title, _, value, _ in seeds(page)}
+    run_and_wait(page, comfy_host)
+    after = {title: (value, control) for title, _, value, control in seeds(page)}
+    assert after["Dataset (digits)"][1] == "randomize" and after["Dataset (digits)"][0] != before["Dataset (digits)"]
+    assert after["MLP"] == (before["MLP"], "fixed") and after["train"] == (before["train"], "fixed")
+    page.screenshot(path=str(screenshots / "templates-seed-randomize.png"))
