@@ -22,8 +22,8 @@ async def list_pools(request: web.Request) -> web.Response:
 
 
 async def create_pool(request: web.Request) -> web.Response:
-    body = await read_object(request, {"name"})
-    out = request.app[REGISTRY_KEY].create_pool(body.get("name"), server_url(request))
+    body = await read_object(request, {"name", "slurm"})
+    out = request.app[REGISTRY_KEY].create_pool(body.get("name"), server_url(request), body.get("slurm"))
     return web.json_response(out, status=201)
 
 
@@ -42,6 +42,13 @@ async def reissue_pool(request: web.Request) -> web.Response:
     return web.json_response(reg.reissue_pool(request.match_info["name"], server_url(request)))
 
 
+async def export_pool(request: web.Request) -> web.Response:
+    body = await read_object(request, {"format", "image", "namespace", "gpus", "instances", "python", "node_selector",
+                                       "server_url", "credential"}, optional=True)
+    reg = request.app[REGISTRY_KEY]
+    return web.json_response(reg.export_pool(request.match_info["name"], body, server_url(request)))
+
+
 async def remove_pool(request: web.Request) -> web.Response:
     return web.json_response(await request.app[REGISTRY_KEY].remove_pool(request.match_info["name"]))
 
@@ -54,6 +61,7 @@ def setup(app: web.Application) -> None:
     r.add_delete("/api/pools/{name}", remove_pool)
     r.add_post("/api/pools/{name}/revoke", revoke_pool)
     r.add_post("/api/pools/{name}/reissue", reissue_pool)
+    r.add_post("/api/pools/{name}/export", export_pool)
     err = {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
     name = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
 
@@ -67,7 +75,10 @@ def setup(app: web.Application) -> None:
             "summary": "a new pool and its shared credential (shown once) with the command instances run",
             "requestBody": {"required": True, "content": {"application/json": {"schema": {
                 "type": "object", "required": ["name"], "additionalProperties": False,
-                "properties": {"name": {"type": "string"}}}}}},
+                "properties": {"name": {"type": "string"}, "slurm": {
+                    "type": "object", "description": "a Slurm pool (docs/slurm-and-k8s.md): partition, gres, "
+                    "time_limit, account, sbatch_args, python, max_jobs, idle_exit_s, retries, simulate_gib, "
+                    "server_url, workdir"}}}}}},
             "responses": resp("{\"name\", \"credential\", \"command\"}", 400, 401, 403, 409, ok="201")},
         ("get", "/api/pools/{name}"): {"summary": "one pool", "parameters": [name], "responses": resp("the pool", 404)},
         ("delete", "/api/pools/{name}"): {"summary": "delete the pool; runs waiting for it fail", "parameters": [name],
@@ -76,6 +87,10 @@ def setup(app: web.Application) -> None:
                                                "parameters": [name], "responses": resp("the pool", 400, 404)},
         ("post", "/api/pools/{name}/reissue"): {"summary": "a new credential for the pool (the old one stops working)",
                                                 "parameters": [name], "responses": resp("credential and command", 400, 404)},
+        ("post", "/api/pools/{name}/export"): {
+            "summary": "Kubernetes manifests (a Secret and an Indexed Job) whose pods join the pool "
+                       "(docs/slurm-and-k8s.md); without credential a manual pool's credential is reissued",
+            "parameters": [name], "responses": resp("{\"name\", \"format\", \"reissued\", \"manifests\"}", 400, 404)},
     }
     for (method, path), op in ops.items():
         openapi.describe(app, method, path, op)
