@@ -18,16 +18,22 @@ import pytest
 GPUS = 2  # setup.sh's default: the node's generic gpu resources
 
 
+def _skip(reason: str) -> None:
+    if os.environ.get("XPUFLEET_REQUIRE_SLURM"):  # .ci/run started the cluster: its absence is a failure
+        pytest.fail(f"XPUFLEET_REQUIRE_SLURM is set but {reason}")
+    pytest.skip(reason)
+
+
 def require_slurm() -> None:
-    """Skip (saying why) where no test cluster is up."""
+    """Skip (saying why) where no test cluster is up; fail instead under .ci/run."""
     if not os.environ.get("SLURM_CONF"):
-        pytest.skip("no SLURM_CONF: start the test cluster with `bash ../shared/slurm/setup.sh /tmp/xpufleet-slurm` "
+        _skip("no SLURM_CONF: start the test cluster with `bash ../shared/slurm/setup.sh /tmp/xpufleet-slurm` "
                     "and export its SLURM_CONF line (.ci/run does)")
     if shutil.which("sbatch") is None or shutil.which("squeue") is None:
-        pytest.skip("the Slurm client (sbatch, squeue) is not installed: ../shared/slurm/setup.sh installs it")
+        _skip("the Slurm client (sbatch, squeue) is not installed: ../shared/slurm/setup.sh installs it")
     probe = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=30)
     if probe.returncode != 0:
-        pytest.skip(f"the Slurm cluster of SLURM_CONF={os.environ['SLURM_CONF']} does not answer: {probe.stderr}")
+        _skip(f"the Slurm cluster of SLURM_CONF={os.environ['SLURM_CONF']} does not answer: {probe.stderr}")
 
 
 def slurm(*args: str) -> str:
@@ -88,4 +94,5 @@ class Blocker:
 
 def pool_body(name: str, **slurm_fields: Any) -> dict[str, Any]:
     """POST /api/pools for a Slurm pool whose agents run this test's python with simulated cards."""
-    return {"name": name, "slurm": {"python": sys.executable, "simulate_gib": 8, "idle_exit_s": 5, **slurm_fields}}
+    return {"name": name, "slurm": {"python": sys.executable, "simulate_gib": 8, "idle_exit_s": 5,
+                                 "time_limit": "5", **slurm_fields}}
