@@ -46,7 +46,10 @@ def slurm_body(args: argparse.Namespace) -> dict[str, Any]:
         fields["sbatch_args"] = shlex.split(args.slurm_sbatch_args)
     if not args.slurm:
         if fields:
-            raise SystemExit(f"xpufleet: error: {', '.join(sorted(fields))} need --slurm")
+            given = sorted(opt for opt, (dest, _, _) in SLURM_OPTIONS.items() if dest in fields)
+            given += ["--sbatch-args"] if "sbatch_args" in fields else []
+            print(f"xpufleet: error: {', '.join(given)} only apply to a Slurm pool: add --slurm", file=sys.stderr)
+            raise SystemExit(EXIT_USAGE)
         return {}
     return {"slurm": fields}
 

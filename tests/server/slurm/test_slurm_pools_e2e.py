@@ -198,3 +198,22 @@ def test_submit_to_first_node_finished_through_a_slurm_pool_p50_of_5(fleet):
     print(f"submit -> first node_finished through Slurm: p50 {statistics.median(times):.2f} s "
           f"({', '.join(f'{t:.2f}' for t in times)}), load average {' '.join(load)}")
     assert len(times) == 5
+
+
+def test_a_ddp_run_gets_its_whole_device_set_in_one_job_through_a_tls_sidecar(fleet):
+    """Both cards in one job (--gres=gpu:2), the agent pinned to the sidecar's certificate fingerprint."""
+    sc = fleet.sidecar("--tls")
+    assert sc.url.startswith("https://") and sc.fingerprint
+    sc.ok("POST", "/api/pools", sh.pool_body("slddp"), 201)
+    name = _pool(sc, "slddp")["slurm"]["job_name"]
+    graph = fh.iris_graph()
+    graph["8"]["inputs"]["strategy"] = "ddp"
+    run = sc.submit(graph, target={"pool": "slddp", "devices": ["cuda:0", "cuda:1"]})
+    done = sc.wait_run(run, TERMINAL, timeout=300)
+    assert done["status"] == "succeeded", done["error"]
+    assert done["devices"] == ["cuda:0", "cuda:1"] and done["execution_facts"].get("strategy") == "ddp", done
+    (job,) = _pool(sc, "slddp")["jobs"]
+    assert job["cards"] == 2 and job["joined"]
+    server_file = (fleet.home / "slurm" / "slddp" / "server").read_text().splitlines()
+    assert server_file == [sc.url, sc.fingerprint]
+    sh.wait_for(lambda: _no_live_jobs(name), "the job ended", timeout=90)
