@@ -98,10 +98,24 @@ def test_cancelling_a_waiting_run_cancels_its_pending_job_within_5_s(fleet):
                     every=0.1)
         print(f"pending job cancelled {time.monotonic() - t0:.2f} s after its run")
         assert dict(sh.jobs(name, all_states=True))[job_id] == "CANCELLED"
+        time.sleep(2)  # nothing is submitted again for the cancelled run
+        assert _no_live_jobs(name)
+        # reissue: the jobs' credential file follows; export uses it as it is (no reissue)
+        cred_file = fleet.home / "slurm" / "slc" / "credential"
+        new = sc.ok("POST", "/api/pools/slc/reissue")["credential"]
+        assert cred_file.read_text().strip() == new and oct(cred_file.stat().st_mode & 0o777) == "0o600"
+        exported = sc.ok("POST", "/api/pools/slc/export", {"format": "k8s"})
+        assert exported["reissued"] is False and f"credential: {new}" in exported["manifests"]
+        # remove: the waiting run fails, its pending job is cancelled, the credential file is gone
+        second = sc.submit(fh.iris_graph(), target={"pool": "slc"})
+        sc.wait_reason(second, "PENDING (Resources)", timeout=60)
+        removed = fleet.cli("pools", "remove", "slc")
+        assert removed.returncode == 0 and "1 waiting run(s) failed" in removed.stdout, removed.stdout
+        assert sc.run(second)["status"] == "failed"
+        sh.wait_for(lambda: _no_live_jobs(name), "the removed pool's job cancelled", timeout=10)
+        assert not cred_file.exists()
     finally:
         blocker.release()
-    time.sleep(2)  # nothing is submitted again for the cancelled run
-    assert _no_live_jobs(name)
 
 
 def test_a_job_that_cannot_join_is_reported_retried_then_fails_its_run(fleet):
