@@ -188,6 +188,11 @@ def test_the_credential_is_in_no_squeue_scontrol_or_ps_output(fleet):
     assert len(outputs[0].splitlines()) >= 2 and "JobId=" in outputs[1]
     assert not any(secret in text for text in outputs)
     assert not any(secret[4:20] in text for text in outputs)
+    # an instance that joined and takes no run is told to leave after idle_exit_s (5 s here)
+    idle = fleet.agent("--one-shot", "--join", secret, label="idle")
+    idle.wait_connected()
+    idle.out.wait_for("idle for 5 s (Slurm pool slsec's idle_exit_s)", timeout=60)
+    assert idle.wait_exit(60) == 0
 
 
 def test_submit_to_first_node_finished_through_a_slurm_pool_p50_of_5(fleet):
