@@ -90,7 +90,7 @@ class PoolManagement:
         """A new pool and its shared credential (shown once); with ``slurm`` (settings, see
         server/slurm/spec.py) the sidecar submits Slurm jobs whose agents join it."""
         spec = None
-        if slurm is not None and slurm is not False:
+        if slurm is not None:
             if self.slurm is None:
                 raise WorkerError("slurm pools are not available on this server")
             try:
