@@ -149,6 +149,20 @@ SWEEP_MAX_RUNS = 10_000  # ... and never more than this (a larger expansion is a
 STUDY_MAX_PARALLEL = 256  # trials of one study in flight at once
 
 
+# --- pools that Slurm starts, Kubernetes export (issue 23; docs/slurm-and-k8s.md) ----------------------
+SLURM_TICK_S = 1.0  # the sidecar reads squeue and decides what to submit/cancel this often (pools with work)
+SLURM_CMD_TIMEOUT_S = 30.0  # one sbatch/squeue/scancel call is abandoned after this long
+SLURM_DEFAULT_GRES = "gpu:1"  # a job's --gres unless the pool says otherwise
+SLURM_DEFAULT_MAX_JOBS = 4  # pending + running jobs of one pool at most
+SLURM_DEFAULT_IDLE_EXIT_S = 60.0  # an instance that joined and has taken no run is told to leave after this
+SLURM_DEFAULT_RETRIES = 2  # a run's job that ends without joining is submitted again this often, then the run fails
+SLURM_RETRY_BASE_S = 2.0  # backoff before retry k: base * 2**(k-1), capped, times a jitter in [0.5, 1.5)
+SLURM_RETRY_CAP_S = 120.0
+SLURM_OUTPUT_TAIL_LINES = 8  # a job that ended without joining is reported with this many last output lines
+SLURM_JOB_NAME_PREFIX = "xpufleet-"  # + the pool's tag: how squeue's jobs are matched to a pool after a restart
+K8S_GPU_RESOURCE = "nvidia.com/gpu"
+
+
 def home_dir(env: dict[str, str] | None = None) -> Path:
     """``$XPUFLEET_HOME`` (``~`` expanded), else ``~/.xpufleet``: the one place the state folder is
     derived, for the sidecar, the agent, the CLI, the nodes and the predictor alike."""

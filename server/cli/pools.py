@@ -14,6 +14,7 @@ from typing import Any
 
 from .client import Client
 from .common import EXIT_OK
+from .pools_slurm import add_export_parser, add_slurm_options, print_jobs, run_export, slurm_body
 
 
 def add_parser(subparsers: Any) -> None:
@@ -21,7 +22,7 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("pools", help="one-shot worker pools: a shared credential for many instances",
                               description="One-shot worker pools of the running sidecar (default: list them).")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    sub = p.add_subparsers(dest="pools_command", metavar="{list,create,revoke,reissue,remove}")
+    sub = p.add_subparsers(dest="pools_command", metavar="{list,create,revoke,reissue,remove,export}")
     json_opt = argparse.ArgumentParser(add_help=False)
     json_opt.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
     sub.add_parser("list", help="every pool with its live instances", parents=[json_opt])
@@ -31,6 +32,9 @@ def add_parser(subparsers: Any) -> None:
                       ("remove", "delete the pool; runs waiting for it fail")):
         c = sub.add_parser(cmd, help=text, parents=[json_opt])
         c.add_argument("name", help="pool name")
+        if cmd == "create":
+            add_slurm_options(c)
+    add_export_parser(sub)
     p.set_defaults(func=run_pools)
 
 
@@ -42,7 +46,9 @@ def run_pools(args: argparse.Namespace) -> int:
     if cmd == "list":
         out = client.request("GET", "/api/pools")
     elif cmd == "create":
-        out = client.request("POST", "/api/pools", {"name": args.name})
+        out = client.request("POST", "/api/pools", {"name": args.name, **slurm_body(args)})
+    elif cmd == "export":
+        return run_export(args, client)
     elif cmd in ("revoke", "reissue"):
         out = client.request("POST", f"/api/pools/{name}/{cmd}")
     else:
@@ -67,7 +73,9 @@ def _print(pools: list[dict[str, Any]]) -> None:
         return
     for p in pools:
         state = " (credential revoked)" if p["revoked"] else ""
-        print(f"{p['name']}{state}: {p['idle']} idle, {p['busy']} busy, {p['queued']} run(s) waiting")
+        kind = " [slurm]" if p.get("kind") == "slurm" else ""
+        print(f"{p['name']}{kind}{state}: {p['idle']} idle, {p['busy']} busy, {p['queued']} run(s) waiting")
+        print_jobs(p)
         for i in p["instances"]:
             run = f", run {i['one_shot_taken'][:8]}" if i.get("one_shot_taken") else ""
             print(f"  {i['name']}: {i['status']}{run}")

@@ -91,7 +91,7 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
         self.pools: dict[str, list[str]] = {}
         self.closed_pools: dict[str, str] = {}
         # Why a queued pool run waits, from the registry (pool name -> text, or None for the plan's own).
-        self.pool_reason: Callable[[str], str | None] | None = None
+        self.pool_reason: Callable[[str, str], str | None] | None = None
         self.admit_hooks: list[AdmitFn] = []  # extra admission predicates (memory ledger)
         self.card_snapshot_sources: list[Callable[[], list[dict[str, Any]]]] = []
         self._queue = SlotQueue()
@@ -135,6 +135,13 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
         self._state = None
         self._reresolve = bool(self._dynamic)
         self.wake()
+
+    def explain_again(self, run_ids: list[str]) -> None:
+        """Something outside the queue changed what these queued runs wait for (a Slurm job's state):
+        their waiting_reason is built again on the next pass."""
+        self._unexplained |= {r for r in run_ids if r in self._cands}
+        if run_ids:
+            self.wake()
 
     def slot_state(self) -> SlotState:
         """The slot state the queue is planned against (built from the providers when they change,

@@ -21,7 +21,7 @@ class DynamicRuns:
     _dynamic: dict[str, RunTarget]  # queued dynamic runs, in submission order
     _notes: dict[str, str]  # why those without a candidate yet wait
     _reresolve: bool
-    pool_reason: Callable[[str], str | None] | None
+    pool_reason: Callable[[str, str], str | None] | None
 
     def _load_dynamic(self) -> None:
         """After a restart: which queued runs are resolved again as providers come (pool and ``any``
@@ -73,7 +73,7 @@ class DynamicRuns:
         """The waiting_reason shown: a run with no candidate yet says why; a pool run says which pool."""
         target = self._dynamic.get(run_id)
         if target is not None and target.pool is not None and self.pool_reason is not None:
-            pooled = self.pool_reason(target.pool)
+            pooled = self.pool_reason(target.pool, run_id)
             if pooled:
                 return pooled
         run = self._queue.get(run_id)

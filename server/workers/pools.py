@@ -20,7 +20,8 @@ import time
 from typing import Any
 
 from ..sidecar.auth import new_secret
-from . import protocol
+from ..slurm.spec import SpecError, parse_spec
+from . import k8s, protocol
 from .records import hash_secret
 from .state import WorkerError, WorkerState
 
@@ -85,8 +86,17 @@ class PoolManagement:
         pin = f" --fingerprint {fingerprint}" if fingerprint and url.startswith("https://") else ""
         return f"xpufleet agent start --one-shot --server {url}{pin} --join {token}"
 
-    def create_pool(self, name: Any, server_url: str | None = None) -> dict[str, Any]:
-        """A new pool and its shared credential (shown once)."""
+    def create_pool(self, name: Any, server_url: str | None = None, slurm: Any = None) -> dict[str, Any]:
+        """A new pool and its shared credential (shown once); with ``slurm`` (settings, see
+        server/slurm/spec.py) the sidecar submits Slurm jobs whose agents join it."""
+        spec = None
+        if slurm is not None:
+            if self.slurm is None:
+                raise WorkerError("slurm pools are not available on this server")
+            try:
+                spec = parse_spec(slurm)
+            except SpecError as exc:
+                raise WorkerError(str(exc)) from None
         if not isinstance(name, str) or protocol.worker_name_problem(name):
             raise WorkerError(f"invalid pool name {name!r}: letters, digits, '.', '_', '-' (up to 64, starting "
                               f"with a letter or digit), not 'local' or 'any'")
@@ -97,6 +107,10 @@ class PoolManagement:
         with self.store.transaction() as db:
             db.execute("INSERT INTO worker_pools(name, credential_hash, created_at) VALUES (?,?,?)",
                        (name, hash_secret(token), time.time()))
+            if spec is not None:
+                self.slurm.insert(db, name, spec)
+        if spec is not None:
+            self.slurm.set_credential(name, spec, token)
         self._sync_pools()
         return {"name": name, "credential": token, "command": self._command(token, server_url)}
 
@@ -107,6 +121,9 @@ class PoolManagement:
         with self.store.transaction() as db:
             db.execute("UPDATE worker_pools SET credential_hash=?, revoked_at=NULL WHERE name=?",
                        (hash_secret(token), name))
+        entry = self._slurm_pools().get(name)
+        if entry is not None:  # its jobs read the credential from the pool's file
+            self.slurm.set_credential(name, entry[0], token)
         self._sync_pools()
         return {"name": name, "credential": token, "command": self._command(token, server_url)}
 
@@ -118,6 +135,37 @@ class PoolManagement:
         self._sync_pools()
         return self.describe_pool(name)
 
+    def export_pool(self, name: str, body: dict[str, Any], server_url: str | None = None) -> dict[str, Any]:
+        """Kubernetes manifests whose pods join the pool (server/workers/k8s.py). The credential is the
+        one given (checked), a Slurm pool's own, or else a new one (reissued: the old one stops working
+        for new instances; live instances go on)."""
+        self._pool_row(name)
+        fmt = body.get("format", "k8s")
+        if fmt != "k8s":
+            raise WorkerError(f"format {fmt!r} is not supported: only k8s (Kubernetes manifests)")
+        known = {"format", "image", "namespace", "gpus", "instances", "python", "node_selector", "server_url",
+                 "credential"}
+        unknown = sorted(set(body) - known)
+        if unknown:
+            raise WorkerError(f"unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        url = body.get("server_url") or server_url or self.server_url() or ""
+        opts = {k: body[k] for k in ("image", "namespace", "gpus", "instances", "python", "node_selector") if k in body}
+        try:
+            ex = k8s.K8sExport(pool=name, server_url=str(url), fingerprint=self.tls_fingerprint(), **opts)
+            k8s.check_export(ex)
+        except (k8s.ExportError, TypeError, AttributeError) as exc:
+            raise WorkerError(str(exc)) from None
+        token, reissued = body.get("credential"), False
+        if token is not None:
+            if not isinstance(token, str) or self.admit_pool(token, "")[0] != name:
+                raise WorkerError(f"credential is not pool {name}'s current credential")
+        else:
+            entry = self._slurm_pools().get(name)
+            token = self.slurm.credential(name, entry[0]) if entry is not None else None
+            if token is None:
+                token, reissued = self.reissue_pool(name, server_url)["credential"], True
+        return {"name": name, "format": "k8s", "reissued": reissued, "manifests": k8s.to_yaml(k8s.manifests(ex, token))}
+
     async def remove_pool(self, name: str) -> dict[str, Any]:
         """Delete the pool: revoke its credential, fail the runs waiting for it, let idle instances go."""
         self._pool_row(name)
@@ -126,6 +174,8 @@ class PoolManagement:
                                     (f"pool:{name}",)):
             self.dispatcher.run_ended(row["id"], "failed", f"pool {name} was removed while this run waited for it")
             failed.append(row["id"])
+        if self.slurm is not None:
+            await self.slurm.remove(name)
         with self.store.transaction() as db:
             db.execute("DELETE FROM worker_pools WHERE name=?", (name,))
         for st in self.instances(name):
@@ -165,6 +215,11 @@ class PoolManagement:
         with self.store.transaction() as db:
             db.execute("INSERT INTO pool_instances(name, pool, joined_at) VALUES (?,?,?)"
                        " ON CONFLICT(name) DO UPDATE SET pool=excluded.pool", (st.name, pool, time.time()))
+        if self.slurm is not None:
+            self.slurm.instance_joined(st.name, pool)
+
+    def _slurm_pools(self) -> dict[str, Any]:
+        return self.slurm.pools() if self.slurm is not None else {}
 
     def _maybe_depart(self, st: WorkerState) -> bool:
         """A one-shot worker that is gone and holds no run has left: forget it (True when it did)."""
@@ -191,11 +246,14 @@ class PoolManagement:
             self._sync_pools()
 
     # --- the Workers data ---------------------------------------------------------------------------------
-    def pool_waiting_reason(self, pool: str) -> str | None:
+    def pool_waiting_reason(self, pool: str, run_id: str | None = None) -> str | None:
         """Why a pool run waits (None: the plan's own text says it better)."""
         live = [st for st in self.instances(pool) if st.online]
         if any(st.taken is None for st in live):
             return None
+        slurm = self.slurm.reason(pool, run_id) if self.slurm is not None else None
+        if slurm is not None:
+            return slurm
         revoked = self.store.query("SELECT 1 FROM worker_pools WHERE name=? AND revoked_at IS NOT NULL", (pool,))
         more = (f"; the pool's credential is revoked (xpufleet pools reissue {pool})" if revoked
                 else "; another instance joins with `xpufleet agent start --one-shot --join <the pool's credential>`")
@@ -208,8 +266,12 @@ class PoolManagement:
         instances = [self.describe(st.name, state) for st in self.instances(name)]
         queued = self.store.query("SELECT COUNT(*) AS n FROM runs WHERE status='queued' AND target=?",
                                   (f"pool:{name}",))[0]["n"]
+        slurm = self.slurm.describe(name) if self.slurm is not None else None
         return {
             "name": name,
+            "kind": "slurm" if slurm else "manual",
+            "slurm": (slurm or {}).get("slurm"),
+            "jobs": (slurm or {}).get("jobs", []),
             "created_at": row["created_at"],
             "revoked": row["revoked_at"] is not None,
             "instances": instances,

@@ -64,6 +64,7 @@ class WorkerRegistry(AgentSessions, WorkerManagement, PoolManagement, OutputsAcc
         self._uploading: set[str] = set()
         self._upload_tasks: set[asyncio.Task[Any]] = set()
         self.ssh: Any = None  # SshWorkers (server/ssh/manager.py), attached by the routes' setup
+        self.slurm: Any = None  # SlurmPools (server/slurm/manager.py), attached by the routes' setup
         # Other parts' agent messages (message type -> handler(worker, msg)) and connection changes
         # (listener(worker, online)): inference unit instances (server/units).
         self.message_handlers: dict[str, Callable[[str, dict[str, Any]], Awaitable[None]]] = {}

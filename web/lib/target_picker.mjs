@@ -61,7 +61,7 @@ export class TargetPicker {
     for (const p of this.pools) {
       const counts = t("queue.pool_counts", { idle: p.idle ?? 0, busy: p.busy ?? 0, queued: p.queued ?? 0 });
       this.targetInputs.push(addTarget(`pool:${p.name}`, `${p.name} — ${t("queue.pool")} — ${counts}`,
-        { note: p.revoked ? t("queue.pool_revoked") : (p.idle ? "" : t("queue.pool_waits")), status: "pool" }));
+        { note: p.revoked ? t("queue.pool_revoked") : (p.idle ? "" : poolWaits(p)), status: "pool" }));
     }
     const noWorkers = this.workers.length || this.pools.length ? null : h("div", { class: "xf-note", dataset: { xpufleet: "no-workers" } },
       this.workersError ? `${t("queue.workers_unavailable")}: ${this.workersError.message}` : t("queue.no_workers"), " ",
@@ -197,4 +197,11 @@ export class TargetPicker {
     }
     return { options, target: tgt, kind: target.kind };
   }
+}
+
+/** Why a run for an idle-less pool waits: a Slurm pool names its jobs' states (PENDING (Resources), ...). */
+function poolWaits(p) {
+  if (p.kind !== "slurm") return t("queue.pool_waits");
+  const live = (p.jobs || []).filter((j) => !j.ended_at).map((j) => `${j.id}: ${j.status}`);
+  return t("queue.pool_slurm", { jobs: live.join(", ") || "—" });
 }

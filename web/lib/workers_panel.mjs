@@ -72,6 +72,7 @@ export class WorkersPanel {
     try {
       const [w, r] = await Promise.all([this.fleet.workers({ signal }), this.fleet.rejected({ signal })]);
       this.workers = w.workers || [];
+      this.pools = w.pools || [];
       this.rejectedList = r.rejected || [];
       this.error = null;
       if (w.add_worker && JSON.stringify(w.add_worker) !== JSON.stringify(this.addWorker)) {
@@ -100,6 +101,7 @@ export class WorkersPanel {
     replace(this.body,
       this.workers.length ? this.workers.map((w) => this.card(w))
         : h("div", { class: "xf-note", dataset: { xpufleet: "no-workers" } }, t("workers.none")),
+      (this.pools || []).filter((p) => p.kind === "slurm").map((p) => slurmJobs(p)),
       h("section", { class: "xf-rejected", dataset: { xpufleet: "rejected" } },
         h("h3", {}, t("workers.rejected")),
         rejected.length ? h("ul", { class: "xf-list" }, rejected.map((r) => h("li", {},
@@ -376,6 +378,16 @@ function sshText(ssh) {
 
 function sshLine(ssh) {
   return h("span", { dataset: { xpufleet: "ssh-state", state: ssh.state || "" } }, sshText(ssh));
+}
+
+/** A Slurm pool's jobs with their Slurm state and reason, and the report of one that never joined. */
+function slurmJobs(p) {
+  const jobs = p.jobs || [];
+  return h("section", { class: "xf-slurm", dataset: { xpufleet: "slurm-jobs", pool: p.name } },
+    h("h3", {}, t("workers.slurm_jobs", { pool: p.name })),
+    jobs.length ? h("ul", { class: "xf-list" }, jobs.map((j) => h("li", { dataset: { job: j.id } },
+      `${j.id}: ${j.status}${j.run_id ? ` · ${shortId(j.run_id)}` : ""}${j.report ? ` — ${j.report}` : ""}`)))
+      : h("div", { class: "xf-hint" }, t("workers.slurm_none")));
 }
 
 function fact(label, value) {

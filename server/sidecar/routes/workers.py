@@ -21,6 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from ....constants import AGENT_WS_PATH, WORKER_NAME_RE
+from ...slurm.manager import SlurmPools
 from ...ssh.manager import FIELDS, SshWorkers
 from ...workers import protocol
 from ...workers.registry import WorkerError, WorkerRegistry
@@ -178,6 +179,7 @@ def setup(app: web.Application) -> None:
                               tls_fingerprint=lambda: getattr(config, "tls_fingerprint", None))
     app[REGISTRY_KEY] = registry
     ssh = SshWorkers(registry, _tunnel_target(config))
+    slurm = SlurmPools(registry, config.home, lambda: str((read_runtime(config.home) or {}).get("url") or "") or None)
     dispatcher.card_snapshot_sources.append(_card_snapshots(registry))
     auth.add_exemption(app, AGENT_WS_PATH)
     r = app.router
@@ -199,8 +201,10 @@ def setup(app: web.Application) -> None:
     async def on_startup(app: web.Application) -> None:
         registry.start()
         ssh.start_all()
+        slurm.start()
 
     async def on_shutdown(app: web.Application) -> None:
+        await slurm.close()
         await ssh.close()
         await registry.close()
 

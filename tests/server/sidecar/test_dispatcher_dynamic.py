@@ -97,7 +97,7 @@ def test_pool_runs_wait_and_one_shot_instances_take_one_each(tmp_path):
         run = store.get_run(second)
         assert run["status"] == "queued" and "has taken its one run" in run["waiting_reason"]
         assert run["candidates"] == [{"provider": "spot-a", "devices": ["cpu"]}]
-        d.pool_reason = lambda pool: f"waiting for an idle instance of pool {pool}"
+        d.pool_reason = lambda pool, run_id: f"waiting for an idle instance of pool {pool}"
         d.providers_changed()
         await _settle(d)
         assert store.get_run(second)["waiting_reason"] == "waiting for an idle instance of pool spot"
