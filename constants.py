@@ -124,6 +124,10 @@ ENV_DDP_RANK = "XPUFLEET_DDP_RANK"  # set by the launcher on follower ranks 1..N
 DDP_RANK_ENV_DEFAULTS = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
 DDP_DIRNAME = "ddp"  # under the run dir: the rendezvous file and the followers' event logs
 DDP_RENDEZVOUS_FILENAME = "rendezvous"  # torch.distributed FileStore (file:// init_method)
+# The ranks agree on stop / report every K batches, not every batch (nodes/ddp.py): rank 0 picks K so that
+# agreements come about this often, K growing at most 2x per agreement, up to the cap.
+DDP_AGREE_INTERVAL_S = 0.05
+DDP_AGREE_MAX_BATCHES = 1024
 # Tests only: "RANK:BATCH" makes that rank raise a RuntimeError after that many training batches.
 ENV_TEST_DDP_RAISE = "XPUFLEET_TEST_DDP_RAISE"
 
