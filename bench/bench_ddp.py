@@ -240,7 +240,6 @@ def profile(fleet: Fleet, g: dict[str, Any], work: Path, size: Size, args: argpa
     time.sleep(1.0)  # py-spy attaches before the run's ranks fork
     fleet.run(g, seed)
     ours = ddp_profile.shares(rec.stop(), ddp_profile.OURS_LOOP)
-    shutil.copy(work / "ours.pyspy", "/tmp/ours.pyspy")
     out = work / "torchrun.pyspy"
     baseline(work, size, args, seed, wrap=ddp_profile.Recorder(out).wrap)
     theirs = ddp_profile.shares(out.read_text(), ddp_profile.TORCHRUN_LOOP)
