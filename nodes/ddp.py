@@ -13,9 +13,20 @@ started by the launcher when rank 0 says ``ddp_ready`` (server/run/ddp.py). Only
   shared by every rank, new each epoch through ``set_epoch``), padding the last shard so every rank runs
   the same number of batches; validation leaves the padded samples out.
 
-A stop and a progress report are agreed after every batch through an asynchronous all-reduce on a
-separate gloo group (CPU tensors, never queued behind gradient buckets): the flags of batch i are read
-at batch i+1, so every rank stops on the same batch without a synchronisation per batch.
+A stop and a progress report are agreed every K batches, not after every batch: a collective per batch
+on top of DDP's gradient all-reduce cost about as much as the training step itself on small models,
+and each extra point where both ranks must meet costs a scheduling round-trip on a busy machine. The
+rule: every rank counts its batches (the same count on every rank: the sampler pads the shards to
+equal length). At an agreement point a rank reads the previous point's all-reduce (started
+asynchronously, long finished by now, so nothing waits) and starts the next one, on a gloo group of
+its own (CPU tensors, never queued behind gradient buckets): the stop and report requests seen since
+the last point, the latest batch loss (``train_loss_batch`` is the mean over ranks at that point's
+step: no collective at report time) and rank 0's K. Rank 0 picks K from the time the last interval
+took (:func:`next_every`: about ``DDP_AGREE_INTERVAL_S`` of batches, at least 1, at most twice the
+last K, at most ``DDP_AGREE_MAX_BATCHES``); the first point is after batch 1. The end of every epoch
+(or of the loop) is one more point, synchronous, where every rank already waits for the epoch's loss
+sum. So every rank stops on the same batch, at most two intervals (two K's) after the request, and
+no collective or host synchronisation is added per step.
 """
 
 from __future__ import annotations
@@ -26,7 +37,13 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from ..constants import DDP_COLLECTIVE_TIMEOUT_S, DDP_RANK_ENV_DEFAULTS, ENV_TEST_DDP_RAISE
+from ..constants import (
+    DDP_AGREE_INTERVAL_S,
+    DDP_AGREE_MAX_BATCHES,
+    DDP_COLLECTIVE_TIMEOUT_S,
+    DDP_RANK_ENV_DEFAULTS,
+    ENV_TEST_DDP_RAISE,
+)
 from . import device as devmod
 from . import runtime
 
@@ -99,6 +116,19 @@ def test_raise_at(rank: int, env: dict[str, str] | None = None) -> int | None:
         return None
 
 
+def next_every(every: int, batches: int, elapsed_s: float, target_s: float = DDP_AGREE_INTERVAL_S,
+               cap: int = DDP_AGREE_MAX_BATCHES) -> int:
+    """Rank 0's K for an interval to come, K now being ``every``: the batches that take about
+    ``target_s`` at the speed just measured (``batches`` in ``elapsed_s``), at least 1, at most
+    ``2 * every`` (a speed-up is followed gradually, a slow-down at once) and at most ``cap``; with
+    nothing measured (no batch since the last point) K stays."""
+    every = max(1, int(every))
+    if batches <= 0:
+        return min(int(cap), every)
+    fit = int(target_s * batches / elapsed_s) if elapsed_s > 0 else 2 * every
+    return max(1, min(int(cap), 2 * every, fit))
+
+
 class _ProcessState:
     """What one process keeps across its ddp loops: the groups (initialised once, by the first loop)."""
 
@@ -129,8 +159,17 @@ class DistributedStrategy:
         self._device = devmod.torch_device(self.card, node_label)
         self._real: dict[int, int] = {}
         self._shuffle_seed: int | None = None
-        self._pending: tuple[Any, Any] | None = None
+        # The agreement every K batches (module docstring): counts, requests since the last point, the
+        # point in flight, the last agreed train_loss_batch point.
         self._batches = 0
+        self._every = 1  # K now
+        self._next_point = 1
+        self._point_batch = 0
+        self._point_time = time.perf_counter()
+        self._stop_seen = False
+        self._due_seen = False
+        self._pending: tuple[Any, Any] | None = None
+        self._agreed_loss: tuple[int, float] | None = None
         self._raise_at = test_raise_at(self.rank)
         self._first_batch_at: float | None = None
         self._init()
@@ -171,7 +210,7 @@ class DistributedStrategy:
                                                         "stopped while the ddp ranks were meeting")
         _STATE.backend = self.backend
         ranks = self._gather({"rank": self.rank, "pid": os.getpid(), "card": self.card,
-                              "device": str(self._device)})
+                              "device": str(self._device), "threads": torch.get_num_threads()})
         if self.is_main:
             self.ctx.execution_facts["ddp"] = {"world_size": self.world_size, "backend": self.backend,
                                                "rendezvous": where["rendezvous"], "ranks": ranks}
@@ -251,38 +290,62 @@ class DistributedStrategy:
         dist.all_reduce(values)
         return values
 
-    def mean(self, value: float) -> float:
-        import torch
-        import torch.distributed as dist
-
-        t = torch.tensor([value], dtype=torch.float64)
-        dist.all_reduce(t, group=self.control)
-        return float(t.item()) / self.world_size
-
-    def agree(self, stop: bool, due: bool) -> tuple[bool, bool]:
-        import torch
-        import torch.distributed as dist
-
+    def agree(self, stop: bool, due: bool, loss: Any = None, step: int = 0) -> tuple[bool, bool]:
+        """(stop, report) agreed by every rank at agreement points (see the module docstring); between
+        them (False, False), the requests kept for the next point."""
         self._batches += 1
         if self._raise_at is not None and self._batches == self._raise_at:
             raise RuntimeError(f"test hook {ENV_TEST_DDP_RAISE}: rank {self.rank} raised after batch {self._batches}")
-        decided = (False, False)
-        if self._pending is not None:
-            work, flags = self._pending
-            self._pending = None
-            work.wait()
-            decided = (bool(flags[0]), bool(flags[1]))
-            if decided[0]:
-                return decided  # every rank stops here: nothing new goes in flight
-        flags = torch.tensor([int(stop), int(due)], dtype=torch.int32)
-        self._pending = (dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.control, async_op=True), flags)
+        self._stop_seen = self._stop_seen or stop
+        self._due_seen = self._due_seen or due
+        if self._batches < self._next_point:
+            return False, False
+        decided = self._read()
+        if not decided[0]:  # a stop agreed: every rank stops here, nothing new goes in flight
+            self._send(loss, step, async_op=True)
         return decided
 
-    def settle(self) -> None:
-        if self._pending is not None:
-            work, _flags = self._pending
-            self._pending = None
+    def settle(self, stop: bool, loss: Any = None, step: int = 0) -> bool:
+        """The end of an epoch's batches (or of the loop): one synchronous point, True = stop now."""
+        if self._read()[0]:
+            return True
+        self._stop_seen = self._stop_seen or stop
+        self._send(loss, step, async_op=False)
+        return self._read()[0]
+
+    def batch_loss(self, loss: Any, step: int) -> tuple[int, float] | None:
+        """The latest agreed ``train_loss_batch`` point: (its step, the mean over ranks)."""
+        return self._agreed_loss
+
+    def _send(self, loss: Any, step: int, async_op: bool) -> None:
+        import torch
+        import torch.distributed as dist
+
+        now = time.perf_counter()
+        every = next_every(self._every, self._batches - self._point_batch, now - self._point_time) if self.is_main else 0
+        value = float(loss.detach().item()) if loss is not None else 0.0
+        # SUM over ranks: the flags count requests, K and the step come from rank 0 alone.
+        flags = torch.tensor([int(self._stop_seen), int(self._due_seen), every, value,
+                              step if self.is_main else 0, int(loss is not None)], dtype=torch.float64)
+        work = dist.all_reduce(flags, group=self.control, async_op=async_op)
+        self._pending = (work, flags)
+        self._stop_seen = self._due_seen = False
+        self._point_batch, self._point_time = self._batches, now
+
+    def _read(self) -> tuple[bool, bool]:
+        """The result of the point in flight (or just made): (stop, report); sets the next point."""
+        if self._pending is None:
+            return False, False
+        work, flags = self._pending
+        self._pending = None
+        if work is not None:
             work.wait()
+        stop, due, every, loss_sum, step, with_loss = flags.tolist()
+        if with_loss == self.world_size:
+            self._agreed_loss = (int(step), loss_sum / self.world_size)
+        self._every = max(1, int(every))
+        self._next_point = self._batches + self._every
+        return stop > 0, due > 0
 
     def no_sync(self, model: Any) -> Any:
         return model.no_sync

@@ -2,8 +2,8 @@
 
 Everything a multi-process strategy changes goes through a strategy object: the device the loop trains
 on, wrapping the model (DistributedDataParallel), re-making each DataLoader with a DistributedSampler
-and ``set_epoch``, summing losses and validation counts over ranks, agreeing after each batch on a stop
-and on a report, and letting only rank 0 write checkpoints, TensorBoard files and events.
+and ``set_epoch``, summing losses and validation counts over ranks, agreeing every few batches on a
+stop and on a report, and letting only rank 0 write checkpoints, TensorBoard files and events.
 :class:`SingleProcess` is the identity of all of that; :class:`~.ddp.DistributedStrategy` is ddp.
 :func:`resolve_strategy` picks one and, where ddp cannot apply, falls back to single-process training
 with a ``ddp_not_available`` warning that says why (seed 000's cases).
@@ -59,16 +59,19 @@ class SingleProcess:
         """Sum a tensor over ranks (validation loss/correct/count, train loss)."""
         return values
 
-    def mean(self, value: float) -> float:
-        """The mean of a float over ranks (train_loss_batch)."""
-        return value
-
-    def agree(self, stop: bool, due: bool) -> tuple[bool, bool]:
-        """After a batch: (stop now, report now), the same answer on every rank."""
+    def agree(self, stop: bool, due: bool, loss: Any = None, step: int = 0) -> tuple[bool, bool]:
+        """After a batch (``loss``: its loss, ``step``: optimizer steps so far): (stop now, report now),
+        the same answer on every rank (ddp: agreed every K batches, see nodes/ddp.py)."""
         return stop, due
 
-    def settle(self) -> None:
-        """End of an epoch's batches: drain the flags still being agreed on (ddp)."""
+    def settle(self, stop: bool, loss: Any = None, step: int = 0) -> bool:
+        """The end of an epoch's batches (or of the loop): stop now? The same answer on every rank."""
+        return stop
+
+    def batch_loss(self, loss: Any, step: int) -> tuple[int, float] | None:
+        """The ``train_loss_batch`` point to report now: (step, value); ddp: the mean over ranks at the
+        last agreement point."""
+        return (step, float(loss.item())) if loss is not None else None
 
     def no_sync(self, model: Any) -> Any:
         """A context that skips the gradient all-reduce (accumulation micro-batches); None = not needed."""

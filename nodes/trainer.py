@@ -7,7 +7,7 @@ at each report elsewhere); progress, ``train_loss_batch`` and TensorBoard points
 ``NODE_PROGRESS_INTERVAL_S``.
 
 Everything ddp changes goes through the loop's strategy object (nodes/strategy.py): the device, the
-model wrapper, the DataLoaders, sums over ranks, the per-batch agreement on stop and report, and
+model wrapper, the DataLoaders, sums over ranks, the agreement on stop and report every few batches, and
 rank 0 alone writing checkpoints, TensorBoard files and events (nodes/ddp.py). Precision lives in
 nodes/precision.py, evaluation and prediction in nodes/evaluation.py (re-exported here).
 """
@@ -451,8 +451,8 @@ class Trainer:
                 due_here = now >= next_report
                 if due_here:
                     next_report = now + interval
-                # One answer on every rank (ddp: the flags of the previous batch, agreed by all-reduce).
-                stop, due = agree(stop_check(), due_here)
+                # One answer on every rank (ddp: agreed every K batches, no collective per batch).
+                stop, due = agree(stop_check(), due_here, loss, self.step)
                 if stop:
                     self.stopped = True
                     break
@@ -467,8 +467,8 @@ class Trainer:
                         loss_dev = folded if loss_dev is None else loss_dev + folded
                         pending.clear()
                     self._report(epoch, i + 1, last_loss)
-            # Flags still in flight are drained; a stop among them is raised again at the next batch.
-            self.strategy.settle()
+            if not self.stopped:  # every rank is at the same batch here: one more (synchronous) agreement
+                self.stopped = self.strategy.settle(stop_check(), last_loss, self.step)
             if pending:
                 folded = torch.stack(pending).sum()
                 loss_dev = folded if loss_dev is None else loss_dev + folded
@@ -505,19 +505,20 @@ class Trainer:
     _last_val: dict[str, Any] | None = None
 
     def _report(self, epoch: int, batch: int, last_loss: Any) -> None:
-        value = float(last_loss.item()) if last_loss is not None else None
-        if value is not None and self.strategy.world_size > 1:
-            value = self.strategy.mean(value)  # train_loss_batch is the mean of every rank's latest batch
         if not self.strategy.is_main:
             return
+        # ddp: the mean over ranks of the loss at the last agreement point (no collective here)
+        point = self.strategy.batch_loss(last_loss, self.step) if last_loss is not None else None
+        value = point[1] if point is not None else None
         lr = float(self.optimizer.param_groups[0]["lr"])
         # The text changes once per epoch only: hosted in ComfyUI, each distinct text gets its own ProgressBar.
         text = f"epoch {epoch + 1}/{self.cfg.epochs}"
         runtime.progress(self.step, self.total_steps, text, epoch=epoch + 1, batch=batch, batches=self.n_batches,
                          loss=value, lr=lr)
-        if value is not None:
-            self.history.train_loss_batch.append([self.step, value])
-            self._metric("train_loss_batch", value, self.step, epoch=epoch + 1)
+        batches = self.history.train_loss_batch
+        if point is not None and (not batches or batches[-1][0] != point[0]):  # each step's point once
+            batches.append([point[0], value])
+            self._metric("train_loss_batch", value, point[0], epoch=epoch + 1)
         self.history.lr.append([self.step, lr])
         if self.board is not None:
             self.board.scalar("lr", lr, self.step)
