@@ -39,6 +39,7 @@ from ..constants import (
     BYTES_PER_GB,
     ESTIMATE_ALLOCATOR_FRACTION,
     ESTIMATE_CUDA_LIBRARIES_MIB,
+    ESTIMATE_MAX_MODEL_USES,
     MEMORY_ESTIMATE_TIMEOUT_S,
 )
 from .estimate_graph import GraphFacts, ModelNode, Use, read_graph
@@ -267,6 +268,10 @@ def _items(facts: GraphFacts) -> tuple[list[EstimateItem], bool]:
 
 def _compute(graph: Mapping[str, Any]) -> Estimate:
     facts = read_graph(graph)
+    if len(facts.uses) > ESTIMATE_MAX_MODEL_USES:  # each use is a meta-device build: bounded, said so
+        return Estimate((), None, True, (f"too large to estimate: the graph runs a model in {len(facts.uses)} "
+                                         f"places (training steps and evaluations); the estimate builds at most "
+                                         f"{ESTIMATE_MAX_MODEL_USES}",))
     if not facts.uses:
         facts.note("the graph puts no model on the card (no TrainingLoop, Evaluate or Predict with a model)")
     items, any_model = _items(facts)

@@ -46,8 +46,10 @@ async def submit_sweep(request: web.Request) -> web.Response:
     dry_run = bool_param(request, "dry_run")
     body = await read_json(request)
     svc = service(request)
-    valid = await asyncio.to_thread(svc.prevalidate, body)  # the graphs' validation off the event loop
-    result = svc.create(body, dry_run=dry_run, valid=valid)
+    # Parsing, expanding, validating and keying every child off the event loop (issue 19); then only
+    # the admission decisions and the one write transaction run on it.
+    draft = await asyncio.to_thread(svc.draft, body)
+    result = svc.create(body, dry_run=dry_run, draft=draft)
     return web.json_response(result, status=200 if dry_run else 201)
 
 
