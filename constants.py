@@ -143,6 +143,8 @@ AGENT_CAP_MEMORY = "memory_cap"  # the hello capability of an agent that caps a 
 # --- sweeps and studies (SPEC Q6, issue 15) ------------------------------------------------------------
 SWEEP_DEFAULT_MAX_RUNS = 1000  # a sweep or study may queue this many runs unless its max_runs says more
 SWEEP_MAX_RUNS = 10_000  # ... and never more than this (a larger expansion is a 400, never truncated)
+SIDECAR_GIL_SWITCH_INTERVAL_S = 0.001  # the sidecar's sys.setswitchinterval (Python's default: 5 ms)
+SWEEP_ADMIT_BATCH = 250  # a sweep's children admitted on the event loop between two yields to it
 CANCEL_BATCH_RUNS = 250  # a sweep's queued runs end this many per store transaction (in a worker thread)
 STUDY_MAX_PARALLEL = 256  # trials of one study in flight at once
 

@@ -8,7 +8,8 @@ CUDA card (``xpufleet agent start --simulate cuda:0=24``), stopped once it has c
 accepted and wait, so the cancelled sweep's variants stay queued (nothing trains). Graphs, N nodes in all:
 
 * ``chain``: a valid training graph whose N-5 TrainingLoops each train the previous one's model;
-* ``ring``: the probe's cycle, N TrainingLoops where node i takes model=[i-1, 0] (refused by validation).
+* ``ring``: the probe's cycle, N TrainingLoops where node i takes model=[i-1, 0] (refused by validation)
+  (both from bench_validate.py).
 
 Requests: ``POST /api/runs`` (target local; an admitted run is cancelled at once), ``POST
 /api/sweeps?dry_run=true`` (4 variants, target local), ``POST /api/estimates``, then a sweep of
@@ -41,37 +42,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_sweep import CLI, GRAPH, start_fleet  # noqa: E402 - the bench folder is no package
+from bench_validate import chain  # noqa: E402
+from bench_validate import cycle as ring  # noqa: E402
 
 from xpufleet.server.sidecar.runtime_file import read_runtime  # noqa: E402
-
-DATA = {
-    "1": {"class_type": "XPUDataset", "inputs": {"name": "iris", "val_split": 0.2, "seed": 0, "normalize": "standard"}},
-    "2": {"class_type": "XPUDataLoader", "inputs": {"dataset": ["1", 0], "batch_size": 16, "shuffle": True,
-                                                    "num_workers": 0, "drop_last": False}},
-    "3": {"class_type": "XPUMLP", "inputs": {"hidden": "16", "activation": "relu", "dropout": 0.0, "seed": 0,
-                                             "dataset_info": ["1", 2]}},
-    "4": {"class_type": "XPUOptimizer", "inputs": {"name": "adam", "lr": 0.01, "weight_decay": 0.0, "momentum": 0.9}},
-    "5": {"class_type": "XPULoss", "inputs": {"name": "cross_entropy"}},
-}
-
-
-def chain(n: int) -> dict[str, Any]:
-    """A valid graph of n nodes: the data, model, optimizer and loss, then n-5 chained TrainingLoops."""
-    g: dict[str, Any] = json.loads(json.dumps(DATA))
-    for i in range(6, n + 1):
-        g[str(i)] = {"class_type": "XPUTrainingLoop", "inputs": {
-            "model": ["3" if i == 6 else str(i - 1), 0], "dataloader": ["2", 0], "optimizer": ["4", 0],
-            "loss": ["5", 0], "epochs": 1, "max_steps": 0, "device": "auto", "precision": "fp32",
-            "tensorboard": False, "strategy": "single"}}
-    return g
-
-
-def ring(n: int) -> dict[str, Any]:
-    """The probe's cycle: node i takes model=[i-1, 0], node 0 takes model=[n-1, 0], all TrainingLoops."""
-    g = {str(i): {"class_type": "XPUTrainingLoop", "inputs": {"model": [str(i - 1), 0]}} for i in range(n)}
-    g["0"]["inputs"]["model"] = [str(n - 1), 0]
-    return g
-
 
 SHAPES = {"chain": chain, "ring": ring}
 SWEPT = {"chain": ("4.lr", [0.1, 0.01, 0.001, 0.0001]), "ring": ("1.epochs", [1, 2, 3, 4])}

@@ -28,7 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...constants import CANCEL_BATCH_RUNS, LOCAL_PROVIDER, RUN_STOP_GRACE_S, RUNS_DIR_NAME, TERMINAL_STATUSES
+from ...constants import (
+    CANCEL_BATCH_RUNS,
+    LOCAL_PROVIDER,
+    RUN_STOP_GRACE_S,
+    RUNS_DIR_NAME,
+    SWEEP_ADMIT_BATCH,
+    TERMINAL_STATUSES,
+)
 from ..memory.admission import MemoryAdmission
 from ..memory.records import RunMemory
 from ..memory.submit import AdmissionError, Prepared, prepare
@@ -301,6 +308,26 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
         insert fails, nothing is written and nothing is queued."""
         if self.shutting_down:
             raise RequestError("the server is stopping; submit again when it is back", status=503)
+        return self._queue_runs(admissions, self._write_runs(admissions, write_extra))
+
+    async def enqueue_off_loop(self, admissions: Sequence[Admission],
+                               write_extra: Callable[[list[str]], None] | None = None) -> list[dict[str, Any]]:
+        """:meth:`enqueue` with the store transaction in a worker thread (a sweep's thousands of inserts
+        stalled the loop for seconds, issue 19); once written, the runs join the queue on the loop,
+        ``SWEEP_ADMIT_BATCH`` at a time with a yield to it between."""
+        if self.shutting_down:
+            raise RequestError("the server is stopping; submit again when it is back", status=503)
+        run_ids = await asyncio.to_thread(self._write_runs, admissions, write_extra)
+        out: list[dict[str, Any]] = []
+        for start in range(0, len(run_ids), SWEEP_ADMIT_BATCH):
+            if start:
+                await asyncio.sleep(0)
+            end = start + SWEEP_ADMIT_BATCH
+            out += self._queue_runs(admissions[start:end], run_ids[start:end])
+        return out
+
+    def _write_runs(self, admissions: Sequence[Admission], write_extra: Callable[[list[str]], None] | None,
+                    ) -> list[str]:
         with self.store.transaction():
             run_ids = []
             for a in admissions:
@@ -323,6 +350,9 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
                 run_ids.append(run_id)
             if write_extra is not None:
                 write_extra(run_ids)
+        return run_ids
+
+    def _queue_runs(self, admissions: Sequence[Admission], run_ids: list[str]) -> list[dict[str, Any]]:
         for a, run_id in zip(admissions, run_ids, strict=True):
             info, cands = a.prepared.info, a.resolution.candidates
             self._cands[run_id] = cands
@@ -429,7 +459,7 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
         self._holdings[run_id] = (provider_name, tuple(devices))
         self.slot_state().hold(run_id, provider_name, devices)
         self.hub.notify(run_id)
-        run = self.store.get_run(run_id, with_graph=True)
+        run = self.store.get_run(run_id)  # the graph is read off the loop when the run starts (_start_on)
         if run is not None:  # the cap the run's process gets (a default is never a cap on an exclusive card)
             keys = memory_keys if memory_keys is not None else self.memory.keys_of(Candidate(provider_name, devices))
             run["budget_gib"] = self.memory.budget_to_send(run_id, keys)
@@ -442,6 +472,8 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
 
     async def _start_on(self, provider: Any, run: dict[str, Any], devices: list[str]) -> None:
         try:
+            full = await asyncio.to_thread(self.store.get_run, run["id"], with_graph=True)  # a large graph's
+            run["graph"] = (full or {}).get("graph", {})  # decoding took seconds on the loop (issue 19)
             await provider.start_run(run, devices)
         except Exception as exc:  # noqa: BLE001 - report it on the run, keep the queue going
             log.exception("run %s: could not start on %s", run["id"], provider.name)

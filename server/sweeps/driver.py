@@ -14,10 +14,11 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...constants import SWEEP_ADMIT_BATCH
 from ..scheduling import TargetError
 from ..sidecar.errors import ApiError
 from ..sidecar.graph_facts import GraphFacts, graph_facts
@@ -119,6 +120,14 @@ class Draft:
     facts: list[GraphFacts | None] = field(default_factory=list)
 
 
+def dry_run_answer(spec: SweepSpec, children: list[Variant], admissions: list[Any]) -> dict[str, Any]:
+    """What a dry run answers: the count and the first ``DRY_RUN_SHOWN`` variants with their queue."""
+    return {"dry_run": True, "name": spec.name, "n_runs": len(children),
+            "variants": [{"variant": v.index, "point": v.point, "parameters": v.values, "seed": v.seed,
+                          "queue_key": a.resolution.queue_key}
+                         for v, a in zip(children[:DRY_RUN_SHOWN], admissions, strict=False)]}
+
+
 def spec_error(exc: SpecError) -> RequestError:
     return RequestError(str(exc))
 
@@ -163,6 +172,10 @@ class SweepService:
         """Parse, expand and admit every child (nothing written); RequestError names what to fix.
         ``draft``: :meth:`draft`'s answer, computed in a worker thread (without it, it is computed here);
         only the admission decisions (targets, budgets, the memory ledger) are left to do."""
+        spec, children, admitting = self._admitting(body, draft)
+        return spec, children, list(admitting)
+
+    def _admitting(self, body: Any, draft: Draft | None) -> tuple[SweepSpec, list[Variant], Iterator[Any]]:
         d = self.draft(body) if draft is None else draft
         if d.error is not None:
             raise d.error
@@ -171,22 +184,38 @@ class SweepService:
         if d.expand_error is not None:
             raise d.expand_error
         infos = self.dispatcher.provider_infos()  # one snapshot for the whole batch
-        admissions = [
+        admitting = (
             admit_child(self.dispatcher, request, infos,
                         f"variant {v.index} ({describe_values(v.values, v.seed) or 'the base graph'})",
                         {"variant": v.index, "parameters": v.values, "seed": v.seed}, facts=facts)
-            for v, request, facts in zip(d.children, d.requests, d.facts, strict=False)]
-        return d.spec, d.children, admissions
+            for v, request, facts in zip(d.children, d.requests, d.facts, strict=False))
+        return d.spec, d.children, admitting
 
     def create(self, body: Any, dry_run: bool = False, draft: Draft | None = None) -> dict[str, Any]:
         """Queue every child of the sweep, or none (``dry_run``: check and expand only). ``draft``: see
         :meth:`plan`."""
         spec, children, admissions = self.plan(body, draft)
         if dry_run:
-            return {"dry_run": True, "name": spec.name, "n_runs": len(children),
-                    "variants": [{"variant": v.index, "point": v.point, "parameters": v.values, "seed": v.seed,
-                                  "queue_key": a.resolution.queue_key}
-                                 for v, a in zip(children[:DRY_RUN_SHOWN], admissions, strict=False)]}
+            return dry_run_answer(spec, children, admissions)
+        sweep_id, write = self._writer(body, spec, children)
+        return self._created(sweep_id, spec, self.dispatcher.enqueue(admissions, write_extra=write))
+
+    async def create_off_loop(self, body: Any, dry_run: bool, draft: Draft) -> dict[str, Any]:
+        """:meth:`create` for the route: ``draft`` computed in a worker thread, the admissions on the loop
+        yielding to it every ``SWEEP_ADMIT_BATCH`` children, the write in a worker thread (issue 19)."""
+        spec, children, admitting = self._admitting(body, draft)
+        admissions = []
+        for a in admitting:
+            admissions.append(a)
+            if len(admissions) % SWEEP_ADMIT_BATCH == 0:
+                await asyncio.sleep(0)  # each child is checked as if submitted alone now: others may go between
+        if dry_run:
+            return dry_run_answer(spec, children, admissions)
+        sweep_id, write = self._writer(body, spec, children)
+        return self._created(sweep_id, spec, await self.dispatcher.enqueue_off_loop(admissions, write_extra=write))
+
+    def _writer(self, body: Any, spec: SweepSpec, children: list[Variant]) -> tuple[str, Any]:
+        """A new sweep's id and the writer of its own rows (inside the children's transaction)."""
         sweep_id = uuid.uuid4().hex
         stored = {k: v for k, v in dict(body).items() if k != "graph"}
         paths = [p.path for p in spec.params]
@@ -195,7 +224,10 @@ class SweepService:
             self.records.insert(sweep_id, spec.name, stored, spec.graph, spec.objective.metric,
                                 spec.objective.direction, paths, children, run_ids)
 
-        queued = self.dispatcher.enqueue(admissions, write_extra=write)
+        return sweep_id, write
+
+    @staticmethod
+    def _created(sweep_id: str, spec: SweepSpec, queued: list[dict[str, Any]]) -> dict[str, Any]:
         log.info("sweep %s (%s): %d runs queued", sweep_id, spec.name, len(queued))
         return {"sweep_id": sweep_id, "name": spec.name, "status": "queued", "n_runs": len(queued),
                 "run_ids": [q["run_id"] for q in queued]}

@@ -32,7 +32,7 @@ async def submit_run(request: web.Request) -> web.Response:
     req = await asyncio.to_thread(parse_run_request, body)
     d = dispatcher_of(request)
     facts = await d.check_graph(req)
-    result = d.submit(req, facts)
+    result = (await d.enqueue_off_loop([d.admit(req, facts=facts)]))[0]  # the write (the graph's JSON) too
     return web.json_response(result, status=201)
 
 
