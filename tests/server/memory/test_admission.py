@@ -391,7 +391,12 @@ def test_this_servers_own_cards_admit_by_memory_only_when_turned_on(xpufleet_hom
             import json
             from pathlib import Path
 
-            spec = json.loads((Path(run["run_dir"]) / "spec.json").read_text())
+            path = Path(run["run_dir"]) / "spec.json"
+            for _ in range(600):  # the spec is written in a worker thread as the run starts (bounded: 60 s)
+                if path.exists():
+                    break
+                await asyncio.sleep(0.1)
+            spec = json.loads(path.read_text())
             assert spec["budget_gib"] == 4.0  # the run's process is capped to it (server/run/memory.py)
             await sc.status(body["run_id"], {"failed", "succeeded"}, timeout=60)
 

@@ -199,7 +199,10 @@ def test_cancel_ends_queued_children_and_stops_running_ones_then_delete(dispatch
     async def scenario():
         dispatcher._wake = asyncio.Event()
         dispatcher.schedule()  # the first child takes the card; the others wait
-        await asyncio.sleep(0)  # the start task runs
+        for _ in range(3000):  # the start task runs (it reads the graph in a worker thread first)
+            if box.started:
+                break
+            await asyncio.sleep(0.01)
         assert box.started == [ids[0]]
         dispatcher.run_process_started(ids[0], pid=1)
         with pytest.raises(Exception) as busy:
