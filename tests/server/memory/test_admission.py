@@ -388,6 +388,7 @@ def test_this_servers_own_cards_admit_by_memory_only_when_turned_on(xpufleet_hom
                 "device": "cuda:0", "target": {"memory_gib": 4}}})
             assert status == 201, body
             run = await sc.status(body["run_id"], {"assigned", "running", "failed", "succeeded"})
+            import asyncio
             import json
             from pathlib import Path
 
