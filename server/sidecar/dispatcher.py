@@ -253,7 +253,7 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
             resolution = self.resolve(request.target)
         except TargetError:
             return None
-        facts = await asyncio.to_thread(graph_facts, request.graph, self.validates(resolution))
+        facts = await asyncio.to_thread(graph_facts, request.graph, self.validates(resolution), False)
         if facts.problem is not None:
             raise facts.problem
         return facts

@@ -38,9 +38,11 @@ def validation_problem(graph: Any) -> RequestError | None:
     return None
 
 
-def graph_facts(graph: Any, validate: bool) -> GraphFacts:
-    """The graph's key, and its validation when ``validate`` (call it in a worker thread)."""
+def graph_facts(graph: Any, validate: bool, key_if_invalid: bool = True) -> GraphFacts:
+    """The graph's key, and its validation when ``validate`` (call it in a worker thread). Without
+    ``key_if_invalid`` a graph that fails validation gets no key (its refusal is all that follows)."""
     if not validate:
         return GraphFacts(key_of(graph))
     problem = validation_problem(graph)
-    return GraphFacts(key_of(graph), True, problem)
+    key = key_of(graph) if problem is None or key_if_invalid else None
+    return GraphFacts(key, True, problem)
