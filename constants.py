@@ -140,6 +140,9 @@ ENV_TEST_DDP_RAISE = "XPUFLEET_TEST_DDP_RAISE"
 # --- memory budgets and the static estimate (SPEC M, issue 12) -----------------------------------
 # CUDA_CONTEXT_MIB (above) is what every run counts beside its budget on a CUDA card.
 MEMORY_ESTIMATE_TIMEOUT_S = 5.0  # the meta-device build of a graph's models is abandoned after this long
+# A graph that runs a model in more places (TrainingLoops, Evaluates, Predicts) is "too large to estimate":
+# no build (each place is one meta-device build; 5,000 of them only ran into the time limit, issue 19)
+ESTIMATE_MAX_MODEL_USES = 100
 ESTIMATE_ALLOCATOR_FRACTION = 0.2  # the static estimate adds 20% for the caching allocator
 ESTIMATE_CUDA_LIBRARIES_MIB = 128  # ... and 128 MiB for the CUDA libraries' workspaces
 MEMORY_OVERTAKES_BEFORE_HOLD = 3  # a waiting run overtaken this often on a shared card holds that card for itself
@@ -150,6 +153,9 @@ AGENT_CAP_MEMORY = "memory_cap"  # the hello capability of an agent that caps a 
 # --- sweeps and studies (SPEC Q6, issue 15) ------------------------------------------------------------
 SWEEP_DEFAULT_MAX_RUNS = 1000  # a sweep or study may queue this many runs unless its max_runs says more
 SWEEP_MAX_RUNS = 10_000  # ... and never more than this (a larger expansion is a 400, never truncated)
+SIDECAR_GIL_SWITCH_INTERVAL_S = 0.001  # the sidecar's sys.setswitchinterval (Python's default: 5 ms)
+SWEEP_ADMIT_BATCH = 250  # a sweep's children admitted on the event loop between two yields to it
+CANCEL_BATCH_RUNS = 250  # a sweep's queued runs end this many per store transaction (in a worker thread)
 STUDY_MAX_PARALLEL = 256  # trials of one study in flight at once
 
 

@@ -39,6 +39,7 @@ from ..constants import (
     BYTES_PER_GB,
     ESTIMATE_ALLOCATOR_FRACTION,
     ESTIMATE_CUDA_LIBRARIES_MIB,
+    ESTIMATE_MAX_MODEL_USES,
     MEMORY_ESTIMATE_TIMEOUT_S,
 )
 from .estimate_graph import GraphFacts, ModelNode, Use, read_graph
@@ -265,8 +266,21 @@ def _items(facts: GraphFacts) -> tuple[list[EstimateItem], bool]:
     return items, True
 
 
+def _too_large(facts: GraphFacts) -> Estimate | None:
+    """The answer for a graph that runs a model in more than ESTIMATE_MAX_MODEL_USES places (each is a
+    meta-device build): bounded, said so, and nothing built (not even torch imported)."""
+    if len(facts.uses) <= ESTIMATE_MAX_MODEL_USES:
+        return None
+    return Estimate((), None, True, (f"too large to estimate: the graph runs a model in {len(facts.uses)} places "
+                                     f"(training steps and evaluations); the estimate builds at most "
+                                     f"{ESTIMATE_MAX_MODEL_USES}",))
+
+
 def _compute(graph: Mapping[str, Any]) -> Estimate:
     facts = read_graph(graph)
+    too_large = _too_large(facts)
+    if too_large is not None:
+        return too_large
     if not facts.uses:
         facts.note("the graph puts no model on the card (no TrainingLoop, Evaluate or Predict with a model)")
     items, any_model = _items(facts)
@@ -286,6 +300,9 @@ def estimate_graph(graph: Mapping[str, Any], *, timeout_s: float = MEMORY_ESTIMA
         return Estimate(built=False, reasons=("not built: the graph has a measured peak",))
     if not isinstance(graph, Mapping):
         raise ValueError("the graph must be an API-format object {\"<id>\": {\"class_type\", \"inputs\"}}")
+    too_large = _too_large(read_graph(graph))  # linear; before torch, whose import holds the GIL for long
+    if too_large is not None:
+        return too_large
     import torch  # noqa: F401 - imported here, so the time limit covers the build and not the import
 
     box: dict[str, Any] = {}

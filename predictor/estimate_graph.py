@@ -148,9 +148,11 @@ class Use:
 class GraphFacts:
     uses: list[Use] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)  # rough: what had to be skipped or guessed
+    _noted: set[str] = field(default_factory=set, repr=False)  # the reasons, for an O(1) duplicate check
 
     def note(self, reason: str | None) -> None:
-        if reason and reason not in self.reasons:
+        if reason and reason not in self._noted:
+            self._noted.add(reason)
             self.reasons.append(reason)
 
 
@@ -158,6 +160,7 @@ class _Reader:
     def __init__(self, graph: Mapping[str, Any]) -> None:
         self.graph = {str(k): v for k, v in graph.items() if isinstance(v, Mapping)}
         self.facts = GraphFacts()
+        self.builders: dict[str, ModelNode | None] = {}  # node -> the builder of the model it gives
 
     def node(self, link: Any) -> tuple[str, Mapping[str, Any]] | None:
         if not _is_link(link) or str(link[0]) not in self.graph:
@@ -167,21 +170,42 @@ class _Reader:
     def inputs(self, nid: str) -> Mapping[str, Any]:
         return self.graph[nid].get("inputs") or {}
 
-    def model(self, link: Any, seen: frozenset[str] = frozenset()) -> tuple[str | None, ModelNode | None]:
+    def model(self, link: Any) -> tuple[str | None, ModelNode | None]:
         """The node whose model arrives through ``link`` (resident on the card) and its builder."""
         found = self.node(link)
         if found is None:
             return None, None
-        nid, node = found
-        ct = node.get("class_type")
-        if ct in BUILDERS:
-            inputs = self.inputs(nid)
-            data = self.dataset(inputs.get("dataset_info"))[0]
-            return nid, ModelNode(nid, ct, {k: v for k, v in inputs.items() if not _is_link(v)}, data)
-        if ct == T.TRAINING_LOOP_NODE and nid not in seen:
-            return nid, self.model(self.inputs(nid).get("model"), seen | {nid})[1]
-        self.facts.note(f"model node {nid} ({ct}) cannot be built here, so its size is not counted")
-        return nid, None
+        return found[0], self.builder(found[0])
+
+    def builder(self, nid: str) -> ModelNode | None:
+        """The model builder behind node ``nid``, following TrainingLoops back (each trains the model it is
+        given). Iterative and remembered per node, so a chain of n TrainingLoops is read in O(n), not O(n^2)
+        with n levels of recursion (issue 19); a cycle ends at the first node seen twice."""
+        path: list[str] = []
+        seen: set[str] = set()
+        cur: str | None = nid
+        result: ModelNode | None = None
+        while cur is not None:
+            if cur in self.builders:
+                result = self.builders[cur]
+                break
+            ct = self.graph[cur].get("class_type")
+            if ct in BUILDERS:
+                inputs = self.inputs(cur)
+                data = self.dataset(inputs.get("dataset_info"))[0]
+                result = ModelNode(cur, ct, {k: v for k, v in inputs.items() if not _is_link(v)}, data)
+                path.append(cur)
+                break
+            if ct != T.TRAINING_LOOP_NODE or cur in seen:
+                self.facts.note(f"model node {cur} ({ct}) cannot be built here, so its size is not counted")
+                break
+            seen.add(cur)
+            path.append(cur)
+            upstream = self.node(self.inputs(cur).get("model"))
+            cur = upstream[0] if upstream is not None else None
+        for p in path:
+            self.builders[p] = result
+        return result
 
     def dataset(self, link: Any) -> tuple[DataFacts | None, int]:
         found = self.node(link)

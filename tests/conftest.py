@@ -12,6 +12,20 @@ REPO = Path(__file__).resolve().parents[1]
 STANDIN = Path(__file__).resolve().parent / "comfy_standin"
 
 
+# The static estimate gives up after MEMORY_ESTIMATE_TIMEOUT_S (5 s) of building, a figure the machine's
+# load decides: on a loaded 2-core box an example graph's build passed it and a test asserting an estimate
+# failed (issue 19). In this test process the limit is one only a hang crosses; the test of the limit itself
+# passes its own timeout_s.
+ESTIMATE_TIMEOUT_IN_TESTS_S = 300.0
+
+
+@pytest.fixture(autouse=True)
+def _estimate_time_limit_only_a_hang_crosses(monkeypatch):
+    from xpufleet.predictor import estimate
+
+    monkeypatch.setitem(estimate.estimate_graph.__kwdefaults__, "timeout_s", ESTIMATE_TIMEOUT_IN_TESTS_S)
+
+
 @pytest.fixture
 def xpufleet_home(tmp_path, monkeypatch) -> Path:
     home = tmp_path / "xpufleet-home"

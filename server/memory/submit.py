@@ -2,7 +2,8 @@
 
 :func:`prepare` runs before the run is written (so a rejection leaves nothing behind):
 
-* the runtime-graph key and the number of cards (a device set's length);
+* the number of cards (a device set's length; the runtime-graph key comes computed by :func:`key_of`, in a
+  worker thread);
 * the budget (:func:`~..ledger.budget.resolve_budget`): typed, the graph's default (measured peak + 20%),
   or an estimate raised to a larger default; on shared cards only, no peak and no budget is rejected,
   asking for one; a run that only has exclusive cards gets no default (it holds its card alone);
@@ -57,11 +58,12 @@ def key_of(graph: Any) -> str | None:
         return None
 
 
-def prepare(adm: MemoryAdmission, graph: Any, target: Any, resolution: Resolution, state: SlotState) -> Prepared:
-    """Decide a submitted run's budget and admission (see the module docstring); raise AdmissionError."""
+def prepare(adm: MemoryAdmission, key: str | None, target: Any, resolution: Resolution,
+            state: SlotState) -> Prepared:
+    """Decide a submitted run's budget and admission (see the module docstring); raise AdmissionError.
+    ``key``: the graph's runtime key (:func:`key_of`, computed off the event loop by the caller)."""
     cands = tuple(resolution.candidates)
     n_cards = len(cands[0].devices) if cands else 1
-    key = key_of(graph)
     split = adm.split(cands, state)
     if target.memory_gib is not None:
         local = [c for c in cands if c.provider == LOCAL_PROVIDER and c not in split.memory]

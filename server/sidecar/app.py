@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 import ssl
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -30,6 +31,7 @@ from ...constants import (
     AGENT_SOCKET_NAME,
     ENV_RUN_QUEUE_MAX_CONCURRENT,
     MAX_REQUEST_LINE_BYTES,
+    SIDECAR_GIL_SWITCH_INTERVAL_S,
     SIDECAR_LOCK_NAME,
     STATE_DB_NAME,
     VERSION,
@@ -117,10 +119,24 @@ async def _dispatcher_ctx(app: web.Application) -> AsyncIterator[None]:
     app[LOCAL_PROVIDER_KEY] = local
     dispatcher.register_provider(local)
     warm = asyncio.create_task(warm_up())  # the warm start parent of run processes, in the background
+    preload = asyncio.create_task(asyncio.to_thread(_preload_request_modules))
     await dispatcher.start()
     yield
+    preload.cancel()
     warm.cancel()
     await dispatcher.shutdown()
+
+
+def _preload_request_modules() -> None:
+    """Import in a worker thread, at start, what requests import lazily on the event loop: the first
+    large body imported numpy there (~0.4 s on a loaded machine, issue 19). The node classes and the
+    validation are imported too, so the first check in a worker thread does not wait on the import lock."""
+    import numpy  # noqa: F401 - jsonbody.nests_deeper_than
+
+    from ..ledger.graph_key import default_node_classes
+    from ..run import validation  # noqa: F401
+
+    default_node_classes()
 
 
 # --- serving ------------------------------------------------------------------------------------------
@@ -226,5 +242,9 @@ async def _agent_socket(runner: web.AppRunner, config: SidecarConfig) -> None:
 
 def run_foreground(config: SidecarConfig, ready: Callable[[str], None] | None = None) -> int:
     """``xpufleet start --foreground``: hold the home lock and serve until stopped."""
+    # The heavy work of a request runs in worker threads; the loop thread then waits for the GIL at each
+    # of its many switches (a health check makes ~10): a shorter interval than Python's 5 ms keeps those
+    # waits short (issue 19; docs/architecture.md "The event loop").
+    sys.setswitchinterval(SIDECAR_GIL_SWITCH_INTERVAL_S)
     with home_lock(config.home):
         return asyncio.run(serve(config, ready))

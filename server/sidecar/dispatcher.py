@@ -28,7 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...constants import LOCAL_PROVIDER, RUN_STOP_GRACE_S, RUNS_DIR_NAME, TERMINAL_STATUSES
+from ...constants import (
+    CANCEL_BATCH_RUNS,
+    LOCAL_PROVIDER,
+    RUN_STOP_GRACE_S,
+    RUNS_DIR_NAME,
+    SWEEP_ADMIT_BATCH,
+    TERMINAL_STATUSES,
+)
 from ..memory.admission import MemoryAdmission
 from ..memory.records import RunMemory
 from ..memory.submit import AdmissionError, Prepared, prepare
@@ -48,6 +55,7 @@ from ..scheduling import (
     resolve_target,
 )
 from .dynamic import DynamicRuns
+from .graph_facts import GraphFacts, graph_facts
 from .holders import OnPlaced, OnReason, SlotHolders
 from .hub import EventHub
 from .providers import provider_info
@@ -241,34 +249,32 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
         """Candidates for ``target`` against the providers known now (TargetError -> 400)."""
         return resolve_target(target, self.provider_infos(), self.pools)
 
-    def validate_graph(self, request: RunRequest, resolution: Resolution) -> None:
-        """Check the graph against this server's node classes when it can only run here."""
-        if not self.validate_local_graphs or resolution.dynamic or any(
-                c.provider != LOCAL_PROVIDER for c in resolution.candidates):
-            return  # a worker validates what it runs (pool and mount runs never run here)
-        from ..run.validation import GraphValidationError, format_errors, validate_report
+    def validates(self, resolution: Resolution) -> bool:
+        """Whether this server validates the graph of a run with ``resolution``: when it can only run here
+        (a worker validates what it runs; pool and mount runs never run here)."""
+        return self.validate_local_graphs and not resolution.dynamic and all(
+            c.provider == LOCAL_PROVIDER for c in resolution.candidates)
 
-        try:
-            validate_report(request.graph).raise_if_invalid()
-        except GraphValidationError as exc:
-            raise RequestError("graph: " + format_errors(exc.response), {"node_errors": exc.response.get(
-                "node_errors", {}), "validation": exc.response}) from None
-
-    async def check_graph(self, request: RunRequest) -> None:
-        """:meth:`validate_graph` in a worker thread (it can take ~100 ms for the largest graph), so
-        the event loop keeps serving heartbeats and other requests; then ``submit(graph_checked=True)``."""
+    async def check_graph(self, request: RunRequest) -> GraphFacts | None:
+        """The graph's validation (when :meth:`validates`) and key in a worker thread (issue 19: both on
+        the loop stalled every heartbeat for seconds on large graphs); raises the validation's 400. Then
+        ``submit(request, facts)``. None for a target :meth:`submit` refuses anyway."""
         try:
             resolution = self.resolve(request.target)
         except TargetError:
-            return  # submit() answers it
-        await asyncio.to_thread(self.validate_graph, request, resolution)
+            return None
+        facts = await asyncio.to_thread(graph_facts, request.graph, self.validates(resolution), False)
+        if facts.problem is not None:
+            raise facts.problem
+        return facts
 
     def admit(self, request: RunRequest, infos: Sequence[ProviderInfo] | None = None,
-              graph_checked: bool = False) -> Admission:
+              facts: GraphFacts | None = None) -> Admission:
         """The per-run admission check of a submission: its target against the providers known now
         (``infos``: a snapshot the caller took for a whole batch), the graph when it can only run here,
         what is refused by name, and the budget and memory decision (SPEC M). Raises RequestError
-        (400, 503); writes nothing.
+        (400, 503); writes nothing. ``facts``: the graph's validation and key computed beforehand in a
+        worker thread (:func:`.graph_facts.graph_facts`); without them they are computed here.
 
         The one check for every way a run is queued: ``submit`` (``POST /api/runs``) and the whole-batch
         check of sweeps and studies (SPEC Q6) both call it for every run before anything is written; each
@@ -288,18 +294,21 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
             raise RequestError("options.record_outputs is off for a one-shot worker: its agent exits when the run "
                                "ends, so nothing could read the outputs it keeps; use \"upload\" (copied here "
                                "first) or leave it out")
-        if not graph_checked:
-            self.validate_graph(request, resolution)
+        validates = self.validates(resolution)
+        if facts is None or (validates and not facts.validated):
+            facts = graph_facts(request.graph, validates)
+        if validates and facts.problem is not None:
+            raise facts.problem
         self.spread.check(request, resolution)
         try:  # the budget and the memory decision (SPEC M): a rejection writes nothing
-            prep = prepare(self.memory, request.graph, request.target, resolution, self.slot_state())
+            prep = prepare(self.memory, facts.key, request.target, resolution, self.slot_state())
         except AdmissionError as exc:
             raise RequestError(str(exc)) from None
         return Admission(request, resolution, prep)
 
-    def submit(self, request: RunRequest, graph_checked: bool = False) -> dict[str, Any]:
+    def submit(self, request: RunRequest, facts: GraphFacts | None = None) -> dict[str, Any]:
         """Queue a run; raise RequestError (400) for a target or graph this server rejects."""
-        return self.enqueue([self.admit(request, graph_checked=graph_checked)])[0]
+        return self.enqueue([self.admit(request, facts=facts)])[0]
 
     def enqueue(self, admissions: Sequence[Admission],
                 write_extra: Callable[[list[str]], None] | None = None) -> list[dict[str, Any]]:
@@ -310,6 +319,26 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
         insert fails, nothing is written and nothing is queued."""
         if self.shutting_down:
             raise RequestError("the server is stopping; submit again when it is back", status=503)
+        return self._queue_runs(admissions, self._write_runs(admissions, write_extra))
+
+    async def enqueue_off_loop(self, admissions: Sequence[Admission],
+                               write_extra: Callable[[list[str]], None] | None = None) -> list[dict[str, Any]]:
+        """:meth:`enqueue` with the store transaction in a worker thread (a sweep's thousands of inserts
+        stalled the loop for seconds, issue 19); once written, the runs join the queue on the loop,
+        ``SWEEP_ADMIT_BATCH`` at a time with a yield to it between."""
+        if self.shutting_down:
+            raise RequestError("the server is stopping; submit again when it is back", status=503)
+        run_ids = await asyncio.to_thread(self._write_runs, admissions, write_extra)
+        out: list[dict[str, Any]] = []
+        for start in range(0, len(run_ids), SWEEP_ADMIT_BATCH):
+            if start:
+                await asyncio.sleep(0)
+            end = start + SWEEP_ADMIT_BATCH
+            out += self._queue_runs(admissions[start:end], run_ids[start:end])
+        return out
+
+    def _write_runs(self, admissions: Sequence[Admission], write_extra: Callable[[list[str]], None] | None,
+                    ) -> list[str]:
         with self.store.transaction():
             run_ids = []
             for a in admissions:
@@ -332,6 +361,9 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
                 run_ids.append(run_id)
             if write_extra is not None:
                 write_extra(run_ids)
+        return run_ids
+
+    def _queue_runs(self, admissions: Sequence[Admission], run_ids: list[str]) -> list[dict[str, Any]]:
         for a, run_id in zip(admissions, run_ids, strict=True):
             info, cands = a.prepared.info, a.resolution.candidates
             self._cands[run_id] = cands
@@ -439,7 +471,7 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
         self.slot_state().hold(run_id, provider_name, devices)
         self.hub.notify(run_id)
         layout = self.spread.placed(run_id, provider_name, devices, extra) if extra else None
-        run = self.store.get_run(run_id, with_graph=True)
+        run = self.store.get_run(run_id)  # the graph is read off the loop when the run starts (_start_on)
         if run is not None and layout is not None:
             run["spread"] = layout  # start_run carries it: rank 0's worker of a run spread over workers
         if run is not None:  # the cap the run's process gets (a default is never a cap on an exclusive card)
@@ -454,6 +486,8 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
 
     async def _start_on(self, provider: Any, run: dict[str, Any], devices: list[str]) -> None:
         try:
+            full = await asyncio.to_thread(self.store.get_run, run["id"], with_graph=True)  # a large graph's
+            run["graph"] = (full or {}).get("graph", {})  # decoding took seconds on the loop (issue 19)
             await provider.start_run(run, devices)
         except Exception as exc:  # noqa: BLE001 - report it on the run, keep the queue going
             log.exception("run %s: could not start on %s", run["id"], provider.name)
@@ -552,6 +586,26 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
                 await provider.cancel(run_id)
         self.hub.notify(run_id)
         return self.store.get_run(run_id) or run
+
+    async def cancel_queued(self, run_ids: Sequence[str], reason: str | None = None) -> set[str]:
+        """Cancel many queued runs (a sweep's children) as :meth:`cancel` does one: all leave the queue at
+        once, so none can start meanwhile, then their records end in transactions of
+        ``CANCEL_BATCH_RUNS`` each in a worker thread, the loop free between them (issue 19: 5,000 one by
+        one stalled it for 7 s). Returns the runs it ended; one that was no longer queued is left out."""
+        why = f"cancelled: {reason}" if reason else "cancelled while queued"
+        for run_id in run_ids:
+            self._queue.remove(run_id)
+            self._reasons.pop(run_id, None)
+        ended: set[str] = set()
+        for start in range(0, len(run_ids), CANCEL_BATCH_RUNS):
+            batch = run_ids[start:start + CANCEL_BATCH_RUNS]
+            done = await asyncio.to_thread(self.store.end_queued, batch, "cancelled", why)
+            for run_id in done:
+                self._release(run_id)
+                self.hub.notify(run_id)
+            ended.update(done)
+        self.wake()
+        return ended
 
     def delete(self, run_id: str) -> dict[str, Any]:
         """Delete a finished run (record, events, local run directory)."""

@@ -81,7 +81,6 @@ class LocalProvider:
     async def start_run(self, run: dict[str, Any], devices: list[str]) -> None:
         run_id = run["id"]
         run_dir = self.run_dir(run_id)
-        self.spec_for(run, devices).write(run_dir)
         env = member_env(None, {})
         env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # cuda:N = NVML's N (UUIDs match)
         group = ProcessGroup(single(run_id, run_dir, env, stop_grace_s=self.stop_grace_s),
@@ -92,6 +91,8 @@ class LocalProvider:
             self._cancel_before_start.discard(run_id)
             group.stop("cancel")
         try:
+            # the spec holds the whole graph: built and written off the loop (seconds for 5,000 nodes, issue 19)
+            await asyncio.to_thread(lambda: self.spec_for(run, devices).write(run_dir))
             await group.start()
         except BaseException:
             self.runs.pop(run_id, None)

@@ -375,11 +375,25 @@ class Store:
             row = db.execute("SELECT status FROM runs WHERE id=?", (run_id,)).fetchone()
             if row is None or row["status"] in TERMINAL_STATUSES:
                 return False
-            payload = {"status": status, "error": error, "final_metrics": dict(final_metrics or {}),
-                       "peak_memory": dict(peak_memory) if peak_memory is not None else None,
-                       "execution_facts": dict(execution_facts or {})}
+            payload = _finished(status, error, final_metrics, peak_memory, execution_facts)
             self._append(db, run_id, [NewEvent("run_finished", payload, now)])
         return True
+
+    def end_queued(self, run_ids: Sequence[str], status: str, error: str) -> list[str]:
+        """End the runs of ``run_ids`` that are still queued, in one transaction, as :meth:`finish` ends
+        one (``cancel_requested`` set too, as a cancel does); returns those it ended."""
+        if status not in TERMINAL_STATUSES:
+            raise ValueError(f"{status!r} is not a terminal status")
+        ended = []
+        with self.transaction() as db:
+            for run_id in run_ids:
+                row = db.execute("SELECT status FROM runs WHERE id=?", (run_id,)).fetchone()
+                if row is None or row["status"] != "queued":
+                    continue
+                db.execute("UPDATE runs SET cancel_requested=1 WHERE id=?", (run_id,))
+                self._append(db, run_id, [NewEvent("run_finished", _finished(status, error), time.time())])
+                ended.append(run_id)
+        return ended
 
     def delete_run(self, run_id: str) -> dict[str, Any]:
         """Delete a finished run's record and events; 404/409 via StoreError otherwise."""
@@ -495,6 +509,15 @@ class Store:
 
 def _statements(script: str) -> list[str]:
     return [s.strip() for s in script.split(";") if s.strip()]
+
+
+def _finished(status: str, error: str | None, final_metrics: Mapping[str, Any] | None = None,
+              peak_memory: Mapping[str, Any] | None = None,
+              execution_facts: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The payload of the server's own ``run_finished`` event."""
+    return {"status": status, "error": error, "final_metrics": dict(final_metrics or {}),
+            "peak_memory": dict(peak_memory) if peak_memory is not None else None,
+            "execution_facts": dict(execution_facts or {})}
 
 
 def _row_to_run(row: sqlite3.Row, with_graph: bool) -> dict[str, Any]:

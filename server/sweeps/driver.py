@@ -14,12 +14,15 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
+from ...constants import SWEEP_ADMIT_BATCH
 from ..scheduling import TargetError
 from ..sidecar.errors import ApiError
-from ..sidecar.requests import RequestError, parse_run_request
+from ..sidecar.graph_facts import GraphFacts, graph_facts
+from ..sidecar.requests import RequestError, RunRequest, parse_run_request
 from ..sidecar.store import StoreError
 from .expand import Variant, format_value, sweep_child, variants
 from .params import KnownInputs, SpecError
@@ -60,30 +63,69 @@ def describe_values(values: Mapping[str, Any], seed: int | None = None) -> str:
     return text
 
 
-def admit_child(dispatcher: Any, body: dict[str, Any], infos: Any, what: str, extra: Mapping[str, Any],
-                graph_checked: bool = False) -> Any:
+def admit_child(dispatcher: Any, body: dict[str, Any] | RunRequest | RequestError, infos: Any, what: str,
+                extra: Mapping[str, Any], facts: GraphFacts | None = None) -> Any:
     """One child through the same path as ``POST /api/runs``: parse, then the dispatcher's admission
     check. A rejection is re-raised with ``what`` (e.g. ``variant 3 (5.lr=0.5)``) in front, the same
-    status and the run's own details, plus ``extra``; nothing is written."""
+    status and the run's own details, plus ``extra``; nothing is written. ``body`` may come parsed (or
+    refused) beforehand, with its graph ``facts``, by :meth:`SweepService.draft` in a worker thread."""
     try:
-        return dispatcher.admit(parse_run_request(body), infos, graph_checked=graph_checked)
+        if isinstance(body, RequestError):
+            raise body
+        request = body if isinstance(body, RunRequest) else parse_run_request(body)
+        return dispatcher.admit(request, infos, facts=facts)
     except RequestError as exc:
         raise RequestError(f"{what}: {exc.message}; nothing was queued", {**exc.extra, **extra},
                            status=exc.status) from None
 
 
-def check_shared_options(dispatcher: Any, graph: dict[str, Any], options: dict[str, Any]) -> None:
-    """The options every child shares, once: one message about ``options.target``, not one per child."""
+def shared_request(graph: dict[str, Any], options: dict[str, Any]) -> RunRequest | RequestError | None:
+    """The options every child shares, parsed once with the base graph: the request, the refusal of its
+    options, or None when only the base graph is refused (it may be invalid where every variant is not:
+    each child is checked)."""
     try:
-        request = parse_run_request({"graph": graph, "options": options})
+        return parse_run_request({"graph": graph, "options": options})
     except RequestError as exc:
-        if exc.message.startswith("graph"):
-            return  # the base graph alone may be invalid where every variant is not: each child is checked
-        raise
+        return None if exc.message.startswith("graph") else exc
+
+
+def resolve_shared(dispatcher: Any, shared: RunRequest | RequestError | None) -> None:
+    """One message about ``options.target`` for the whole sweep, not one per child."""
+    if isinstance(shared, RequestError):
+        raise shared
+    if shared is None:
+        return
     try:
-        dispatcher.resolve(request.target)
+        dispatcher.resolve(shared.target)
     except TargetError as exc:
         raise RequestError(f"{exc}; nothing was queued") from None
+
+
+def check_shared_options(dispatcher: Any, graph: dict[str, Any], options: dict[str, Any]) -> None:
+    """The options every child shares, once (see :func:`shared_request` and :func:`resolve_shared`)."""
+    resolve_shared(dispatcher, shared_request(graph, options))
+
+
+@dataclass
+class Draft:
+    """What :meth:`SweepService.draft` works out in a worker thread: the spec (or why not), the shared
+    options, and every child's parsed request (or its refusal) with its graph's validation and key."""
+
+    error: RequestError | None = None  # the spec's refusal (before the shared options are looked at)
+    spec: SweepSpec | None = None
+    shared: RunRequest | RequestError | None = None
+    expand_error: RequestError | None = None  # the expansion's refusal (after them)
+    children: list[Variant] = field(default_factory=list)
+    requests: list[RunRequest | RequestError] = field(default_factory=list)
+    facts: list[GraphFacts | None] = field(default_factory=list)
+
+
+def dry_run_answer(spec: SweepSpec, children: list[Variant], admissions: list[Any]) -> dict[str, Any]:
+    """What a dry run answers: the count and the first ``DRY_RUN_SHOWN`` variants with their queue."""
+    return {"dry_run": True, "name": spec.name, "n_runs": len(children),
+            "variants": [{"variant": v.index, "point": v.point, "parameters": v.values, "seed": v.seed,
+                          "queue_key": a.resolution.queue_key}
+                         for v, a in zip(children[:DRY_RUN_SHOWN], admissions, strict=False)]}
 
 
 def spec_error(exc: SpecError) -> RequestError:
@@ -101,57 +143,79 @@ class SweepService:
 
     # --- create ---------------------------------------------------------------------------------------
 
-    def prevalidate(self, body: Any) -> list[bool] | None:
-        """Which children's graphs pass this server's validation (in a worker thread: validating a
-        thousand large graphs on the event loop would stall it, SPEC issue 9); None when the body does
-        not parse (:meth:`plan` says why). Pure: reads no dispatcher state."""
-        from ..run.validation import validate_report
-
+    def draft(self, body: Any) -> Draft:
+        """Parse and expand the sweep, and parse, validate and key every child (issue 19: in a worker
+        thread; on the event loop a 4-variant sweep of a 1,000-node graph stalled it for a minute). Pure:
+        reads no dispatcher state; :meth:`plan` raises what it found, in the order a check on the spot would."""
         try:
             spec = parse_sweep(body, self.known_inputs)
-            children = variants(spec)
-        except Exception:  # noqa: BLE001 - plan() gives the body's refusal its words
-            return None
-        out = []
-        for v in children:
+        except SpecError as exc:
+            return Draft(error=spec_error(exc))
+        out = Draft(spec=spec, shared=shared_request(spec.graph, spec.options))
+        try:
+            out.children = variants(spec)
+        except SpecError as exc:
+            out.expand_error = spec_error(exc)
+            return out
+        for v in out.children:
             try:
-                validate_report(parse_run_request(sweep_child(spec, v)).graph).raise_if_invalid()
-                out.append(True)
-            except Exception:  # noqa: BLE001 - GraphValidationError or a bad child: admit() says which
-                out.append(False)
+                request = parse_run_request(sweep_child(spec, v))
+            except RequestError as exc:
+                out.requests.append(exc)  # plan() stops at this child at the latest: none after it is needed
+                out.facts.append(None)
+                break
+            out.requests.append(request)
+            out.facts.append(graph_facts(request.graph, validate=True))
         return out
 
-    def plan(self, body: Any, valid: list[bool] | None = None) -> tuple[SweepSpec, list[Variant], list[Any]]:
+    def plan(self, body: Any, draft: Draft | None = None) -> tuple[SweepSpec, list[Variant], list[Any]]:
         """Parse, expand and admit every child (nothing written); RequestError names what to fix.
-        ``valid``: :meth:`prevalidate`'s answer (a child known valid is not validated again here; one
-        known invalid is, so its refusal has the same words as ``POST /api/runs``)."""
-        try:
-            spec = parse_sweep(body, self.known_inputs)
-        except SpecError as exc:
-            raise spec_error(exc) from None
-        check_shared_options(self.dispatcher, spec.graph, spec.options)
-        try:
-            children = variants(spec)
-        except SpecError as exc:
-            raise spec_error(exc) from None
-        infos = self.dispatcher.provider_infos()  # one snapshot for the whole batch
-        checked = valid if valid is not None and len(valid) == len(children) else [False] * len(children)
-        admissions = [
-            admit_child(self.dispatcher, sweep_child(spec, v), infos,
-                        f"variant {v.index} ({describe_values(v.values, v.seed) or 'the base graph'})",
-                        {"variant": v.index, "parameters": v.values, "seed": v.seed},
-                        graph_checked=checked[i])
-            for i, v in enumerate(children)]
-        return spec, children, admissions
+        ``draft``: :meth:`draft`'s answer, computed in a worker thread (without it, it is computed here);
+        only the admission decisions (targets, budgets, the memory ledger) are left to do."""
+        spec, children, admitting = self._admitting(body, draft)
+        return spec, children, list(admitting)
 
-    def create(self, body: Any, dry_run: bool = False, valid: list[bool] | None = None) -> dict[str, Any]:
-        """Queue every child of the sweep, or none (``dry_run``: check and expand only)."""
-        spec, children, admissions = self.plan(body, valid)
+    def _admitting(self, body: Any, draft: Draft | None) -> tuple[SweepSpec, list[Variant], Iterator[Any]]:
+        d = self.draft(body) if draft is None else draft
+        if d.error is not None:
+            raise d.error
+        assert d.spec is not None
+        resolve_shared(self.dispatcher, d.shared)
+        if d.expand_error is not None:
+            raise d.expand_error
+        infos = self.dispatcher.provider_infos()  # one snapshot for the whole batch
+        admitting = (
+            admit_child(self.dispatcher, request, infos,
+                        f"variant {v.index} ({describe_values(v.values, v.seed) or 'the base graph'})",
+                        {"variant": v.index, "parameters": v.values, "seed": v.seed}, facts=facts)
+            for v, request, facts in zip(d.children, d.requests, d.facts, strict=False))
+        return d.spec, d.children, admitting
+
+    def create(self, body: Any, dry_run: bool = False, draft: Draft | None = None) -> dict[str, Any]:
+        """Queue every child of the sweep, or none (``dry_run``: check and expand only). ``draft``: see
+        :meth:`plan`."""
+        spec, children, admissions = self.plan(body, draft)
         if dry_run:
-            return {"dry_run": True, "name": spec.name, "n_runs": len(children),
-                    "variants": [{"variant": v.index, "point": v.point, "parameters": v.values, "seed": v.seed,
-                                  "queue_key": a.resolution.queue_key}
-                                 for v, a in zip(children[:DRY_RUN_SHOWN], admissions, strict=False)]}
+            return dry_run_answer(spec, children, admissions)
+        sweep_id, write = self._writer(body, spec, children)
+        return self._created(sweep_id, spec, self.dispatcher.enqueue(admissions, write_extra=write))
+
+    async def create_off_loop(self, body: Any, dry_run: bool, draft: Draft) -> dict[str, Any]:
+        """:meth:`create` for the route: ``draft`` computed in a worker thread, the admissions on the loop
+        yielding to it every ``SWEEP_ADMIT_BATCH`` children, the write in a worker thread (issue 19)."""
+        spec, children, admitting = self._admitting(body, draft)
+        admissions = []
+        for a in admitting:
+            admissions.append(a)
+            if len(admissions) % SWEEP_ADMIT_BATCH == 0:
+                await asyncio.sleep(0)  # each child is checked as if submitted alone now: others may go between
+        if dry_run:
+            return dry_run_answer(spec, children, admissions)
+        sweep_id, write = self._writer(body, spec, children)
+        return self._created(sweep_id, spec, await self.dispatcher.enqueue_off_loop(admissions, write_extra=write))
+
+    def _writer(self, body: Any, spec: SweepSpec, children: list[Variant]) -> tuple[str, Any]:
+        """A new sweep's id and the writer of its own rows (inside the children's transaction)."""
         sweep_id = uuid.uuid4().hex
         stored = {k: v for k, v in dict(body).items() if k != "graph"}
         paths = [p.path for p in spec.params]
@@ -160,7 +224,10 @@ class SweepService:
             self.records.insert(sweep_id, spec.name, stored, spec.graph, spec.objective.metric,
                                 spec.objective.direction, paths, children, run_ids)
 
-        queued = self.dispatcher.enqueue(admissions, write_extra=write)
+        return sweep_id, write
+
+    @staticmethod
+    def _created(sweep_id: str, spec: SweepSpec, queued: list[dict[str, Any]]) -> dict[str, Any]:
         log.info("sweep %s (%s): %d runs queued", sweep_id, spec.name, len(queued))
         return {"sweep_id": sweep_id, "name": spec.name, "status": "queued", "n_runs": len(queued),
                 "run_ids": [q["run_id"] for q in queued]}
@@ -235,14 +302,16 @@ class SweepService:
         """Queued children end now, then started ones are asked to stop; the sweep is marked cancelled."""
         sweep = self.require(sweep_id)
         self.records.request_cancel(sweep_id)
-        rows = self.records.rows(sweep_id, sweep["metric"])
+        rows = await asyncio.to_thread(self.records.rows, sweep_id, sweep["metric"])
         why = f"sweep {sweep['name']} cancelled" + (f": {reason}" if reason else "")
-        # Queued ones first, without yielding to the loop in between: none of them can start meanwhile.
-        order = [r for r in rows if r.status == "queued"] + [r for r in rows if r.status in ("assigned", "running")]
-        for r in order:
-            with contextlib.suppress(StoreError):  # it ended meanwhile
-                await self.dispatcher.cancel(r.run_id, why)
-        return self.get(sweep_id)
+        # Queued ones first, all at once (none of them can start meanwhile), their records in a few batched
+        # transactions in a worker thread: 5,000 one by one stalled the loop for 7 s (issue 19).
+        ended = await self.dispatcher.cancel_queued([r.run_id for r in rows if r.status == "queued"], why)
+        for r in rows:  # then the started ones (and any that started while the rows were read)
+            if r.status in ("queued", "assigned", "running") and r.run_id not in ended:
+                with contextlib.suppress(StoreError):  # it ended meanwhile
+                    await self.dispatcher.cancel(r.run_id, why)
+        return await asyncio.to_thread(self.get, sweep_id)
 
     def delete(self, sweep_id: str) -> dict[str, Any]:
         """Delete a sweep whose children have all ended: its rows and its children's runs."""

@@ -337,3 +337,41 @@ def test_reading_does_not_change_the_graph():
     before = copy.deepcopy(g)
     estimate_graph(g)
     assert g == before
+
+
+# --- bounded on graphs of many TrainingLoops (issue 19) ------------------------------------------------
+
+
+def loops_chain(n: int) -> dict[str, Any]:
+    """The graph() of this file with n-1 more TrainingLoops, each training the previous one's model."""
+    g = graph()
+    loop = next(nid for nid, node in g.items() if node["class_type"] == T.TRAINING_LOOP_NODE)
+    for i in range(n - 1):
+        g[f"t{i}"] = copy.deepcopy(g[loop])
+        g[f"t{i}"]["inputs"]["model"] = [loop if i == 0 else f"t{i - 1}", 0]
+    return g
+
+
+def test_a_long_chain_of_training_loops_is_read_linearly_and_too_large_to_estimate():
+    """2,000 chained TrainingLoops used to recurse 2,000 levels per loop (RecursionError, or O(n^2));
+    each finds its builder through the chain now, and the answer is bounded: too large to estimate."""
+    from xpufleet.constants import ESTIMATE_MAX_MODEL_USES
+    from xpufleet.predictor.estimate_graph import read_graph
+
+    facts = read_graph(loops_chain(2000))
+    assert len(facts.uses) >= 2000 and all(u.model is not None and u.model.class_type == "XPUMLP"
+                                           for u in facts.uses if u.kind == "train")
+    est = estimate_graph(loops_chain(2000))
+    assert est.total_bytes is None and est.rough
+    assert est.reasons[0].startswith(f"too large to estimate: the graph runs a model in {len(facts.uses)} places")
+    assert est.reasons[0].endswith(f"the estimate builds at most {ESTIMATE_MAX_MODEL_USES}")
+
+
+def test_a_ring_of_training_loops_is_noted_once():
+    ring = {str(i): {"class_type": T.TRAINING_LOOP_NODE, "inputs": {"model": [str(i - 1), 0]}} for i in range(3000)}
+    ring["0"]["inputs"]["model"] = ["2999", 0]
+    from xpufleet.predictor.estimate_graph import read_graph
+
+    facts = read_graph(ring)
+    assert len(facts.uses) == 3000 and all(u.model is None for u in facts.uses)
+    assert sum("cannot be built here" in r for r in facts.reasons) == 1  # was one per loop (3,000)

@@ -9,11 +9,14 @@ Test files load this module by path (tests have no packages under --import-mode=
 from __future__ import annotations
 
 import copy
+import http.client
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -105,8 +108,6 @@ class Sidecar:
 
     def wait_for(self, run_id: str, event_type: str, timeout: float = 60.0) -> dict[str, Any]:
         """The first event of ``event_type`` (long-polls; bounded by ``timeout``)."""
-        import time
-
         assert self.client is not None
         cursor, deadline = 0, time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -162,7 +163,6 @@ class AgentProcess:
 
 def wait_until(check, what: str, timeout: float = 60.0, every: float = 0.1) -> Any:
     """Poll ``check()`` until it returns something true (for state with no push channel)."""
-    import time
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -176,5 +176,104 @@ def wait_until(check, what: str, timeout: float = 60.0, every: float = 0.1) -> A
 def write_graph(path: Path, graph: dict[str, Any]) -> Path:
     path.write_text(json.dumps(graph))
     return path
+
+class Api:
+    """Raw HTTP against one sidecar: (status, JSON answer, seconds)."""
+
+    def __init__(self, sc: Sidecar) -> None:
+        self.sc = sc
+
+    def call(self, method: str, path: str, body: bytes | None = None, timeout: float = 60.0) -> tuple[int, Any, float]:
+        info = self.sc.info
+        conn = http.client.HTTPConnection(info["host"], info["port"], timeout=timeout)
+        headers = {"Authorization": f"Bearer {info['token']}", "Content-Type": "application/json"}
+        started = time.monotonic()
+        try:
+            conn.request(method, path, body=body, headers=headers)
+            resp = conn.getresponse()
+            data = resp.read()
+        finally:
+            conn.close()
+        took = time.monotonic() - started
+        try:
+            return resp.status, json.loads(data) if data else None, took
+        except ValueError:
+            return resp.status, data.decode("utf-8", "replace"), took
+
+    def post(self, path: str, obj: Any) -> tuple[int, Any, float]:
+        return self.call("POST", path, json.dumps(obj).encode())
+
+
+class Sampler(threading.Thread):
+    """Calls ``probe()`` every ``every`` seconds until stopped, keeping each answer and how long it took."""
+
+    def __init__(self, probe, every: float = 0.05) -> None:
+        super().__init__(daemon=True)
+        self.probe = probe
+        self.every = every
+        self.samples: list[tuple[Any, float]] = []
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            started = time.monotonic()
+            try:
+                answer = self.probe()
+            except Exception as exc:  # noqa: BLE001 - a timeout or reset is a sample too
+                answer = exc
+            self.samples.append((answer, time.monotonic() - started))
+            self.halt.wait(self.every)
+
+    def stop(self) -> list[tuple[Any, float]]:
+        self.halt.set()
+        self.join(30)
+        return self.samples
+
+
+def loops_ring(n: int) -> dict[str, Any]:
+    """The probe's cycle: node i takes model=[i-1, 0], node 0 takes model=[n-1, 0], all TrainingLoops."""
+    g = {str(i): {"class_type": "XPUTrainingLoop", "inputs": {"model": [str(i - 1), 0]}} for i in range(n)}
+    g["0"]["inputs"]["model"] = [str(n - 1), 0]
+    return g
+
+
+def loops_chain(n: int) -> dict[str, Any]:
+    """A valid graph of n nodes: iris, its loader, an MLP, an optimizer, a loss, then n-5 TrainingLoops,
+    each training the previous one's model (one epoch each)."""
+    g = {k: copy.deepcopy(IRIS_GRAPH[k]) for k in ("1", "2", "4", "5", "6")}
+    loop = {k: v for k, v in IRIS_GRAPH["7"]["inputs"].items() if k != "val_dataloader"}
+    for i in range(n - 5):
+        g[f"t{i}"] = {"class_type": "XPUTrainingLoop", "inputs": {**loop, "model": ["4" if i == 0 else f"t{i - 1}", 0]}}
+    return g
+
+
+# --- the event loop's stalls, measured with GET /api/health (issue 19) -------------------------------------
+
+# A health check waits at most this multiple of its own unloaded latency, plus the floor. The multiple
+# covers the worker thread that does a request's heavy work holding the GIL in 1 ms slices while the loop
+# answers (a health check gives up and takes back the GIL ~10 times); the floor covers the OS scheduler
+# on a loaded 2-core machine: at load averages of 10-12 (5 sessions sharing it) single waits of 0.3 to
+# 0.6 s were measured with the heavy work already off the loop, so 250 ms failed on noise. The stalls this
+# catches were 2.1 s (the 5,000-node ring's estimate) and 7 to over 120 s on the chains and the sweep
+# cancel (bench/bench_loop_stalls.py), so a 1 s floor still parts the bug from the noise.
+HEALTH_STALL_FACTOR = 20.0
+HEALTH_STALL_FLOOR_S = 1.0
+
+
+def unloaded_health(api: Api, n: int = 30) -> float:
+    """The median latency of ``n`` health checks with nothing else sent (the baseline)."""
+    import statistics
+
+    waits = []
+    for _ in range(n):
+        waits.append(api.call("GET", "/api/health", timeout=30)[2])
+        time.sleep(0.005)
+    return statistics.median(waits)
+
+
+def health_bound(p50: float) -> float:
+    """The longest a health check may wait while a request runs (see HEALTH_STALL_FACTOR)."""
+    return HEALTH_STALL_FACTOR * p50 + HEALTH_STALL_FLOOR_S
+
 
 # Test files use it as `import sidecar_harness as harness` (tests/server/conftest.py registers it).

@@ -6,7 +6,9 @@ optional): the target says how many cards a run gets and which cards it may use.
 measured default when a successful run of the same runtime graph on as many cards has a peak (its run
 named; the estimate is then not built), else the static estimate with every item and the total, ``rough``
 with the reasons when it had to skip or guess (the field then stays empty: ``budget_gib`` null). The
-estimate is built on the meta device in a worker thread (it may take up to 5 s), never on the event loop.
+estimate is built on the meta device in a worker thread (it may take up to 5 s), never on the event loop,
+and so are the body's parsing and the graph key. A graph that runs a model in more than
+``ESTIMATE_MAX_MODEL_USES`` places gets no estimate ("too large to estimate", rough) instead of a build.
 The server never applies an estimate by itself: a run gets one only when it is sent as its budget
 (``target.memory_gib`` with ``memory_source: "estimate"``). ``notes`` carry what the dialog shows in the
 field's place (a shared MPS card, a card that has not reported its memory yet).
@@ -36,7 +38,7 @@ async def estimate(request: web.Request) -> web.Response:
     body = await read_json(request)
     if isinstance(body, dict) and "graph" not in body:
         raise ApiError(400, "graph: missing; send {\"graph\": {...}, \"options\": {...}} as for POST /api/runs")
-    req = parse_run_request(body)
+    req = await asyncio.to_thread(parse_run_request, body)  # linear, but ~100 ms for 10,000 nodes: off the loop
     d = dispatcher_of(request)
     try:
         resolution = d.resolve(req.target)
@@ -47,7 +49,7 @@ async def estimate(request: web.Request) -> web.Response:
     split = adm.split(resolution.candidates, state)
     mem_keys = [adm.keys_of(c, state) for c in split.memory]
     n_cards = len(resolution.candidates[0].devices) if resolution.candidates else 1
-    key = key_of(req.graph)
+    key = await asyncio.to_thread(key_of, req.graph)  # linear, but up to ~1 s for 10,000 nodes (issue 19)
     default = adm.default_for(key, n_cards, mem_keys)
     loop = asyncio.get_running_loop()
     try:  # the meta-device build blocks for up to MEMORY_ESTIMATE_TIMEOUT_S: off the event loop

@@ -26,13 +26,13 @@ SSE_KEEPALIVE_S = 15.0
 
 
 async def submit_run(request: web.Request) -> web.Response:
-    # Parsing, the shape check and graph validation are linear but can take ~100 ms for the largest
-    # graph: they run in a thread, so heartbeats and other requests never wait on them.
+    # Parsing, the shape check, graph validation and the graph key are linear but can take a few hundred
+    # ms for the largest graph: they run in a thread, so heartbeats and other requests never wait on them.
     body = await read_json(request)
     req = await asyncio.to_thread(parse_run_request, body)
     d = dispatcher_of(request)
-    await d.check_graph(req)
-    result = d.submit(req, graph_checked=True)
+    facts = await d.check_graph(req)
+    result = (await d.enqueue_off_loop([d.admit(req, facts=facts)]))[0]  # the write (the graph's JSON) too
     return web.json_response(result, status=201)
 
 

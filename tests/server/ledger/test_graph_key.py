@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from xpufleet.nodes import NODE_CLASS_MAPPINGS
-from xpufleet.server.ledger.graph_key import graph_key, running_nodes
+from xpufleet.server.ledger.graph_key import KEY_VERSION, graph_key, running_nodes
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "samples"
 
@@ -195,10 +195,119 @@ def test_examples_have_distinct_keys():
     keys = {p.stem: graph_key(json.loads(p.read_text())) for p in EXAMPLES.glob("*.json")
             if not p.name.startswith("serve_")}  # serve_*.json: service specs, not graphs
     assert len(set(keys.values())) == len(keys)
-    assert all(k.startswith("g1-") for k in keys.values())
+    assert all(k.startswith(f"{KEY_VERSION}-") for k in keys.values())
 
 
 @pytest.mark.parametrize("bad", [[1, 2], {"1": {"inputs": {}}}, {"1": {"class_type": "X", "inputs": [1]}}])
 def test_not_an_api_graph_is_refused(bad):
     with pytest.raises(ValueError, match="graph|node|inputs"):
         graph_key(bad)
+
+
+# --- linear in the graph's size (issue 19: a 1,000-node chain took 26 s, 5,000 never ended) ----------------
+
+LOOP = {"dataloader": ["2", 0], "optimizer": ["4", 0], "loss": ["5", 0], "epochs": 1, "device": "auto",
+        "precision": "fp32", "tensorboard": False, "strategy": "single"}
+
+
+def data_nodes() -> dict:
+    return {"1": {"class_type": "XPUDataset", "inputs": {"name": "iris"}},
+            "2": {"class_type": "XPUDataLoader", "inputs": {"dataset": ["1", 0], "batch_size": 16}},
+            "3": {"class_type": "XPUMLP", "inputs": {"hidden": "16", "dataset_info": ["1", 2]}},
+            "4": {"class_type": "XPUOptimizer", "inputs": {"name": "adam"}},
+            "5": {"class_type": "XPULoss", "inputs": {"name": "cross_entropy"}}}
+
+
+def loops_chain(n: int, precision_at: int | None = None) -> dict:
+    """n TrainingLoops, each training the previous one's model (the first one the MLP's)."""
+    g = data_nodes()
+    for i in range(6, n + 6):
+        inputs = {**LOOP, "model": ["3" if i == 6 else str(i - 1), 0]}
+        if i == precision_at:
+            inputs["precision"] = "bf16"
+        g[str(i)] = {"class_type": "XPUTrainingLoop", "inputs": inputs}
+    return g
+
+
+def loops_wide(n: int) -> dict:
+    g = data_nodes()
+    g.update({str(i): {"class_type": "XPUTrainingLoop", "inputs": {**LOOP, "model": ["3", 0]}} for i in range(6, n + 6)})
+    return g
+
+
+def loops_ring(n: int) -> dict:
+    """The probe's cycle: node i takes model=[i-1, 0], node 0 takes model=[n-1, 0]."""
+    g = {str(i): {"class_type": "XPUTrainingLoop", "inputs": {"model": [str(i - 1), 0]}} for i in range(n)}
+    g["0"]["inputs"]["model"] = [str(n - 1), 0]
+    return g
+
+
+def loops_lasso(n: int) -> dict:
+    """A chain of n/2 TrainingLoops whose first one reads a ring of n/2 (a cycle, then a long tail)."""
+    g = loops_ring(n // 2)
+    for i in range(n // 2, n):
+        g[str(i)] = {"class_type": "XPUTrainingLoop", "inputs": {"model": [str(i - 1 if i > n // 2 else 0), 0]}}
+    return g
+
+
+SHAPES = {"chain": loops_chain, "wide": loops_wide, "ring": loops_ring, "lasso": loops_lasso}
+
+
+def digested_chars(graph: dict, monkeypatch) -> int:
+    """The work of one key: the characters of every JSON text it hashes (each digest's cost)."""
+    import xpufleet.server.ledger.graph_key as gk
+
+    real, total = gk._digest, [0]
+
+    def counting(obj):
+        total[0] += len(json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False))
+        return real(obj)
+
+    with monkeypatch.context() as m:
+        m.setattr(gk, "_digest", counting)
+        graph_key(graph)
+    return total[0]
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_the_key_hashes_work_linear_in_the_graphs_size(shape, monkeypatch):
+    """4x the nodes is ~4x the hashed text (linear: 4.0); the old refinement to a fixed point took n/2
+    rounds of n digests on a chain (16x for 4x the nodes)."""
+    small, large = (digested_chars(SHAPES[shape](n), monkeypatch) for n in (250, 1000))
+    assert large / small < 5.0, (shape, small, large)
+
+
+def test_the_keys_cpu_time_grows_linearly_on_a_chain():
+    """A ratio of CPU times at n and 4n in this test (best of 3 each, so another process's load does not
+    count): linear is ~4, a quadratic step anywhere (not only in the digests) is ~16; 8 leaves room."""
+    import time
+
+    def best(graph: dict) -> float:
+        runs = []
+        for _ in range(3):
+            t0 = time.process_time()
+            graph_key(graph)
+            runs.append(time.process_time() - t0)
+        return min(runs)
+
+    small, large = best(loops_chain(500)), best(loops_chain(2000))
+    assert large / max(small, 1e-6) < 8.0, (small, large)
+
+
+def test_a_long_chain_keeps_each_nodes_place():
+    """Linear, and still telling apart where on a 1,000-loop chain the one bf16 loop sits, and the
+    chain's length; a renumbered chain keeps its key."""
+    keys = {graph_key(loops_chain(1000, precision_at=at)) for at in (10, 11, 500, 1004)}
+    assert len(keys) == 4
+    assert graph_key(loops_chain(1000)) != graph_key(loops_chain(1001))
+    g = loops_chain(1000, precision_at=300)
+    mapping = {nid: f"n{int(nid) * 7 % 100003}" for nid in g}
+    assert graph_key(renumber(g, mapping)) == graph_key(g)
+
+
+def test_a_cycle_has_a_key_that_renumbering_keeps():
+    """A cycle never runs (validation refuses it), but its key is computed and canonical."""
+    g = loops_lasso(400)
+    mapping = {nid: f"x{nid[::-1]}" for nid in g}
+    assert graph_key(renumber(g, mapping)) == graph_key(g)
+    assert graph_key(loops_ring(400)) != graph_key(loops_ring(401))

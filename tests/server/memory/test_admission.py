@@ -388,10 +388,16 @@ def test_this_servers_own_cards_admit_by_memory_only_when_turned_on(xpufleet_hom
                 "device": "cuda:0", "target": {"memory_gib": 4}}})
             assert status == 201, body
             run = await sc.status(body["run_id"], {"assigned", "running", "failed", "succeeded"})
+            import asyncio
             import json
             from pathlib import Path
 
-            spec = json.loads((Path(run["run_dir"]) / "spec.json").read_text())
+            path = Path(run["run_dir"]) / "spec.json"
+            for _ in range(600):  # the spec is written in a worker thread as the run starts (bounded: 60 s)
+                if path.exists():
+                    break
+                await asyncio.sleep(0.1)
+            spec = json.loads(path.read_text())
             assert spec["budget_gib"] == 4.0  # the run's process is capped to it (server/run/memory.py)
             await sc.status(body["run_id"], {"failed", "succeeded"}, timeout=60)
 

@@ -12,6 +12,7 @@ import scripted_agent as sa  # registered by tests/server/conftest.py
 
 from xpufleet.server.cli import estimate as estimate_cli
 from xpufleet.server.cli.main import main as cli_main
+from xpufleet.server.ledger.graph_key import KEY_VERSION
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "samples" / "mlp_digits.json"
 
@@ -27,7 +28,7 @@ def test_estimate_lists_every_item_and_then_the_measured_default_once_a_run_has_
             names = [i["name"] for i in est["items"]]
             assert names[0] == "weights" and names[-2:] == ["allocator", "cuda_libraries"]
             assert abs(sum(i["bytes"] for i in est["items"]) / 1024**3 - est["total_gib"]) < 0.01
-            assert est["budget_gib"] == est["total_gib"] and est["graph_key"].startswith("g1-")
+            assert est["budget_gib"] == est["total_gib"] and est["graph_key"].startswith(f"{KEY_VERSION}-")
             # nothing was applied: a run without a budget on an exclusive card still has none
             agent = sa.ScriptedAgent(sc, "gpu-box", sa.cards(2, simulated=False))
             await agent.connect()

@@ -1,16 +1,19 @@
 """Issue 9, end to end: each reproduction of the black-box probe against a real sidecar (and a real
 worker agent) on loopback, with the answer it gets now. The limits are those of constants.py.
 
-The bounds in seconds here are functional requirements of the issue (a refusal within 1 s, health
-checks answered meanwhile), not performance goals: bench/bench_validate.py measures those.
+The issue asks for a refusal within 1 s with health checks answered meanwhile. Seconds alone are a
+figure the machine's load decides (under load the refusal once took 1.15 s and failed CI, issue 19), so
+each bound here is against a baseline measured in the same test: a refusal may take the larger of 1 s and
+``REFUSAL_FACTOR`` times the refusal of the same body for a cheap reason (read, decoded and shape-checked,
+never validated), and a health check at most ``harness.health_bound`` of its own unloaded median. The
+bug was a hang of 15 minutes (and 29 to 81 s stalls): far beyond either. bench/bench_validate.py
+measures the validation's time.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
-import threading
 import time
 from typing import Any
 
@@ -23,14 +26,23 @@ from xpufleet.constants import MAX_GRAPH_ERRORS_LISTED
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 HEARTBEAT_S = "1"  # Degraded after 3 s without one
-REFUSAL_BOUND_S = 1.0  # the issue: "the refusal arrives within 1 s"
+REFUSAL_BOUND_S = 1.0  # the issue: "the refusal arrives within 1 s" (on a quiet machine)
+REFUSAL_FACTOR = 10.0  # ... or this multiple of the same body's cheap refusal, measured in the same test
 
 
-def ring(n: int) -> dict[str, Any]:
-    """The probe's hang: node i takes model=[i-1, 0], node 0 takes model=[n-1, 0], all TrainingLoops."""
-    g = {str(i): {"class_type": "XPUTrainingLoop", "inputs": {"model": [str(i - 1), 0]}} for i in range(n)}
-    g["0"]["inputs"]["model"] = [str(n - 1), 0]
-    return g
+def refusal_bound(api: harness.Api, graph: dict[str, Any]) -> float:
+    """How long the refusal of ``graph`` may take: see the module docstring (best of 3 cheap refusals:
+    the same body with an unknown option, refused after the shape check, before validation)."""
+    body = json.dumps({"graph": graph, "options": {"no_such_option": 1}}).encode()
+    cheap = []
+    for _ in range(3):
+        status, answer, took = api.call("POST", "/api/runs", body)
+        assert status == 400 and "no_such_option" in answer["error"], answer
+        cheap.append(took)
+    return max(REFUSAL_BOUND_S, REFUSAL_FACTOR * min(cheap))
+
+
+ring = harness.loops_ring
 
 
 def losses(n: int) -> dict[str, Any]:
@@ -45,59 +57,7 @@ def saver_graph(filename: str) -> dict[str, Any]:
     return g
 
 
-class Api:
-    """Raw HTTP against one sidecar: (status, JSON answer, seconds)."""
-
-    def __init__(self, sc: harness.Sidecar) -> None:
-        self.sc = sc
-
-    def call(self, method: str, path: str, body: bytes | None = None, timeout: float = 60.0) -> tuple[int, Any, float]:
-        info = self.sc.info
-        conn = http.client.HTTPConnection(info["host"], info["port"], timeout=timeout)
-        headers = {"Authorization": f"Bearer {info['token']}", "Content-Type": "application/json"}
-        started = time.monotonic()
-        try:
-            conn.request(method, path, body=body, headers=headers)
-            resp = conn.getresponse()
-            data = resp.read()
-        finally:
-            conn.close()
-        took = time.monotonic() - started
-        try:
-            return resp.status, json.loads(data) if data else None, took
-        except ValueError:
-            return resp.status, data.decode("utf-8", "replace"), took
-
-    def post(self, path: str, obj: Any) -> tuple[int, Any, float]:
-        return self.call("POST", path, json.dumps(obj).encode())
-
-
-class Sampler(threading.Thread):
-    """Calls ``probe()`` every 50 ms until stopped, keeping each answer and how long it took."""
-
-    def __init__(self, probe) -> None:
-        super().__init__(daemon=True)
-        self.probe = probe
-        self.samples: list[tuple[Any, float]] = []
-        self.halt = threading.Event()
-
-    def run(self) -> None:
-        while not self.halt.is_set():
-            started = time.monotonic()
-            try:
-                answer = self.probe()
-            except Exception as exc:  # noqa: BLE001 - a timeout or reset is a sample too
-                answer = exc
-            self.samples.append((answer, time.monotonic() - started))
-            self.halt.wait(0.05)
-
-    def stop(self) -> list[tuple[Any, float]]:
-        self.halt.set()
-        self.join(30)
-        return self.samples
-
-
-def wait_worker(api: Api, name: str, status: str, timeout: float = 60.0) -> dict[str, Any]:
+def wait_worker(api: harness.Api, name: str, status: str, timeout: float = 60.0) -> dict[str, Any]:
     def online() -> dict[str, Any] | None:
         code, w, _ = api.call("GET", f"/api/workers/{name}")
         return w if code == 200 and w["status"] == status else None
@@ -117,7 +77,7 @@ def sidecar(tmp_path_factory):
 def worker(sidecar):
     """One agent on this machine (CPU), heartbeating every second."""
     agent = harness.AgentProcess(sidecar, "hb")
-    wait_worker(Api(sidecar), "hb", "Online")
+    wait_worker(harness.Api(sidecar), "hb", "Online")
     yield agent
     agent.stop()
 
@@ -126,41 +86,44 @@ def worker(sidecar):
 
 
 def test_the_probes_9995_node_cycle_is_refused_within_1s_while_health_answers(sidecar):
-    api = Api(sidecar)
+    api = harness.Api(sidecar)
     body = json.dumps({"graph": ring(9995)}).encode()
     assert len(body) > 400_000  # (the probe's graph was 2.3 MB with its other inputs)
-    health = Sampler(lambda: api.call("GET", "/api/health", timeout=10)[2])
+    bound, health_bound = refusal_bound(api, ring(9995)), harness.health_bound(harness.unloaded_health(api))
+    health = harness.Sampler(lambda: api.call("GET", "/api/health", timeout=10)[2])
     health.start()
     try:
         status, answer, took = api.call("POST", "/api/runs", body)
     finally:
         samples = health.stop()
     assert status == 400, answer
-    assert took < REFUSAL_BOUND_S, f"refused after {took:.2f} s (was a hang of over 15 minutes)"
+    assert took < bound, f"refused after {took:.2f} s, bound {bound:.2f} s (was a hang of over 15 minutes)"
     info = answer["validation"]["error"]["extra_info"]
     assert info == {"errors_total": 9995 * 8, "errors_listed": MAX_GRAPH_ERRORS_LISTED}
     assert sum(len(e["errors"]) for e in answer["node_errors"].values()) == MAX_GRAPH_ERRORS_LISTED
     assert len(json.dumps(answer)) < 200_000  # 1,000 nodes used to answer 49 MB
-    assert samples and all(isinstance(t, float) and t < REFUSAL_BOUND_S for _, t in samples), samples
+    assert samples and all(isinstance(t, float) and t < health_bound for _, t in samples), (health_bound, samples)
 
 
 def test_10000_nodes_without_an_output_are_refused_within_1s(sidecar):
-    status, answer, took = Api(sidecar).post("/api/runs", {"graph": losses(10_000)})
+    bound = refusal_bound(harness.Api(sidecar), losses(10_000))
+    status, answer, took = harness.Api(sidecar).post("/api/runs", {"graph": losses(10_000)})
     assert status == 400 and answer["validation"]["error"]["type"] == "prompt_no_outputs", answer
-    assert took < REFUSAL_BOUND_S, f"refused after {took:.2f} s (was 29 to 81 s)"
-    status, answer, _ = Api(sidecar).post("/api/runs", {"graph": losses(10_001)})
+    assert took < bound, f"refused after {took:.2f} s, bound {bound:.2f} s (was 29 to 81 s)"
+    status, answer, _ = harness.Api(sidecar).post("/api/runs", {"graph": losses(10_001)})
     assert status == 413 and answer["error"] == "graph: 10001 nodes; a graph has at most 10000 (the limit)"
 
 
 def test_a_10000_node_graph_while_an_agent_heartbeats_and_a_run_trains(sidecar, worker):
     """The stall's victim: a worker whose connection dropped during a stall, and its healthy run
     interrupted after the resume grace. Now the agent stays Online and the run succeeds."""
-    api = Api(sidecar)
+    api = harness.Api(sidecar)
     training = harness.iris_graph(50)  # batches of 1: 6,000 optimizer steps, several seconds at least
     training["2"]["inputs"]["batch_size"] = 1
     run_id = sidecar.submit(training, target="hb", name="keeps-training")
     sidecar.wait_for(run_id, "progress", 120)  # it trains on the worker
-    status_of = Sampler(lambda: api.call("GET", "/api/workers/hb", timeout=10)[1]["status"])
+    bound = refusal_bound(api, ring(10_000))
+    status_of = harness.Sampler(lambda: api.call("GET", "/api/workers/hb", timeout=10)[1]["status"])
     status_of.start()
     refusals = []
     first_sent = time.time()
@@ -172,7 +135,7 @@ def test_a_10000_node_graph_while_an_agent_heartbeats_and_a_run_trains(sidecar, 
     finally:
         last_answered = time.time()
         statuses = status_of.stop()
-    assert max(refusals) < REFUSAL_BOUND_S, refusals
+    assert max(refusals) < bound, (bound, refusals)
     assert statuses and {s for s, _ in statuses} == {"Online"}, statuses  # never Degraded nor Disconnected
     run = sidecar.finish(run_id, 300)
     assert run["status"] == "succeeded" and run["worker_id"] == "hb", run
@@ -184,7 +147,7 @@ def test_a_10000_node_graph_while_an_agent_heartbeats_and_a_run_trains(sidecar, 
 
 
 def test_deep_json_surrogates_and_long_names_get_400s_without_server_paths(sidecar):
-    api = Api(sidecar)
+    api = harness.Api(sidecar)
     deep = b'{"graph":{"1":{"class_type":"XPULoss","inputs":{"name":' + b"[" * 1000 + b"]" * 1000 + b"}}}}"
     for path in ("/api/runs", "/api/predict"):
         body = deep if path == "/api/runs" else deep.replace(b'"graph"', b'"workflow"')
@@ -211,7 +174,7 @@ def test_deep_json_surrogates_and_long_names_get_400s_without_server_paths(sidec
 
 
 def test_model_saver_cannot_write_outside_its_folder_on_the_sidecar_or_a_worker(sidecar, worker, tmp_path):
-    api = Api(sidecar)
+    api = harness.Api(sidecar)
     escape = sidecar.home.parent / "x.safetensors"
     for filename in ("../../../x.safetensors", "../x.safetensors", str(tmp_path / "abs.safetensors")):
         status, answer, _ = api.post("/api/runs", {"graph": saver_graph(filename)})

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import sidecar_harness as harness  # registered by tests/server/conftest.py
 
+from xpufleet.constants import RUN_STOP_GRACE_S
+
 pytestmark = pytest.mark.e2e
 
 
@@ -101,7 +103,7 @@ def test_submit_follow_list_and_read_a_run(sidecar, tmp_path):
     assert types.count("node_started") == 8 and "metric" in types and "run_started" in types
     t0 = time.monotonic()
     assert c.events(run_id, cursor=cursor, wait=30) ["events"] == []  # finished: no waiting
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 15  # the bug, waiting out the 30 s long-poll, is the only way past 15
 
     metrics = c.metrics(run_id)
     assert [p["epoch"] for p in metrics["metrics"]["train_loss"]] == [1, 2] and metrics["truncated"] is False
@@ -160,7 +162,8 @@ def test_queue_order_waiting_reason_and_cancel(sidecar):
         stopping = c.cancel(a)
         assert stopping["cancel_requested"] and stopping["status"] in ("running", "cancelled")
         done = sidecar.finish(a)
-        assert time.monotonic() - t0 < 15
+        # a cooperative stop ends it before the grace; the bug (no stop) is killed only after it
+        assert time.monotonic() - t0 < RUN_STOP_GRACE_S
         assert done["status"] == "cancelled" and done["error"] == "cancelled by request"
         events = c.events(a, limit=1000)["events"]
         ckpt = [e["payload"] for e in events if e["type"] == "artifact" and e["payload"]["kind"] == "checkpoint"]

@@ -154,3 +154,22 @@ def test_other_modules_add_their_tables_and_state_survives_reopening(tmp_path):
     assert s.get_run(rid)["status"] == "queued"
     assert s.query("PRAGMA journal_mode")[0][0] == "wal"
     s.close()
+
+
+def test_end_queued_ends_only_the_queued_ones_in_one_transaction_as_a_cancel_does(store):
+    queued = [make_run(store, name=f"q{i}") for i in range(3)]
+    started = make_run(store, name="started")
+    assert store.assign(started, provider="local", placement="local", devices=["cpu"], run_dir="/tmp/x")
+    done = make_run(store, name="done")
+    assert store.finish(done, "failed", error="x")
+    ended = store.end_queued([*queued, started, done, "no-such-run"], "cancelled", "cancelled: sweep s cancelled")
+    assert ended == queued
+    for rid in queued:
+        run = store.get_run(rid)
+        assert (run["status"], run["error"], run["cancel_requested"]) == ("cancelled", "cancelled: sweep s cancelled",
+                                                                          True)
+        last = store.events_after(rid)[-1]
+        assert last["type"] == "run_finished" and last["payload"]["status"] == "cancelled"
+    assert store.get_run(started)["status"] == "assigned" and store.get_run(done)["status"] == "failed"
+    with pytest.raises(ValueError, match="not a terminal status"):
+        store.end_queued(queued, "running", "x")

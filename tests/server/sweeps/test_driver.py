@@ -119,9 +119,9 @@ def test_the_whole_batch_check_is_the_dispatchers_own_admission_once_per_child_b
     seen: list[tuple[str | None, int]] = []
     real = Dispatcher.admit
 
-    def spy(self, request, infos=None, graph_checked=False):
+    def spy(self, request, infos=None, facts=None):
         seen.append((request.name, self.store.list_runs()[1]))
-        return real(self, request, infos, graph_checked)
+        return real(self, request, infos, facts)
 
     monkeypatch.setattr(Dispatcher, "admit", spy)
     enqueued: list[int] = []
@@ -199,7 +199,10 @@ def test_cancel_ends_queued_children_and_stops_running_ones_then_delete(dispatch
     async def scenario():
         dispatcher._wake = asyncio.Event()
         dispatcher.schedule()  # the first child takes the card; the others wait
-        await asyncio.sleep(0)  # the start task runs
+        for _ in range(3000):  # the start task runs (it reads the graph in a worker thread first)
+            if box.started:
+                break
+            await asyncio.sleep(0.01)
         assert box.started == [ids[0]]
         dispatcher.run_process_started(ids[0], pid=1)
         with pytest.raises(Exception) as busy:
@@ -258,25 +261,31 @@ def test_a_deleted_child_shows_as_deleted(dispatcher):
     assert got["counts"] == {"deleted": 1, "queued": 1}
 
 
-def test_prevalidation_off_the_loop_spares_the_admission_a_second_validation(dispatcher, monkeypatch):
-    """The sweep route validates the children's graphs in a worker thread (prevalidate); the
-    admission on the event loop then validates only a child found invalid, with the usual words."""
+def test_the_draft_off_the_loop_leaves_the_admission_only_decisions(dispatcher, monkeypatch):
+    """The sweep route parses, validates and keys every child in a worker thread (draft, issue 19); the
+    admission on the event loop then neither validates nor computes a key, and a child found invalid is
+    refused with the same words as a check on the spot."""
+    import xpufleet.server.memory.submit as gk
     import xpufleet.server.run.validation as validation
 
     svc = service(dispatcher)
     bad = body(parameters={"5.lr": [0.001, -1.0]})
-    valid = svc.prevalidate(bad)
-    assert valid == [True, False]  # a negative learning rate fails validation
-    calls: list[int] = []
-    real = validation.validate_report
-    monkeypatch.setattr(validation, "validate_report", lambda graph, *a, **k: calls.append(1) or real(graph, *a, **k))
+    drafted = svc.draft(bad)
+    assert [f.problem is None for f in drafted.facts] == [True, False]  # a negative learning rate fails
+    calls: list[str] = []
+    real, real_key = validation.validate_report, gk.graph_key
+    monkeypatch.setattr(validation, "validate_report", lambda graph, *a, **k: calls.append("v") or real(graph, *a, **k))
+    monkeypatch.setattr(gk, "graph_key", lambda graph, *a, **k: calls.append("k") or real_key(graph, *a, **k))
     good = body(parameters={"5.lr": [0.001, 0.002]})
-    svc.create(good, valid=svc.prevalidate(good))
-    assert calls == [1, 1]  # the two prevalidations only: admit() trusted them
+    drafted_good = svc.draft(good)
+    assert calls == ["v", "k", "v", "k"]  # in the draft (the worker thread)
     calls.clear()
+    svc.create(good, draft=drafted_good)
+    assert calls == []  # admit() trusted them
     with pytest.raises(RequestError) as exc:
-        svc.create(bad, valid=valid)
+        svc.create(bad, draft=drafted)
+    assert calls == []
     with pytest.raises(RequestError) as unchecked:
         svc.create(bad)
-    assert exc.value.message == unchecked.value.message
-    assert svc.prevalidate({"graph": "nope"}) is None
+    assert exc.value.message == unchecked.value.message and "variant 1" in exc.value.message
+    assert svc.draft({"graph": "nope"}).error is not None
