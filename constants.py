@@ -188,3 +188,7 @@ TEMPLATES_DIR = "example_workflows"  # workflow-format twins + .jpg thumbnails: 
 # --- results on ComfyUI's canvas (docs/canvas.md) ----------------------------------------------------
 CANVAS_METRIC_EVENT = "xpufleet.metric"  # the websocket message a hosted TrainingLoop sends per metric point
 CANVAS_CURVE_POINTS = 400  # at most this many points per series in a TrainingLoop's ui output (history)
+
+# options.deterministic (README "CLI"): torch's strict deterministic mode; on CUDA, cuBLAS is deterministic
+# only with a fixed workspace, which must be in the environment before its first handle is made.
+CUBLAS_WORKSPACE_CONFIG_DETERMINISTIC = ":4096:8"

@@ -319,8 +319,10 @@ class Trainer:
                 torch.manual_seed(int(seed) + self.strategy.rank)
             if ctx is not None and ctx.deterministic:
                 prev = torch.are_deterministic_algorithms_enabled()
-                torch.use_deterministic_algorithms(True, warn_only=True)
-                stack.callback(torch.use_deterministic_algorithms, prev, warn_only=True)
+                # strict, as options.deterministic documents: an op without a deterministic
+                # implementation fails the node by name instead of warning and running anyway
+                torch.use_deterministic_algorithms(True)
+                stack.callback(torch.use_deterministic_algorithms, prev)
             self.board = _Board(cfg.tensorboard, self.strategy.is_main)
             stack.callback(self.board.close)
             if cfg.resume_from:

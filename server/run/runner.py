@@ -40,7 +40,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from ...constants import VERSION
+from ...constants import CUBLAS_WORKSPACE_CONFIG_DETERMINISTIC, VERSION
 from . import ddp, spread
 from .events import EventSink
 from .memory import apply_memory_budget, is_out_of_memory, peak_memory, simulated_card_memory
@@ -197,6 +197,10 @@ def _execute(spec: dict[str, Any], run_dir: Path, sink: EventSink, facts: dict[s
     stop_event = threading.Event()
     watcher = StopWatcher(stop_event, stdin)
     watcher.start()
+    deterministic = bool(options.get("deterministic", False))
+    if deterministic:  # before any CUDA call: cuBLAS reads it when it makes its first handle
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE_CONFIG_DETERMINISTIC)
+        facts["cublas_workspace_config"] = os.environ["CUBLAS_WORKSPACE_CONFIG"]
     seed = options.get("seed")
     if seed is not None:
         import random
@@ -208,7 +212,7 @@ def _execute(spec: dict[str, Any], run_dir: Path, sink: EventSink, facts: dict[s
         run_dir=run_dir,
         run_id=spec.get("run_id"),
         seed=None if seed is None else int(seed),
-        deterministic=bool(options.get("deterministic", False)),
+        deterministic=deterministic,
         devices=devices,
         device_aliases=aliases,
         placement=placement,

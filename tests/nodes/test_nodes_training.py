@@ -350,3 +350,21 @@ def test_plain_python_stop_is_checked_at_reports(digits, loaders, build_mlp, mon
     with pytest.raises(runtime.RunStopped, match="epoch 1, batch 1"):
         trainer.train(build_mlp(digits[2]), tl, OptimizerSpec(), LossSpec(), cfg)
     assert calls == [1] and (xpufleet_home / "outputs" / "ck" / "interrupt.pt").is_file()
+
+
+def test_deterministic_runs_train_in_torchs_strict_mode_and_restore_it(digits, loaders, build_mlp, train_node,
+                                                                         tmp_path, monkeypatch):
+    tl, _ = loaders
+    seen: list[tuple[bool, bool]] = []
+    real = torch.use_deterministic_algorithms
+
+    def spy(mode, *, warn_only=False):
+        seen.append((mode, warn_only))
+        real(mode, warn_only=warn_only)
+
+    monkeypatch.setattr(torch, "use_deterministic_algorithms", spy)
+    run = runtime.RunContext(emit=lambda t, p: None, run_dir=tmp_path / "run", deterministic=True)
+    with runtime.use(run):
+        train_node(build_mlp(digits[2], "16"), tl, epochs=1)
+    assert seen == [(True, False), (False, False)]  # strict while training (no warn_only), then put back
+    assert not torch.are_deterministic_algorithms_enabled()

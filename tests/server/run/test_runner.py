@@ -70,6 +70,15 @@ def test_a_graph_that_fails_validation_ends_failed_with_comfyui_shaped_errors(tm
     assert logged == events
 
 
+
+def test_a_deterministic_run_sets_cublas_workspace_config_before_any_device_call(tmp_path):
+    run_dir = write_spec(tmp_path / "r1", {"1": {"class_type": "NoSuchNode", "inputs": {}}},
+                         options={"deterministic": True})
+    child = Child(run_dir)
+    assert child.wait() == 1
+    facts = child.events[-1]["payload"]["execution_facts"]
+    assert facts["cublas_workspace_config"] == (os.environ.get("CUBLAS_WORKSPACE_CONFIG") or ":4096:8")
+
 @pytest.mark.e2e
 def test_stop_on_stdin_cancels_and_a_closed_stdin_interrupts(tmp_path):
     graph = harness.iris_graph(10**6)
