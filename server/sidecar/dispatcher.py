@@ -60,6 +60,7 @@ from .holders import OnPlaced, OnReason, SlotHolders
 from .hub import EventHub
 from .providers import provider_info
 from .recovery import Recovery
+from .refusals import refusal, validates_here
 from .requests import RequestError, RunRequest
 from .spread import SpreadRuns
 from .store import NewEvent, Store, StoreError
@@ -250,10 +251,8 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
         return resolve_target(target, self.provider_infos(), self.pools)
 
     def validates(self, resolution: Resolution) -> bool:
-        """Whether this server validates the graph of a run with ``resolution``: when it can only run here
-        (a worker validates what it runs; pool and mount runs never run here)."""
-        return self.validate_local_graphs and not resolution.dynamic and all(
-            c.provider == LOCAL_PROVIDER for c in resolution.candidates)
+        """Whether this server validates the graph of a run with ``resolution`` (refusals.validates_here)."""
+        return validates_here(self.validate_local_graphs, resolution)
 
     async def check_graph(self, request: RunRequest) -> GraphFacts | None:
         """The graph's validation (when :meth:`validates`) and key in a worker thread (issue 19: both on
@@ -270,15 +269,12 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
 
     def admit(self, request: RunRequest, infos: Sequence[ProviderInfo] | None = None,
               facts: GraphFacts | None = None) -> Admission:
-        """The per-run admission check of a submission: its target against the providers known now
-        (``infos``: a snapshot the caller took for a whole batch), the graph when it can only run here,
-        what is refused by name, and the budget and memory decision (SPEC M). Raises RequestError
-        (400, 503); writes nothing. ``facts``: the graph's validation and key computed beforehand in a
-        worker thread (:func:`.graph_facts.graph_facts`); without them they are computed here.
-
-        The one check for every way a run is queued: ``submit`` (``POST /api/runs``) and the whole-batch
-        check of sweeps and studies (SPEC Q6) both call it for every run before anything is written; each
-        child is checked as if it were submitted alone now."""
+        """The per-run admission check of every way a run is queued (``submit``, and the whole-batch check
+        of sweeps and studies, each child as if submitted alone now): the target against the providers
+        known now (``infos``: a batch's snapshot), what is refused by name (refusals.py), the graph when it
+        can only run here, and the budget and memory decision. Raises RequestError (400, 503); writes
+        nothing. ``facts``: the graph's validation and key from a worker thread (graph_facts.py), else
+        computed here."""
         if self.shutting_down:
             raise RequestError("the server is stopping; submit again when it is back", status=503)
         try:
@@ -286,14 +282,10 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
                                         self.pools)
         except TargetError as exc:
             raise RequestError(str(exc)) from None
-        t = request.target
-        if t.pool is not None and t.pool in self.closed_pools:
-            raise RequestError(self.closed_pools[t.pool])
-        if request.options.get("record_outputs") is True and any(
-                getattr(self.providers.get(c.provider), "one_shot", False) for c in resolution.candidates):
-            raise RequestError("options.record_outputs is off for a one-shot worker: its agent exits when the run "
-                               "ends, so nothing could read the outputs it keeps; use \"upload\" (copied here "
-                               "first) or leave it out")
+        refused = refusal(request, resolution, self.closed_pools,
+                          lambda name: bool(getattr(self.providers.get(name), "one_shot", False)))
+        if refused is not None:
+            raise RequestError(refused)
         validates = self.validates(resolution)
         if facts is None or (validates and not facts.validated):
             facts = graph_facts(request.graph, validates)
