@@ -13,6 +13,7 @@ training loop (every rank's samples), the mean loss of the last epoch over ranks
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import time
@@ -111,10 +112,14 @@ def main() -> int:
         firsts, threads = [None] * world, [None] * world
         dist.all_gather_object(firsts, first_batch)
         dist.all_gather_object(threads, torch.get_num_threads())
+        # The DDP wrapper (its reducer holds the group) goes before the group: destroyed the other way
+        # round, rank 0 could abort at exit ("terminate called without an active exception").
+        model = model.module
+        gc.collect()
         dist.destroy_process_group()
     if rank == 0:
         if args.save:
-            inner = model.module if hasattr(model, "module") else model
+            inner = model
             save_file({k: v.detach().contiguous() for k, v in inner.state_dict().items()}, args.save)
         print(json.dumps({"samples_per_s": samples / duration, "duration_s": duration, "train_loss": mean,
                           "first_batch_at": firsts, "threads": threads, "pid": os.getpid()}), flush=True)

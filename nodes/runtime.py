@@ -78,6 +78,9 @@ class RunContext:
     class_type: str | None = None
     # Free-form facts the run records (visible_devices, device_aliases, strategy, ...).
     execution_facts: dict[str, Any] = field(default_factory=dict)
+    # Simulated cards only: the run's tensor-byte meter (server/run/memory.py), which a training loop
+    # may pause over its repeating steps (see pause_memory_meter). None on real cards and when hosted.
+    memory_meter: Any = None
 
     def event(self, type_: str, payload: dict[str, Any]) -> None:
         if self.node_id is not None:
@@ -212,6 +215,27 @@ def artifact(path: str | Path, kind: str, **extra: Any) -> None:
     ctx = current()
     if ctx is not None:
         ctx.event("artifact", {"path": str(path), "kind": kind, **extra})
+
+
+def pause_memory_meter() -> bool:
+    """Pause the simulated card's per-op tensor meter, if the run has one and it can step aside now.
+
+    The meter sees every op through Python (docs/architecture.md, "Simulated cards"): the training loop
+    lets it count the first steps of each epoch in full, where the peak is reached (parameters, gradients,
+    optimizer state and activations all alive), then pauses it over the steps that repeat those
+    allocations. True when paused."""
+    ctx = current()
+    meter = ctx.memory_meter if ctx is not None else None
+    return bool(meter is not None and meter.pause())
+
+
+def resume_memory_meter(live: Callable[[], Any]) -> None:
+    """Resume a paused meter; ``live()`` yields the tensors that outlive the paused steps (parameters,
+    gradients, optimizer state), which it counts again so the figure misses nothing kept."""
+    ctx = current()
+    meter = ctx.memory_meter if ctx is not None else None
+    if meter is not None and meter.paused:
+        meter.resume(live())
 
 
 def should_stop() -> bool:

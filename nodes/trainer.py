@@ -19,12 +19,17 @@ import copy
 import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..constants import CHECKPOINTS_DIRNAME, NODE_PROGRESS_INTERVAL_S, TENSORBOARD_DIRNAME
+from ..constants import (
+    CHECKPOINTS_DIRNAME,
+    MEMORY_METER_FULL_STEPS,
+    NODE_PROGRESS_INTERVAL_S,
+    TENSORBOARD_DIRNAME,
+)
 from . import paths, runtime
 from .evaluation import accuracy_counts, batch_xy, evaluate, iter_inputs, predict_outputs
 from .hostmode import autograd, trainable
@@ -335,6 +340,8 @@ class Trainer:
                 if lost is not None and lost is not exc:
                     raise lost from exc
                 raise
+            finally:
+                runtime.resume_memory_meter(self._kept_tensors)
             duration = time.perf_counter() - start
             self.strategy.finish()
         model = self.strategy.unwrap_model(self.model)
@@ -343,6 +350,16 @@ class Trainer:
         if metrics["samples_per_s"] is not None:  # the run's throughput (every rank's samples), once
             self._metric("samples_per_s", metrics["samples_per_s"], self.step)
         return model, metrics
+
+    def _kept_tensors(self) -> Iterator[Any]:
+        """What outlives a training step: parameters, their gradients, buffers, the optimizer's state."""
+        for p in self.model.parameters():
+            yield p
+            if p.grad is not None:
+                yield p.grad
+        yield from self.model.buffers()
+        for state in self.optimizer.state.values():
+            yield from state.values()
 
     @property
     def effective_batch_size(self) -> int:
@@ -403,7 +420,12 @@ class Trainer:
             pending: list[Any] = []
             loss_dev = None
             batches = 0
-            last_loss = None
+            epoch_steps = 0  # the meter counts the first MEMORY_METER_FULL_STEPS of them (simulated cards)
+            last_loss = x = y = None
+
+            def kept() -> Iterator[Any]:  # what the meter recounts on resuming: the state and this batch
+                yield from self._kept_tensors()
+                yield from (x, y, last_loss)  # noqa: B023 - late binding: the batch alive at resume
             for i, batch in enumerate(self.loader):
                 x, y = batch[0], batch[1]
                 if move:
@@ -437,13 +459,19 @@ class Trainer:
                         opt.step()
                     opt.zero_grad(set_to_none=True)
                     self.step += 1
+                    epoch_steps += 1
                     if sched_per_step:
                         sched.step()
                     step = self.step
+                    if epoch_steps == MEMORY_METER_FULL_STEPS:
+                        runtime.pause_memory_meter()
                     if ckpt_steps and step % ckpt_steps == 0:
                         self.checkpoint(f"step_{step:08d}.pt", "step", epoch_complete=False)
                     if val_steps and step % val_steps == 0:
+                        runtime.resume_memory_meter(kept)  # a validation is counted in full
                         self._validate(epoch + 1)
+                        if epoch_steps >= MEMORY_METER_FULL_STEPS:
+                            runtime.pause_memory_meter()
                     if max_steps and step >= max_steps:
                         done = True
                 if first_batch:
@@ -469,6 +497,7 @@ class Trainer:
                         loss_dev = folded if loss_dev is None else loss_dev + folded
                         pending.clear()
                     self._report(epoch, i + 1, last_loss)
+            runtime.resume_memory_meter(kept)
             if not self.stopped:  # every rank is at the same batch here: one more (synchronous) agreement
                 self.stopped = self.strategy.settle(stop_check(), last_loss, self.step)
             if pending:

@@ -75,14 +75,40 @@ def simulated_card_memory(budget_gib: float | None = None, device: str = "cuda:0
 
     cap = None if budget_gib is None else int(float(budget_gib) * GIB)
 
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
     class _Capped(LiveBytes):
         budget = budget_gib
         card = device
+        paused = False
 
         def track(self, tensor: Any) -> None:
             super().track(tensor)
             if cap is not None and self.live > cap:
                 raise torch.OutOfMemoryError(simulated_oom_text(device, self.live, float(budget_gib or 0)))
+
+        def pause(self) -> bool:
+            """Step off the dispatch stack (only when innermost: another mode above stays intact); the
+            storages already counted stay counted and still leave the count when they are freed."""
+            if self.paused or _get_current_dispatch_mode() is not self:
+                return self.paused
+            super().__exit__(None, None, None)
+            self.paused = True
+            return True
+
+        def resume(self, live: Any) -> None:
+            """Back on the stack; count ``live`` (what outlived the paused ops) once more."""
+            if not self.paused:
+                return
+            super().__enter__()
+            self.paused = False
+            self.track_all(t for t in live if isinstance(t, torch.Tensor))
+
+        def __exit__(self, *exc: Any) -> Any:
+            if self.paused:  # a loop that failed while paused: the mode is off the stack already
+                self.paused = False
+                return None
+            return super().__exit__(*exc)
 
     return _Capped()
 

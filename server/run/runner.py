@@ -221,6 +221,7 @@ def _execute(spec: dict[str, Any], run_dir: Path, sink: EventSink, facts: dict[s
         world_size=role.world_size if role is not None else 1,
         ddp=role,
         execution_facts=facts,
+        memory_meter=tracker,
     )
     sink.emit("run_started", {"run_id": spec.get("run_id"), "pid": os.getpid(), "devices": devices,
                               "device_aliases": aliases, "placement": placement,

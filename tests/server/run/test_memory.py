@@ -138,3 +138,71 @@ def test_a_run_on_a_simulated_card_over_its_budget_fails_with_the_out_of_memory_
     assert payload["out_of_memory"] == {"device": "cuda:3", "budget_gib": 0.01, "simulated": True}
     assert payload["execution_facts"]["simulated_cap"]["budget_gib"] == 0.01
     assert payload["peak_memory"]["kind"] == "simulated_tensor_bytes"
+
+
+def _metered_run(graph_name: str, tmp_path, monkeypatch, full_steps: int) -> tuple[int, list[bool]]:
+    """One run of a sample graph on a simulated card's meter: (its peak, what each pause answered)."""
+    import json
+    from pathlib import Path
+
+    from xpufleet.nodes import runtime, trainer
+    from xpufleet.server.run.executor import execute_graph
+    from xpufleet.server.run.memory import simulated_card_memory
+
+    graph = json.loads((Path(__file__).parents[3] / "samples" / f"{graph_name}.json").read_text())
+    for node in graph.values():  # a short run: two epochs, so the meter pauses and resumes twice
+        if node["class_type"] == "XPUTrainingLoop":
+            node["inputs"].update(epochs=2, tensorboard=False)
+        if node["class_type"] == "XPUModelSaver":
+            node["inputs"]["location"] = "run_dir"
+    monkeypatch.setattr(trainer, "MEMORY_METER_FULL_STEPS", full_steps)
+    meter = simulated_card_memory(None, "cuda:0")
+    answers: list[bool] = []
+    pause = meter.pause
+    monkeypatch.setattr(meter, "pause", lambda: answers.append(pause()) or answers[-1])
+    ctx = runtime.RunContext(emit=lambda *_: None, run_dir=tmp_path / full_steps.__str__(), seed=3,
+                             memory_meter=meter)
+    ctx.run_dir.mkdir()
+    with runtime.use(ctx), meter:
+        execute_graph(graph, ctx)
+    assert not meter.paused
+    return meter.peak, answers
+
+
+@pytest.mark.parametrize("graph_name", ["mlp_digits", "cnn_digits"])
+def test_the_paused_meter_reports_the_peak_of_the_meter_that_counts_every_step(graph_name, tmp_path, monkeypatch):
+    # The meter steps aside after each epoch's first 3 optimizer steps (nodes/trainer.py); the steps after
+    # repeat their allocations, so the peak is the one a meter that sees every op reports.
+    paused_peak, answers = _metered_run(graph_name, tmp_path, monkeypatch, 3)
+    full_peak, never = _metered_run(graph_name, tmp_path, monkeypatch, 10**9)
+    assert answers and all(answers), answers  # it did pause (each epoch)
+    assert never == []
+    assert paused_peak == full_peak, (paused_peak, full_peak)
+
+
+def test_a_meter_that_is_not_innermost_stays_on_and_a_failure_while_paused_leaves_the_stack_clean():
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
+
+    from xpufleet.server.run.memory import simulated_card_memory
+
+    class Above(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    meter = simulated_card_memory(None, "cuda:0")
+    with meter, Above():
+        assert meter.pause() is False and not meter.paused  # another mode is above it: it keeps counting
+    with pytest.raises(RuntimeError, match="boom"), meter:
+        keep = torch.zeros(256, 256)
+        assert meter.pause() is True and _get_current_dispatch_mode() is None
+        untracked = torch.zeros(512, 512)  # noqa: F841 - made while paused: not counted
+        assert meter.live == keep.untyped_storage().nbytes()
+        raise RuntimeError("boom")
+    assert _get_current_dispatch_mode() is None and not meter.paused
+    meter2 = simulated_card_memory(None, "cuda:0")
+    with meter2:
+        assert meter2.pause()
+        kept = torch.ones(128, 128)
+        meter2.resume([kept, "not a tensor"])
+        assert meter2.live == kept.untyped_storage().nbytes() and _get_current_dispatch_mode() is meter2
