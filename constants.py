@@ -59,10 +59,10 @@ SIMULATED_UUID_PREFIX = "GPU-5e1a7ed0"  # simulated cards' UUIDs start with this
 DEFAULT_HOME = "~/.xpufleet"  # XPUFLEET_HOME when the env var is unset
 OUTPUTS_DIRNAME = "outputs"  # ModelSaver/ModelLoader relative paths: <home>/outputs (ComfyUI: output/xpufleet)
 NODE_PROGRESS_INTERVAL_S = 0.25  # long nodes report progress / train_loss_batch at most this often
-# Simulated cards: the per-op tensor meter counts this many optimizer steps of each epoch in full (the
-# peak is reached by then: DDP rebuilds its buckets after step 1, Adam makes its state at step 1), then
-# pauses over the steps that repeat them (docs/architecture.md, "Simulated cards").
-MEMORY_METER_FULL_STEPS = 3
+# Simulated cards: the per-op tensor meter counts a TrainingLoop's first this many optimizer steps (and
+# its first validation) in full: the peak is reached by then (Adam makes its state at step 1, DDP rebuilds
+# its buckets in step 2); it pauses over the steps that repeat them (docs/architecture.md, "Simulated cards").
+MEMORY_METER_FULL_STEPS = 2
 CHECKPOINTS_DIRNAME = "checkpoints"  # under the run dir
 TENSORBOARD_DIRNAME = "tensorboard"  # under the run dir
 

@@ -69,7 +69,7 @@ SIZES = {
     "mlp10m": Size("mlp10m", "MLP 64-3072-3072-10 (~9.7 M parameters), 6,144 synthetic samples x 64 features",
                    6144, 1, "XPUMLP", hidden="3072,3072"),
     "cnn": Size("cnn", "CNN 16,32 channels (BatchNorm) on the digits as 1x8x8 images, 1,797 samples",
-                0, 8, "XPUCNN", channels="16,32"),
+                0, 24, "XPUCNN", channels="16,32"),
 }
 
 

@@ -351,6 +351,22 @@ class Trainer:
             self._metric("samples_per_s", metrics["samples_per_s"], self.step)
         return model, metrics
 
+    _meter_saw_validation = False
+
+    def _metered_validate(self, shown_epoch: int, kept: Callable[[], Iterator[Any]], steps: int) -> Any:
+        """A validation. On simulated cards the meter counts the loop's first MEMORY_METER_FULL_STEPS
+        optimizer steps and its first validation in full, paused over the rest, which repeat them."""
+        first = not self._meter_saw_validation
+        if first:
+            runtime.resume_memory_meter(kept)
+        try:
+            return self._validate(shown_epoch)
+        finally:
+            if first:
+                self._meter_saw_validation = True
+                if steps >= MEMORY_METER_FULL_STEPS:
+                    runtime.pause_memory_meter()
+
     def _kept_tensors(self) -> Iterator[Any]:
         """What outlives a training step: parameters, their gradients, buffers, the optimizer's state."""
         for p in self.model.parameters():
@@ -396,6 +412,7 @@ class Trainer:
         next_report = perf() + interval
         epochs = int(cfg.epochs)
         first_batch = True
+        first_step = self.step  # simulated cards: the meter counts this loop's first steps (see below)
         opt.zero_grad(set_to_none=True)
         done = max_steps and self.step >= max_steps
 
@@ -420,7 +437,6 @@ class Trainer:
             pending: list[Any] = []
             loss_dev = None
             batches = 0
-            epoch_steps = 0  # the meter counts the first MEMORY_METER_FULL_STEPS of them (simulated cards)
             last_loss = x = y = None
 
             def kept() -> Iterator[Any]:  # what the meter recounts on resuming: the state and this batch
@@ -459,19 +475,15 @@ class Trainer:
                         opt.step()
                     opt.zero_grad(set_to_none=True)
                     self.step += 1
-                    epoch_steps += 1
                     if sched_per_step:
                         sched.step()
                     step = self.step
-                    if epoch_steps == MEMORY_METER_FULL_STEPS:
+                    if self.step - first_step == MEMORY_METER_FULL_STEPS:
                         runtime.pause_memory_meter()
                     if ckpt_steps and step % ckpt_steps == 0:
                         self.checkpoint(f"step_{step:08d}.pt", "step", epoch_complete=False)
                     if val_steps and step % val_steps == 0:
-                        runtime.resume_memory_meter(kept)  # a validation is counted in full
-                        self._validate(epoch + 1)
-                        if epoch_steps >= MEMORY_METER_FULL_STEPS:
-                            runtime.pause_memory_meter()
+                        self._metered_validate(epoch + 1, kept, self.step - first_step)
                     if max_steps and step >= max_steps:
                         done = True
                 if first_batch:
@@ -497,7 +509,6 @@ class Trainer:
                         loss_dev = folded if loss_dev is None else loss_dev + folded
                         pending.clear()
                     self._report(epoch, i + 1, last_loss)
-            runtime.resume_memory_meter(kept)
             if not self.stopped:  # every rank is at the same batch here: one more (synchronous) agreement
                 self.stopped = self.strategy.settle(stop_check(), last_loss, self.step)
             if pending:
@@ -520,7 +531,8 @@ class Trainer:
             self._metric("train_loss", train_loss, self.step, epoch=shown_epoch)
             self._report(epoch, batches, last_loss)
             # A validation that val_every_steps just ran at this very step is not repeated.
-            val = self._validate(shown_epoch) if self._last_val_step != self.step else self._last_val
+            val = (self._metered_validate(shown_epoch, kept, self.step - first_step)
+                   if self._last_val_step != self.step else self._last_val)
             if val is not None:
                 self.history.val_loss.append(val["loss"])
                 self._metric("val_loss", val["loss"], self.step, epoch=shown_epoch)
