@@ -249,17 +249,20 @@ class SpreadRuns:
                 log.warning("run %s: %s; stopping the other ranks", run.run_id, run.cause)
                 self._stop_all(run)
             elif not self._online(run.layout.parts[0].worker) and run.held is None:
-                # rank 0's worker is gone and this part's ranks lost it: nothing else will report
-                first = run.layout.parts[0].worker
-                run.cause, run.cause_rank, run.cause_worker = failure_text(
-                    0, run.layout.world_size, first, f"worker {first} disconnected (its agent stopped or lost its "
-                    f"connection)"), 0, first
-                self._stop_parts(run, "rank 0's worker is gone")
-                run.ended = True
-                self.d.run_ended(run.run_id, "failed", run.cause)
+                self._rank0_gone(run)  # this part's ranks lost rank 0, whose worker is gone: nobody else reports
                 return
         if run.held is not None and not run.pending():
             self._finish(run.run_id)
+
+    def _rank0_gone(self, run: SpreadRun) -> None:
+        """Rank 0's worker disconnected and another part's ranks lost it: the run fails, naming rank 0."""
+        first = run.layout.parts[0].worker
+        run.cause, run.cause_rank, run.cause_worker = failure_text(
+            0, run.layout.world_size, first, f"worker {first} disconnected (its agent stopped or lost its "
+            f"connection)"), 0, first
+        self._stop_parts(run, "rank 0's worker is gone")
+        run.ended = True
+        self.d.run_ended(run.run_id, "failed", run.cause)
 
     def _stop_all(self, run: SpreadRun) -> None:
         run.stopped = True
@@ -285,6 +288,12 @@ class SpreadRuns:
         if online:
             return
         for run in list(self.runs.values()):
+            # Rank 0's worker left after another part already reported losing its peer (the part's report
+            # can beat the sidecar's notice of the disconnect): the same conclusion as in _part_done.
+            if (run.layout.parts[0].worker == worker and run.started and not run.ended and run.cause is None
+                    and run.held is None and any(o.get("status") == "failed" for o in run.done.values())):
+                self._rank0_gone(run)
+                continue
             for i, part in enumerate(run.layout.parts[1:], start=1):
                 if part.worker == worker and run.started and i not in run.done:
                     self._part_done(run, i, {"status": "failed", "failed_rank": part.first_rank, "error": failure_text(

@@ -141,6 +141,23 @@ def test_rank_0_s_worker_gone_fails_the_run_naming_rank_0_once_the_others_lost_i
     asyncio.run(main())
 
 
+def test_rank_0_s_worker_gone_after_the_others_reported_losing_it_fails_the_run_naming_rank_0():
+    # The other order (found under load): b's part reports losing its peer while a still counts as online,
+    # then the sidecar notices a's disconnect. Before, nothing ended the run until the resume grace.
+    async def main() -> None:
+        d, s = await _placed()
+        await s.on_part_finished("b", {"run_id": "r", "part": 1, "status": "failed", "peer_lost": True})
+        assert d.ended == []  # rank 0 may still report (its worker is online)
+        d.providers["a"].online = False
+        s.on_connection("a", False)
+        assert d.ended == [("r", "failed", "DDP rank 0 of 2 failed on worker a: worker a disconnected (its agent "
+                                           "stopped or lost its connection); see output-rank0.log on worker a")]
+        s.on_connection("a", False)  # a second notice changes nothing
+        assert len(d.ended) == 1
+
+    asyncio.run(main())
+
+
 def test_a_part_that_never_reports_does_not_hold_the_result_past_the_wait(monkeypatch):
     import xpufleet.server.sidecar.spread as mod
 
