@@ -2,7 +2,8 @@
 
 :func:`prepare` runs before the run is written (so a rejection leaves nothing behind):
 
-* the number of cards (a device set's length; the runtime-graph key comes computed by :func:`key_of`, in a
+* the number of cards (a device set's length; a spread run's cards on every worker, each part's cards
+  checked and counted like a device set's; the runtime-graph key comes computed by :func:`key_of`, in a
   worker thread);
 * the budget (:func:`~..ledger.budget.resolve_budget`): typed, the graph's default (measured peak + 20%),
   or an estimate raised to a larger default; on shared cards only, no peak and no budget is rejected,

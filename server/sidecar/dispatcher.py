@@ -462,16 +462,13 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
         self._holdings[run_id] = (provider_name, tuple(devices))
         self.slot_state().hold(run_id, provider_name, devices)
         self.hub.notify(run_id)
-        # the cap the run's process gets (a default is never a cap on an exclusive card); a spread run's
-        # other parts get the same one
+        # the cap the run's process gets (a default is never a cap on an exclusive card); a spread run's parts too
         keys = memory_keys if memory_keys is not None else self.memory.keys_of(Candidate(provider_name, devices, extra))
         budget = self.memory.budget_to_send(run_id, keys)
         layout = self.spread.placed(run_id, provider_name, devices, extra, budget) if extra else None
         run = self.store.get_run(run_id)  # the graph is read off the loop when the run starts (_start_on)
-        if run is not None and layout is not None:
-            run["spread"] = layout  # start_run carries it: rank 0's worker of a run spread over workers
-        if run is not None:
-            run["budget_gib"] = budget
+        if run is not None:  # start_run carries the layout: rank 0's worker of a run spread over workers
+            run.update({"budget_gib": budget}, **({"spread": layout} if layout is not None else {}))
         self._spawn(self._start_on(provider, run, list(devices)))
 
     def _spawn(self, coro: Any) -> None:
