@@ -170,6 +170,13 @@ def test_a_spread_run_on_shared_cards_is_refused_waits_and_starts_with_its_budge
             for worker, dev in (("a", "cuda:0"), ("b", "cuda:0"), ("b", "cuda:1")):
                 assert await _runs_on(sc, worker, dev) == [(wide, "running", 12.0)], (worker, dev)
                 assert (await _memory(sc, worker, dev))["running_gib"] == 12.75
+            # rank 0's worker's NVML figure shows on its own card only, not on b's cuda:0 of the same name
+            await a.heartbeat(runs=[{"run_id": wide, "last_seq": 2, "status": "running", "memory": {"cuda:0": 3.25}}])
+
+            async def use() -> list:
+                return [r for r in (await _memory(sc, "a", "cuda:0"))["runs"] if r.get("in_use_gib")]
+            assert (await sc.until(use, "NVML use on a's card"))[0]["in_use_gib"] == 3.25
+            assert "in_use_gib" not in (await _memory(sc, "b", "cuda:0"))["runs"][0]
             # it ends once every part has: released on every card
             await b.send("part_finished", run_id=wide, part=1, status="succeeded")
             await a.finish(wide)
