@@ -469,7 +469,7 @@ class Ledger:
         index = state.index
 
         def admit(run: Any, cand: Any) -> bool | str:
-            keys = [k for d in cand.devices if (k := index.get((cand.provider, d))) is not None]
+            keys = [k for pair in cand.pairs if (k := index.get(pair)) is not None]  # a spread run: every part
             raw = budgets.get(run.run_id)
             budget = to_bytes(raw) if raw is not None else None
             texts = []

@@ -187,7 +187,7 @@ class MemoryAdmission(RunOutcomes, WaitingTexts):
         state = state if state is not None else self.d.slot_state()
         out = Split()
         for c in cands:
-            keys = [state.index.get((c.provider, dev)) for dev in c.devices]
+            keys = [state.index.get(pair) for pair in c.pairs]  # a spread run: every part's cards
             shared = [k in self.keys for k in keys if k is not None]
             if shared and all(shared) and None not in keys:
                 out.memory.append(c)
@@ -202,7 +202,7 @@ class MemoryAdmission(RunOutcomes, WaitingTexts):
 
     def keys_of(self, cand: Candidate, state: SlotState | None = None) -> tuple[str, ...]:
         state = state if state is not None else self.d.slot_state()
-        return tuple(k for dev in cand.devices if (k := state.index.get((cand.provider, dev))) is not None)
+        return tuple(k for pair in cand.pairs if (k := state.index.get(pair)) is not None)
 
     # --- rebuilding the ledger and the queue ---------------------------------------------------------
 
@@ -242,8 +242,13 @@ class MemoryAdmission(RunOutcomes, WaitingTexts):
             self.figures[key] = figures if figures is not None else (None, None)
             ledger.set_card(key, slot.label, slot.kind, shared=True, total_gib=total, free_gib=free)
         statuses = {r["id"]: r["status"] for r in self.d.store.active()}
-        for run_id, (provider, devices) in self.d.holdings().items():
-            run_keys = tuple(k for dev in devices if (k := state.index.get((provider, dev))) in self.keys)
+        held: dict[str, list[str]] = {}  # run id -> its shared cards; a spread run's parts under its own id
+        for holder, (provider, devices) in self.d.holdings().items():
+            run_id = holder.partition("@")[0]  # "<run id>@<worker>": a spread run's other part (spread.py)
+            held.setdefault(run_id, []).extend(
+                k for dev in devices if (k := state.index.get((provider, dev))) in self.keys)
+        for run_id, keys in held.items():
+            run_keys = tuple(dict.fromkeys(keys))
             if not run_keys:
                 continue
             info = self.info.get(run_id)
@@ -272,16 +277,17 @@ class MemoryAdmission(RunOutcomes, WaitingTexts):
         budget = info.budget if info is not None else None
         notes: list[str] = []
         usable: list[Candidate] = []
-        for c in split.memory:
-            prov = state.providers.get(c.provider)
-            if not usable_provider(prov):
-                notes.append(provider_reason(c.provider, prov))
-            elif budget is not None and not can_cap(self.d.providers.get(c.provider)):
-                notes.append(cap_refusal(c.provider))
+        for c in split.memory:  # a spread run: every part's worker must be usable and cap its run
+            away = [(p, prov) for p, _ in c.parts if not usable_provider(prov := state.providers.get(p))]
+            uncapped = [p for p, _ in c.parts if not can_cap(self.d.providers.get(p))]
+            if away:
+                notes.extend(provider_reason(p, prov) for p, prov in away)
+            elif budget is not None and uncapped:
+                notes.extend(cap_refusal(p) for p in uncapped)
             else:
                 usable.append(c)
         for c in split.mixed:
-            notes.append(f"the device set {', '.join(c.devices)} on {_where(c.provider)} mixes cards shared by memory "
+            notes.append(f"the device set {cand_text(c)} mixes cards shared by memory "
                          f"and exclusive cards: make them all shared or all exclusive to run there")
         w = Waiting(run_id, usable, [self.keys_of(c, state) for c in usable],
                     [self.keys_of(c, state) for c in split.memory], list(dict.fromkeys(notes)), bool(split.slot))
@@ -419,3 +425,13 @@ class NamedProvider:
 
 def _where(provider: str) -> str:
     return "this server" if provider == LOCAL_PROVIDER else provider
+
+
+def cand_text(c: Candidate) -> str:
+    """``cuda:0, cuda:1 on gpu-box``; a spread run's parts joined: ``cuda:0 on a + cuda:0, cuda:1 on b``."""
+    return " + ".join(f"{', '.join(devs)} on {_where(p)}" for p, devs in c.parts)
+
+
+def uncapped_parts(adm: Any, cands: Sequence[Candidate]) -> list[str]:
+    """The workers of ``cands`` (every part of a spread run) whose agent cannot cap a run to its budget."""
+    return list(dict.fromkeys(p for c in cands for p, _ in c.parts if not can_cap(adm.d.providers.get(p))))

@@ -36,6 +36,7 @@ class RunOutcomes:
             entry = self.usage.setdefault(run_id, {"source": "NVML per-process used memory", "devices": {}, "max": {}})
             entry["devices"] = devices
             entry["at"] = now
+            entry["worker"] = worker  # a spread run's cards on another worker are not these
             grew = False
             for dev, gib in devices.items():
                 if gib > entry["max"].get(dev, -1.0):

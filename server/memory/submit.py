@@ -2,7 +2,8 @@
 
 :func:`prepare` runs before the run is written (so a rejection leaves nothing behind):
 
-* the number of cards (a device set's length; the runtime-graph key comes computed by :func:`key_of`, in a
+* the number of cards (a device set's length; a spread run's cards on every worker, each part's cards
+  checked and counted like a device set's; the runtime-graph key comes computed by :func:`key_of`, in a
   worker thread);
 * the budget (:func:`~..ledger.budget.resolve_budget`): typed, the graph's default (measured peak + 20%),
   or an estimate raised to a larger default; on shared cards only, no peak and no budget is rejected,
@@ -25,7 +26,7 @@ from ...constants import ENV_LOCAL_SHARED_CARDS, LOCAL_PROVIDER
 from ..ledger.budget import Budget, BudgetError, resolve_budget
 from ..ledger.graph_key import graph_key
 from ..scheduling import Candidate, Resolution, SlotState
-from .admission import MemoryAdmission, can_cap, cap_refusal
+from .admission import MemoryAdmission, cand_text, cap_refusal, uncapped_parts
 from .records import RunMemory
 
 log = logging.getLogger("xpufleet.memory")
@@ -63,7 +64,7 @@ def prepare(adm: MemoryAdmission, key: str | None, target: Any, resolution: Reso
     """Decide a submitted run's budget and admission (see the module docstring); raise AdmissionError.
     ``key``: the graph's runtime key (:func:`key_of`, computed off the event loop by the caller)."""
     cands = tuple(resolution.candidates)
-    n_cards = len(cands[0].devices) if cands else 1
+    n_cards = len(cands[0].pairs) if cands else 1  # a spread run: every part's cards (its world size)
     split = adm.split(cands, state)
     if target.memory_gib is not None:
         local = [c for c in cands if c.provider == LOCAL_PROVIDER and c not in split.memory]
@@ -74,8 +75,7 @@ def prepare(adm: MemoryAdmission, key: str | None, target: Any, resolution: Reso
                 f"this server's cards is off ({ENV_LOCAL_SHARED_CARDS}={dev} turns it on for that card); send the "
                 f"run to a worker with options.target.worker, or leave memory_gib out")
     if split.mixed and not split.memory and not split.slot:  # (no candidate at all: a pool/mount run waits)
-        texts = "; ".join(f"{', '.join(c.devices)} on {'this server' if c.provider == LOCAL_PROVIDER else c.provider}"
-                          for c in split.mixed)
+        texts = "; ".join(cand_text(c) for c in split.mixed)
         raise AdmissionError(f"the device set mixes cards shared by memory and exclusive cards ({texts}): make "
                              f"them all shared or all exclusive")
     budget: Budget | None = None
@@ -88,13 +88,13 @@ def prepare(adm: MemoryAdmission, key: str | None, target: Any, resolution: Reso
         except BudgetError as exc:
             raise AdmissionError(str(exc)) from None
     if target.memory_gib is not None:  # a typed budget caps the run wherever it goes: only agents that can
-        uncapped = [c for c in split.slot if not can_cap(adm.d.providers.get(c.provider))]
+        uncapped = uncapped_parts(adm, split.slot)
         if uncapped:
-            raise AdmissionError("; ".join(dict.fromkeys(cap_refusal(c.provider) for c in uncapped)))
-    if split.memory and budget is not None:
-        capable = [c for c in split.memory if can_cap(adm.d.providers.get(c.provider))]
+            raise AdmissionError("; ".join(cap_refusal(p) for p in uncapped))
+    if split.memory and budget is not None:  # a spread run caps on every part's worker
+        capable = [c for c in split.memory if not uncapped_parts(adm, [c])]
         if not capable and not split.slot:
-            raise AdmissionError("; ".join(dict.fromkeys(cap_refusal(c.provider) for c in split.memory)))
+            raise AdmissionError("; ".join(cap_refusal(p) for p in uncapped_parts(adm, split.memory)))
         keys = [adm.keys_of(c, state) for c in capable]
         if keys and not split.slot:
             named = target.worker != "any" and target.pool is None

@@ -63,7 +63,7 @@ def card_view(adm: MemoryAdmission, provider: str, device: str) -> dict[str, Any
         return None
     for r in view["runs"]:
         usage = adm.usage.get(r["id"])
-        if usage is not None:
+        if usage is not None and usage.get("worker", provider) == provider:
             r["in_use_gib"] = usage["devices"].get(device)
             r["in_use_source"] = usage["source"]
         info = adm.info.get(r["id"])

@@ -388,7 +388,7 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
             return
         state = self.slot_state()
         for run_id, cand, keys in self.memory.plan():  # shared cards first: the memory ledger decides there
-            self._place(run_id, cand.provider, cand.devices, memory_keys=keys)
+            self._place(run_id, cand.provider, cand.devices, memory_keys=keys, extra=cand.extra)
         result = self._queue.plan(state, admit=self._admit if self.admit_hooks else None, explain=False)
         for placement in result.placements:
             self._place(placement.run_id, placement.provider, placement.devices, extra=placement.extra)
@@ -462,13 +462,13 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
         self._holdings[run_id] = (provider_name, tuple(devices))
         self.slot_state().hold(run_id, provider_name, devices)
         self.hub.notify(run_id)
-        layout = self.spread.placed(run_id, provider_name, devices, extra) if extra else None
+        # the cap the run's process gets (a default is never a cap on an exclusive card); a spread run's parts too
+        keys = memory_keys if memory_keys is not None else self.memory.keys_of(Candidate(provider_name, devices, extra))
+        budget = self.memory.budget_to_send(run_id, keys)
+        layout = self.spread.placed(run_id, provider_name, devices, extra, budget) if extra else None
         run = self.store.get_run(run_id)  # the graph is read off the loop when the run starts (_start_on)
-        if run is not None and layout is not None:
-            run["spread"] = layout  # start_run carries it: rank 0's worker of a run spread over workers
-        if run is not None:  # the cap the run's process gets (a default is never a cap on an exclusive card)
-            keys = memory_keys if memory_keys is not None else self.memory.keys_of(Candidate(provider_name, devices))
-            run["budget_gib"] = self.memory.budget_to_send(run_id, keys)
+        if run is not None:  # start_run carries the layout: rank 0's worker of a run spread over workers
+            run.update({"budget_gib": budget}, **({"spread": layout} if layout is not None else {}))
         self._spawn(self._start_on(provider, run, list(devices)))
 
     def _spawn(self, coro: Any) -> None:

@@ -199,7 +199,10 @@ def parse_target(options: Mapping[str, Any]) -> RunTarget:
     if unknown:
         raise TargetError(f"options.target has unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     if raw.get("spread") is not None:
-        return RunTarget(worker="spread", spread=parse_spread(raw, device_raw))
+        spread = parse_spread(raw, device_raw)
+        memory_gib, memory_source, wait = parse_memory(raw)
+        return RunTarget(worker="spread", memory_gib=memory_gib, memory_source=memory_source, wait=wait,
+                         spread=spread)
     worker = raw.get("worker", LOCAL)
     if worker is None:
         worker = LOCAL
@@ -233,6 +236,13 @@ def parse_target(options: Mapping[str, Any]) -> RunTarget:
                     f"(device {device} is not the first device of the set {', '.join(devices)})"
                 )
             device = None
+    memory_gib, memory_source, wait = parse_memory(raw)
+    return RunTarget(worker, devices, device, pool, memory_gib, memory_source, wait)
+
+
+def parse_memory(raw: Mapping[str, Any]) -> tuple[float | None, str | None, bool | None]:
+    """``memory_gib``, ``memory_source`` and ``wait`` of ``options.target`` (a one-worker target's or a
+    spread target's: the budget is per card, on every card of the run)."""
     memory_gib = raw.get("memory_gib")
     if memory_gib is not None:
         if isinstance(memory_gib, bool) or not isinstance(memory_gib, int | float) or not memory_gib > 0 \
@@ -247,7 +257,7 @@ def parse_target(options: Mapping[str, Any]) -> RunTarget:
     wait = raw.get("wait")
     if wait is not None and not isinstance(wait, bool):
         raise TargetError("options.target.wait must be true or false")
-    return RunTarget(worker, devices, device, pool, memory_gib, memory_source, wait)
+    return memory_gib, memory_source, wait
 
 
 def parse_devices(devs: Any, path: str) -> tuple[str, ...]:
@@ -275,6 +285,7 @@ def parse_devices(devs: Any, path: str) -> tuple[str, ...]:
 
 
 SPREAD_ENTRY_FIELDS = ("worker", "devices")
+SPREAD_TARGET_FIELDS = ("spread", "memory_gib", "memory_source", "wait")  # what may go with a spread target
 DDP_KINDS = ("cuda", "xpu")  # the card kinds ddp trains on (nodes/ddp.py backend_for)
 
 
@@ -283,11 +294,11 @@ def parse_spread(raw: Mapping[str, Any], device_raw: Any) -> tuple[tuple[str, tu
     workers"), ``[{"worker": "a", "devices": ["cuda:0"]}, {"worker": "b", "devices": [...]}]``; each
     entry is checked like a one-worker target, its errors prefixed by its path. Ranks are numbered
     across the entries in order."""
-    others = sorted(k for k in raw if k != "spread" and raw[k] is not None)
+    others = sorted(k for k in raw if k not in SPREAD_TARGET_FIELDS and raw[k] is not None)
     if others or device_raw is not None:
         named = [f"options.target.{k}" for k in others] + (["options.device"] if device_raw is not None else [])
-        raise TargetError(f"give options.target.spread alone: {', '.join(named)} cannot go with it (each entry "
-                          f"names its worker and devices)")
+        raise TargetError(f"give options.target.spread without {', '.join(named)}: each entry names its worker "
+                          f"and devices (only memory_gib, memory_source and wait go with it)")
     entries = raw["spread"]
     if not isinstance(entries, list) or len(entries) < 2:
         raise TargetError("options.target.spread must list two or more entries like {\"worker\": \"a\", "

@@ -1,9 +1,13 @@
 """The sidecar's side of ddp across workers (docs/architecture.md "ddp across workers").
 
-A run with ``options.target.spread`` is admitted only when it trains with ddp and its cards are
-exclusive (the slot rule, not memory admission); the slot rule places it on every part's cards at
-once (server/scheduling/plan.py). It then is rank 0's worker's run: the store records that worker
-and its cards; the other parts' cards are held under ``<run id>@<worker>`` until the run ends.
+A run with ``options.target.spread`` is admitted only when it trains with ddp. Its cards are one
+candidate over every part's cards, decided like a device set's: on exclusive cards the slot rule
+places it on every part's cards at once (server/scheduling/plan.py); on cards shared by memory the
+memory ledger checks its budget on every card of every part at submit and starts it only when it fits
+on all of them at once (server/memory/); cards of both kinds are refused, as for a device set. It then
+is rank 0's worker's run: the store records that worker and its cards; the other parts' cards are held
+under ``<run id>@<worker>`` until the run ends (the ledger counts the budget on every card under the
+run id), and every part gets the same budget cap.
 
 * Start: rank 0's worker gets ``start_run`` with the layout. When rank 0 reports ``ddp_ready`` with
   its store's ``host:port``, every other part's worker gets ``start_part``.
@@ -56,6 +60,7 @@ class SpreadRun:
     held: list[Any] | None = None  # rank 0's run_finished, waiting for the parts
     timer: asyncio.TimerHandle | None = None
     ended: bool = False
+    budget_gib: float | None = None  # per card, on every part (the memory ledger's; None: no cap)
 
     def pending(self) -> list[int]:
         """Parts (1..) that were started and have not reported."""
@@ -78,7 +83,8 @@ class SpreadRuns:
 
     def check(self, request: RunRequest, resolution: Resolution) -> None:
         """The 400s of a spread run that the target alone does not tell: a graph that does not train
-        with ddp (or trains two ddp loops side by side), cards shared by memory."""
+        with ddp (or trains two ddp loops side by side). Its cards' memory is decided like a device set's
+        (server/memory/submit.py), on every part's cards."""
         if request.target.spread is None:
             return
         if not ddp.ddp_loops(request.graph):
@@ -88,21 +94,15 @@ class SpreadRuns:
         parallel = ddp.parallel_loops_error(request.graph)
         if parallel is not None:
             raise RequestError("options.target.spread: " + parallel.errors[0].message)
-        state = self.d.slot_state()
-        shared = [f"{dev} on {worker}" for worker, dev in resolution.candidates[0].pairs
-                  if state.index.get((worker, dev)) in self.d.memory.keys]
-        if shared:
-            raise RequestError(f"options.target.spread: {', '.join(shared)} {'is' if len(shared) == 1 else 'are'} "
-                               f"shared by memory; a run spread over workers takes exclusive cards (set the cards "
-                               f"exclusive, or target one worker)")
 
     # --- placement ------------------------------------------------------------------------------------
 
     def placed(self, run_id: str, provider: str, devices: tuple[str, ...],
-               extra: tuple[tuple[str, tuple[str, ...]], ...]) -> dict[str, Any]:
-        """Hold the other parts' cards and remember the run; the layout ``start_run`` carries."""
+               extra: tuple[tuple[str, tuple[str, ...]], ...], budget_gib: float | None = None) -> dict[str, Any]:
+        """Hold the other parts' cards and remember the run (``budget_gib``: the cap rank 0 gets, which
+        every part gets too); the layout ``start_run`` carries."""
         layout = layout_of(((provider, devices), *extra), 0)
-        self.runs[run_id] = SpreadRun(run_id, layout)
+        self.runs[run_id] = SpreadRun(run_id, layout, budget_gib=budget_gib)
         state = self.d.slot_state()
         for worker, devs in extra:
             hid = holder_id(run_id, worker)
@@ -213,7 +213,7 @@ class SpreadRuns:
                      part.first_rank, part.worker)
             ok = await self._send(part.worker, "start_part", run_id=run.run_id, graph=record["graph"],
                                   options=record.get("options") or {}, devices=list(part.devices),
-                                  budget_gib=record.get("budget_gib"), spread=layout.to_json())
+                                  budget_gib=run.budget_gib, spread=layout.to_json())
             if not ok:
                 self._part_done(run, i, {"status": "failed", "failed_rank": part.first_rank, "error": failure_text(
                     part.first_rank, run.layout.world_size, part.worker,

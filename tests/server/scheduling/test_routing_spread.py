@@ -66,13 +66,13 @@ def test_the_single_target_keeps_its_own_texts():
      "options.target.spread[1] has unknown field(s) pool; known: worker, devices"),
     ({"target": {"spread": [{"worker": "a", "devices": ["cuda:0"]}, 7]}}, "options.target.spread[1] must be an object"),
     ({"target": {"worker": "a", "spread": [{"worker": "a", "devices": ["cuda:0"]}, {"worker": "b", "devices": ["cuda:0"]}]}},
-     "give options.target.spread alone: options.target.worker cannot go with it"),
+     "give options.target.spread without options.target.worker: each entry names its worker and devices"),
     ({"target": {"pool": "p", "memory_gib": 4, "spread": [{"worker": "a", "devices": ["cuda:0"]},
                                                            {"worker": "b", "devices": ["cuda:0"]}]}},
-     "give options.target.spread alone: options.target.memory_gib, options.target.pool cannot go with it"),
+     "give options.target.spread without options.target.pool: each entry names its worker and devices"),
     ({"device": "cuda:0", "target": {"spread": [{"worker": "a", "devices": ["cuda:0"]},
                                                 {"worker": "b", "devices": ["cuda:0"]}]}},
-     "give options.target.spread alone: options.device cannot go with it"),
+     "give options.target.spread without options.device: each entry"),
 ])
 def test_what_a_spread_target_refuses(options, text):
     assert refused(options).startswith(text), refused(options)
