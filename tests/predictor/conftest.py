@@ -14,7 +14,8 @@ GiB = 1024**3
 
 def templates_dir() -> Path:
     """The templates shipped by the comfyui-workflow-templates-json package."""
-    pkg = pytest.importorskip("comfyui_workflow_templates_json")
+    import comfyui_workflow_templates_json as pkg  # a declared test dependency: missing fails, never skips
+
     return Path(resources.files(pkg) / "templates")
 
 

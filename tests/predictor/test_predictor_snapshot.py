@@ -193,16 +193,23 @@ def test_card_without_free_figure_or_offline_says_so(template):
     assert S.snapshot_from_card({**card, "free_gib": 20.0, "online": True}).reason is None
 
 
-def test_cached_for_the_ttl():
+def test_cached_for_the_ttl(monkeypatch):
+    # Count the probes: a cached answer takes none, an expired (ttl 0) or cleared cache takes one.
+    probes: list[bool] = []
+    real = S._device_snapshots
+    monkeypatch.setattr(S, "_device_snapshots", lambda import_torch: probes.append(import_torch) or real(import_torch))
+    S.clear_cache()
     a = S.take_snapshots(ttl=60)
     b = S.take_snapshots(ttl=60)
-    assert a[0].taken_at == b[0].taken_at
+    assert len(probes) == 1 and a[0].taken_at == b[0].taken_at
     a[0].notes.append("caller edits its copy")
     assert "caller edits its copy" not in S.take_snapshots(ttl=60)[0].notes
-    c = S.take_snapshots(ttl=0)
-    assert c[0].taken_at >= a[0].taken_at
+    assert len(probes) == 1
+    S.take_snapshots(ttl=0)
+    assert len(probes) == 2
     S.clear_cache()
-    assert S.take_snapshots(ttl=60)[0].taken_at >= c[0].taken_at
+    S.take_snapshots(ttl=60)
+    assert len(probes) == 3
 
 
 def test_predictor_modules_import_nothing_heavy():

@@ -26,7 +26,7 @@ import sidecar_harness as harness  # registered by tests/server/conftest.py
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
-schemathesis = pytest.importorskip("schemathesis")
+import schemathesis  # noqa: E402 - a declared test dependency: missing fails, never skips
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from hypothesis.errors import Unsatisfiable  # noqa: E402
 from schemathesis import GenerationMode  # noqa: E402

@@ -12,6 +12,7 @@ import pytest
 from sweep_helpers import Box  # registered by conftest.py
 
 from xpufleet.server.sidecar.dispatcher import Dispatcher
+from xpufleet.server.sidecar.errors import ApiError
 from xpufleet.server.sidecar.requests import RequestError, parse_run_request
 from xpufleet.server.sidecar.store import StoreError
 from xpufleet.server.sweeps.driver import SweepService
@@ -205,7 +206,7 @@ def test_cancel_ends_queued_children_and_stops_running_ones_then_delete(dispatch
             await asyncio.sleep(0.01)
         assert box.started == [ids[0]]
         dispatcher.run_process_started(ids[0], pid=1)
-        with pytest.raises(Exception) as busy:
+        with pytest.raises(ApiError) as busy:
             svc.delete(sweep["sweep_id"])
         assert busy.value.status == 409
         got = await svc.cancel(sweep["sweep_id"], "enough")
@@ -222,7 +223,7 @@ def test_cancel_ends_queued_children_and_stops_running_ones_then_delete(dispatch
         gone = svc.delete(sweep["sweep_id"])
         assert gone == {"deleted": sweep["sweep_id"], "runs_deleted": 3}
         assert dispatcher.store.list_runs()[1] == 0
-        with pytest.raises(Exception) as missing:
+        with pytest.raises(ApiError) as missing:
             svc.get(sweep["sweep_id"])
         assert missing.value.status == 404
 

@@ -15,6 +15,7 @@ import pytest
 from sweep_helpers import Box, ScriptedBox, lr_of  # registered by conftest.py
 
 from xpufleet.server.sidecar.dispatcher import Dispatcher
+from xpufleet.server.sidecar.errors import ApiError
 from xpufleet.server.sidecar.requests import RequestError
 from xpufleet.server.sidecar.store import Store
 from xpufleet.server.sweeps.optuna_bridge import reported_value
@@ -159,7 +160,7 @@ def test_cancel_stops_every_trial_and_asks_no_more(tmp_path):
             assert got["status"] == "cancelling"
             await asyncio.wait_for(svc.wait_idle(sid), 60)
             got = svc.get(sid)
-            with pytest.raises(Exception) as again:
+            with pytest.raises(ApiError) as again:
                 await svc.cancel(sid)
             assert again.value.status == 409
             return got
@@ -210,7 +211,7 @@ def test_delete_removes_an_ended_study_with_its_runs_and_its_optuna_study(tmp_pa
         try:
             created = await svc.create(study_body(n_trials=2, pruner="none"))
             sid = created["study_id"]
-            with pytest.raises(Exception) as busy:
+            with pytest.raises(ApiError) as busy:
                 await svc.delete(sid)
             assert busy.value.status == 409
             await asyncio.wait_for(svc.wait_idle(sid), 60)

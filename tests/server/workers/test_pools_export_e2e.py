@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import fleet_harness as fh
+import kubernetes_validate as kv  # a declared test dependency: missing fails, never skips
 import pytest
 import yaml
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
-kv = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate (the test extra)")
 
 
 def test_export_writes_manifests_that_validate_and_carry_a_working_credential(fleet, tmp_path):
