@@ -185,3 +185,15 @@ def simulated_peak(gib: float, device: str = "cuda:0") -> dict[str, Any]:
 
 def run(coro: Any, timeout: float = 90.0) -> Any:
     return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+# A small iris training graph the in-process sidecar tests submit (its TrainingLoop is node "7").
+IRIS_GRAPH = {
+    "1": {"class_type": "XPUDataset", "inputs": {"name": "iris", "val_split": 0.2, "seed": 0}},
+    "2": {"class_type": "XPUDataLoader", "inputs": {"dataset": ["1", 0], "batch_size": 16}},
+    "4": {"class_type": "XPUMLP", "inputs": {"hidden": "16", "dataset_info": ["1", 2]}},
+    "5": {"class_type": "XPUOptimizer", "inputs": {"name": "adam", "lr": 0.01}},
+    "6": {"class_type": "XPULoss", "inputs": {"name": "cross_entropy"}},
+    "7": {"class_type": "XPUTrainingLoop", "inputs": {"model": ["4", 0], "dataloader": ["2", 0], "optimizer": ["5", 0],
+                                                     "loss": ["6", 0], "epochs": 1}},
+}

@@ -91,15 +91,8 @@ def test_the_budget_is_decided_on_every_card_of_every_part_all_or_nothing():
 
 # --- in process: a sidecar and two scripted agents ------------------------------------------------------
 
-GRAPH = {
-    "1": {"class_type": "XPUDataset", "inputs": {"name": "iris", "val_split": 0.2, "seed": 0}},
-    "2": {"class_type": "XPUDataLoader", "inputs": {"dataset": ["1", 0], "batch_size": 16}},
-    "4": {"class_type": "XPUMLP", "inputs": {"hidden": "16", "dataset_info": ["1", 2]}},
-    "5": {"class_type": "XPUOptimizer", "inputs": {"name": "adam", "lr": 0.01}},
-    "6": {"class_type": "XPULoss", "inputs": {"name": "cross_entropy"}},
-    "7": {"class_type": "XPUTrainingLoop", "inputs": {"model": ["4", 0], "dataloader": ["2", 0], "optimizer": ["5", 0],
-                                                     "loss": ["6", 0], "epochs": 1, "strategy": "ddp"}},
-}
+GRAPH = {**sa.IRIS_GRAPH, "7": {"class_type": "XPUTrainingLoop",
+                             "inputs": {**sa.IRIS_GRAPH["7"]["inputs"], "strategy": "ddp"}}}
 TARGET = [{"worker": "a", "devices": ["cuda:0"]}, {"worker": "b", "devices": ["cuda:0", "cuda:1"]}]
 
 
