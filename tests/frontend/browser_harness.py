@@ -208,9 +208,16 @@ APP_READY = "() => window.app && window.app.graph && document.querySelector('.co
 PLUGIN_READY = "() => document.querySelector('[data-xpufleet=capsule]') && document.querySelector('[data-xpufleet=queue-on]')"
 
 
+# ComfyUI keeps user settings on its server, so one test module's choice would reach the next module's
+# page: the capsule's device (a worker card) outlives the module's sidecar, and its predictions then
+# answer 503. Each module starts from these unless it names its own.
+PLUGIN_SETTING_DEFAULTS = {"XPUFleet.Predict.Device": ""}
+
+
 def comfy_settings(host: Any, values: dict[str, Any]) -> None:
-    """Set ComfyUI user settings one by one (POST /settings/{id}), before the page loads."""
-    for key, value in values.items():
+    """Set ComfyUI user settings one by one (POST /settings/{id}), before the page loads; the plugin's
+    settings in PLUGIN_SETTING_DEFAULTS go back to their defaults unless ``values`` names them."""
+    for key, value in {**PLUGIN_SETTING_DEFAULTS, **values}.items():
         status, body = host.request("POST", f"/settings/{key}", value)
         assert status == 200, (key, status, body)
 
