@@ -318,6 +318,18 @@ def test_an_optuna_study_on_digits_beats_the_base_graph_and_prunes_bad_trials(fl
     assert shown.returncode == 0 and "best so far: trial" in shown.stdout and "pruned" in shown.stdout
 
 
+def all_events(client, run_id: str) -> list[dict]:
+    """Every event of a run, page by page (a run that trained a while has more than one page)."""
+    events, cursor = [], 0
+    for _ in range(1000):
+        page = client.events(run_id, cursor=cursor, limit=1000)
+        events += page["events"]
+        if not page["events"]:
+            return events
+        cursor = page["cursor"]
+    raise AssertionError(f"run {run_id}: more than 1,000 pages of events")
+
+
 def test_cancel_of_a_sweep_leaves_no_child_running(fleet):
     fleet.agent("alpha")
     fleet.agent("beta")
@@ -340,7 +352,7 @@ def test_cancel_of_a_sweep_leaves_no_child_running(fleet):
     assert sweep["counts"] == {"cancelled": 4}, sweep["counts"]
     for r in sweep["table"]:
         run = fleet.client.run(r["run_id"])
-        assert run["status"] == "cancelled" and "enough" in json.dumps(fleet.client.events(r["run_id"], limit=1000))
+        assert run["status"] == "cancelled" and "enough" in json.dumps(all_events(fleet.client, r["run_id"]))
     for pid in pids:  # the run processes are gone, not only marked
         try:
             proc = psutil.Process(pid)
