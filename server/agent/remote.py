@@ -65,12 +65,13 @@ class RemoteFeatures:
         task.add_done_callback(self._tasks.discard)
 
     async def _serve_outputs(self, msg: dict[str, Any]) -> None:
-        """Answer ``read_outputs``: a chunk of a file the run recorded here (record_outputs, SPEC W5)."""
+        """Answer ``read_outputs``: a chunk of a file the run recorded here (record_outputs, SPEC W5), or
+        of its run folder or that folder's listing (``scope``, agent/files.py)."""
         rid = msg["request_id"]
         try:
             data, size, eof = await asyncio.to_thread(
                 read_output_chunk, self._run_dir(msg["run_id"]), msg["run_id"], msg["file"], msg["offset"],
-                msg["length"], self.cfg.name)
+                msg["length"], self.cfg.name, msg.get("scope") or "outputs")
             frame = protocol.encode("outputs_data", request_id=rid, ok=True, size=size, offset=msg["offset"],
                                     data=base64.b64encode(data).decode("ascii"), eof=eof)
         except OutputsUnavailable as exc:

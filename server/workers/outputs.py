@@ -59,8 +59,9 @@ class OutputsAccess:
         return self.dispatcher.home / RUNS_DIR_NAME / run_id / RECORDED_OUTPUTS_DIRNAME
 
     async def fetch(self, worker: str, run_id: str, name: str, offset: int = 0,
-                    length: int = protocol.OUTPUTS_CHUNK_BYTES) -> tuple[bytes, int, bool]:
-        """One chunk of a recorded file on ``worker``: ``(data, size, eof)``."""
+                    length: int = protocol.OUTPUTS_CHUNK_BYTES, scope: str = "outputs") -> tuple[bytes, int, bool]:
+        """One chunk of a file on ``worker``: ``(data, size, eof)``; ``scope``: the run's recorded outputs,
+        its run folder (``run``: the log, the files its nodes wrote) or that folder's listing."""
         st = self.workers.get(worker)
         conn = st.conn if st is not None else None
         if conn is None or conn.closed:
@@ -69,8 +70,9 @@ class OutputsAccess:
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         conn.pending[rid] = fut
         try:
+            extra = {} if scope == "outputs" else {"scope": scope}
             if not await conn.send("read_outputs", request_id=rid, run_id=run_id, file=name, offset=offset,
-                                   length=length):
+                                   length=length, **extra):
                 raise OutputsOffline(worker, run_id)
             msg = await asyncio.wait_for(fut, READ_TIMEOUT_S)
         except (ConnectionError, asyncio.TimeoutError):
@@ -81,11 +83,12 @@ class OutputsAccess:
             raise WorkerError(msg["error"], int(msg.get("status") or 404))
         return base64.b64decode(msg["data"]), int(msg["size"]), bool(msg["eof"])
 
-    async def read_whole(self, worker: str, run_id: str, name: str, limit: int = MAX_READ_BYTES) -> bytes:
-        """A whole recorded file from ``worker`` (chunk by chunk)."""
+    async def read_whole(self, worker: str, run_id: str, name: str, limit: int = MAX_READ_BYTES,
+                         scope: str = "outputs") -> bytes:
+        """A whole file from ``worker`` (chunk by chunk)."""
         out = bytearray()
         while True:
-            data, size, eof = await self.fetch(worker, run_id, name, len(out))
+            data, size, eof = await self.fetch(worker, run_id, name, len(out), scope=scope)
             if size > limit:
                 raise WorkerError(f"{name} of run {run_id} is {size} bytes, more than {limit}", 413)
             out += data

@@ -47,8 +47,10 @@ sidecar -> agent
                  after ``grace_s``)
   ``reject``     {reason, removed}: mid-session with ``removed: true``, the worker was removed: the
                  agent stops
-  ``read_outputs`` {request_id, run_id, file, offset, length}: bytes of a file the run recorded
-                 (``record_outputs``, SPEC W5), relative to the run's outputs folder on the worker
+  ``read_outputs`` {request_id, run_id, file, offset, length, scope?}: bytes of a file the run recorded
+                 (``record_outputs``, SPEC W5), relative to the run's outputs folder on the worker;
+                 ``scope`` ``run``: relative to the run's folder (its log, its files), ``listing``: that
+                 folder's files as JSON (``file`` unused); ``outputs`` when absent
 
 ``hello`` also carries ``mounts`` ({label: folder}, SPEC W9) and ``one_shot`` (SPEC W8: the agent takes
 one run and exits); ``auth.kind`` ``pool`` is a pool's shared credential.
@@ -77,6 +79,7 @@ AUTH_KINDS = ("session", "credential", "join", "pool")
 POOL_SECRET_PREFIX = "xfp"  # a pool's shared credential starts "xfp_"; the agent then says auth.kind "pool"
 RESERVED_NAMES = frozenset({LOCAL_PROVIDER, "any"})  # run targets, never worker names
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # a graph can be large; a frame beyond this is refused
+READ_SCOPES = ("outputs", "run", "listing")  # read_outputs' folders (server/agent/files.py)
 OUTPUTS_CHUNK_BYTES = 4 * 1024 * 1024  # raw bytes per outputs_data answer (base64 keeps it under the cap)
 
 
@@ -311,6 +314,9 @@ def _read_outputs(msg: dict[str, Any]) -> None:
     length = _req(msg, "length", int, "a number of bytes")
     if not 0 < length <= OUTPUTS_CHUNK_BYTES:
         raise ProtocolError(f"read_outputs: 'length' must be 1..{OUTPUTS_CHUNK_BYTES}")
+    scope = _opt(msg, "scope", str, "outputs, run or listing")
+    if scope is not None and scope not in READ_SCOPES:
+        raise ProtocolError(f"read_outputs: 'scope' must be one of {', '.join(READ_SCOPES)}, got {scope!r}")
 
 
 def _outputs_data(msg: dict[str, Any]) -> None:

@@ -1,20 +1,32 @@
-"""What a run left behind (SPEC §12): metrics (JSON, CSV), artifacts, the output log."""
+"""What a run left behind (SPEC §12): metrics (JSON, CSV), artifacts, the output log.
+
+A worker's run keeps its folder on the worker: its log, listing and files are read through the agent's
+connection while the worker is connected (``read_outputs`` with a ``scope``, server/agent/files.py); while
+it is not, the listing and the log say so (``connected: false`` with a sentence) and a file is a 409
+naming the worker (docs/runs-panel.md)."""
 
 from __future__ import annotations
 
 import csv
 import io
+import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from ....nodes.paths import relative_path_problem
+from ...workers.outputs import OutputsOffline
+from ...workers.protocol import OUTPUTS_CHUNK_BYTES
+from ...workers.state import WorkerError
 from ..errors import ApiError
 from ..http import int_param
 from ..keys import STORE_KEY
 from ..store import Store
 from .common import run_dir_of, run_or_404
+
+if TYPE_CHECKING:
+    from ...workers.registry import WorkerRegistry
 
 METRICS_MAX = 100_000
 METRICS_CSV_PAGE = 10_000
@@ -69,9 +81,23 @@ async def run_metrics_csv(request: web.Request) -> web.StreamResponse:
     return resp
 
 
-async def run_artifacts(request: web.Request) -> web.Response:
-    run = run_or_404(request)
-    run_dir = run_dir_of(request, run)
+def _registry(request: web.Request) -> WorkerRegistry:
+    from .workers import REGISTRY_KEY
+
+    return request.app[REGISTRY_KEY]
+
+
+def _on_worker(run: dict[str, Any]) -> str | None:
+    """The worker that keeps the run's folder (None: this server's own run)."""
+    return run["worker_id"] if run.get("placement") == "worker" and run.get("worker_id") else None
+
+
+def _offline(worker: str, what: str) -> str:
+    return f"worker {worker} is not connected now: {what} can be read when it reconnects"
+
+
+def _announced(request: web.Request, run: dict[str, Any], run_dir: Path | None) -> tuple[dict[str, str], list[Any]]:
+    """The run's ``artifact`` events: kind by path relative to its folder, and those outside it."""
     announced: dict[str, str] = {}
     outside: list[dict[str, Any]] = []
     for ev in request.app[STORE_KEY].events_after(run["id"], 0, ARTIFACTS_MAX, ["artifact"]):
@@ -83,10 +109,27 @@ async def run_artifacts(request: web.Request) -> web.Response:
             rel = path.resolve().relative_to(run_dir) if run_dir is not None else None
         except ValueError:
             rel = None
+        if rel is None and run_dir is None and not path.is_absolute():
+            rel = path  # a worker's run: relative to its folder there
         if rel is None:
             outside.append({"path": str(p.get("path")), "kind": p.get("kind"), "downloadable": False})
         else:
             announced[rel.as_posix()] = str(p.get("kind") or "file")
+    return announced, outside
+
+
+def _kind(announced: dict[str, str], rel: str) -> str:
+    kind = announced.get(rel) or next((k for a, k in announced.items() if rel.startswith(a + "/")), None)
+    return kind or {"spec.json": "spec", "output.log": "log", "events.jsonl": "events"}.get(rel, "file")
+
+
+async def run_artifacts(request: web.Request) -> web.Response:
+    run = run_or_404(request)
+    worker = _on_worker(run)
+    if worker is not None:
+        return await _worker_artifacts(request, run, worker)
+    run_dir = run_dir_of(request, run)
+    announced, outside = _announced(request, run, run_dir)
     files: list[dict[str, Any]] = []
     if run_dir is not None and run_dir.is_dir():
         for path in sorted(run_dir.rglob("*")):
@@ -95,14 +138,31 @@ async def run_artifacts(request: web.Request) -> web.Response:
             if not path.is_file() or path.is_symlink() or path.name.endswith(".tmp"):
                 continue
             rel = path.relative_to(run_dir).as_posix()
-            kind = announced.get(rel) or next((k for a, k in announced.items() if rel.startswith(a + "/")), None)
-            if kind is None:
-                kind = {"spec.json": "spec", "output.log": "log", "events.jsonl": "events"}.get(rel, "file")
             st = path.stat()
-            files.append({"path": rel, "kind": kind, "size": st.st_size, "modified": st.st_mtime,
+            files.append({"path": rel, "kind": _kind(announced, rel), "size": st.st_size, "modified": st.st_mtime,
                           "downloadable": True})
-    where = None if run["placement"] != "worker" else f"on worker {run['worker_id']}"
-    return web.json_response({"run_id": run["id"], "artifacts": files + outside, "location": where})
+    return web.json_response({"run_id": run["id"], "artifacts": files + outside, "location": None,
+                              "where": "sidecar", "connected": True})
+
+
+async def _worker_artifacts(request: web.Request, run: dict[str, Any], worker: str) -> web.Response:
+    """A worker run's files, listed by its agent; the announced ones (not downloadable) while it is away."""
+    announced, outside = _announced(request, run, None)
+    base = {"run_id": run["id"], "location": f"on worker {worker}", "where": "worker", "worker": worker}
+    try:
+        listing = json.loads(await _registry(request).read_whole(worker, run["id"], "", scope="listing"))
+    except OutputsOffline:
+        kept = [{"path": p, "kind": k, "downloadable": False} for p, k in announced.items()]
+        return web.json_response({**base, "artifacts": kept + outside, "connected": False,
+                                  "message": _offline(worker, "its files")})
+    except WorkerError as exc:
+        if exc.status != 404:
+            raise
+        listing = {"files": []}  # no folder there yet (not started) or any more (removed)
+    files = [{"path": f["path"], "kind": _kind(announced, f["path"]), "size": f.get("size"),
+              "modified": f.get("modified"), "downloadable": True} for f in listing.get("files") or []]
+    return web.json_response({**base, "artifacts": files + outside, "connected": True,
+                              "truncated": bool(listing.get("truncated"))})
 
 
 async def run_artifact_file(request: web.Request) -> web.StreamResponse:
@@ -117,6 +177,9 @@ async def run_artifact_file(request: web.Request) -> web.StreamResponse:
     if problem is not None:
         raise ApiError(400, f"path: {shown} {problem}; name a file inside the run directory as "
                             f"GET .../artifacts lists it")
+    worker = _on_worker(run)
+    if worker is not None:
+        return await _worker_file(request, run, worker, rel, shown)
     run_dir = run_dir_of(request, run)
     if run_dir is None:
         raise ApiError(404, f"run {run['id']} has no files on this server")
@@ -133,6 +196,64 @@ async def run_artifact_file(request: web.Request) -> web.StreamResponse:
     return web.FileResponse(path, headers={"Content-Disposition": f'attachment; filename="{path.name}"'})
 
 
+async def _worker_file(request: web.Request, run: dict[str, Any], worker: str, rel: str,
+                       shown: str) -> web.StreamResponse:
+    """A worker run's file streamed chunk by chunk from its agent (a model never held here whole)."""
+    reg = _registry(request)
+    try:
+        data, size, eof = await reg.fetch(worker, run["id"], rel, 0, scope="run")
+    except OutputsOffline:
+        raise ApiError(409, _offline(worker, f"the files of run {run['id']}")) from None
+    except WorkerError as exc:
+        raise ApiError(exc.status, f"no file {shown} in run {run['id']} on worker {worker}") from None
+    name = rel.rsplit("/", 1)[-1]
+    resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream", "Content-Length": str(size),
+                                       "Content-Disposition": f'attachment; filename="{name}"'})
+    await resp.prepare(request)
+    sent = len(data)
+    await resp.write(data)
+    while not eof and data and sent < size:  # ends: every chunk moves forward, up to the size announced
+        data, _, eof = await reg.fetch(worker, run["id"], rel, sent, min(OUTPUTS_CHUNK_BYTES, size - sent),
+                                       scope="run")
+        sent += len(data)
+        await resp.write(data)
+    await resp.write_eof()
+    return resp
+
+
+async def _worker_log(request: web.Request, run: dict[str, Any], worker: str, offset: int, limit: int,
+                      tail: int) -> tuple[bytes, int, int, str | None]:
+    """``(data, offset, size, why not)`` of the output log kept on the worker."""
+    reg = _registry(request)
+    try:
+        if tail:
+            _, size, _ = await reg.fetch(worker, run["id"], "output.log", 0, 1, scope="run")
+            offset = max(0, size - tail)
+        data, size, _ = await reg.fetch(worker, run["id"], "output.log", offset,
+                                        min(limit, OUTPUTS_CHUNK_BYTES), scope="run")
+    except OutputsOffline:
+        return b"", offset, 0, _offline(worker, f"the output log of run {run['id']}")
+    except WorkerError as exc:
+        if exc.status != 404:
+            raise
+        return b"", offset, 0, None  # not written yet (the run has not started there)
+    return data, offset, size, None
+
+
+def _local_log(path: Path | None, offset: int, limit: int, tail: int) -> tuple[bytes, int, int]:
+    """``(data, offset, size)`` of this server's output log of a run."""
+    if path is None or not path.is_file():
+        return b"", offset, 0
+    size = path.stat().st_size
+    if tail:
+        offset = max(0, size - tail)
+    if offset >= size:  # past the end: nothing yet (a seek that far is EINVAL on some systems)
+        return b"", offset, size
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(limit), offset, size
+
+
 async def run_logs(request: web.Request) -> web.Response:
     run = run_or_404(request)
     offset = int_param(request, "offset", 0, 0)
@@ -141,24 +262,21 @@ async def run_logs(request: web.Request) -> web.Response:
     fmt = request.query.get("format", "json")
     if fmt not in ("json", "text"):
         raise ApiError(400, f"format: use json or text, got {fmt!r}")
-    run_dir = run_dir_of(request, run)
-    path = run_dir / "output.log" if run_dir is not None else None
-    data, size = b"", 0
-    if path is not None and path.is_file():
-        size = path.stat().st_size
-        if tail:
-            offset = max(0, size - tail)
-        if offset < size:  # past the end: nothing yet (a seek that far is EINVAL on some systems)
-            with open(path, "rb") as f:
-                f.seek(offset)
-                data = f.read(limit)
+    worker = _on_worker(run)
+    offline: str | None = None
+    if worker is not None:
+        data, offset, size, offline = await _worker_log(request, run, worker, offset, limit, tail)
+        if offline is not None and fmt == "text":
+            raise ApiError(409, offline)
+    else:
+        run_dir = run_dir_of(request, run)
+        data, offset, size = _local_log(run_dir / "output.log" if run_dir is not None else None, offset, limit, tail)
     text = data.decode("utf-8", errors="replace")
     if fmt == "text":
         return web.Response(text=text, content_type="text/plain", headers={"X-Next-Offset": str(offset + len(data))})
-    return web.json_response({"run_id": run["id"], "text": text, "offset": offset,
-                              "next_offset": offset + len(data), "size": size})
-
-
+    return web.json_response({"run_id": run["id"], "text": text, "offset": offset, "next_offset": offset + len(data),
+                              "size": size, "where": "worker" if worker else "sidecar", "worker": worker,
+                              "connected": offline is None, "message": offline})
 
 
 def setup(app: web.Application) -> None:
