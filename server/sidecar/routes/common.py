@@ -14,6 +14,7 @@ from ...memory.views import run_fields
 from ..dispatcher import Dispatcher
 from ..errors import ApiError
 from ..keys import CONFIG_KEY, DISPATCHER_KEY, STORE_KEY
+from ..objective import run_objective
 
 
 def dispatcher_of(request: web.Request) -> Dispatcher:
@@ -34,6 +35,7 @@ def public_run(run: dict[str, Any], dispatcher: Dispatcher | None = None,
     its source, graph key, per-card figure: ``memory`` when the caller fetched them for a whole page)."""
     out = dict(run)
     out.pop("pid", None)
+    out["objective"] = run_objective(run.get("final_metrics"))  # the row's headline (docs/runs-panel.md)
     if dispatcher is not None and run["status"] == "queued":
         out["queue_position"] = dispatcher.queue_position(run["id"])
     if memory is None and dispatcher is not None:
