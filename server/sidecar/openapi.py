@@ -145,6 +145,9 @@ SCHEMAS: dict[str, Any] = {
             "waiting_reason": {"type": ["string", "null"]}, "warnings": {"type": "array"},
             "execution_facts": {"type": "object"}, "peak_memory": {"type": ["object", "null"]},
             "final_metrics": {"type": ["object", "null"]}, "cursor": {"type": "integer"},
+            "objective": {"type": ["object", "null"], "description": "the row's headline: metric, value, "
+                          "direction (val_accuracy first, then other accuracies, then losses; "
+                          "server/sidecar/objective.py)"},
             "created_at": {"type": "number"}, "started_at": {"type": ["number", "null"]},
             "finished_at": {"type": ["number", "null"]}, "graph": {"type": "object"},
             "budget": {"type": ["object", "null"], "description": "memory budget per card: gib, source "
