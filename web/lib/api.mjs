@@ -75,11 +75,13 @@ export class Fleet {
   }
   metrics(id, opts) { return this.api("GET", `/runs/${enc(id)}/metrics`, undefined, opts); }
   logs(id, tail, opts) { return this.api("GET", `/runs/${enc(id)}/logs${query({ tail })}`, undefined, opts); }
+  logsFrom(id, offset, opts) { return this.api("GET", `/runs/${enc(id)}/logs${query({ offset, limit: 65536 })}`, undefined, opts); }
   artifacts(id, opts) { return this.api("GET", `/runs/${enc(id)}/artifacts`, undefined, opts); }
-  artifactFile(id, path) {
-    const p = String(path).split("/").map(enc).join("/");
-    return this.api("GET", `/runs/${enc(id)}/artifacts/${p}`, undefined, { raw: true });
+  /** A run file's address (a link inside ComfyUI; the standalone page fetches it with its token). */
+  artifactUrl(id, path) {
+    return `${this.apiBase}/runs/${enc(id)}/artifacts/${String(path).split("/").map(enc).join("/")}`;
   }
+  artifactFile(id, path) { return this.request("GET", this.artifactUrl(id, path), undefined, { raw: true }); }
   estimate(graph, options) { return this.api("POST", "/estimates", { graph, options }); }
 
   // --- sweeps ---

@@ -336,6 +336,24 @@ const EN = {
   "sweep.col_status": "Status",
   "sweep.col_run": "Run",
   "sweep.budget_hint": "Each variant's budget on a card shared by memory; leave it empty on exclusive cards.",
+  // h3 keys
+  "runs.axis.loss": "loss",
+  "runs.axis.accuracy": "accuracy",
+  "runs.axis.throughput": "samples/s",
+  "runs.axis.other": "other",
+  "runs.origin.api": "API",
+  "runs.origin.canvas": "canvas",
+  "runs.origin_title": "Where the run was started: API (Queue on…, the CLI, a sweep) or canvas (ComfyUI's own Run)",
+  "runs.row_started": "started {when}",
+  "runs.row_queued": "queued {when}",
+  "runs.row_took": "took {d}",
+  "runs.row_running_for": "running for {d}",
+  "runs.files_through_worker": "Kept on worker {worker}, read through its connection.",
+  "runs.files_worker_offline": "Kept on worker {worker}, which is not connected now: the files can be downloaded when it reconnects.",
+  "runs.log_worker_offline": "The output log is kept on worker {worker}, which is not connected now: it shows here when the worker reconnects.",
+  "runs.log_waiting": "Nothing written yet.",
+  "runs.download": "Download {name}",
+  "runs.chart_group_label": "Metrics by step: losses, accuracies and throughput each on their own axis",
 };
 
 const ZH = {
@@ -673,6 +691,24 @@ const ZH = {
   "sweep.col_status": "状态",
   "sweep.col_run": "Run",
   "sweep.budget_hint": "每个变体在按内存共享的卡上的预算；独占的卡上留空。",
+  // h3 keys
+  "runs.axis.loss": "损失",
+  "runs.axis.accuracy": "准确率",
+  "runs.axis.throughput": "样本/秒",
+  "runs.axis.other": "其他",
+  "runs.origin.api": "API",
+  "runs.origin.canvas": "画布",
+  "runs.origin_title": "运行从哪里启动：API（Queue on…、命令行、扫描）或画布（ComfyUI 自己的运行）",
+  "runs.row_started": "开始于 {when}",
+  "runs.row_queued": "排队于 {when}",
+  "runs.row_took": "用时 {d}",
+  "runs.row_running_for": "已运行 {d}",
+  "runs.files_through_worker": "保存在工作节点 {worker} 上，通过其连接读取。",
+  "runs.files_worker_offline": "保存在工作节点 {worker} 上，它现在未连接：重新连接后即可下载这些文件。",
+  "runs.log_worker_offline": "输出日志保存在工作节点 {worker} 上，它现在未连接：重新连接后会显示在这里。",
+  "runs.log_waiting": "尚未写入任何内容。",
+  "runs.download": "下载 {name}",
+  "runs.chart_group_label": "按步数的指标：损失、准确率和吞吐量各用一条坐标轴",
 };
 
 export const STRINGS = { en: EN, zh: ZH };

@@ -1,15 +1,49 @@
-// The Runs panel (seed 000): queued runs with status filters, live progress, warnings, waiting reasons,
-// worker and devices, the budget and where it came from, peak memory per card on hover, stop and
-// delete, a live loss/accuracy chart, the output log and the artifacts.
-import { MetricsChart } from "./chart.mjs";
+// The Runs panel (seed 000, docs/runs-panel.md): queued runs with status filters, each row with its
+// source, start time, duration and final objective, live progress, warnings, waiting reasons, worker and
+// devices, the budget and where it came from, peak memory per card on hover, stop and delete, the
+// metrics chart (metrics_chart.mjs), the output log (live) and the files as download links; a worker's
+// run's log and files are read through its agent while it is connected.
+import { MetricsChart } from "./metrics_chart.mjs";
 import { h, replace, saveBlob, sleep } from "./dom.mjs";
-import { bytes, duration, gib, memGib, shortId, when } from "./format.mjs";
+import { bytes, duration, gib, memGib, num, shortId, when } from "./format.mjs";
 import { t } from "./i18n.mjs";
 
 const STATUSES = ["queued", "assigned", "running", "succeeded", "failed", "cancelled", "interrupted"];
 const ACTIVE = new Set(["queued", "assigned", "running"]);
 const LIST_REFRESH_MS = 2000;
 const LOG_TAIL = 64 * 1024;
+const LOG_KEEP = 256 * 1024; // characters a live log keeps on the page (the oldest are dropped)
+const LOG_POLL_MS = 2000;
+
+/** Where a run came from (``source``: api, canvas, ...), as the row shows it. */
+export function sourceText(run) {
+  const source = run.source || "api";
+  const key = `runs.origin.${source}`;
+  return ORIGINS.has(source) ? t(key) : source;
+}
+const ORIGINS = new Set(["api", "canvas"]);
+
+/** Start time: the time alone today, the date and time otherwise. */
+export function startText(epochSeconds, now = Date.now()) {
+  if (!epochSeconds) return null;
+  const d = new Date(epochSeconds * 1000);
+  return d.toDateString() === new Date(now).toDateString() ? d.toLocaleTimeString() : d.toLocaleString();
+}
+
+/** The row's figures: when it started (queued: when it was queued), how long it ran (so far), the final
+ * objective the server picked (server/sidecar/objective.py). */
+export function rowFacts(run, nowSeconds = Date.now() / 1000) {
+  const started = run.started_at || null;
+  const at = startText(started || run.created_at);
+  const end = run.finished_at || (run.status === "running" ? nowSeconds : null);
+  const took = started && end ? duration(end - started) : null;
+  const o = run.objective;
+  return {
+    start: at ? t(started ? "runs.row_started" : "runs.row_queued", { when: at }) : null,
+    took: took ? t(run.finished_at ? "runs.row_took" : "runs.row_running_for", { d: took }) : null,
+    objective: o ? `${o.metric} ${num(o.value, 4)}` : null,
+  };
+}
 
 /** The budget column: figure, where it came from, "(est.)" for an estimate (seed 000). */
 export function budgetText(run) {
@@ -152,7 +186,8 @@ export class RunsPanel {
           h("span", { class: `xf-status xf-status-${r.status}` }, t(`runs.status.${r.status}`)),
           h("span", { class: "xf-run-name" }, r.name || shortId(r.id)),
           h("span", { class: "xf-hint" }, ` ${shortId(r.id)} · ${where}`),
-          h("span", { class: "xf-budget-col", dataset: { xpufleet: "budget-col" } }, budgetText(r))),
+          h("span", { class: "xf-budget-col", dataset: { xpufleet: "budget-col" } }, budgetText(r)),
+          rowMeta(r)),
         bar,
         r.waiting_reason ? h("div", { class: "xf-waiting", dataset: { xpufleet: "waiting" } }, r.waiting_reason) : null,
         (r.warnings || []).map((w) => h("div", { class: "xf-warn", dataset: { kind: w.kind } }, `${w.kind}: ${w.message}`)));
@@ -264,6 +299,10 @@ export class RunsPanel {
       }
       for (const ev of page.events) this.apply(ev, true);
       cursor = page.cursor;
+      if (page.status === "running" && Date.now() - (this.logPolled || 0) >= LOG_POLL_MS) {
+        this.logPolled = Date.now();
+        await this.loadLog(signal); // the log as it grows (a worker's through its agent)
+      }
       if (page.events.some((e) => ["run_started", "run_warning"].includes(e.type)) || this.run.status !== page.status) {
         try { this.run = await this.fleet.run(runId, { signal }); this.renderHead(); } catch { /* next round */ }
       }
@@ -295,19 +334,54 @@ export class RunsPanel {
     try {
       const a = await this.fleet.artifacts(r.id, { signal });
       const files = (a.artifacts || []).map((f) => h("li", {},
-        f.downloadable ? h("button", { type: "button", class: "xf-link", onclick: () => this.download(r.id, f.path) }, f.path) : f.path,
-        ` · ${f.kind}${f.size !== undefined ? ` · ${bytes(f.size)}` : ""}`));
-      replace(this.filesBox, a.location ? h("div", { class: "xf-hint" }, t("runs.files_on", { where: a.location })) : null,
+        f.downloadable ? this.fileLink(r.id, f.path) : h("span", { class: "xf-path" }, f.path),
+        ` · ${f.kind}${f.size !== undefined && f.size !== null ? ` · ${bytes(f.size)}` : ""}`));
+      const where = a.where === "worker"
+        ? h("div", { class: a.connected ? "xf-hint" : "xf-warn", dataset: { xpufleet: "files-where", connected: String(!!a.connected) } },
+          t(a.connected ? "runs.files_through_worker" : "runs.files_worker_offline", { worker: a.worker }))
+        : null;
+      replace(this.filesBox, where,
         files.length ? h("ul", { class: "xf-list" }, files) : h("div", { class: "xf-hint" }, t("runs.no_files")));
     } catch (err) {
       if (err?.name !== "AbortError") replace(this.filesBox, h("div", { class: "xf-error" }, err.message));
     }
+    await this.loadLog(signal, true);
+  }
+
+  /** The output log: its tail first, then (``fromStart`` false) what was written since. */
+  async loadLog(signal, fromStart = false) {
+    const r = this.run;
     try {
-      const log = await this.fleet.logs(r.id, LOG_TAIL, { signal });
-      this.logBox.textContent = log.text || (r.placement === "worker" ? t("runs.log_on_worker", { worker: r.worker_id }) : t("runs.log_empty"));
+      const log = fromStart || this.logOffset === undefined
+        ? await this.fleet.logs(r.id, LOG_TAIL, { signal })
+        : await this.fleet.logsFrom(r.id, this.logOffset, { signal });
+      this.logBox.dataset.where = log.where || "sidecar";
+      this.logBox.dataset.connected = String(log.connected !== false);
+      if (log.connected === false) {
+        this.logOffset = undefined;
+        this.logBox.textContent = t("runs.log_worker_offline", { worker: log.worker });
+        return;
+      }
+      const text = fromStart ? log.text : (this.logBox.dataset.text === "true" ? this.logBox.textContent : "") + log.text;
+      this.logOffset = log.next_offset;
+      this.logBox.dataset.text = text ? "true" : "false";
+      this.logBox.textContent = text ? text.slice(-LOG_KEEP) : t(ACTIVE.has(r.status) ? "runs.log_waiting" : "runs.log_empty");
+      if (text && log.text && this.logBox.scrollHeight - this.logBox.scrollTop - this.logBox.clientHeight < 40) {
+        this.logBox.scrollTop = this.logBox.scrollHeight; // follow the end unless the user scrolled up
+      }
     } catch (err) {
       if (err?.name !== "AbortError") this.logBox.textContent = err.message;
     }
+  }
+
+  /** A file as a link: ComfyUI's proxy serves it to a plain link; the standalone page needs its session
+   * token on the request, so the click fetches it and saves the bytes. */
+  fileLink(runId, path) {
+    const name = path.split("/").pop();
+    const attrs = { href: this.fleet.artifactUrl(runId, path), download: name, class: "xf-link",
+      "aria-label": t("runs.download", { name: path }), dataset: { xpufleet: "artifact-link", path } };
+    if (this.fleet.kind !== "comfy") attrs.onclick = (e) => { e.preventDefault(); this.download(runId, path); };
+    return h("a", attrs, path);
   }
 
   async download(runId, path) {
@@ -318,6 +392,16 @@ export class RunsPanel {
       this.filesBox.append(h("div", { class: "xf-error", role: "alert" }, err.message));
     }
   }
+}
+
+function rowMeta(r) {
+  const f = rowFacts(r);
+  return h("span", { class: "xf-run-meta xf-hint", dataset: { xpufleet: "run-meta" } },
+    h("span", { class: "xf-source-chip", dataset: { xpufleet: "run-source", source: r.source || "api" },
+      title: t("runs.origin_title") }, sourceText(r)),
+    f.start ? h("span", { dataset: { xpufleet: "run-start" } }, f.start) : null,
+    f.took ? h("span", { dataset: { xpufleet: "run-took" } }, f.took) : null,
+    f.objective ? h("span", { class: "xf-run-objective", dataset: { xpufleet: "run-objective" } }, f.objective) : null);
 }
 
 function progressBar(p) {
