@@ -696,7 +696,7 @@ const ZH = {
   "runs.axis.accuracy": "准确率",
   "runs.axis.throughput": "样本/秒",
   "runs.axis.other": "其他",
-  "runs.origin.api": "API",
+  "runs.origin.api": "API 提交",
   "runs.origin.canvas": "画布",
   "runs.origin_title": "运行从哪里启动：API（Queue on…、命令行、扫描）或画布（ComfyUI 自己的运行）",
   "runs.row_started": "开始于 {when}",
