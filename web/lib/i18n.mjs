@@ -354,6 +354,7 @@ const EN = {
   "runs.log_waiting": "Nothing written yet.",
   "runs.download": "Download {name}",
   "runs.chart_group_label": "Metrics by step: losses, accuracies and throughput each on their own axis",
+  "runs.metrics_heading": "Metrics",
 };
 
 const ZH = {
@@ -709,6 +710,7 @@ const ZH = {
   "runs.log_waiting": "尚未写入任何内容。",
   "runs.download": "下载 {name}",
   "runs.chart_group_label": "按步数的指标：损失、准确率和吞吐量各用一条坐标轴",
+  "runs.metrics_heading": "指标",
 };
 
 export const STRINGS = { en: EN, zh: ZH };

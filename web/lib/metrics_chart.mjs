@@ -10,7 +10,16 @@ import { t } from "./i18n.mjs";
 
 /** The panels, top to bottom; what goes where is `groupFor`. */
 export const GROUPS = ["loss", "accuracy", "throughput", "other"];
-const HEIGHTS = { loss: 200, accuracy: 130, throughput: 110, other: 110 };
+const HEIGHTS = { loss: 200, accuracy: 130, throughput: 120, other: 120 };
+const compact = new Intl.NumberFormat(undefined, { notation: "compact", maximumSignificantDigits: 3 });
+
+/** A panel's y range: accuracies 0..1; a throughput from 0 (one point at a run's end still reads);
+ * losses and the rest around their values. */
+function yScale(group) {
+  if (group === "accuracy") return { range: [0, 1] };
+  if (group === "throughput") return { range: (u, lo, hi) => [0, hi > 0 ? hi * 1.15 : 1] };
+  return { auto: true };
+}
 const MANY_POINTS = 60; // above this a series is drawn as a line only
 
 /** Which panel a metric goes to, by its name: accuracies (0..1), throughputs, losses, the rest. */
@@ -128,10 +137,11 @@ export class MetricsChart {
         width, height: HEIGHTS[group],
         cursor: { sync: { key: this.syncKey, setSeries: true }, points: { size: 7 } },
         legend: { live: true },
-        scales: { x: { time: false }, y: group === "accuracy" ? { range: [0, 1] } : { auto: true } },
+        scales: { x: { time: false }, y: yScale(group) },
         axes: [
           { label: i === groups.length - 1 ? t("runs.step") : undefined, stroke: "currentColor", grid },
-          { label: t(`runs.axis.${group}`), stroke: "currentColor", grid, size: 56 },
+          { label: t(`runs.axis.${group}`), stroke: "currentColor", grid, size: 60,
+            values: (u, splits) => splits.map((v) => (Math.abs(v) >= 1000 ? compact.format(v) : num(v, 3))) },
         ],
         series: [
           { label: t("runs.step"), value: (u, v) => (v === null || v === undefined ? "—" : String(v)) },

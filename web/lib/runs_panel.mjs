@@ -219,7 +219,7 @@ export class RunsPanel {
     this.filesBox = h("div", { class: "xf-files", dataset: { xpufleet: "artifacts" } });
     this.logBox = h("pre", { class: "xf-log", tabindex: "0", "aria-label": t("runs.log"), dataset: { xpufleet: "log" } });
     replace(this.detail, this.head, this.progressBox,
-      h("h3", {}, t("runs.metrics")), chartBox,
+      h("h3", {}, t("runs.metrics_heading")), chartBox,
       h("details", { class: "xf-details", open: true }, h("summary", {}, t("runs.artifacts")), this.filesBox),
       h("details", { class: "xf-details" }, h("summary", {}, t("runs.log")), this.logBox));
     this.chart = new MetricsChart(chartBox);

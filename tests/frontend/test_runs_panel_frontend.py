@@ -1,0 +1,181 @@
+"""The Runs panel as a user lives in it (issue 20, point 5; docs/runs-panel.md), on the standalone page:
+rows that tell four runs of one name apart (source, start, duration, final objective), a finished run's
+chart with loss, accuracy and throughput on their own axes and the legends' values on hover, a file
+downloaded from its link, and a worker's run's log while it trains and its files through the agent. A
+real sidecar and an agent simulating CUDA cards (tests/frontend/conftest.py); Debian's Chromium."""
+
+from __future__ import annotations
+
+import math
+
+import browser_harness as bh  # registered by tests/frontend/conftest.py
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
+
+WAIT_MS = int(bh.WAIT_S * 1000)
+SETTINGS = {"XPUFleet.Predict.Device": "", "XPUFleet.Language": "en"}
+
+
+@pytest.fixture(scope="module")
+def page(playwright_browser, standalone_fleet):
+    context = bh.standalone_context(playwright_browser, SETTINGS)
+    page = context.new_page()
+    log = bh.ConsoleLog().attach(page)
+    page.goto(standalone_fleet.login_url())
+    page.locator("[data-xpufleet=drop-zone]").wait_for(timeout=WAIT_MS)
+    try:
+        yield page
+    finally:
+        context.close()
+    assert log.errors == [], log.errors  # no console error through these tests
+    assert log.failed == [], log.failed  # and no failed request
+
+
+def open_run(page, run_id: str):
+    page.click("[data-xpufleet=tab-runs]")
+    runs = page.locator("[data-xpufleet=runs-panel]")
+    runs.locator(f"[data-run-id='{run_id}'] .xf-run-pick").click(timeout=WAIT_MS)
+    return runs
+
+
+def close_enough(shown: str, value: float) -> bool:
+    """The page shows 4 significant digits (web/lib/format.mjs ``num``)."""
+    return math.isclose(float(shown), value, rel_tol=5e-4, abs_tol=1e-12)
+
+
+@pytest.fixture(scope="module")
+def finished(standalone_fleet):
+    """Four runs named alike: three here, one on gpu-box, each finished."""
+    sc = standalone_fleet.sidecar
+    ids = [sc.submit(bh.sidecar_harness.iris_graph(epochs), name="mlp_digits", target=target)
+           for epochs, target in ((3, {"worker": "local"}), (2, {"worker": "local"}), (4, {"worker": "local"}),
+                                  (3, {"worker": "gpu-box", "devices": ["cuda:0"]}))]
+    runs = [sc.finish(rid, timeout=bh.WAIT_S * 2) for rid in ids]
+    assert all(r["status"] == "succeeded" for r in runs), [r["error"] for r in runs]
+    return runs
+
+
+def test_four_runs_of_one_name_show_source_start_duration_and_final_objective(page, standalone_fleet, finished,
+                                                                              screenshots):
+    open_run(page, finished[0]["id"])
+    runs = page.locator("[data-xpufleet=runs-panel]")
+    texts = []
+    for run in finished:
+        server = standalone_fleet.call("GET", f"/api/runs/{run['id']}")
+        row = runs.locator(f"[data-run-id='{run['id']}'] [data-xpufleet=run-meta]")
+        row.locator("[data-xpufleet=run-objective]").wait_for(timeout=WAIT_MS)
+        source = row.locator("[data-xpufleet=run-source]")
+        assert source.get_attribute("data-source") == server.get("source", "api")
+        assert source.inner_text() == "API"
+        assert row.locator("[data-xpufleet=run-start]").inner_text().startswith("started ")
+        took = row.locator("[data-xpufleet=run-took]").inner_text()
+        assert took.startswith("took ") and took.endswith(" s"), took
+        objective = server["objective"]
+        assert objective["metric"] == "val_accuracy"  # the server's pick: validation accuracy first
+        name, value = row.locator("[data-xpufleet=run-objective]").inner_text().split(" ")
+        assert name == "val_accuracy" and close_enough(value, objective["value"])
+        texts.append(runs.locator(f"[data-run-id='{run['id']}']").inner_text())
+    assert len(set(texts)) == 4  # four rows named mlp_digits, each told apart
+    page.screenshot(path=str(screenshots / "runs-rows-facts.png"))
+
+
+def panel(runs, group: str):
+    return runs.locator(f"[data-xpufleet=chart] .xf-chart-panel[data-group={group}]")
+
+
+def test_a_finished_runs_chart_keeps_loss_accuracy_and_throughput_apart_with_values_on_hover(
+        page, standalone_fleet, finished, screenshots):
+    run = finished[0]
+    metrics = standalone_fleet.call("GET", f"/api/runs/{run['id']}/metrics")["metrics"]
+    assert {"train_loss", "val_loss", "val_accuracy", "samples_per_s", "eval_loss", "eval_accuracy"} <= set(metrics)
+    runs = open_run(page, run["id"])
+    runs.locator("[data-xpufleet=detail-status]", has_text="succeeded").wait_for(timeout=WAIT_MS)
+    chart = runs.locator("[data-xpufleet=chart][data-drawn=true]")
+    chart.wait_for(timeout=WAIT_MS)
+    assert chart.get_attribute("data-groups") == "loss,accuracy,throughput"
+    loss, acc, rate = panel(runs, "loss"), panel(runs, "accuracy"), panel(runs, "throughput")
+    assert set(loss.get_attribute("data-series").split(",")) == {"train_loss", "val_loss", "eval_loss"} | (
+        {"train_loss_batch", "val_loss_step"} & set(metrics))
+    assert acc.get_attribute("data-series") == "val_accuracy,eval_accuracy"
+    assert rate.get_attribute("data-series") == "samples_per_s"
+    # the loss axis stays near the losses once the run has ended (the throughput never joins it)
+    losses = [p["value"] for n, pts in metrics.items() if "loss" in n for p in pts]
+    y_max = float(loss.get_attribute("data-y-max"))
+    assert max(losses) <= y_max <= max(losses) * 1.5 + 0.1, (y_max, max(losses))
+    assert float(loss.get_attribute("data-y-min")) >= min(0.0, min(losses)) - 0.1
+    assert (float(acc.get_attribute("data-y-min")), float(acc.get_attribute("data-y-max"))) == (0.0, 1.0)
+    assert float(rate.get_attribute("data-y-max")) >= metrics["samples_per_s"][-1]["value"]
+    # hover the middle of the loss panel: every panel's legend shows the values at that step
+    box = loss.locator(".u-over").bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.5, box["y"] + box["height"] * 0.5)
+    step_text = loss.locator(".u-legend .u-series").first.locator(".u-value").inner_text()
+    assert step_text not in ("—", "--", ""), step_text
+    step = int(step_text)
+    checked = 0
+    for group in ("loss", "accuracy"):
+        for row in panel(runs, group).locator(".u-legend .u-series").all()[1:]:
+            name = row.locator(".u-label").inner_text()
+            shown = row.locator(".u-value").inner_text()
+            at = [p["value"] for p in metrics[name] if p.get("step") == step]
+            if at:
+                assert close_enough(shown, at[-1]), (name, step, shown, at)
+                checked += 1
+    assert checked >= 2  # train_loss and val_accuracy (at least) are reported at the hovered step
+    # colours are the series' own: the legend marker of train_loss is its colour in any run's chart
+    marker = loss.locator(".u-legend .u-series", has_text="train_loss").first.locator(".u-marker")
+    assert "rgb(22, 119, 255)" in marker.evaluate("(m) => getComputedStyle(m).borderColor + getComputedStyle(m).background")
+    page.screenshot(path=str(screenshots / "runs-chart-hover.png"))
+    page.mouse.move(5, 5)
+
+
+def test_a_local_runs_file_downloads_from_its_link(page, standalone_fleet, finished, tmp_path):
+    run = finished[1]
+    runs = open_run(page, run["id"])
+    link = runs.locator("[data-xpufleet=artifacts] [data-xpufleet=artifact-link][data-path='spec.json']")
+    link.wait_for(timeout=WAIT_MS)
+    assert link.evaluate("(a) => a.tagName") == "A" and link.get_attribute("download") == "spec.json"
+    with page.expect_download(timeout=WAIT_MS) as info:
+        link.click()
+    download = info.value
+    assert download.suggested_filename == "spec.json"
+    saved = tmp_path / "spec.json"
+    download.save_as(saved)
+    expected = standalone_fleet.sidecar.client.request("GET", f"/api/runs/{run['id']}/artifacts/spec.json", raw=True)
+    assert saved.read_bytes() == expected
+
+
+def test_a_worker_runs_log_shows_live_and_its_files_download_through_the_agent(page, standalone_fleet, finished,
+                                                                              tmp_path, screenshots):
+    sc = standalone_fleet.sidecar
+    rid = sc.submit(bh.sidecar_harness.iris_graph(10**6), name="endless on gpu-box",
+                    target={"worker": "gpu-box", "devices": ["cuda:1"]})
+    try:
+        sc.wait_for(rid, "run_started", bh.WAIT_S)
+        runs = open_run(page, rid)
+        runs.locator("[data-xpufleet=detail-status]", has_text="running").wait_for(timeout=WAIT_MS)
+        runs.locator("[data-xpufleet=run-detail] summary", has_text="Output log").click()
+        log = runs.locator("[data-xpufleet=log][data-where=worker][data-connected=true][data-text=true]")
+        log.wait_for(timeout=WAIT_MS)
+        first = log.inner_text()
+        # live: the box grows while the run trains, with the worker's own bytes
+        page.wait_for_function("([el, n]) => el.textContent.length > n",
+                               arg=[log.element_handle(), len(first)], timeout=WAIT_MS)
+        assert standalone_fleet.call("GET", f"/api/runs/{rid}")["status"] == "running"
+        server = standalone_fleet.call("GET", f"/api/runs/{rid}/logs")
+        assert server["where"] == "worker" and server["text"].startswith(first[:200])
+        page.screenshot(path=str(screenshots / "runs-worker-live-log.png"))
+    finally:
+        standalone_fleet.call("POST", f"/api/runs/{rid}/cancel", {})
+    done = finished[3]
+    runs = open_run(page, done["id"])
+    where = runs.locator("[data-xpufleet=files-where][data-connected=true]")
+    assert where.inner_text(timeout=WAIT_MS) == "Kept on worker gpu-box, read through its connection."
+    link = runs.locator("[data-xpufleet=artifact-link][data-path='output.log']")
+    with page.expect_download(timeout=WAIT_MS) as info:
+        link.click()
+    saved = tmp_path / "output.log"
+    info.value.save_as(saved)
+    expected = sc.client.request("GET", f"/api/runs/{done['id']}/artifacts/output.log", raw=True)
+    assert saved.read_bytes() == expected and expected  # the worker's file, through the agent
+    page.screenshot(path=str(screenshots / "runs-worker-files.png"))
