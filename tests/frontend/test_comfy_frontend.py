@@ -134,7 +134,9 @@ def test_queue_on_sends_the_canvas_graph_to_the_worker_cards_and_the_run_finishe
     chart.wait_for(timeout=WAIT_MS)
     assert {"train_loss", "val_accuracy"} <= set(chart.get_attribute("data-series").split(","))
     assert int(chart.get_attribute("data-points")) >= 6  # 3 epochs of train_loss, val_loss, val_accuracy
-    assert runs.locator(".u-over").count() == 1  # uPlot drew its canvas
+    # uPlot drew one panel per kind of figure: losses, accuracies, the throughput (docs/runs-panel.md)
+    assert chart.get_attribute("data-groups") == "loss,accuracy,throughput"
+    assert runs.locator("[data-xpufleet=chart] .u-over").count() == 3
     run_id = runs.locator(".xf-run-row.xf-selected").get_attribute("data-run-id")
     run = comfy_fleet.call("GET", f"/api/runs/{run_id}")
     assert run["status"] == "succeeded" and run["worker_id"] == "gpu-box" and run["devices"] == ["cuda:1"]

@@ -362,7 +362,9 @@ export class RunsPanel {
         this.logBox.textContent = t("runs.log_worker_offline", { worker: log.worker });
         return;
       }
-      const text = fromStart ? log.text : (this.logBox.dataset.text === "true" ? this.logBox.textContent : "") + log.text;
+      // a tail starts mid-line: shown from its first whole line
+      const head = fromStart && log.offset > 0 ? log.text.slice(log.text.indexOf("\n") + 1) : log.text;
+      const text = fromStart ? head : (this.logBox.dataset.text === "true" ? this.logBox.textContent : "") + log.text;
       this.logOffset = log.next_offset;
       this.logBox.dataset.text = text ? "true" : "false";
       this.logBox.textContent = text ? text.slice(-LOG_KEEP) : t(ACTIVE.has(r.status) ? "runs.log_waiting" : "runs.log_empty");
