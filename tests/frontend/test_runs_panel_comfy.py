@@ -97,6 +97,7 @@ def test_in_comfyui_a_finished_runs_chart_legend_and_download_and_a_worker_runs_
         text = box.inner_text()
         assert "[xpufleet] train_loss epoch" in text and not text.startswith(("0", "1", "2", "3", "4", "5", "6", "7",
                                                                               "8", "9"))  # whole lines only
+        box.scroll_into_view_if_needed()
         page.screenshot(path=str(screenshots / "comfy-runs-worker-log.png"))
     finally:
         comfy_fleet.call("POST", f"/api/runs/{live}/cancel", {})

@@ -164,6 +164,7 @@ def test_a_worker_runs_log_shows_live_and_its_files_download_through_the_agent(p
         assert standalone_fleet.call("GET", f"/api/runs/{rid}")["status"] == "running"
         server = standalone_fleet.call("GET", f"/api/runs/{rid}/logs")
         assert server["where"] == "worker" and server["text"].startswith(first[:200])
+        log.scroll_into_view_if_needed()
         page.screenshot(path=str(screenshots / "runs-worker-live-log.png"))
     finally:
         standalone_fleet.call("POST", f"/api/runs/{rid}/cancel", {})
@@ -179,3 +180,21 @@ def test_a_worker_runs_log_shows_live_and_its_files_download_through_the_agent(p
     expected = sc.client.request("GET", f"/api/runs/{done['id']}/artifacts/output.log", raw=True)
     assert saved.read_bytes() == expected and expected  # the worker's file, through the agent
     page.screenshot(path=str(screenshots / "runs-worker-files.png"))
+
+
+def test_a_worker_runs_log_and_files_say_plainly_when_the_worker_is_not_connected(page, standalone_fleet, finished,
+                                                                                 screenshots):
+    done = finished[3]
+    agent = next(a for a in standalone_fleet.agents if a.name == "gpu-box")
+    agent.stop()  # the last test of the module: the worker goes away
+    standalone_fleet.wait_worker("gpu-box", "Disconnected")
+    runs = open_run(page, done["id"])
+    where = runs.locator("[data-xpufleet=files-where][data-connected=false]")
+    assert where.inner_text(timeout=WAIT_MS) == ("Kept on worker gpu-box, which is not connected now: the files can "
+                                                 "be downloaded when it reconnects.")
+    assert runs.locator("[data-xpufleet=artifact-link]").count() == 0  # nothing offered that cannot come
+    runs.locator("[data-xpufleet=run-detail] summary", has_text="Output log").click()
+    log = runs.locator("[data-xpufleet=log][data-connected=false]")
+    assert log.inner_text(timeout=WAIT_MS) == ("The output log is kept on worker gpu-box, which is not connected now: "
+                                               "it shows here when the worker reconnects.")
+    page.screenshot(path=str(screenshots / "runs-worker-offline.png"))

@@ -10,7 +10,7 @@ import { t } from "./i18n.mjs";
 
 /** The panels, top to bottom; what goes where is `groupFor`. */
 export const GROUPS = ["loss", "accuracy", "throughput", "other"];
-const HEIGHTS = { loss: 200, accuracy: 130, throughput: 120, other: 120 };
+const HEIGHTS = { loss: 200, accuracy: 140, throughput: 150, other: 150 }; // room for 3+ ticks and the label
 const compact = new Intl.NumberFormat(undefined, { notation: "compact", maximumSignificantDigits: 3 });
 
 /** A panel's y range: accuracies 0..1; a throughput from 0 (one point at a run's end still reads);

@@ -341,7 +341,8 @@ export class RunsPanel {
           t(a.connected ? "runs.files_through_worker" : "runs.files_worker_offline", { worker: a.worker }))
         : null;
       replace(this.filesBox, where,
-        files.length ? h("ul", { class: "xf-list" }, files) : h("div", { class: "xf-hint" }, t("runs.no_files")));
+        files.length ? h("ul", { class: "xf-list" }, files)
+          : (a.connected === false ? null : h("div", { class: "xf-hint" }, t("runs.no_files"))));
     } catch (err) {
       if (err?.name !== "AbortError") replace(this.filesBox, h("div", { class: "xf-error" }, err.message));
     }
