@@ -17,7 +17,7 @@ const compact = new Intl.NumberFormat(undefined, { notation: "compact", maximumS
  * losses and the rest around their values. */
 function yScale(group) {
   if (group === "accuracy") return { range: [0, 1] };
-  if (group === "throughput") return { range: (u, lo, hi) => [0, hi > 0 ? hi * 1.15 : 1] };
+  if (group === "throughput") return { range: (u, lo, hi) => [0, hi > 0 ? niceCeil(hi * 1.1) : 1] };
   return { auto: true };
 }
 const MANY_POINTS = 60; // above this a series is drawn as a line only
@@ -47,6 +47,12 @@ export function colorFor(name) {
   let hash = 0;
   for (const ch of String(name)) hash = (hash * 31 + ch.codePointAt(0)) >>> 0;
   return PALETTE[hash % PALETTE.length];
+}
+
+/** The next 1, 2 or 5 times a power of ten at or above ``v`` (> 0): an axis top its ticks reach. */
+function niceCeil(v) {
+  const p = 10 ** Math.floor(Math.log10(v));
+  return [1, 2, 5, 10].map((m) => m * p).find((c) => c >= v);
 }
 
 let chartIds = 0;
@@ -140,7 +146,7 @@ export class MetricsChart {
         scales: { x: { time: false }, y: yScale(group) },
         axes: [
           { label: i === groups.length - 1 ? t("runs.step") : undefined, stroke: "currentColor", grid },
-          { label: t(`runs.axis.${group}`), stroke: "currentColor", grid, size: 60,
+          { label: t(`runs.axis.${group}`), stroke: "currentColor", grid, size: 60, space: 20,
             values: (u, splits) => splits.map((v) => (Math.abs(v) >= 1000 ? compact.format(v) : num(v, 3))) },
         ],
         series: [
