@@ -198,3 +198,36 @@ def test_a_worker_runs_log_and_files_say_plainly_when_the_worker_is_not_connecte
     assert log.inner_text(timeout=WAIT_MS) == ("The output log is kept on worker gpu-box, which is not connected now: "
                                                "it shows here when the worker reconnects.")
     page.screenshot(path=str(screenshots / "runs-worker-offline.png"))
+
+
+def test_the_row_facts_name_a_canvas_run_and_a_running_or_queued_one_in_both_languages(page):
+    """The page's own module (web/lib/runs_panel.mjs), fed the rows the server lists: a canvas run
+    (recorded from ComfyUI's Run), one still running, one queued, and a source this page does not know."""
+    facts = page.evaluate("""async () => {
+        const base = document.querySelector('script[type=module]').src;
+        const m = await import(new URL('../lib/runs_panel.mjs', base));
+        const i18n = await import(new URL('../lib/i18n.mjs', base));
+        const now = 1_700_000_100;
+        const rows = [
+          {source: 'canvas', status: 'succeeded', created_at: now - 100, started_at: now - 90, finished_at: now - 30,
+           objective: {metric: 'val_accuracy', value: 0.93333, direction: 'maximize'}},
+          {status: 'running', created_at: now - 20, started_at: now - 12},
+          {source: 'api', status: 'queued', created_at: now - 5},
+          {source: 'later', status: 'succeeded', created_at: now - 100, started_at: now - 90, finished_at: now - 89.5},
+        ];
+        const out = {en: rows.map((r) => [m.sourceText(r), m.rowFacts(r, now)])};
+        i18n.setLanguage('zh');
+        out.zh = rows.map((r) => [m.sourceText(r), m.rowFacts(r, now)]);
+        i18n.setLanguage('en');
+        return out;
+    }""")
+    en = facts["en"]
+    assert [src for src, _ in en] == ["canvas", "API", "API", "later"]
+    assert en[0][1]["took"] == "took 1 min 0 s" and en[0][1]["objective"] == "val_accuracy 0.9333"
+    assert en[0][1]["start"].startswith("started ")
+    assert en[1][1]["took"] == "running for 12 s" and en[1][1]["objective"] is None
+    assert en[2][1]["start"].startswith("queued ") and en[2][1]["took"] is None
+    assert en[3][1]["took"] == "took 0.5 s"
+    zh = facts["zh"]
+    assert [src for src, _ in zh] == ["画布", "API 提交", "API 提交", "later"]
+    assert zh[0][1]["took"] == "用时 1 min 0 s" and zh[1][1]["took"] == "已运行 12 s"
