@@ -150,10 +150,11 @@ export class MetricsChart {
             values: (u, splits) => splits.map((v) => (Math.abs(v) >= 1000 ? compact.format(v) : num(v, 3))) },
         ],
         series: [
-          { label: t("runs.step"), value: (u, v) => (v === null || v === undefined ? "—" : String(v)) },
+          // away from the plots the legends show each series' latest value (at the last step)
+          { label: t("runs.step"), value: (u, v, si, idx) => shown(idx === null ? lastOf(u.data[0]) : v, String) },
           ...names.map((name) => ({
             label: name, stroke: colorFor(name), width: name.endsWith("_batch") ? 1 : 2, spanGaps: true,
-            value: (u, v) => (v === null || v === undefined ? "—" : num(v, 4)),
+            value: (u, v, si, idx) => shown(idx === null ? lastOf(u.data[si]) : v, (x) => num(x, 4)),
             points: { show: (u, si) => pointCount(u.data[si]) < MANY_POINTS, size: 5 },
           })),
         ],
@@ -186,6 +187,15 @@ export class MetricsChart {
     this.plots = [];
     if (this.pendingFrame) cancelAnimationFrame(this.pendingFrame);
   }
+}
+
+function shown(v, fmt) {
+  return v === null || v === undefined ? "—" : fmt(v);
+}
+
+function lastOf(col) {
+  for (let i = (col?.length ?? 0) - 1; i >= 0; i--) if (col[i] !== null && col[i] !== undefined) return col[i];
+  return null;
 }
 
 function pointCount(col) {

@@ -213,6 +213,7 @@ export class RunsPanel {
       return;
     }
     this.run = run;
+    this.logOffset = undefined; // this run's log is read from its own tail
     this.head = h("div", { class: "xf-run-head" });
     this.progressBox = h("div", { class: "xf-progress-box", dataset: { xpufleet: "progress" } });
     const chartBox = h("div", { class: "xf-chart-box" });
@@ -349,31 +350,40 @@ export class RunsPanel {
     await this.loadLog(signal, true);
   }
 
-  /** The output log: its tail first, then (``fromStart`` false) what was written since. */
+  /** The output log: its tail first, then (``fromStart`` false) what was written since. A read that a
+   * newer tail read (or another run's selection) overtook is dropped, so nothing shows twice. */
   async loadLog(signal, fromStart = false) {
     const r = this.run;
+    const box = this.logBox;
+    if (fromStart) this.logGen = (this.logGen || 0) + 1;
+    else if (this.logLoading === box) return; // one follow-up read at a time: the next round catches up
+    const gen = this.logGen;
+    if (!fromStart) this.logLoading = box;
     try {
       const log = fromStart || this.logOffset === undefined
         ? await this.fleet.logs(r.id, LOG_TAIL, { signal })
         : await this.fleet.logsFrom(r.id, this.logOffset, { signal });
-      this.logBox.dataset.where = log.where || "sidecar";
-      this.logBox.dataset.connected = String(log.connected !== false);
+      if (box !== this.logBox || gen !== this.logGen) return;
+      box.dataset.where = log.where || "sidecar";
+      box.dataset.connected = String(log.connected !== false);
       if (log.connected === false) {
         this.logOffset = undefined;
-        this.logBox.textContent = t("runs.log_worker_offline", { worker: log.worker });
+        box.textContent = t("runs.log_worker_offline", { worker: log.worker });
         return;
       }
+      const tailRead = fromStart || this.logOffset === undefined;
       // a tail starts mid-line: shown from its first whole line
-      const head = fromStart && log.offset > 0 ? log.text.slice(log.text.indexOf("\n") + 1) : log.text;
-      const text = fromStart ? head : (this.logBox.dataset.text === "true" ? this.logBox.textContent : "") + log.text;
+      const fresh = tailRead && log.offset > 0 ? log.text.slice(log.text.indexOf("\n") + 1) : log.text;
+      const text = tailRead ? fresh : (box.dataset.text === "true" ? box.textContent : "") + fresh;
       this.logOffset = log.next_offset;
-      this.logBox.dataset.text = text ? "true" : "false";
-      this.logBox.textContent = text ? text.slice(-LOG_KEEP) : t(ACTIVE.has(r.status) ? "runs.log_waiting" : "runs.log_empty");
-      if (text && log.text && this.logBox.scrollHeight - this.logBox.scrollTop - this.logBox.clientHeight < 40) {
-        this.logBox.scrollTop = this.logBox.scrollHeight; // follow the end unless the user scrolled up
-      }
+      const follow = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
+      box.dataset.text = text ? "true" : "false";
+      box.textContent = text ? text.slice(-LOG_KEEP) : t(ACTIVE.has(r.status) ? "runs.log_waiting" : "runs.log_empty");
+      if (text && follow) box.scrollTop = box.scrollHeight; // follow the end unless the user scrolled up
     } catch (err) {
-      if (err?.name !== "AbortError") this.logBox.textContent = err.message;
+      if (err?.name !== "AbortError" && box === this.logBox) box.textContent = err.message;
+    } finally {
+      if (this.logLoading === box) this.logLoading = null;
     }
   }
 
