@@ -172,6 +172,8 @@ def test_a_worker_runs_log_shows_live_and_its_files_download_through_the_agent(p
         server = standalone_fleet.call("GET", f"/api/runs/{rid}/logs")  # the whole log, from its start
         # the page shows the log's tail (64 KiB, from a whole line): a piece of the worker's own log
         assert server["where"] == "worker" and first.strip() and first.strip() in server["text"]
+        grown = log.inner_text().strip()  # what arrived since joins on: no gap, nothing twice
+        assert len(grown) > len(first.strip()) and grown in standalone_fleet.call("GET", f"/api/runs/{rid}/logs")["text"]
         log.scroll_into_view_if_needed()
         page.screenshot(path=str(screenshots / "runs-worker-live-log.png"))
     finally:

@@ -360,7 +360,8 @@ export class RunsPanel {
     const gen = this.logGen;
     if (!fromStart) this.logLoading = box;
     try {
-      const log = fromStart || this.logOffset === undefined
+      const tailRead = fromStart || this.logOffset === undefined; // decided before the wait, as asked
+      const log = tailRead
         ? await this.fleet.logs(r.id, LOG_TAIL, { signal })
         : await this.fleet.logsFrom(r.id, this.logOffset, { signal });
       if (box !== this.logBox || gen !== this.logGen) return;
@@ -371,7 +372,6 @@ export class RunsPanel {
         box.textContent = t("runs.log_worker_offline", { worker: log.worker });
         return;
       }
-      const tailRead = fromStart || this.logOffset === undefined;
       // a tail starts mid-line: shown from its first whole line
       const fresh = tailRead && log.offset > 0 ? log.text.slice(log.text.indexOf("\n") + 1) : log.text;
       const text = tailRead ? fresh : (box.dataset.text === "true" ? box.textContent : "") + fresh;
