@@ -113,6 +113,9 @@ class History:
     train_loss_batch: list[list[float]] = field(default_factory=list)  # [step, loss] at report times
     val_loss_step: list[list[float]] = field(default_factory=list)  # [step, val loss]
     lr: list[list[float]] = field(default_factory=list)  # [step, lr] at report times
+    # each epoch's training seconds on this rank (its batches and the end-of-epoch agreements; no validation)
+    epoch_s: list[float] = field(default_factory=list)
+    epoch_cpu_s: list[float] = field(default_factory=list)  # this process's CPU seconds in those epochs
     checkpoints: list[str] = field(default_factory=list)
 
 
@@ -346,6 +349,9 @@ class Trainer:
             self.strategy.finish()
         model = self.strategy.unwrap_model(self.model)
         model.eval()
+        if ctx is not None and self.strategy.is_main:  # per-epoch timing (bench/bench_ddp.py compares it)
+            ctx.execution_facts["epoch_s"] = [round(s, 6) for s in self.history.epoch_s]
+            ctx.execution_facts["epoch_cpu_s"] = [round(s, 6) for s in self.history.epoch_cpu_s]
         metrics = self._metrics(duration, samples)
         if metrics["samples_per_s"] is not None:  # the run's throughput (every rank's samples), once
             self._metric("samples_per_s", metrics["samples_per_s"], self.step)
@@ -431,6 +437,8 @@ class Trainer:
 
         while self.epoch < epochs and not done:
             epoch = self.epoch
+            epoch_start = perf()
+            cpu_start = time.process_time()  # this process's CPU, its gloo threads included
             self.strategy.set_epoch(self.loader, epoch)
             model.train()
             loss_sum = 0.0  # CPU: Python float; accelerator: folded from `pending` at each report
@@ -519,6 +527,8 @@ class Trainer:
             if self.strategy.world_size > 1:  # train_loss is the mean over every rank's batches
                 total = self.strategy.all_sum(torch.tensor([loss_sum], dtype=torch.float64, device=device))
                 loss_sum = float(total.item()) / self.strategy.world_size
+            self.history.epoch_s.append(perf() - epoch_start)
+            self.history.epoch_cpu_s.append(time.process_time() - cpu_start)
             if self.stopped:
                 self._stop(epoch, i + 1)
             # Only max_steps ends an epoch early (a stop raised above); anything else ran the whole loader.

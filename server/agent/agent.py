@@ -33,6 +33,7 @@ from ...constants import (
     AGENT_PROTOCOL,
     AGENT_RECONNECT_MAX_S,
     RUN_STOP_GRACE_S,
+    SHUTDOWN_ACK_WAIT_S,
     VERSION,
 )
 from ..devices import inventory as devinv
@@ -108,6 +109,7 @@ class Agent(RemoteFeatures):
         self.ws: Any = None
         self.stopping = asyncio.Event()
         self.connected = asyncio.Event()
+        self.acked = asyncio.Event()  # set by each ack from the server (shutdown waits on them)
         self.disconnected_since: float = time.monotonic()
         self.state: dict[str, Any] = {"state": "starting"}
         self._send_lock = asyncio.Lock()
@@ -382,6 +384,7 @@ class Agent(RemoteFeatures):
     def _ack(self, rs: RunState, seq: int) -> None:
         rs.acked_seq = max(rs.acked_seq, seq)
         rs.events = [e for e in rs.events if e["seq"] > rs.acked_seq]
+        self.acked.set()
         if rs.finished and rs.acked_seq >= (rs.finished_seq or 0):
             self._done_with(rs)
 
@@ -594,8 +597,7 @@ class Agent(RemoteFeatures):
             for rs in active:
                 if rs.group is not None:
                     rs.group.kill()
-        if self.connected.is_set():
-            await asyncio.sleep(0.2)  # let the last events reach the server
+        await self._await_acks(SHUTDOWN_ACK_WAIT_S)
         grace.cancel()
         conn.cancel()
         warm.cancel()
@@ -604,6 +606,21 @@ class Agent(RemoteFeatures):
                 await t
         self._write_state("removed" if self.removed else ("done" if self.took_run and self.cfg.one_shot else "stopped"))
         return 0
+
+
+    async def _await_acks(self, bound_s: float) -> bool:
+        """Until the server has acked every event of this agent's runs (their last ones included), while
+        connected and for at most ``bound_s``; True when nothing is left unacked."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + bound_s
+        while any(rs.events for rs in self.runs.values() if not rs.forgotten):
+            left = deadline - loop.time()
+            if not self.connected.is_set() or left <= 0:
+                return False
+            self.acked.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.acked.wait(), min(left, 0.5))  # 0.5: re-check the connection
+        return True
 
 
 def run_agent(cfg: AgentConfig) -> int:
