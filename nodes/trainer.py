@@ -517,16 +517,16 @@ class Trainer:
                         loss_dev = folded if loss_dev is None else loss_dev + folded
                         pending.clear()
                     self._report(epoch, i + 1, last_loss)
-            if not self.stopped:  # every rank is at the same batch here: one more (synchronous) agreement
-                self.stopped = self.strategy.settle(stop_check(), last_loss, self.step)
             if pending:
                 folded = torch.stack(pending).sum()
                 loss_dev = folded if loss_dev is None else loss_dev + folded
             if loss_dev is not None:
                 loss_sum = float(loss_dev.item())
-            if self.strategy.world_size > 1:  # train_loss is the mean over every rank's batches
-                total = self.strategy.all_sum(torch.tensor([loss_sum], dtype=torch.float64, device=device))
-                loss_sum = float(total.item()) / self.strategy.world_size
+            # Every rank is at the same batch here: one synchronous agreement, which also sums the epoch's
+            # train loss over ranks (train_loss is the mean over every rank's batches).
+            stop_now, loss_total = self.strategy.settle(self.stopped or stop_check(), last_loss, self.step, loss_sum)
+            self.stopped = self.stopped or stop_now
+            loss_sum = loss_total / self.strategy.world_size
             self.history.epoch_s.append(perf() - epoch_start)
             self.history.epoch_cpu_s.append(time.process_time() - cpu_start)
             if self.stopped:
