@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..common import atomic
 from ..constants import (
     CHECKPOINTS_DIRNAME,
     MEMORY_METER_FULL_STEPS,
@@ -113,9 +114,8 @@ class History:
     train_loss_batch: list[list[float]] = field(default_factory=list)  # [step, loss] at report times
     val_loss_step: list[list[float]] = field(default_factory=list)  # [step, val loss]
     lr: list[list[float]] = field(default_factory=list)  # [step, lr] at report times
-    # each epoch's training seconds on this rank (its batches and the end-of-epoch agreements; no validation)
-    epoch_s: list[float] = field(default_factory=list)
-    epoch_cpu_s: list[float] = field(default_factory=list)  # this process's CPU seconds in those epochs
+    epoch_s: list[float] = field(default_factory=list)  # each epoch's training wall seconds (no validation)
+    epoch_cpu_s: list[float] = field(default_factory=list)  # and this process's CPU seconds (gloo threads too)
     checkpoints: list[str] = field(default_factory=list)
 
 
@@ -163,7 +163,7 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> Path:
     """Write a checkpoint atomically (torch.save to a temp file, then rename)."""
     import torch
 
-    return paths.write_atomic(path, lambda tmp: torch.save(state, tmp))
+    return atomic.write_atomic(path, lambda tmp: torch.save(state, tmp))
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -437,8 +437,7 @@ class Trainer:
 
         while self.epoch < epochs and not done:
             epoch = self.epoch
-            epoch_start = perf()
-            cpu_start = time.process_time()  # this process's CPU, its gloo threads included
+            epoch_start, cpu_start = perf(), time.process_time()
             self.strategy.set_epoch(self.loader, epoch)
             model.train()
             loss_sum = 0.0  # CPU: Python float; accelerator: folded from `pending` at each report
@@ -524,9 +523,8 @@ class Trainer:
                 loss_sum = float(loss_dev.item())
             # Every rank is at the same batch here: one synchronous agreement, which also sums the epoch's
             # train loss over ranks (train_loss is the mean over every rank's batches).
-            stop_now, loss_total = self.strategy.settle(self.stopped or stop_check(), last_loss, self.step, loss_sum)
-            self.stopped = self.stopped or stop_now
-            loss_sum = loss_total / self.strategy.world_size
+            stop_now, loss_sum = self.strategy.settle(self.stopped or stop_check(), last_loss, self.step, loss_sum)
+            self.stopped, loss_sum = self.stopped or stop_now, loss_sum / self.strategy.world_size
             self.history.epoch_s.append(perf() - epoch_start)
             self.history.epoch_cpu_s.append(time.process_time() - cpu_start)
             if self.stopped:
