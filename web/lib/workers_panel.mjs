@@ -200,7 +200,7 @@ export class WorkersPanel {
     const rows = (w.devices || []).map((d) => {
       const mem = d.total_gib ? t("capsule.free_of", { free: gib(d.free_gib), total: gib(d.total_gib) })
         : (d.free_gib !== null && d.free_gib !== undefined ? `${gib(d.free_gib)} ${t("workers.free")}` : "—");
-      const slots = admissionCell(d);
+      const slots = admissionCell(d, w.name);
       let mode = "—";
       if (w.this_server) { // this server's modes come from its environment (XPUFLEET_LOCAL_SHARED_CARDS), not switched here
         mode = h("span", { title: t("workers.mode_server") }, d.mode === "shared" ? t("workers.mode_shared") : t("workers.mode_exclusive"));

@@ -24,17 +24,20 @@ export function runsLine(w, openRun) {
       h("span", {}, `${t("workers.recent_runs")}: `), recent) : null);
 }
 
-/** The device table's rule cell: slots used / limit on an exclusive card; on a card shared by memory what
- * the memory rule leaves (free for a new budget, reserved, runs). The server's sentence is the title. */
-export function admissionCell(d) {
+/** The device table's rule cell: slots used / limit on an exclusive card (with the provider whose limit
+ * applies when it is another one's); on a card shared by memory what the memory rule leaves (free for a new
+ * budget, reserved, runs). The server's sentence is the title. */
+export function admissionCell(d, owner) {
   const a = d.admission;
-  if (!a) return `${d.slots_used ?? 0} / ${d.slot_limit ?? "—"}${d.limit_from ? ` (${d.limit_from})` : ""}`;
+  const from = d.limit_from && d.limit_from !== owner
+    ? ` (${d.limit_from === "local" ? t("workers.this_server") : d.limit_from})` : "";
+  if (!a) return `${d.slots_used ?? 0} / ${d.slot_limit ?? "—"}${from}`;
   if (a.by === "memory") {
     const text = a.free_for_budgets_gib == null ? t("workers.rule_memory_unknown")
       : t("workers.rule_memory", { free: gib(a.free_for_budgets_gib), reserved: gib(a.reserved_gib), n: a.runs });
     return h("span", { dataset: { xpufleet: "admission", by: "memory" }, title: a.text }, text);
   }
-  const slots = `${a.used ?? d.slots_used ?? 0} / ${a.limit ?? "—"}${d.limit_from ? ` (${d.limit_from})` : ""}`;
+  const slots = `${a.used ?? d.slots_used ?? 0} / ${a.limit ?? "—"}${from}`;
   return h("span", { dataset: { xpufleet: "admission", by: "slots" }, title: a.text }, slots);
 }
 
