@@ -64,6 +64,7 @@ def test_this_server_is_listed_with_its_slots_and_finished_runs_show_per_worker(
     me.wait_for(timeout=WAIT_MS)
     server = workers_data(standalone_fleet)["this_server"]
     assert me.locator("h3").inner_text() == "This server" and server["name"] == "local"
+    assert me.locator("thead th").nth(1).inner_text() == "Memory (now)"  # probed at each answer, not a heartbeat
     assert me.locator("[data-xpufleet=worker-status]").inner_text() == "Online"
     # the finished runs (the panel refreshes every 5 s): this server's and gpu-box's, each under its own row
     recent = me.locator(f"[data-xpufleet=runs-recent] [data-run='{local}']")
@@ -113,7 +114,7 @@ def test_a_shared_card_shows_its_memory_rule_instead_of_slots(page_and_log, stan
         assert rule.get_attribute("title") == a["text"] and a["text"].startswith("shared by memory: a run starts")
         assert "Slots" not in rule.inner_text()
         header = box.locator("thead th").nth(2).inner_text()
-        assert header == "Takes a run when (slots used / limit, or memory)"
+        assert header == "Slots used / limit, or memory rule"
         box.scroll_into_view_if_needed()
         page.screenshot(path=str(screenshots / "workers-shared-card-rule.png"))
     finally:
@@ -136,7 +137,7 @@ def test_a_pool_is_listed_with_its_waiting_run_and_the_servers_reason(page_and_l
         assert reason and "burst" in reason
         next_refresh(page)  # the page and the answer above come from the same state now
         assert waiting.locator("[data-xpufleet=waiting-reason]").inner_text() == reason
-        assert waiting.inner_text().startswith("for-the-pool — waiting since ")
+        assert waiting.inner_text().startswith("for-the-pool — queued ")
         assert pool.locator("[data-xpufleet=pool-counts]").inner_text() == "0 idle, 0 busy, 1 queued"
         assert pool.locator("[data-xpufleet=pool-instances]").inner_text() == "Instances: none has joined yet"
         assert pool.locator(".xf-tag").inner_text() == "one-shot pool"

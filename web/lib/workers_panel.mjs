@@ -224,7 +224,7 @@ export class WorkersPanel {
     });
     if (!rows.length) return h("div", { class: "xf-hint", dataset: { xpufleet: "no-devices" } }, t("workers.no_devices"));
     return h("table", { class: "xf-devices-table" },
-      h("thead", {}, h("tr", {}, [t("workers.device"), t("workers.memory"), t("workers.rule_col"), t("workers.mode")].map((c) => h("th", { scope: "col" }, c)))),
+      h("thead", {}, h("tr", {}, [t("workers.device"), w.this_server ? t("workers.memory_now") : t("workers.memory"), t("workers.rule_col"), t("workers.mode")].map((c) => h("th", { scope: "col" }, c)))),
       h("tbody", {}, rows));
   }
 
