@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 
 import browser_harness as bh  # registered by tests/frontend/conftest.py
 import pytest
@@ -123,10 +125,20 @@ def test_a_shared_card_shows_its_memory_rule_instead_of_slots(page_and_log, stan
     assert log.errors == [] and log.failed == []
 
 
-def test_a_pool_is_listed_with_its_waiting_run_and_the_servers_reason(page_and_log, standalone_fleet, screenshots):
+def one_shot_agent(fleet, token: str) -> subprocess.Popen:
+    """An instance of a pool: ``xpufleet agent start --foreground --one-shot --join TOKEN`` (ended by its PID)."""
+    with open(fleet.home / "test-agent-pool-instance.log", "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "xpufleet.server", "agent", "start", "--foreground", "--one-shot",
+                                 "--simulate", "cuda:0=8", "--join", token], env=fleet.env, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def test_a_pool_is_listed_with_its_waiting_run_and_then_its_instance(page_and_log, standalone_fleet, screenshots):
     page, log = page_and_log
-    standalone_fleet.call("POST", "/api/pools", {"name": "burst"})
-    rid = standalone_fleet.sidecar.submit(bh.sidecar_harness.iris_graph(1), name="for-the-pool", target={"pool": "burst"})
+    token = standalone_fleet.call("POST", "/api/pools", {"name": "burst"})["command"].split("--join ")[1].split()[0]
+    rid = standalone_fleet.sidecar.submit(bh.sidecar_harness.iris_graph(100000), name="for-the-pool",
+                                          target={"pool": "burst"})
+    agent = None
     try:
         pool = page.locator(f"{PANEL} [data-xpufleet=pools] [data-pool=burst]")
         waiting = pool.locator(f"[data-xpufleet=pool-waiting] li[data-run='{rid}']")
@@ -143,9 +155,26 @@ def test_a_pool_is_listed_with_its_waiting_run_and_the_servers_reason(page_and_l
         assert pool.locator(".xf-tag").inner_text() == "one-shot pool"
         pool.scroll_into_view_if_needed()
         page.screenshot(path=str(screenshots / "workers-pool-waiting-run.png"))
+        # an instance joins, takes the run: listed under the pool as running it, no longer waiting
+        agent = one_shot_agent(standalone_fleet, token)
+        standalone_fleet.sidecar.wait_for(rid, "run_started", timeout=bh.WAIT_S)
+        instance = pool.locator("[data-xpufleet=pool-instances] li[data-state=running]")
+        instance.locator(f"[data-run='{rid}']").wait_for(timeout=WAIT_MS)
+        assert instance.inner_text().endswith("— running its run for-the-pool")
+        assert pool.locator(f"[data-xpufleet=pool-waiting] li[data-run='{rid}']").count() == 0
+        server = next(p for p in workers_data(standalone_fleet)["pools"] if p["name"] == "burst")
+        assert [i["instance_state"] for i in server["instances"]] == ["running"] and server["waiting"] == []
+        page.screenshot(path=str(screenshots / "workers-pool-instance-running.png"))
     finally:
         standalone_fleet.call("POST", f"/api/runs/{rid}/cancel", {})
-    pool.locator(f"li[data-run='{rid}']").wait_for(state="detached", timeout=WAIT_MS)
+        if agent is not None:
+            try:
+                agent.wait(timeout=bh.WAIT_S)  # one run, then it exits
+            finally:
+                if agent.poll() is None:
+                    agent.kill()
+                    agent.wait(10)
+    assert standalone_fleet.sidecar.finish(rid, timeout=bh.WAIT_S)["status"] == "cancelled"
     assert log.errors == [] and log.failed == []
 
 
