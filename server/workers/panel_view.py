@@ -69,13 +69,15 @@ def run_row(row: Mapping[str, Any], now: float | None = None) -> dict[str, Any]:
 
 
 def recent_runs(store: Any, provider: str, limit: int = RECENT_RUNS) -> list[dict[str, Any]]:
-    """The provider's last ``limit`` finished runs, newest first (this server: ``provider == "local"``)."""
+    """The provider's last ``limit`` finished runs, newest submitted first (this server: ``provider ==
+    "local"``). Walked by ``seq`` (the runs_worker index, or the key) so it stops after ``limit`` rows however
+    many runs the store holds."""
     where = "placement='local'" if provider == LOCAL_PROVIDER else "worker_id=?"
     params: list[Any] = [] if provider == LOCAL_PROVIDER else [provider]
     marks = ",".join("?" * len(_TERMINAL))
     rows = store.query(
         f"SELECT id, name, status, devices, started_at, finished_at FROM runs WHERE {where} "
-        f"AND status IN ({marks}) AND finished_at IS NOT NULL ORDER BY finished_at DESC LIMIT ?",
+        f"AND +status IN ({marks}) AND finished_at IS NOT NULL ORDER BY seq DESC LIMIT ?",  # + : not by status
         (*params, *_TERMINAL, int(limit)))
     now = time.time()
     return [run_row(r, now) for r in rows]
