@@ -269,3 +269,31 @@ def test_in_comfyui_the_workers_tab_lists_this_server_and_a_finished_run(playwri
         assert [f for f in log.failed if "xpufleet" in f] == []
     finally:
         context.close()
+
+
+def test_in_chinese_and_the_light_theme_the_new_parts_are_translated_and_styled(playwright_browser, standalone_fleet,
+                                                                              screenshots):
+    context = bh.standalone_context(playwright_browser, {**SETTINGS, "XPUFleet.Language": "zh"}, theme="light")
+    log = bh.ConsoleLog()
+    try:
+        page = context.new_page()
+        log.attach(page)
+        page.goto(standalone_fleet.login_url())
+        page.click("[data-xpufleet=tab-workers]")
+        me = page.locator(f"{PANEL} [data-this-server=true]")
+        me.wait_for(timeout=WAIT_MS)
+        assert me.locator("h3").inner_text() == "本服务器"
+        assert me.locator("thead th").nth(2).inner_text() == "已用槽位 / 上限，或内存规则"
+        page.click("[data-xpufleet=add-worker-button]")
+        form = page.locator("[data-xpufleet=ssh-form]")
+        mounts = form.get_by_label("挂载")
+        mounts.wait_for(timeout=WAIT_MS)
+        for label in ("主机上的 Python", "主机上的文件夹", "模拟显卡"):
+            assert form.get_by_label(label).count() == 1, label
+        # the mounts box looks like the inputs beside it (the theme's colours, not the browser's)
+        look = "(el) => { const s = getComputedStyle(el); return [s.backgroundColor, s.color, s.borderTopColor]; }"
+        assert mounts.evaluate(look) == form.get_by_label("主机上的 Python").evaluate(look)
+        page.screenshot(path=str(screenshots / "workers-zh-light.png"))
+        assert log.errors == [] and log.failed == []
+    finally:
+        context.close()
