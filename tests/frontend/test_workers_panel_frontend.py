@@ -87,6 +87,21 @@ def test_this_server_is_listed_with_its_slots_and_finished_runs_show_per_worker(
     assert "Runs: none" in box.locator("[data-xpufleet=runs-running]").inner_text()  # none running now
     me.scroll_into_view_if_needed()
     page.screenshot(path=str(screenshots / "workers-this-server-and-recent-runs.png"))
+    # a running run: listed under Runs with its status and device, and it holds one of the CPU's slots
+    long_run = standalone_fleet.sidecar.submit(bh.sidecar_harness.iris_graph(100000), name="long-local",
+                                               target={"worker": "local"})
+    try:
+        standalone_fleet.sidecar.wait_for(long_run, "run_started", timeout=bh.WAIT_S)
+        running = me.locator(f"[data-xpufleet=runs-running] [data-run='{long_run}'][data-run-status=running]")
+        running.wait_for(timeout=WAIT_MS)
+        assert running.inner_text().startswith("long-local (running, cpu")
+        page.wait_for_function(f"() => document.querySelector('{PANEL} [data-this-server=true] tr[data-device=cpu] "
+                               f"[data-xpufleet=admission]').innerText === '1 / {cpu['slot_limit']}'", timeout=WAIT_MS)
+        page.screenshot(path=str(screenshots / "workers-this-server-running-run.png"))
+    finally:
+        standalone_fleet.call("POST", f"/api/runs/{long_run}/cancel", {})
+    assert standalone_fleet.sidecar.finish(long_run, timeout=bh.WAIT_S)["status"] == "cancelled"
+    me.locator(f"[data-xpufleet=runs-recent] [data-run='{long_run}'][data-run-status=cancelled]").wait_for(timeout=WAIT_MS)
     # a click opens the run in the Runs panel
     recent.click()
     page.locator("[data-xpufleet=runs-panel]").wait_for(timeout=WAIT_MS)
