@@ -44,7 +44,7 @@ from .expand import probe_points, study_child
 from .optuna_bridge import OptunaBridge, reported_value
 from .params import KnownInputs, SpecError
 from .ranking import better, metric_of
-from .records import STUDY_ACTIVE, StudyRecords
+from .records import STUDY_ACTIVE, StudyRecords, last_progress
 from .spec import StudySpec, parse_study
 
 log = logging.getLogger("xpufleet.studies")
@@ -336,6 +336,9 @@ class StudyService:
         counts by state and the best trial."""
         rec = self.require(study_id)
         trials = [self._trial_json(t) for t in self.records.trials(study_id)]
+        progress = last_progress(self.store, [t["run_id"] for t in trials if t["run_status"] == "running" and t["run_id"]])
+        for t in trials:
+            t["progress"] = progress.get(t["run_id"] or "")
         top = None
         for t in trials:
             if t["state"] == "complete" and t["value"] is not None and (
