@@ -16,14 +16,32 @@ pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
 WAIT_MS = int(bh.WAIT_S * 1000)
 SETTINGS = {"XPUFleet.Language": "en", "XPUFleet.Capsule.RefreshSeconds": 5}
 LRS = ["0.003", "0.03", "0.3"]
+TITLES = {"1": "Dataset (iris)", "2": "Train loader", "3": "Val loader", "5": "Optimizer", "7": "train"}
+
+
+def iris(epochs: int) -> dict:
+    """The harness's iris graph with canvas titles and a ModelSaver writing to the shared outputs folder."""
+    graph = bh.sidecar_harness.iris_graph(epochs=epochs)
+    for node, title in TITLES.items():
+        graph[node]["_meta"] = {"title": title}
+    graph["9"] = {"class_type": "XPUModelSaver", "_meta": {"title": "Save model"},
+                  "inputs": {"model": ["7", 0], "filename": "models/iris.safetensors", "format": "safetensors",
+                             "location": "outputs"}}
+    return graph
 
 
 @pytest.fixture(scope="module")
-def page(playwright_browser, standalone_fleet):
+def console():
+    return bh.ConsoleLog()
+
+
+@pytest.fixture(scope="module")
+def page(playwright_browser, standalone_fleet, console):
     context = playwright_browser.new_context(viewport={"width": 1400, "height": 1000}, color_scheme="dark")
     context.add_init_script(f"""for (const [k, v] of Object.entries({json.dumps(SETTINGS)}))
         if (localStorage.getItem(k) === null) localStorage.setItem(k, JSON.stringify(v));""")
     page = context.new_page()
+    console.attach(page)
     page.goto(standalone_fleet.login_url())
     page.locator("[data-xpufleet=drop-zone]").wait_for(timeout=WAIT_MS)
     try:
@@ -53,9 +71,84 @@ def open_new_sweep(page):
 
 
 def pick_lr(dialog, values: list[str]) -> None:
+    """The Optimizer group's lr in the picker, then a typed list of values."""
     dialog.locator("[data-xpufleet=sweep-param]").select_option("5.lr")
     assert "graph: 0.01" in dialog.locator("[data-xpufleet=sweep-param-row]").inner_text()
+    dialog.locator("[data-xpufleet=sweep-kind]").select_option("values")
     dialog.locator("[data-xpufleet=sweep-values]").fill(", ".join(values))
+
+
+def picker_groups(dialog) -> dict[str, list[str]]:
+    return dialog.locator("[data-xpufleet=sweep-param]").evaluate(
+        "s => Object.fromEntries([...s.querySelectorAll('optgroup')].map(g => [g.label, [...g.children].map(o => o.textContent)]))")
+
+
+def test_new_sweep_opens_on_the_optimizers_lr_with_no_refusal_and_a_picker_grouped_by_node(page, standalone_fleet,
+                                                                                         console, screenshots):
+    drop(page, "iris-titled.json", iris(epochs=2))
+    before = len(console.failed), len(console.errors)
+    panel, dialog = open_new_sweep(page)
+    # opened on the optimizer's learning rate, a log range a decade each side of the graph's 0.01
+    param = dialog.locator("[data-xpufleet=sweep-param]")
+    assert param.input_value() == "5.lr"
+    assert dialog.locator("[data-xpufleet=sweep-kind]").input_value() == "log"
+    assert [dialog.locator(f"[data-xpufleet=sweep-{k}]").input_value() for k in ("low", "high", "steps")] == \
+        ["0.001", "0.1", "3"]
+    preview = dialog.locator("[data-xpufleet=sweep-preview][data-state=ok][data-count='3']")
+    preview.wait_for(timeout=WAIT_MS)
+    text = dialog.locator("[data-xpufleet=sweep-preview]").inner_text()
+    assert "Optimizer lr=0.001" in text and "Optimizer lr=0.1" in text, text
+    # the graph's ModelSaver names a path in the shared outputs folder: the dialog says where files go
+    note = dialog.locator("[data-xpufleet=sweep-own-outputs]")
+    assert "own run folder" in note.inner_text() and "Save model: models/iris.safetensors" in note.inner_text()
+    # the picker: one group per node, by its title; each input by name
+    groups = picker_groups(dialog)
+    assert {"lr", "weight_decay", "momentum", "name"} <= set(groups["Optimizer"]), groups
+    assert "Train loader" in groups and "Val loader" in groups and "Save model" in groups
+    assert not any("(" in o for opts in groups.values() for o in opts)  # no "path(class_type)"
+    page.screenshot(path=str(screenshots / "standalone-new-sweep-default.png"))
+    # a user's own pick: the values of another input are prefilled so the server accepts them as they stand
+    param.select_option("2.batch_size")
+    assert dialog.locator("[data-xpufleet=sweep-values]").input_value() == "16, 32"
+    dialog.locator("[data-xpufleet=sweep-preview][data-state=ok][data-count='2']").wait_for(timeout=WAIT_MS)
+    # an emptied field asks nothing of the server (no 400) and says what is missing
+    dialog.locator("[data-xpufleet=sweep-values]").fill("")
+    dialog.locator("[data-xpufleet=sweep-preview][data-state=incomplete]").wait_for(timeout=WAIT_MS)
+    param.select_option("5.lr")
+    preview.wait_for(timeout=WAIT_MS)
+    assert (len(console.failed), len(console.errors)) == before, (console.failed, console.errors)
+    dialog.locator("[data-target='worker:gpu-box']").check()
+    dialog.locator("[data-device='cuda:0']").check()
+    preview.wait_for(timeout=WAIT_MS)
+    dialog.locator("[data-xpufleet=sweep-submit]").click()
+    dialog.wait_for(state="detached", timeout=WAIT_MS)
+    detail = panel.locator("[data-xpufleet=sweep-detail]")
+    detail.locator("[data-xpufleet=sweep-status][data-status=finished]").wait_for(timeout=WAIT_MS * 3)
+    sweep_id = panel.locator(".xf-run-row.xf-selected").get_attribute("data-sweep-id")
+    server = standalone_fleet.call("GET", f"/api/sweeps/{sweep_id}")
+    assert sorted(r["parameters"]["5.lr"] for r in server["table"]) == [0.001, 0.01, 0.1]
+    # each variant saved its model in its own run folder: three different files
+    saved = set()
+    for r in server["table"]:
+        arts = standalone_fleet.call("GET", f"/api/runs/{r['run_id']}/artifacts")
+        run = standalone_fleet.call("GET", f"/api/runs/{r['run_id']}")
+        saved |= {f"{run['run_dir']}/{a['path']}" for a in arts["artifacts"] if a["path"].endswith("iris.safetensors")}
+    assert len(saved) == 3, saved
+    # the plot: 100x in lr, so a log axis by default, its ticks written as the numbers they are
+    plot = detail.locator("[data-xpufleet=sweep-plot][data-drawn=true][data-points='3'][data-scale=log]")
+    plot.wait_for(timeout=WAIT_MS)
+    ticks = plot.get_attribute("data-ticks").split()
+    assert {"0.001", "0.01", "0.1"} <= set(ticks), ticks
+    assert all(len(t.rstrip("0").split(".")[-1]) <= 6 for t in ticks), ticks
+    scale = detail.locator("[data-xpufleet=sweep-plot-scale]")
+    assert scale.input_value() == "log"
+    page.screenshot(path=str(screenshots / "standalone-sweep-log-axis.png"))
+    scale.select_option("linear")
+    detail.locator("[data-xpufleet=sweep-plot][data-scale=linear][data-drawn=true]").wait_for(timeout=WAIT_MS)
+    page.wait_for_function("() => document.querySelector('[data-xpufleet=sweep-plot]').dataset.ticks.includes('0.1')",
+                           timeout=WAIT_MS)
+    page.screenshot(path=str(screenshots / "standalone-sweep-linear-axis.png"))
+    assert console.failed[before[0]:] == [] and console.errors[before[1]:] == [], (console.failed, console.errors)
 
 
 def test_new_sweep_dry_run_submit_and_the_live_ranked_table(page, standalone_fleet, screenshots):
@@ -69,7 +162,7 @@ def test_new_sweep_dry_run_submit_and_the_live_ranked_table(page, standalone_fle
     count = dialog.locator("[data-xpufleet=sweep-preview][data-state=ok][data-count='3']")
     count.wait_for(timeout=WAIT_MS)
     assert "3 runs would be queued" in dialog.locator("[data-xpufleet=sweep-count]").inner_text()
-    assert "5.lr=0.3" in dialog.locator("[data-xpufleet=sweep-preview]").inner_text()
+    assert "Optimizer lr=0.3" in dialog.locator("[data-xpufleet=sweep-preview]").inner_text()
     # two seeds per point: the server's count doubles
     dialog.locator("[data-xpufleet=sweep-seeds]").fill("2")
     dialog.locator("[data-xpufleet=sweep-preview][data-state=ok][data-count='6']").wait_for(timeout=WAIT_MS)
@@ -133,6 +226,14 @@ def test_cancel_a_sweep_from_its_view(page, standalone_fleet, screenshots):
     dialog.locator("[data-xpufleet=sweep-submit]").click()
     detail = panel.locator("[data-xpufleet=sweep-detail]")
     detail.locator("[data-xpufleet=sweep-table] tbody tr[data-status=running]").first.wait_for(timeout=WAIT_MS)
+    # a running variant shows its progress (its last progress event: epoch and step of the total)
+    progress = detail.locator("[data-xpufleet=sweep-progress]").first
+    progress.wait_for(timeout=WAIT_MS)
+    first = int(progress.get_attribute("data-value"))
+    page.wait_for_function(f"""() => {{ const p = document.querySelector('[data-xpufleet=sweep-progress]');
+        return p && Number(p.dataset.value) > {first}; }}""", timeout=WAIT_MS)
+    assert "epoch" in progress.inner_text()
+    page.screenshot(path=str(screenshots / "standalone-sweep-progress.png"))
     sweep_id = panel.locator(".xf-run-row.xf-selected").get_attribute("data-sweep-id")
     detail.locator("[data-xpufleet=sweep-cancel]").click()
     detail.locator("[data-xpufleet=sweep-status][data-status=cancelled]").wait_for(timeout=WAIT_MS * 2)
