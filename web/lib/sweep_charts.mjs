@@ -123,7 +123,8 @@ export class ParamScatter extends Base {
     if (categories) {
       xAxis = { splits: () => categories.map((_, i) => i), values: (_, splits) => splits.map((i) => categories[i] ?? "") };
     } else if (log) {
-      xAxis = { splits: (u, i, lo, hi) => logTicks(lo, hi), values: this.labels("ticks") };
+      // every split labelled (uPlot's log axes label only the powers of ten by default)
+      xAxis = { splits: (u, i, lo, hi) => logTicks(lo, hi), filter: (u, splits) => splits, values: this.labels("ticks") };
     } else {
       xAxis = { values: this.labels("ticks") };
     }

@@ -1,5 +1,5 @@
 // The standalone page at / of the sidecar (SPEC UI3), for users without ComfyUI: the capsules, Queue
-// on..., the Runs, Sweeps and Workers panels, and a graph-file drop zone in place of the canvas.
+// on..., the Runs, Sweeps, Studies and Workers panels, and a graph-file drop zone in place of the canvas.
 //
 // Login: `xpufleet ui` prints http://HOST:PORT/#login=KEY. The key (one use, five minutes) is traded
 // here for a browser session token kept in this tab's sessionStorage and sent as a bearer token
@@ -251,7 +251,7 @@ function build() {
     h("header", { class: "xf-topbar" }, h("h1", {}, t("standalone.title")), capsules.element, h("span", { class: "xf-grow" }), queueBtn,
       h("button", { type: "button", dataset: { xpufleet: "settings-button" }, onclick: settingsDialog }, t("settings.title")),
       h("button", { type: "button", onclick: logout }, t("standalone.logout"))),
-    drop, tablist, r.panel, w.panel, s.panel);
+    drop, tablist, r.panel, w.panel, s.panel, st.panel);
   capsules.start();
   selectTab("runs");
 }
