@@ -250,18 +250,23 @@ def test_cancel_a_sweep_from_its_view(page, standalone_fleet, screenshots):
 
 def test_new_sweep_and_the_sweeps_tab_inside_comfyui(playwright_browser, comfy_host, comfy_fleet, screenshots):
     """The same dialog on ComfyUI's canvas graph (its own graph-to-prompt), through ComfyUI's proxy to the
-    sidecar: the menu command, the dry-run count, the Sweeps bottom-panel tab until the sweep finished."""
+    sidecar: the menu command, opened on the optimizer's lr with no failed request, the picker by node
+    title, the dry-run count, the Sweeps bottom-panel tab until the sweep finished, the axis toggle."""
     bh.comfy_settings(comfy_host, {"Comfy.TutorialCompleted": True, "XPUFleet.Language": "en"})
     context = playwright_browser.new_context(viewport={"width": 1500, "height": 1000})
+    log = bh.ConsoleLog()
     try:
-        page = bh.open_comfy(context, comfy_host.url)
+        page = bh.open_comfy(context, comfy_host.url, log)
         bh.load_api_graph(page, bh.sidecar_harness.iris_graph(epochs=2), "iris-sweep")
         prompt = page.evaluate("async () => (await app.graphToPrompt()).output")
         lr = next(f"{nid}.lr" for nid, n in prompt.items() if n["class_type"] == "XPUOptimizer")
         page.evaluate("() => app.extensionManager.command.execute('XPUFleet.NewSweep')")
         dialog = page.locator("[data-xpufleet=sweep-dialog]")
-        dialog.locator("[data-xpufleet=sweep-param]").select_option(lr, timeout=WAIT_MS)
-        dialog.locator("[data-xpufleet=sweep-values]").fill("0.005, 0.05")
+        dialog.locator("[data-xpufleet=sweep-preview][data-state=ok][data-count='3']").wait_for(timeout=WAIT_MS)
+        assert dialog.locator("[data-xpufleet=sweep-param]").input_value() == lr
+        title = prompt[lr.split(".")[0]]["_meta"]["title"]
+        assert "lr" in picker_groups(dialog)[title]
+        dialog.locator("[data-xpufleet=sweep-steps]").fill("2")  # 0.001 and 0.1
         dialog.locator("[data-target='worker:gpu-box']").check()
         dialog.locator("[data-device='cuda:1']").check()
         dialog.locator("[data-xpufleet=sweep-preview][data-state=ok][data-count='2']").wait_for(timeout=WAIT_MS)
@@ -276,7 +281,13 @@ def test_new_sweep_and_the_sweeps_tab_inside_comfyui(playwright_browser, comfy_h
         assert all(r["worker_id"] == "gpu-box" and r["devices"] == ["cuda:1"] for r in server["table"])
         run = comfy_fleet.call("GET", f"/api/runs/{server['table'][0]['run_id']}")
         assert run["graph"][lr.split(".")[0]]["inputs"]["lr"] == server["table"][0]["parameters"][lr]
+        plot = panel.locator("[data-xpufleet=sweep-plot][data-scale=log]")
+        assert {"0.001", "0.01", "0.1"} <= set(plot.get_attribute("data-ticks").split())
         page.screenshot(path=str(screenshots / "comfy-sweep-view.png"))
+        panel.locator("[data-xpufleet=sweep-plot-scale]").select_option("linear")
+        panel.locator("[data-xpufleet=sweep-plot][data-scale=linear][data-drawn=true]").wait_for(timeout=WAIT_MS)
+        assert [f for f in log.failed if "xpufleet" in f] == [], log.failed
+        assert [e for e in log.errors if "xpufleet" in e.lower()] == [], log.errors
         # the Runs panel's Sweeps button opens the same tab
         page.evaluate("() => app.extensionManager.command.execute('XPUFleet.ShowRuns')")
         page.locator("[data-xpufleet=runs-panel] [data-xpufleet=open-sweeps]").click(timeout=WAIT_MS)
