@@ -24,7 +24,7 @@ from ..sidecar.errors import ApiError
 from ..sidecar.graph_facts import GraphFacts, graph_facts
 from ..sidecar.requests import RequestError, RunRequest, parse_run_request
 from ..sidecar.store import StoreError
-from .expand import Variant, format_value, shared_outputs, sweep_child, variants
+from .expand import Variant, format_value, param_labels, shared_outputs, sweep_child, variants
 from .params import KnownInputs, SpecError
 from .ranking import Row, best, counts, point_summary, ranked, sweep_status, table_csv
 from .records import SweepRecords, last_progress
@@ -143,6 +143,7 @@ class SweepService:
         self.dispatcher = dispatcher
         self.records = SweepRecords(store)
         self.known_inputs = known_inputs or known_inputs_of_nodes()
+        self._label_cache: dict[str, dict[str, str]] = {}
 
     # --- create ---------------------------------------------------------------------------------------
 
@@ -261,10 +262,17 @@ class SweepService:
             "status": sweep_status([r.status for r in rows], sweep["cancel_requested"]),
             "objective": {"metric": sweep["metric"], "direction": sweep["direction"]},
             "parameters": sweep["paths"], "counts": counts(rows), "version": version,
+            "labels": self._labels(sweep_id, sweep["paths"]),
             "best": top.to_json(1) if top is not None else None,
             "table": [r.to_json(rank) | {"progress": progress.get(r.run_id or "")} for rank, r in table],
             "points": point_summary(rows, sweep["direction"]) if any(r.seed is not None for r in rows) else None,
         }
+
+    def _labels(self, sweep_id: str, paths: list[str]) -> dict[str, str]:
+        """The parameters' names by node title (a sweep's graph never changes: worked out once)."""
+        if sweep_id not in self._label_cache:
+            self._label_cache[sweep_id] = param_labels(self.records.graph(sweep_id), paths)
+        return self._label_cache[sweep_id]
 
     def csv(self, sweep_id: str) -> str:
         sweep, table = self.table(sweep_id)

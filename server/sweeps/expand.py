@@ -68,6 +68,22 @@ SHARED_LOCATION = "outputs"
 OWN_LOCATION = "run_dir"
 
 
+def param_labels(graph: Mapping[str, Any] | None, paths: Iterable[str]) -> dict[str, str]:
+    """path -> "<node title> <input>" (``"5.lr"`` -> ``"Optimizer lr"``): the node's canvas title
+    (``_meta.title``), else its class without the plugin's ``XPU`` prefix, as the New sweep picker names it."""
+    out = {}
+    for path in paths:
+        node_id, _, name = path.rpartition(".")
+        node = (graph or {}).get(node_id)
+        if not isinstance(node, Mapping):
+            out[path] = path
+            continue
+        meta = node.get("_meta")
+        title = meta.get("title") if isinstance(meta, Mapping) and isinstance(meta.get("title"), str) else None
+        out[path] = f"{title or str(node.get('class_type', node_id)).removeprefix('XPU')} {name}"
+    return out
+
+
 def shared_outputs(graph: Mapping[str, Any], explicit: Iterable[str] = ()) -> list[dict[str, Any]]:
     """The savers of ``graph`` that write to the shared outputs folder and whose ``location`` is not in
     ``explicit`` (paths a sweep sets or varies): ``[{node, class_type, title, filename}]``, in node order.

@@ -36,7 +36,7 @@ def check_study_detail(page, detail, server: dict) -> None:
     """The page shows the server's study: the best trial, every trial's row, the two charts."""
     best = server["best_trial"]
     detail.locator("[data-xpufleet=study-status][data-status=finished]").wait_for(timeout=WAIT_MS)
-    assert detail.locator("[data-xpufleet=study-best]").inner_text().startswith(f"Best trial: #{best['number']}")
+    assert detail.locator("[data-xpufleet=study-best]").inner_text().startswith(f"Best trial: #{best['number']} Optimizer lr=")
     rows = detail.locator("[data-xpufleet=study-table] tbody tr")
     rows.nth(len(server["trials"]) - 1).wait_for(timeout=WAIT_MS)
     shown = [(int(rows.nth(i).get_attribute("data-trial")), rows.nth(i).get_attribute("data-state")) for i in range(rows.count())]

@@ -142,6 +142,9 @@ def test_new_sweep_opens_on_the_optimizers_lr_with_no_refusal_and_a_picker_group
     assert all(len(t.rstrip("0").split(".")[-1]) <= 6 for t in ticks), ticks
     scale = detail.locator("[data-xpufleet=sweep-plot-scale]")
     assert scale.input_value() == "log"
+    # the table and the best line name the parameter as the picker does
+    assert "Optimizer lr" in detail.locator("[data-xpufleet=sweep-table] thead").inner_text()
+    assert "Optimizer lr=" in detail.locator("[data-xpufleet=sweep-best]").inner_text()
     page.screenshot(path=str(screenshots / "standalone-sweep-log-axis.png"))
     scale.select_option("linear")
     detail.locator("[data-xpufleet=sweep-plot][data-scale=linear][data-drawn=true]").wait_for(timeout=WAIT_MS)

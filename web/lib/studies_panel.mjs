@@ -7,7 +7,7 @@ import { h, replace, saveBlob, sleep } from "./dom.mjs";
 import { shortId, when } from "./format.mjs";
 import { t } from "./i18n.mjs";
 import { HistoryChart, ParamScatter } from "./sweep_charts.mjs";
-import { progressCell } from "./sweep_view.mjs";
+import { label, progressCell } from "./sweep_view.mjs";
 
 const ACTIVE = new Set(["running", "cancelling"]);
 const LIST_REFRESH_MS = 2000;
@@ -21,8 +21,8 @@ function valueText(v) {
   return v === null || v === undefined ? "—" : (typeof v === "number" ? String(Number(v.toPrecision(6))) : String(v));
 }
 
-function paramsText(parameters) {
-  return Object.entries(parameters || {}).map(([k, v]) => `${k}=${valueText(v)}`).join(", ");
+function paramsText(study, parameters) {
+  return Object.entries(parameters || {}).map(([k, v]) => `${label(study, k)}=${valueText(v)}`).join(", ");
 }
 
 function countsText(counts) {
@@ -204,7 +204,7 @@ export class StudiesPanel {
       h("div", { class: "xf-kvline", dataset: { xpufleet: "study-counts" } },
         `${t("study.n_trials", { done: finished(s.counts), n: s.n_trials })}: ${countsText(s.counts)}`),
       h("div", { class: "xf-kvline", dataset: { xpufleet: "study-best" } }, best
-        ? `${t("study.best")}: #${best.number} ${paramsText(best.parameters)} → ${valueText(best.value)}` : t("study.best_none")),
+        ? `${t("study.best")}: #${best.number} ${paramsText(s, best.parameters)} → ${valueText(best.value)}` : t("study.best_none")),
       s.error ? h("div", { class: "xf-error" }, s.error) : null,
       h("div", { class: "xf-kvline" }, `${t("runs.created")}: ${when(s.created_at)}`),
       h("div", { class: "xf-actions" }, actions));
@@ -220,7 +220,7 @@ export class StudiesPanel {
     const rows = (s.trials || []).filter((r) => r.state === "complete").map((r) => ({ parameters: r.parameters, metric: r.value }));
     const draw = () => {
       const scale = this.scale || ParamScatter.defaultScale(rows, this.xParam);
-      this.scatter?.set(rows, this.xParam, s.objective?.metric, scale);
+      this.scatter?.set(rows, this.xParam, s.objective?.metric, scale, label(s, this.xParam));
       this.scaleSelect.value = scale || "linear";
       this.scaleSelect.disabled = scale === null;
     };
@@ -228,7 +228,7 @@ export class StudiesPanel {
     if (params.length > 1) {
       const select = h("select", { dataset: { xpufleet: "study-plot-x" }, "aria-label": t("sweep.plot_x"),
         onchange: () => { this.xParam = select.value; this.scale = null; draw(); } },
-      params.map((p) => h("option", { value: p, selected: p === this.xParam }, p)));
+      params.map((p) => h("option", { value: p, selected: p === this.xParam }, label(s, p))));
       parts.push(h("label", {}, t("sweep.plot_x"), " ", select));
     }
     this.scaleSelect = h("select", { dataset: { xpufleet: "study-plot-scale" }, "aria-label": t("sweep.axis_scale"),
@@ -243,7 +243,7 @@ export class StudiesPanel {
     const s = this.study;
     const params = s.parameters || [];
     const bestNumber = s.best_trial?.number;
-    const head = [t("study.col_number"), t("study.col_state"), ...params, s.objective?.metric, t("sweep.col_progress"),
+    const head = [t("study.col_number"), t("study.col_state"), ...params.map((p) => label(s, p)), s.objective?.metric, t("sweep.col_progress"),
       t("runs.where"), t("sweep.col_run")];
     const rows = (s.trials || []).map((r) => h("tr", { class: r.number === bestNumber ? "xf-selected" : "",
       dataset: { trial: String(r.number), state: r.state, value: r.value ?? "" } },

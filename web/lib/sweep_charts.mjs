@@ -105,8 +105,8 @@ export class ParamScatter extends Base {
     return wantsLog(xs) ? "log" : "linear";
   }
 
-  /** Draw ``rows`` with ``path`` on x and ``metric`` on y; ``scale`` "log" or "linear" (log needs x > 0). */
-  async set(rows, path, metric, scale) {
+  /** Draw ``rows`` with ``path`` on x (named ``xLabel``) and ``metric`` on y; ``scale`` "log" or "linear" (log needs x > 0). */
+  async set(rows, path, metric, scale, xLabel = path) {
     const { xs, ys, categories } = pointsOf(rows, path);
     const log = !categories && scale === "log" && xs.length > 0 && xs[0] > 0;
     Object.assign(this.el.dataset, { points: String(xs.length), x: path, scale: categories ? "category" : (log ? "log" : "linear") });
@@ -114,7 +114,7 @@ export class ParamScatter extends Base {
     if (!xs.length) { this.plot?.destroy(); this.plot = null; this.key = null; return; }
     const uPlot = await loadUPlot();
     if (this.destroyed) return;
-    const key = JSON.stringify([path, metric, categories, log]);
+    const key = JSON.stringify([path, xLabel, metric, categories, log]);
     if (this.plot && this.key === key) { this.plot.setData([xs, ys]); return; }
     this.plot?.destroy();
     this.key = key;
@@ -133,7 +133,7 @@ export class ParamScatter extends Base {
       scales: { x: { time: false, distr: log ? 3 : 1, log: 10, range: xRange }, y: { range: (u, lo, hi) => padded(lo, hi, false) } },
       legend: { show: false },
       axes: [
-        { label: path, stroke: "currentColor", grid: GRID, ...xAxis },
+        { label: xLabel, stroke: "currentColor", grid: GRID, ...xAxis },
         { label: metric, stroke: "currentColor", grid: GRID, values: (u, splits) => splits.map(tickLabel) },
       ],
       series: [{ label: path }, { label: metric, stroke: POINT, fill: POINT, paths: () => null,

@@ -34,6 +34,11 @@ export function progressCell(p, variant) {
     h("span", { class: "xf-hint" }, ` ${[p.text, `${value}/${max}`].filter(Boolean).join(" · ")}`));
 }
 
+/** A parameter's name by node title ("Optimizer lr", the server's ``labels``), else its path. */
+export function label(item, path) {
+  return item?.labels?.[path] || path;
+}
+
 function metricText(v) {
   return v === null || v === undefined ? "—" : (typeof v === "number" ? v.toPrecision(4) : String(v));
 }
@@ -196,7 +201,7 @@ export class SweepsPanel {
       h("div", { class: "xf-kvline" }, `${t("sweep.objective")}: ${obj.metric} (${obj.direction === "minimize" ? t("sweep.minimize") : t("sweep.maximize")})`),
       h("div", { class: "xf-kvline", dataset: { xpufleet: "sweep-counts" } }, `${t("sweep.n_runs", { n: s.n_runs })}: ${countsText(s.counts)}`),
       best ? h("div", { class: "xf-kvline", dataset: { xpufleet: "sweep-best" } },
-        `${t("sweep.best")}: #${best.variant} ${Object.entries(best.parameters || {}).map(([k, v]) => `${k}=${v}`).join(", ")} → ${metricText(best.metric)}`) : null,
+        `${t("sweep.best")}: #${best.variant} ${Object.entries(best.parameters || {}).map(([k, v]) => `${label(s, k)}=${v}`).join(", ")} → ${metricText(best.metric)}`) : null,
       h("div", { class: "xf-kvline" }, `${t("runs.created")}: ${when(s.created_at)}`),
       h("div", { class: "xf-actions" }, actions));
     this.renderPlot();
@@ -210,7 +215,7 @@ export class SweepsPanel {
     const draw = () => {
       const rows = s.table || [];
       const scale = this.scale || ParamScatter.defaultScale(rows, this.xParam);
-      this.chart?.set(rows, this.xParam, s.objective?.metric, scale);
+      this.chart?.set(rows, this.xParam, s.objective?.metric, scale, label(s, this.xParam));
       if (this.scaleSelect) {
         this.scaleSelect.value = scale || "linear";
         this.scaleSelect.disabled = scale === null || !rows.every((r) => !(Number(r.parameters?.[this.xParam]) <= 0));
@@ -220,7 +225,7 @@ export class SweepsPanel {
     if (params.length > 1) {
       const select = h("select", { dataset: { xpufleet: "sweep-plot-x" }, "aria-label": t("sweep.plot_x"),
         onchange: () => { this.xParam = select.value; this.scale = null; draw(); } },
-      params.map((p) => h("option", { value: p, selected: p === this.xParam }, p)));
+      params.map((p) => h("option", { value: p, selected: p === this.xParam }, label(s, p))));
       parts.push(h("label", {}, t("sweep.plot_x"), " ", select));
     }
     this.scaleSelect = h("select", { dataset: { xpufleet: "sweep-plot-scale" }, "aria-label": t("sweep.axis_scale"),
@@ -236,7 +241,7 @@ export class SweepsPanel {
     const params = s.parameters || [];
     const seeded = (s.table || []).some((r) => r.seed !== null && r.seed !== undefined);
     const running = (s.table || []).some((r) => r.status === "running");
-    const head = [t("sweep.rank"), "#", ...params, seeded ? t("queue.seed") : null, t("sweep.col_status"),
+    const head = [t("sweep.rank"), "#", ...params.map((p) => label(s, p)), seeded ? t("queue.seed") : null, t("sweep.col_status"),
       running ? t("sweep.col_progress") : null, s.objective?.metric,
       t("runs.where"), t("runs.devices"), t("sweep.col_run")].filter((x) => x !== null);
     const rows = (s.table || []).map((r) => h("tr", { dataset: { variant: String(r.variant), status: r.status, metric: r.metric ?? "" } },

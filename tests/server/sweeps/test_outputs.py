@@ -135,3 +135,18 @@ def test_a_running_variant_shows_its_latest_progress(dispatcher):
     rows = {r["run_id"]: r for r in svc.get(created["sweep_id"])["table"]}
     assert rows[first]["progress"] == {"value": 7, "max": 20, "text": "epoch 2/4", "epoch": 2, "loss": 0.25}
     assert rows[second]["progress"] is None  # still queued
+
+
+def test_parameters_are_named_by_node_title_as_the_picker_names_them(dispatcher):
+    from sweep_helpers import Box  # registered by conftest.py
+
+    from xpufleet.server.sweeps.expand import param_labels
+
+    g = copy.deepcopy(GRAPH)
+    del g["4"]["_meta"]  # no title: the class without the plugin's prefix
+    assert param_labels(g, ["5.lr", "4.hidden", "99.x"]) == {"5.lr": "Optimizer lr", "4.hidden": "MLP hidden",
+                                                             "99.x": "99.x"}
+    dispatcher.register_provider(Box("local", ["cpu"], is_local=True))
+    svc = SweepService(dispatcher.store, dispatcher)
+    created = svc.create({"graph": GRAPH, "objective": OBJ, "parameters": {"5.lr": [0.001, 0.01]}})
+    assert svc.get(created["sweep_id"])["labels"] == {"5.lr": "Optimizer lr"}
