@@ -1,8 +1,9 @@
-"""The sweep front end on the standalone page (SPEC Q6, seed 000 "Sweep 與 study"): the New sweep dialog
-(a parameter of the dropped graph and its values, the server's dry-run count, the target picker of Queue
-on...), the Sweeps view (the ranked table live through the long poll, each child's status and
-objective, the scatter plot drawn by uPlot) and Cancel. A real sidecar and an agent simulating CUDA
-cards; Chromium."""
+"""The sweep front end on the standalone page (SPEC Q6, seed 000 "Sweep 與 study", issue 20 point 6): the
+New sweep dialog (opened on the optimizer's lr with a range the server accepts, no failed request before
+the user types, the picker grouped by node title, the savers moved to each variant's run folder, the
+server's dry-run count, the target picker of Queue on...), the Sweeps view (the ranked table live through
+the long poll, each child's status, objective and progress, the scatter plot drawn by uPlot on a log axis
+with its linear/log toggle) and Cancel. A real sidecar and an agent simulating CUDA cards; Chromium."""
 
 from __future__ import annotations
 
