@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import csv
+import importlib.util
 import io
 import logging
 import math
@@ -115,6 +116,9 @@ class StudyService:
 
     async def create(self, body: Any) -> dict[str, Any]:
         """Check the study as a whole, create it in Optuna and start its driver."""
+        if importlib.util.find_spec("optuna") is None:  # a control-plane install without the extra
+            raise ApiError(400, "studies need Optuna on this server: pip install 'xpufleet[studies]' (sweeps "
+                                "and runs work without it)")
         spec = self._parse(body)
         check_shared_options(self.dispatcher, spec.graph, spec.options)
         infos = self.dispatcher.provider_infos()
