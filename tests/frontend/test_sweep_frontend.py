@@ -133,7 +133,10 @@ def test_new_sweep_opens_on_the_optimizers_lr_with_no_refusal_and_a_picker_group
     for r in server["table"]:
         arts = standalone_fleet.call("GET", f"/api/runs/{r['run_id']}/artifacts")
         run = standalone_fleet.call("GET", f"/api/runs/{r['run_id']}")
-        saved |= {f"{run['run_dir']}/{a['path']}" for a in arts["artifacts"] if a["path"].endswith("iris.safetensors")}
+        # a file in the run's own folder is that run's (a worker's run lists it relative to its folder, read
+        # through the agent); one outside any run folder keeps its absolute path, the same for every variant
+        saved |= {f"{run['run_dir'] or r['run_id']}/{a['path']}" if a["downloadable"] else a["path"]
+                  for a in arts["artifacts"] if a["path"].endswith("iris.safetensors")}
     assert len(saved) == 3, saved
     # the plot: 100x in lr, so a log axis by default, its ticks written as the numbers they are
     plot = detail.locator("[data-xpufleet=sweep-plot][data-drawn=true][data-points='3'][data-scale=log]")

@@ -159,6 +159,15 @@ async def _worker_artifacts(request: web.Request, run: dict[str, Any], worker: s
         if exc.status != 404:
             raise
         listing = {"files": []}  # no folder there yet (not started) or any more (removed)
+    listed = [str(f["path"]) for f in listing.get("files") or []]
+    # a node announces the worker's absolute path: the listed file it names is that file, not another
+    marker = f"/{run['id']}/"
+    for entry in list(outside):
+        path = entry["path"]
+        rel = next((r for r in listed if marker in path and path.endswith("/" + r)), None)
+        if rel is not None:
+            outside.remove(entry)
+            announced[rel] = str(entry.get("kind") or "file")
     files = [{"path": f["path"], "kind": _kind(announced, f["path"]), "size": f.get("size"),
               "modified": f.get("modified"), "downloadable": True} for f in listing.get("files") or []]
     return web.json_response({**base, "artifacts": files + outside, "connected": True,
