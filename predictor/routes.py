@@ -23,7 +23,7 @@ from ..server.sidecar.errors import ApiError
 log = logging.getLogger("xpufleet")
 
 
-PREDICT_FIELDS = ("workflow", "platform", "options", "snapshot", "worker", "device")
+PREDICT_FIELDS = ("workflow", "platform", "options", "snapshot", "worker", "device", "prompt")
 
 
 def _web() -> Any:
@@ -55,7 +55,8 @@ def _predict_sync(body: dict[str, Any], snapshot) -> dict[str, Any]:
     from .service import apply_override, predict_workflow
 
     snap = apply_override(snapshot, body.get("snapshot"))
-    return predict_workflow(body["workflow"], snap, platform=body.get("platform"), options=body.get("options"))
+    return predict_workflow(body["workflow"], snap, platform=body.get("platform"), options=body.get("options"),
+                            prompt=body.get("prompt"))
 
 
 def _own_snapshot(device: str | None):
