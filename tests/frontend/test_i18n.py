@@ -1,12 +1,18 @@
-"""Every text of the front end exists in English and in Chinese (web/lib/i18n.mjs), and every key the
-modules ask for is there; placeholders match between the two languages. Read as text, no browser."""
+"""Every text of the front end exists in English and in Chinese (locales/<lang>/main.json, "xpufleet",
+plus any keys still in web/lib/i18n.mjs's EN/ZH blocks), and every key the modules ask for is there;
+placeholders match between the two languages; the locale files ComfyUI reads beside main.json are in
+step with it. Read as text, no browser."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
-WEB = Path(__file__).resolve().parents[2] / "web"
+from xpufleet.server.comfy import make_locales
+
+ROOT = Path(__file__).resolve().parents[2]
+WEB = ROOT / "web"
 ENTRY = re.compile(r'^\s*"([a-z_.A-Z]+)":\s*"((?:[^"\\]|\\.)*)",?\s*$')
 # keys built at run time from a server value: their prefixes and every value the server can send
 DYNAMIC = {
@@ -14,6 +20,7 @@ DYNAMIC = {
     "status.": ["Online", "Degraded", "Draining", "Disconnected", "Disabled"],
     "runs.source.": ["user", "estimate", "measured"],
     "capsule.model_status.": ["missing", "refused", "unresolved"],
+    "capsule.verdict.": ["fits", "spills", "fails"],
     "sweep.status.": ["queued", "running", "cancelling", "finished", "cancelled"],
 }
 
@@ -24,6 +31,7 @@ def dictionaries() -> dict[str, dict[str, str]]:
     for lang, name in (("en", "EN"), ("zh", "ZH")):
         block = text.split(f"const {name} = {{", 1)[1].split("\n};", 1)[0]
         out[lang] = {m.group(1): m.group(2) for line in block.splitlines() if (m := ENTRY.match(line))}
+        out[lang].update(make_locales.strings(lang))  # the JSON wins, as in lib/i18n.mjs
     return out
 
 
@@ -33,7 +41,7 @@ def used_keys() -> set[str]:
         if "vendor" in path.parts:
             continue
         src = path.read_text(encoding="utf-8")
-        keys |= {k for k in re.findall(r'\bt\("([a-z_.A-Z]+)"', src) if not k.endswith(".")}
+        keys |= {k for k in re.findall(r'\b(?:t|english)\("([a-z_.A-Z]+)"', src) if not k.endswith(".")}
         keys |= set(re.findall(r'(?:titleKey|getPanel\)|tab\([A-Z_]+, )"([a-z_.]+)"', src))
     for prefix, values in DYNAMIC.items():
         keys |= {prefix + v for v in values}
@@ -63,3 +71,16 @@ def test_chinese_texts_are_translated():
     d = dictionaries()
     same = [k for k, v in d["zh"].items() if v == d["en"][k] and v not in SAME_IN_BOTH]
     assert not same, same
+
+
+def test_comfy_locale_files_are_in_step_with_main_json():
+    assert make_locales.main(["--check"]) == 0
+    for lang in ("en", "zh"):
+        settings = json.loads((ROOT / "locales" / lang / "settings.json").read_text(encoding="utf-8"))
+        assert settings["XPUFleet_Language"]["name"] == make_locales.strings(lang)["settings.language"]
+
+
+def test_setting_and_command_ids_are_the_front_ends():
+    src = (WEB / "xpu_monitor.js").read_text(encoding="utf-8") + (WEB / "lib" / "capsule.mjs").read_text(encoding="utf-8")
+    for sid in [*make_locales.SETTINGS, *make_locales.COMMANDS]:
+        assert f'"{sid}"' in src, sid
