@@ -180,7 +180,7 @@ async function newSweep() {
 }
 
 const queueButton = h("button", {
-  type: "button", class: "xf-queue-on xf-root p-button p-component p-button-secondary p-button-sm",
+  type: "button", class: "xf-queue-on p-button p-component p-button-secondary p-button-sm", // PrimeVue styles it whole
   dataset: { xpufleet: "queue-on" }, onclick: () => queueOn(),
 });
 
