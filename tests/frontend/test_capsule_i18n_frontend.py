@@ -83,7 +83,7 @@ def test_capsule_menu_by_mouse_and_by_keys(session, screenshots):
     assert menu.get_attribute("role") == "menu" and capsule.get_attribute("aria-expanded") == "true"
     items = menu.get_by_role("menuitemradio")
     texts = items.all_inner_texts()
-    assert [x for x in texts if x.lower().startswith("this machine")] == [texts[0]], texts  # one entry for it
+    assert [x for x in texts if x.lower().startswith("this machine")] == [texts[0]] == ["This machine: cpu"], texts  # one entry
     assert items.first.get_attribute("data-value") == "auto"
     assert focused(page) == "gpu-box/cuda:0"  # opens on the checked item
     page.screenshot(path=str(screenshots / "comfy-capsule-menu.png"), clip={"x": 300, "y": 0, "width": 1200, "height": 300})
@@ -173,15 +173,16 @@ def test_light_palette_keeps_queue_on_and_the_dialog_in_comfyuis_look(session, s
         button = page.locator("[data-xpufleet=queue-on]")
         page.mouse.move(700, 600)
         page.screenshot(path=str(screenshots / "comfy-light-topbar.png"), clip={"x": 0, "y": 0, "width": 1500, "height": 60})
-        # the look of a PrimeVue secondary button in this palette, next to ours: the same, and unlike the bar
-        reference = button.evaluate("""(b) => { const r = document.createElement('button');
-            r.className = 'p-button p-component p-button-secondary p-button-sm'; r.textContent = 'x';
-            b.parentElement.append(r); const s = getComputedStyle(r);
-            const out = [s.backgroundColor, s.color, s.borderRadius]; r.remove(); return out; }""")
-        ours = [style(button, p) for p in ("background-color", "color", "border-radius")]
-        assert ours == reference
+        # the look of a PrimeVue secondary button in this palette, next to ours: the same (once the
+        # palette's colour transitions have ended), and unlike the bar
+        page.wait_for_function("""() => { const b = document.querySelector('[data-xpufleet=queue-on]');
+            const r = document.createElement('button'); r.className = 'p-button p-component p-button-secondary p-button-sm';
+            r.textContent = 'x'; r.style.transition = 'none'; b.parentElement.append(r);
+            const [s, t] = [getComputedStyle(r), getComputedStyle(b)];
+            const same = ['backgroundColor', 'color', 'borderRadius', 'fontFamily'].every((k) => s[k] === t[k]);
+            r.remove(); return same; }""", timeout=WAIT_MS)
         bar = button.evaluate("(b) => getComputedStyle(b.closest('.actionbar') || b.parentElement).backgroundColor")
-        assert ours[0] != bar
+        assert style(button, "background-color") != bar
         secondary = css_var(page, "--p-button-secondary-background")
         button.click()
         dialog = page.locator("[data-xpufleet=queue-dialog]")

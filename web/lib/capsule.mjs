@@ -304,10 +304,10 @@ export class CapsuleBar {
     try {
       const snap = await this.fleet.snapshot();
       const main = snap.snapshot?.device;
-      if (main) items[0].text = t("capsule.this_machine_device", { device: main + (snap.snapshot.name ? ` (${snap.snapshot.name})` : "") });
+      if (main) items[0].text = t("capsule.menu_this_machine", { device: main + (snap.snapshot.name ? ` (${snap.snapshot.name})` : "") });
       for (const s of snap.snapshots || []) {
         if (s.device === main) continue;
-        items.push({ value: s.device, text: t("capsule.this_machine_device", { device: s.device + (s.name ? ` (${s.name})` : "") }) });
+        items.push({ value: s.device, text: t("capsule.menu_this_machine", { device: s.device + (s.name ? ` (${s.name})` : "") }) });
       }
     } catch { /* this machine's list is optional */ }
     let workerNote = null;
