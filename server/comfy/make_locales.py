@@ -8,7 +8,11 @@ command ``commands.<id>.label``, a settings group ``settingsCategories.<name>`` 
 ``menuLabels.<name>``. Those texts are the plugin's own (``xpufleet.settings.*``, ``xpufleet.app.*`` in
 main.json): this module copies them, so main.json stays the one place to edit (docs/i18n.md).
 
-    python -m xpufleet.server.comfy.make_locales           # rewrite settings.json, commands.json, categories
+``locales/en/nodeDefs.json`` (the canvas's node names, inputs, outputs and tooltips) is made from the
+nodes' own INPUT_TYPES, DESCRIPTION and display names; ``locales/zh/nodeDefs.json`` is its hand-made
+translation, which a test holds to the same nodes, inputs and outputs.
+
+    python -m xpufleet.server.comfy.make_locales           # rewrite the derived files
     python -m xpufleet.server.comfy.make_locales --check   # exit 1 when one is stale (a test does this)
 """
 
@@ -82,6 +86,32 @@ def derived(lang: str) -> dict[str, Any]:
     return {"settings.json": settings, "commands.json": commands, "main.json": main}
 
 
+def node_defs() -> dict[str, Any]:
+    """English nodeDefs.json: per node its display name, description, inputs (name, tooltip), outputs."""
+    from ...nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
+
+    out: dict[str, Any] = {}
+    for cls_name, cls in NODE_CLASS_MAPPINGS.items():
+        inputs: dict[str, Any] = {}
+        for section in ("required", "optional"):
+            for name, spec in (cls.INPUT_TYPES().get(section) or {}).items():
+                entry = {"name": name}
+                opts = spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {}
+                if opts.get("tooltip"):
+                    entry["tooltip"] = opts["tooltip"]
+                inputs[name] = entry
+        names = getattr(cls, "RETURN_NAMES", None) or cls.RETURN_TYPES
+        tips = getattr(cls, "OUTPUT_TOOLTIPS", None) or ()
+        outputs = {str(i): {"name": n, **({"tooltip": tips[i]} if i < len(tips) and tips[i] else {})}
+                   for i, n in enumerate(names)}
+        node = {"display_name": NODE_DISPLAY_NAME_MAPPINGS.get(cls_name, cls_name)}
+        if getattr(cls, "DESCRIPTION", ""):
+            node["description"] = cls.DESCRIPTION
+        node.update(inputs=inputs, outputs=outputs)
+        out[cls_name] = node
+    return out
+
+
 def _text(content: Any) -> str:
     return json.dumps(content, ensure_ascii=False, indent=2) + "\n"
 
@@ -92,16 +122,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", action="store_true", help="exit 1 when a file is not what would be written")
     args = p.parse_args(argv)
     stale = []
-    for lang in LANGUAGES:
-        for name, content in derived(lang).items():
-            path = LOCALES / lang / name
-            text = _text(content)
-            if path.is_file() and path.read_text(encoding="utf-8") == text:
-                continue
-            if args.check:
-                stale.append(str(path))
-            else:
-                path.write_text(text, encoding="utf-8")
+    files = [(lang, name, content) for lang in LANGUAGES for name, content in derived(lang).items()]
+    files.append(("en", "nodeDefs.json", node_defs()))
+    for lang, name, content in files:
+        path = LOCALES / lang / name
+        text = _text(content)
+        if path.is_file() and path.read_text(encoding="utf-8") == text:
+            continue
+        if args.check:
+            stale.append(str(path))
+        else:
+            path.write_text(text, encoding="utf-8")
     if stale:
         print("stale (run python -m xpufleet.server.comfy.make_locales):", *stale, sep="\n  ", file=sys.stderr)
         return 1

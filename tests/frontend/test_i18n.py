@@ -84,3 +84,27 @@ def test_setting_and_command_ids_are_the_front_ends():
     src = (WEB / "xpu_monitor.js").read_text(encoding="utf-8") + (WEB / "lib" / "capsule.mjs").read_text(encoding="utf-8")
     for sid in [*make_locales.SETTINGS, *make_locales.COMMANDS]:
         assert f'"{sid}"' in src, sid
+
+
+def test_node_definitions_are_translated_for_the_canvas():
+    """locales/<lang>/nodeDefs.json: ComfyUI names nodes, inputs, outputs and tooltips on the canvas with
+    them. The English file is made from the nodes (in step: the test above); the Chinese one has the
+    same nodes, inputs and outputs, each text translated."""
+    en = json.loads((ROOT / "locales" / "en" / "nodeDefs.json").read_text(encoding="utf-8"))
+    zh = json.loads((ROOT / "locales" / "zh" / "nodeDefs.json").read_text(encoding="utf-8"))
+    assert en == make_locales.node_defs()
+    assert set(zh) == set(en)
+    for cls, node in en.items():
+        z = zh[cls]
+        assert z["display_name"] != node["display_name"], cls
+        assert ("description" in z) == ("description" in node), cls
+        if "description" in node:
+            assert z["description"] != node["description"], cls
+        assert set(z["inputs"]) == set(node["inputs"]), cls
+        for name, entry in node["inputs"].items():
+            assert z["inputs"][name]["name"].strip(), (cls, name)
+            assert ("tooltip" in z["inputs"][name]) == ("tooltip" in entry), (cls, name)
+            if "tooltip" in entry:
+                assert z["inputs"][name]["tooltip"] != entry["tooltip"], (cls, name)
+        assert set(z["outputs"]) == set(node["outputs"]), cls
+        assert all(o["name"] != node["outputs"][k]["name"] for k, o in z["outputs"].items()), cls
