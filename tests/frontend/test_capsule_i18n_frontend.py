@@ -153,6 +153,36 @@ def test_a_language_change_in_comfyuis_settings_relabels_everything_at_once(sess
     dialog.wait_for(state="detached")
 
 
+def test_canvas_node_names_inputs_and_tooltips_in_chinese(playwright_browser, comfy_host, screenshots):
+    """ComfyUI reads locales/zh/nodeDefs.json: a page opened in Chinese names our nodes, their inputs and
+    tooltips in Chinese (ComfyUI names the nodes of a page when it loads their definitions)."""
+    bh.comfy_settings(comfy_host, {**SETTINGS, "Comfy.Locale": "zh"})
+    context = playwright_browser.new_context(viewport={"width": 1500, "height": 950})
+    try:
+        page = bh.open_comfy(context, comfy_host.url)
+        bh.load_api_graph(page, GRAPH, "mlp_digits")
+        page.wait_for_function("() => app.graph.nodes.some((n) => n.type === 'XPUOptimizer')", timeout=WAIT_MS)
+        node = page.evaluate("""() => { const n = app.graph.nodes.find((x) => x.type === 'XPUOptimizer');
+            const lr = n.inputs.find((i) => i.name === 'lr') || {};
+            return {title: n.title, lr: n.widgets.find((w) => w.name === 'lr').label, lrInput: lr.localized_name || lr.label,
+                    out: (n.outputs[0] || {}).localized_name || (n.outputs[0] || {}).label}; }""")
+        # the graph keeps the titles it names (_meta.title); its inputs and outputs are ComfyUI's to name
+        assert node["title"] == "Optimizer", node
+        assert node["lr"] == "学习率" and node["out"] == "优化器", node
+        # a node the user adds (what the node search adds) takes the translated display name and tooltips
+        added = page.evaluate("""() => { const n = LiteGraph.createNode('XPUTrainingLoop'); app.graph.add(n);
+            n.pos = [40, 40]; const w = n.widgets.find((x) => x.name === 'epochs');
+            return {title: n.title, epochs: w.label}; }""")
+        assert added["title"] == "训练循环" and added["epochs"] == "epoch 数", added
+        # the tooltips ComfyUI shows on hover come from the same merged file (its /i18n answer)
+        i18n = page.evaluate("async () => (await (await fetch('/i18n')).json()).zh.nodeDefs.XPUTrainingLoop")
+        assert i18n["inputs"]["epochs"]["tooltip"] == "遍历数据加载器的次数"
+        page.screenshot(path=str(screenshots / "comfy-canvas-nodes-zh.png"))
+    finally:
+        context.close()
+        bh.comfy_settings(comfy_host, {"Comfy.Locale": "en"})
+
+
 def css_var(page, name: str, prop: str = "background-color") -> str:
     """A ComfyUI theme variable as the browser resolves it (an rgb() string)."""
     return page.evaluate("""([name, prop]) => { const el = document.createElement('div');
