@@ -193,7 +193,14 @@ function settingsDialog() {
 }
 
 function changed(id) {
-  if (id === LANGUAGE) { applyLanguage(); build(); return; }
+  if (id === LANGUAGE) {
+    // the page is rebuilt in the new language; the settings dialog the choice came from opens again
+    applyLanguage();
+    build();
+    settingsDialog();
+    document.querySelector("[data-xpufleet=settings] select")?.focus();
+    return;
+  }
   if (id === THEME) { applyTheme(); return; }
   capsules?.settingsChanged();
 }
