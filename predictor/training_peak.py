@@ -3,7 +3,7 @@
 A graph of the plugin's own nodes (TrainingLoop, Evaluate, Predict) loads no model file: what it puts on
 the card is the static estimate of :mod:`xpufleet.predictor.estimate` (``estimate_graph``), the same
 figure the Queue on... dialog suggests (``POST /api/estimates``). The capsule's ``M_peak`` is that
-figure, so both places show one number (docs/architecture.md, "The capsule").
+figure, so both places show one number (docs/canvas.md, "The capsule for a training graph").
 """
 
 from __future__ import annotations

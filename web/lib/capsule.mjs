@@ -284,7 +284,7 @@ export class CapsuleBar {
     if (!this.tip.hidden) this.place(this.tip);
   }
 
-  // --- the device menu (the WAI-ARIA menu button pattern: docs/canvas.md, "The capsule") ---
+  // --- the device menu (the WAI-ARIA menu button pattern: docs/canvas.md, "The capsule for a training graph") ---
   toggleMenu() {
     if (!this.menu.hidden) { this.closeMenu(); return; }
     this.openMenu("checked");
