@@ -237,10 +237,18 @@ def test_light_palette_keeps_queue_on_and_the_dialog_in_comfyuis_look(session, s
         set_setting(page, "Comfy.ColorPalette", "dark")
 
 
-def test_no_console_error_or_failed_request_from_the_plugin(session):
-    """Every flow above on one page: no console error names the plugin, no request of ours failed (the
-    comparison with ComfyUI's own baseline is test_comfy_frontend.py's)."""
+def test_no_console_error_or_failed_request_from_the_plugin(session, playwright_browser, bare_comfy):
+    """Every flow above on one page: no console error beyond the same ComfyUI's without the plugin (one
+    page load, the same graph, measured here) and no failed request to the plugin's routes."""
     _, log = session
-    ours = [e for e in log.errors if "xpufleet" in e.lower() or "XPU Fleet" in e]
-    assert ours == [], log.errors
+    bh.comfy_settings(bare_comfy, {"Comfy.TutorialCompleted": True})
+    context = playwright_browser.new_context(viewport={"width": 1500, "height": 950})
+    baseline = bh.ConsoleLog()
+    try:
+        page = bh.open_comfy(context, bare_comfy.url, baseline, plugin=False)
+        page.wait_for_timeout(3000)  # the same seconds of idle page as the capsule's refreshes
+    finally:
+        context.close()
+    # the graph's node types are unknown without the plugin, so the baseline loads no graph
+    assert log.beyond(baseline) == [], (log.errors, baseline.errors)
     assert [f for f in log.failed if "/xpufleet" in f] == [], log.failed
