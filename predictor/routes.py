@@ -231,11 +231,13 @@ OPENAPI_PATHS: dict[str, Any] = {
                     "weight_bytes": {"type": "boolean"}, "topology": {"type": "boolean"},
                     "activation_overhead": {}, "calibration": {}}},
                 "snapshot": {"type": "object", "description": "figures that replace the measured ones"},
+                "prompt": {"type": "object", "description": "the same graph in API format: a training graph's "
+                                                            "peak is its static estimate"},
             },
             "example": {"workflow": {"1": {"class_type": "CheckpointLoaderSimple",
                                            "inputs": {"ckpt_name": "sd15.safetensors"}}}}}}}},
         "responses": {"200": {"description": "{p_success, level, color, label, explanation, models, snapshot, "
-                                             "scan, warnings, simulated, complete}"},
+                                             "scan, warnings, simulated, complete, summary}"},
                       "400": _ERROR, "404": _ERROR, "413": _ERROR},
     }},
 }
