@@ -233,6 +233,12 @@ def test_light_palette_keeps_queue_on_and_the_dialog_in_comfyuis_look(session, s
         page.screenshot(path=str(screenshots / "comfy-light-queue-on-dialog.png"))
         page.keyboard.press("Escape")
         dialog.wait_for(state="detached")
+        # the Runs panel's buttons in the light palette: PrimeVue's secondary look too
+        page.evaluate("() => app.extensionManager.command.execute('XPUFleet.ShowRuns')")
+        refresh = page.locator("[data-xpufleet=runs-panel]").get_by_role("button", name="Refresh")
+        refresh.wait_for(timeout=WAIT_MS)
+        assert style(refresh, "background-color") == secondary
+        page.screenshot(path=str(screenshots / "comfy-light-runs-panel.png"))
     finally:
         set_setting(page, "Comfy.ColorPalette", "dark")
 

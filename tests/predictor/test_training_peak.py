@@ -46,6 +46,12 @@ def test_summary_fields_name_the_device():
     assert predict_workflow(API, small)["summary"]["verdict"] in ("spills", "fails")
 
 
+def test_on_a_cpu_the_sentence_counts_the_free_ram():
+    cpu = Snapshot(ram_free_gb=12.5, commit_used_gb=4.0, commit_limit_gb=40.0, device="cpu", kind="cpu", platform="cpu")
+    s = predict_workflow(API, cpu)["summary"]
+    assert (s["memory"], s["of_gb"], s["worker"], s["device"]) == ("ram", 12.5, None, "cpu")
+
+
 def test_ui_workflow_alone_has_no_training_estimate():
     answer = predict_workflow(UI, CARD)
     assert "training_estimate" not in answer["explanation"]["models"]
