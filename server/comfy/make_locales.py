@@ -14,17 +14,21 @@ translation, which a test holds to the same nodes, inputs and outputs.
 
     python -m xpufleet.server.comfy.make_locales           # rewrite the derived files
     python -m xpufleet.server.comfy.make_locales --check   # exit 1 when one is stale (a test does this)
+    python -m xpufleet.server.comfy.make_locales --absorb  # move keys left in web/lib/i18n.mjs into main.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 LOCALES = Path(__file__).resolve().parents[2] / "locales"
+I18N_MJS = LOCALES.parent / "web" / "lib" / "i18n.mjs"
+_ENTRY = re.compile(r'^\s*"([a-z_.A-Z0-9]+)":\s*("(?:[^"\\]|\\.)*"),?\s*$')
 LANGUAGES = ("en", "zh")
 
 # setting id -> (name key, tooltip key or None, {option text (English): key})
@@ -112,6 +116,31 @@ def node_defs() -> dict[str, Any]:
     return out
 
 
+def absorb() -> dict[str, int]:
+    """Move the keys of i18n.mjs's EN and ZH objects (a merged branch's block) into main.json's
+    ``xpufleet`` (nested by their dots) and empty those objects; the number moved per language."""
+    src = I18N_MJS.read_text(encoding="utf-8")
+    moved = {}
+    for lang, name in (("en", "EN"), ("zh", "ZH")):
+        head = f"const {name} = {{"
+        start = src.index(head) + len(head)
+        end = src.index("\n};", start)
+        entries = [m for line in src[start:end].splitlines() if (m := _ENTRY.match(line))]
+        path = LOCALES / lang / "main.json"
+        main = json.loads(path.read_text(encoding="utf-8"))
+        for m in entries:
+            node = main.setdefault("xpufleet", {})
+            *parents, leaf = m.group(1).split(".")
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = json.loads(m.group(2))
+        path.write_text(_text(main), encoding="utf-8")
+        src = src[:start] + src[end:]
+        moved[lang] = len(entries)
+    I18N_MJS.write_text(src, encoding="utf-8")
+    return moved
+
+
 def _text(content: Any) -> str:
     return json.dumps(content, ensure_ascii=False, indent=2) + "\n"
 
@@ -120,7 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     """Write (or with --check compare) the derived locale files; the exit status."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--check", action="store_true", help="exit 1 when a file is not what would be written")
+    p.add_argument("--absorb", action="store_true", help="first move the keys left in web/lib/i18n.mjs into main.json")
     args = p.parse_args(argv)
+    if args.absorb:
+        print("moved from i18n.mjs:", absorb())
     stale = []
     files = [(lang, name, content) for lang in LANGUAGES for name, content in derived(lang).items()]
     files.append(("en", "nodeDefs.json", node_defs()))

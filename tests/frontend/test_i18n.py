@@ -108,3 +108,21 @@ def test_node_definitions_are_translated_for_the_canvas():
                 assert z["inputs"][name]["tooltip"] != entry["tooltip"], (cls, name)
         assert set(z["outputs"]) == set(node["outputs"]), cls
         assert all(o["name"] != node["outputs"][k]["name"] for k, o in z["outputs"].items()), cls
+
+
+def test_absorb_moves_a_branchs_keys_from_i18n_mjs_into_main_json(tmp_path, monkeypatch):
+    """What the lead runs after merging a branch that added keys in i18n.mjs's EN/ZH blocks."""
+    import shutil
+
+    shutil.copytree(ROOT / "locales", tmp_path / "locales")
+    (tmp_path / "web" / "lib").mkdir(parents=True)
+    src = (WEB / "lib" / "i18n.mjs").read_text(encoding="utf-8")
+    src = src.replace("const EN = {\n", 'const EN = {\n  // h9 keys\n  "runs.h9_note": "{n} runs \\"kept\\"",\n', 1)
+    src = src.replace("const ZH = {\n", 'const ZH = {\n  // h9 keys\n  "runs.h9_note": "保留 {n} 个 run",\n', 1)
+    (tmp_path / "web" / "lib" / "i18n.mjs").write_text(src, encoding="utf-8")
+    monkeypatch.setattr(make_locales, "LOCALES", tmp_path / "locales")
+    monkeypatch.setattr(make_locales, "I18N_MJS", tmp_path / "web" / "lib" / "i18n.mjs")
+    assert make_locales.absorb() == {"en": 1, "zh": 1}
+    assert make_locales.strings("en")["runs.h9_note"] == '{n} runs "kept"'
+    assert make_locales.strings("zh")["runs.h9_note"] == "保留 {n} 个 run"
+    assert "h9_note" not in (tmp_path / "web" / "lib" / "i18n.mjs").read_text(encoding="utf-8")
