@@ -11,7 +11,7 @@ TORCH_INDEX ?=
 # CPU torch first: a bare `torch` requirement would otherwise pull a multi-GB CUDA build.
 install:
 	$(PIP) install -q "$(TORCH_CPU)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(PIP) install -q -e ".[test]"
+	$(PIP) install -q -e ".[test,all]"
 
 lint:
 	$(PYTHON) -m ruff check .

@@ -50,6 +50,7 @@ AGENT_WS_PATH = "/api/agents/ws"
 AGENT_PROTOCOL = 1  # bumped when agent<->sidecar messages change incompatibly
 AGENT_HELLO_TIMEOUT_S = 10.0  # the sidecar closes a WebSocket that does not say hello in time
 AGENT_RECONNECT_MAX_S = 10.0  # reconnect backoff ceiling (1, 2, 4, ... seconds)
+SHUTDOWN_ACK_WAIT_S = 5.0  # a stopping agent waits at most this long for the server to ack its runs' last events
 JOIN_TOKEN_TTL_S = 24 * 3600  # a one-time join token expires after a day
 ENV_SSH = "XPUFLEET_SSH"  # the ssh client SSH workers use (default: ssh on PATH)
 ENV_SSH_CONFIG = "XPUFLEET_SSH_CONFIG"  # an ssh config file passed (-F) to every ssh the sidecar runs

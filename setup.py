@@ -4,7 +4,7 @@ so a new subpackage can never be left out of the wheel. Everything else is in py
 
 from setuptools import find_packages, setup
 
-SUBPACKAGES = ("nodes", "server", "predictor")
+SUBPACKAGES = ("common", "nodes", "server", "predictor")
 
 packages = ["xpufleet"] + [
     f"xpufleet.{name}" for name in find_packages(".", include=[f"{p}*" for p in SUBPACKAGES] + list(SUBPACKAGES))

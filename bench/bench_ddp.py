@@ -43,6 +43,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import ddp_profile  # noqa: E402 - bench/ is not a package
 
+from xpufleet.constants import TERMINAL_STATUSES  # noqa: E402
+
 CLI = [sys.executable, "-m", "xpufleet.server"]
 THREADS = {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
 AGENT = "bench"
@@ -67,7 +69,7 @@ SIZES = {
     "small": Size("small", "MLP 64-256-128-10 (~51 k parameters), 40,000 synthetic samples x 64 features",
                   40000, 2, "XPUMLP", hidden="256,128"),
     "mlp10m": Size("mlp10m", "MLP 64-3072-3072-10 (~9.7 M parameters), 6,144 synthetic samples x 64 features",
-                   6144, 1, "XPUMLP", hidden="3072,3072"),
+                   6144, 2, "XPUMLP", hidden="3072,3072"),
     "cnn": Size("cnn", "CNN 16,32 channels (BatchNorm) on the digits as 1x8x8 images, 1,797 samples",
                 0, 24, "XPUCNN", channels="16,32"),
 }
@@ -133,11 +135,14 @@ class Fleet:
         from xpufleet.server.sidecar.runtime_file import read_runtime
 
         self.home = home
-        self.env = {**os.environ, "XPUFLEET_HOME": str(home), "XPUFLEET_HEARTBEAT_INTERVAL_S": "1"}
+        # the agent's default heartbeat (10 s): the control plane's CPU during a run is part of what is measured
+        self.env = {**os.environ, "XPUFLEET_HOME": str(home)}
+        self.env.pop("XPUFLEET_HEARTBEAT_INTERVAL_S", None)
         for key in THREADS:  # the agent's own environment sets none: the ranks get the ddp defaults
             self.env.pop(key, None)
         subprocess.run([*CLI, "start", "--port", "0"], env=self.env, check=True, capture_output=True, timeout=120)
         info = read_runtime(home)
+        self.sidecar_pid = int(info["pid"])
         self.client = Client(info["url"], info["token"], timeout=60)
         self.log = open(home / "agent.log", "ab")  # noqa: SIM115 - closed in stop()
         self.agent = subprocess.Popen([*CLI, "agent", "start", "--foreground", "--name", AGENT,
@@ -153,25 +158,33 @@ class Fleet:
             time.sleep(0.2)
         raise SystemExit("the agent did not connect within 120 s")
 
+    def control_plane_cpu_s(self) -> float:
+        """CPU seconds the sidecar and the agent processes (not their children: the ranks) have used."""
+        import psutil
+
+        return sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in (self.sidecar_pid, self.agent.pid))
+
     def run(self, g: dict[str, Any], seed: int) -> dict[str, Any]:
         submitted = time.time()
+        cpu0 = self.control_plane_cpu_s()
         run_id = self.client.submit(g, {"seed": seed, "target": {"worker": AGENT, "devices": ["cuda:0", "cuda:1"]}})[
             "run_id"]
-        cursor = 0
-        while True:
-            page = self.client.events(run_id, cursor=cursor, wait=30)
-            cursor = page["cursor"]
-            if page["done"]:
+        while True:  # the run's status once a second, not its event stream: the bench client stays idle
+            run = self.client.run(run_id)
+            if run["status"] in TERMINAL_STATUSES:
                 break
-        run = self.client.run(run_id)
+            time.sleep(1.0)
+        cpu = self.control_plane_cpu_s() - cpu0
         if run["status"] != "succeeded":
             raise SystemExit(f"the ddp run {run['status']}: {run['error']}")
         facts = run["execution_facts"]
         assert facts["strategy"] == "ddp" and facts["world_size"] == 2, facts
         fm = run["final_metrics"]
-        return {"samples_per_s": fm["samples_per_s"], "train_loss": fm["train_loss"],
+        return {"samples_per_s": fm["samples_per_s"], "train_loss": fm["train_loss"], "control_cpu_s": cpu,
+                "duration_s": time.time() - submitted,
                 "startup": [t - submitted for t in facts["ddp"]["first_batch_at"]],
-                "threads": [r.get("threads") for r in facts["ddp"]["ranks"]],
+                "threads": [r.get("threads") for r in facts["ddp"]["ranks"]], "epoch_s": facts["epoch_s"],
+                "epoch_cpu_s": facts["epoch_cpu_s"],
                 "weights": self.home / "agents" / AGENT / "runs" / run_id / "model.safetensors"}
 
     def stop(self) -> None:
@@ -222,6 +235,11 @@ def steps(size: Size, batch_size: int) -> int:
     """Optimizer steps of a run: DistributedSampler gives each of 2 ranks ceil(N / 2) samples per epoch."""
     n = 1797 if size.builder == "XPUCNN" else size.samples
     return math.ceil(math.ceil(n / 2) / batch_size) * size.epochs
+
+
+def steady_s(run: dict[str, Any]) -> float:
+    """Seconds of a run's epochs after the first (rank 0's clock; both sides time epochs alike)."""
+    return sum(run["epoch_s"][1:])
 
 
 def step_us(samples_per_s: float, batch_size: int) -> float:
@@ -302,6 +320,19 @@ def report(size: Size, args: argparse.Namespace, ours: list[dict[str, Any]], run
             paired = [o["samples_per_s"] / t["samples_per_s"] for o, t in zip(ours, rs, strict=True)]
             print(f"ours / {name}: median of paired ratios {statistics.median(paired):.3f} (goal >= 0.95); "
                   f"pairs {[round(p, 3) for p in paired]}")
+            if size.epochs > 1:  # the per-step cost, without the first epoch's one-off costs (either side)
+                steady = [steady_s(t) / steady_s(o) for o, t in zip(ours, rs, strict=True)]
+                first_epoch = [t["epoch_s"][0] / o["epoch_s"][0] for o, t in zip(ours, rs, strict=True)]
+                print(f"  after the first epoch (epochs 2-{size.epochs}): median of paired ratios "
+                      f"{statistics.median(steady):.3f}; pairs {[round(p, 3) for p in steady]}; "
+                      f"first epoch alone: {statistics.median(first_epoch):.3f}")
+    if size.epochs > 1:  # CPU, unlike wall time, hardly moves with what else the machine runs
+        same = runs["torchrun (same data path)"]
+        cpu = [sum(o["epoch_cpu_s"][1:]) / sum(t["epoch_cpu_s"][1:]) for o, t in zip(ours, same, strict=True)]
+        print(f"  rank 0's CPU seconds in epochs 2-{size.epochs}, ours / torchrun: median {statistics.median(cpu):.3f}; "
+              f"pairs {[round(c, 3) for c in cpu]}")
+    share = sum(r["control_cpu_s"] for r in ours) / sum(r["duration_s"] for r in ours)
+    print(f"sidecar + agent CPU during ours' runs: {share:.1%} of one core (submit to finish)")
     print(f"torch threads per process: ours {ours[-1]['threads']}, torchrun "
           f"{runs['torchrun (same data path)'][-1]['threads']}")
     print(f"weights after training, ours vs torchrun: max abs difference {diff:.3g} "

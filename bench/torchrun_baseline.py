@@ -38,11 +38,15 @@ class Gathered:
         return self.x.index_select(0, idx), self.y.index_select(0, idx)
 
 
-def train_loop(model, loader, sampler, opt, crit, epochs: int) -> tuple[float, float | None]:
-    """The tutorial's loop; returns the last epoch's mean loss and when the first batch ended."""
+def train_loop(model, loader, sampler, opt, crit, epochs: int) -> tuple[float, float | None, list[float], list[float]]:
+    """The tutorial's loop; returns the last epoch's mean loss, when the first batch ended, and each
+    epoch's wall and CPU seconds (this process's, as the TrainingLoop times its epochs)."""
     first_batch = None
     mean = float("nan")
+    epoch_s, epoch_cpu_s = [], []
     for epoch in range(epochs):
+        epoch_start = time.perf_counter()
+        cpu_start = time.process_time()
         sampler.set_epoch(epoch)
         running, n = 0.0, 0
         for xb, yb in loader:
@@ -55,7 +59,9 @@ def train_loop(model, loader, sampler, opt, crit, epochs: int) -> tuple[float, f
             if first_batch is None:
                 first_batch = time.time()
         mean = running / max(1, n)
-    return mean, first_batch
+        epoch_s.append(time.perf_counter() - epoch_start)
+        epoch_cpu_s.append(time.process_time() - cpu_start)
+    return mean, first_batch, epoch_s, epoch_cpu_s
 
 
 def main() -> int:
@@ -101,7 +107,7 @@ def main() -> int:
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     crit = nn.CrossEntropyLoss()
     start = time.perf_counter()
-    mean, first_batch = train_loop(model, loader, sampler, opt, crit, args.epochs)
+    mean, first_batch, epoch_s, epoch_cpu_s = train_loop(model, loader, sampler, opt, crit, args.epochs)
     duration = time.perf_counter() - start
     samples = len(sampler) * args.epochs * world
     firsts, threads = [first_batch], [torch.get_num_threads()]
@@ -122,6 +128,7 @@ def main() -> int:
             inner = model
             save_file({k: v.detach().contiguous() for k, v in inner.state_dict().items()}, args.save)
         print(json.dumps({"samples_per_s": samples / duration, "duration_s": duration, "train_loss": mean,
+                          "epoch_s": epoch_s, "epoch_cpu_s": epoch_cpu_s,
                           "first_batch_at": firsts, "threads": threads, "pid": os.getpid()}), flush=True)
     return 0
 

@@ -170,6 +170,7 @@ class DistributedStrategy:
         self._due_seen = False
         self._pending: tuple[Any, Any] | None = None
         self._agreed_loss: tuple[int, float] | None = None
+        self._total = 0.0  # the sum over ranks that the last point carried (settle's epoch train loss)
         self._raise_at = test_raise_at(self.rank)
         self._first_batch_at: float | None = None
         self._init()
@@ -305,19 +306,19 @@ class DistributedStrategy:
             self._send(loss, step, async_op=True)
         return decided
 
-    def settle(self, stop: bool, loss: Any = None, step: int = 0) -> bool:
-        """The end of an epoch's batches (or of the loop): one synchronous point, True = stop now."""
-        if self._read()[0]:
-            return True
-        self._stop_seen = self._stop_seen or stop
-        self._send(loss, step, async_op=False)
-        return self._read()[0]
+    def settle(self, stop: bool, loss: Any = None, step: int = 0, total: float = 0.0) -> tuple[bool, float]:
+        """The end of an epoch's batches (or of the loop): one synchronous point on every rank, which also
+        sums ``total`` (the epoch's train loss) over ranks; (stop now, the sum)."""
+        early = self._read()[0]  # a stop agreed by the point in flight: every rank sees it alike
+        self._stop_seen = self._stop_seen or stop or early
+        self._send(loss, step, async_op=False, total=total)
+        return self._read()[0] or early, self._total
 
     def batch_loss(self, loss: Any, step: int) -> tuple[int, float] | None:
         """The latest agreed ``train_loss_batch`` point: (its step, the mean over ranks)."""
         return self._agreed_loss
 
-    def _send(self, loss: Any, step: int, async_op: bool) -> None:
+    def _send(self, loss: Any, step: int, async_op: bool, total: float = 0.0) -> None:
         import torch
         import torch.distributed as dist
 
@@ -326,7 +327,8 @@ class DistributedStrategy:
         value = float(loss.detach().item()) if loss is not None else 0.0
         # SUM over ranks: the flags count requests, K and the step come from rank 0 alone.
         flags = torch.tensor([int(self._stop_seen), int(self._due_seen), every, value,
-                              step if self.is_main else 0, int(loss is not None)], dtype=torch.float64)
+                              step if self.is_main else 0, int(loss is not None), float(total)],
+                             dtype=torch.float64)
         work = dist.all_reduce(flags, group=self.control, async_op=async_op)
         self._pending = (work, flags)
         self._stop_seen = self._due_seen = False
@@ -340,7 +342,7 @@ class DistributedStrategy:
         self._pending = None
         if work is not None:
             work.wait()
-        stop, due, every, loss_sum, step, with_loss = flags.tolist()
+        stop, due, every, loss_sum, step, with_loss, self._total = flags.tolist()
         if with_loss == self.world_size:
             self._agreed_loss = (int(step), loss_sum / self.world_size)
         self._every = max(1, int(every))

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..common import atomic
 from . import device as devmod
 from . import hostmode, mounts, paths, runtime
 from . import types as T
@@ -49,9 +50,9 @@ def save_model(model: Any, path: Path, fmt: str) -> Path:
         from safetensors.torch import save_file
 
         metadata = {"format": MODEL_FORMAT, "version": str(MODEL_VERSION), "xpu_spec": json.dumps(spec)}
-        return paths.write_atomic(path, lambda tmp: save_file(state, str(tmp), metadata=metadata))
+        return atomic.write_atomic(path, lambda tmp: save_file(state, str(tmp), metadata=metadata))
     payload = {"format": MODEL_FORMAT, "version": MODEL_VERSION, "xpu_spec": spec, "state_dict": state}
-    return paths.write_atomic(path, lambda tmp: torch.save(payload, tmp))
+    return atomic.write_atomic(path, lambda tmp: torch.save(payload, tmp))
 
 
 def read_model_file(path: Path) -> tuple[dict[str, Any] | None, dict[str, Any]]:

@@ -7,7 +7,7 @@
 - A path a graph gives for a file it writes (ModelSaver's filename, TrainingLoop's checkpoint_dir)
   stays inside its folder: :func:`resolve_inside` refuses absolute paths, ``..`` and symbolic links
   that lead out, on the sidecar and on workers alike (the same node code runs everywhere).
-- Files are written atomically (temp file in the same folder, fsync, ``os.replace``): a reader never
+- Files are written atomically (common/atomic.py: a temp file in the same folder, fsync, rename): a reader never
   sees half a checkpoint, and a crash leaves the previous file intact.
 """
 
@@ -16,9 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import tempfile
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
@@ -169,27 +167,3 @@ def candidate_paths(path: str) -> list[Path]:
     return out
 
 
-@contextlib.contextmanager
-def atomic_path(target: Path) -> Iterator[Path]:
-    """Yield a temp path next to ``target``; on success fsync it and rename it over ``target``."""
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
-    try:
-        yield tmp_path
-        with open(tmp_path, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp_path, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp_path.unlink()
-        raise
-
-
-def write_atomic(target: Path, writer: Callable[[Path], None]) -> Path:
-    """Call ``writer(tmp_path)`` and move the result to ``target`` atomically; return ``target``."""
-    with atomic_path(target) as tmp:
-        writer(tmp)
-    return Path(target)

@@ -64,9 +64,10 @@ class SingleProcess:
         the same answer on every rank (ddp: agreed every K batches, see nodes/ddp.py)."""
         return stop, due
 
-    def settle(self, stop: bool, loss: Any = None, step: int = 0) -> bool:
-        """The end of an epoch's batches (or of the loop): stop now? The same answer on every rank."""
-        return stop
+    def settle(self, stop: bool, loss: Any = None, step: int = 0, total: float = 0.0) -> tuple[bool, float]:
+        """The end of an epoch's batches (or of the loop), called on every rank: (stop now, ``total``
+        summed over ranks), the same answer on every rank (ddp: one collective for both)."""
+        return stop, total
 
     def batch_loss(self, loss: Any, step: int) -> tuple[int, float] | None:
         """The ``train_loss_batch`` point to report now: (step, value); ddp: the mean over ranks at the

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..common import atomic
 from ..constants import (
     CHECKPOINTS_DIRNAME,
     MEMORY_METER_FULL_STEPS,
@@ -113,6 +114,8 @@ class History:
     train_loss_batch: list[list[float]] = field(default_factory=list)  # [step, loss] at report times
     val_loss_step: list[list[float]] = field(default_factory=list)  # [step, val loss]
     lr: list[list[float]] = field(default_factory=list)  # [step, lr] at report times
+    epoch_s: list[float] = field(default_factory=list)  # each epoch's training wall seconds (no validation)
+    epoch_cpu_s: list[float] = field(default_factory=list)  # and this process's CPU seconds (gloo threads too)
     checkpoints: list[str] = field(default_factory=list)
 
 
@@ -160,7 +163,7 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> Path:
     """Write a checkpoint atomically (torch.save to a temp file, then rename)."""
     import torch
 
-    return paths.write_atomic(path, lambda tmp: torch.save(state, tmp))
+    return atomic.write_atomic(path, lambda tmp: torch.save(state, tmp))
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -346,6 +349,9 @@ class Trainer:
             self.strategy.finish()
         model = self.strategy.unwrap_model(self.model)
         model.eval()
+        if ctx is not None and self.strategy.is_main:  # per-epoch timing (bench/bench_ddp.py compares it)
+            ctx.execution_facts["epoch_s"] = [round(s, 6) for s in self.history.epoch_s]
+            ctx.execution_facts["epoch_cpu_s"] = [round(s, 6) for s in self.history.epoch_cpu_s]
         metrics = self._metrics(duration, samples)
         if metrics["samples_per_s"] is not None:  # the run's throughput (every rank's samples), once
             self._metric("samples_per_s", metrics["samples_per_s"], self.step)
@@ -431,6 +437,7 @@ class Trainer:
 
         while self.epoch < epochs and not done:
             epoch = self.epoch
+            epoch_start, cpu_start = perf(), time.process_time()
             self.strategy.set_epoch(self.loader, epoch)
             model.train()
             loss_sum = 0.0  # CPU: Python float; accelerator: folded from `pending` at each report
@@ -509,16 +516,17 @@ class Trainer:
                         loss_dev = folded if loss_dev is None else loss_dev + folded
                         pending.clear()
                     self._report(epoch, i + 1, last_loss)
-            if not self.stopped:  # every rank is at the same batch here: one more (synchronous) agreement
-                self.stopped = self.strategy.settle(stop_check(), last_loss, self.step)
             if pending:
                 folded = torch.stack(pending).sum()
                 loss_dev = folded if loss_dev is None else loss_dev + folded
             if loss_dev is not None:
                 loss_sum = float(loss_dev.item())
-            if self.strategy.world_size > 1:  # train_loss is the mean over every rank's batches
-                total = self.strategy.all_sum(torch.tensor([loss_sum], dtype=torch.float64, device=device))
-                loss_sum = float(total.item()) / self.strategy.world_size
+            # Every rank is at the same batch here: one synchronous agreement, which also sums the epoch's
+            # train loss over ranks (train_loss is the mean over every rank's batches).
+            stop_now, loss_sum = self.strategy.settle(self.stopped or stop_check(), last_loss, self.step, loss_sum)
+            self.stopped, loss_sum = self.stopped or stop_now, loss_sum / self.strategy.world_size
+            self.history.epoch_s.append(perf() - epoch_start)
+            self.history.epoch_cpu_s.append(time.process_time() - cpu_start)
             if self.stopped:
                 self._stop(epoch, i + 1)
             # Only max_steps ends an epoch early (a stop raised above); anything else ran the whole loader.

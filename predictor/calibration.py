@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..common import atomic
 from ..constants import (
     PREDICTOR_CALIBRATION_FILENAME,
     PREDICTOR_CALIBRATION_KEEP,
@@ -87,8 +87,5 @@ def record_run_peak(m_peak_gb: float, measured_peak_gb: float, platform: str, de
     if _sample_ratio(sample) is None:
         raise ValueError("m_peak_gb and measured_peak_gb must be positive numbers of GiB")
     path = path or calibration_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
     kept = load_samples(path)[-(PREDICTOR_CALIBRATION_KEEP - 1):] + [sample]
-    tmp = path.with_suffix(path.suffix + f".{os.getpid()}.tmp")
-    tmp.write_text("".join(json.dumps(s) + "\n" for s in kept), encoding="utf-8")
-    os.replace(tmp, path)  # whole file or nothing
+    atomic.write_text(path, "".join(json.dumps(s) + "\n" for s in kept))  # whole file or nothing

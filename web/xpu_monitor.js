@@ -19,6 +19,7 @@ const SIDECAR = "XPUFleet.Sidecar.URL";
 const RUNS_TAB = "xpufleet-runs";
 const WORKERS_TAB = "xpufleet-workers";
 const SWEEPS_TAB = "xpufleet-sweeps";
+const STUDIES_TAB = "xpufleet-studies";
 
 const fleet = new Fleet({
   fetch: (url, init) => api.fetchApi(url, init),
@@ -108,6 +109,15 @@ async function getSweepsPanel() {
     sweepsPanel = new SweepsPanel({ fleet, openRun: (id) => openRun(id), openRuns: () => showTab(RUNS_TAB), newSweep: () => newSweep() });
   }
   return sweepsPanel;
+}
+
+let studiesPanel = null;
+async function getStudiesPanel() { // Optuna studies (lib/studies_panel.mjs)
+  if (!studiesPanel) {
+    const { StudiesPanel } = await import("./lib/studies_panel.mjs");
+    studiesPanel = new StudiesPanel({ fleet, openRun: (id) => openRun(id) });
+  }
+  return studiesPanel;
 }
 
 function showTab(id) {
@@ -288,7 +298,7 @@ app.registerExtension({
   menuCommands: [{ path: ["XPU Fleet"], commands: ["XPUFleet.QueueOn", "XPUFleet.ShowRuns", "XPUFleet.ShowWorkers",
     "XPUFleet.NewSweep", "XPUFleet.ShowSweeps"] }],
   bottomPanelTabs: [tab(RUNS_TAB, "runs.title", getRunsPanel), tab(WORKERS_TAB, "workers.title", getWorkersPanel),
-    tab(SWEEPS_TAB, "sweep.title", getSweepsPanel)],
+    tab(SWEEPS_TAB, "sweep.title", getSweepsPanel), tab(STUDIES_TAB, "study.title", getStudiesPanel)],
 
   async beforeRegisterNodeDef(nodeType, nodeData) {
     if (isPluginNodeDef(nodeData)) {

@@ -1,17 +1,14 @@
-"""The worker agent (SPEC W1-W4, W6): a WebSocket client of the sidecar that runs runs.
+"""The worker agent (docs/architecture.md, "Workers"): a WebSocket client of the sidecar that runs runs.
 
-The agent dials ``/api/agents/ws``, says ``hello`` (name, version, node types, devices, the runs it
-still holds) and heartbeats every ``HEARTBEAT_INTERVAL_S`` with per-device total/free memory. Each
-run it is given runs in its own subprocess (``python -m xpufleet.server.runner RUN_DIR``, the same
-runner the sidecar uses for local runs), with its cards renumbered from 0 in the order the run
-lists them (``CUDA_VISIBLE_DEVICES`` / ``ZE_AFFINITY_MASK``). A crash or OOM kill of that process
-ends that run only: the agent reports it ``failed``.
+It dials ``/api/agents/ws``, says ``hello`` (name, version, node types, devices, the runs it still holds)
+and heartbeats with per-device total/free memory. Each run it is given runs in its own process (the
+runner the sidecar uses for local runs), its cards renumbered from 0 in the order the run lists them
+(``CUDA_VISIBLE_DEVICES`` / ``ZE_AFFINITY_MASK``); a crash or OOM kill ends that run only (``failed``).
 
-Events of a run carry the child's ``seq``; the agent keeps each run's events until the sidecar acks
-them, so after a lost connection (sidecar restart, network cut) it reconnects with backoff and
-replays what the sidecar does not hold. Runs keep running while disconnected for the server's
-``XPUFLEET_WORKER_RESUME_GRACE_S`` (300 s; sent in ``welcome``, as is the heartbeat period); after that
-the agent stops them and they end ``interrupted``.
+A run's events carry the child's ``seq`` and stay here until the sidecar acks them: after a lost
+connection the agent reconnects (common/backoff.py) and replays what the sidecar lacks. Runs keep going
+while disconnected for the server's resume grace (``XPUFLEET_WORKER_RESUME_GRACE_S``, 300 s), then end
+``interrupted``. A stopping agent waits for the acks of its runs' last events.
 """
 
 from __future__ import annotations
@@ -27,12 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...common.backoff import Backoff
 from ...constants import (
     AGENT_CAP_MEMORY,
     AGENT_HELLO_TIMEOUT_S,
     AGENT_PROTOCOL,
     AGENT_RECONNECT_MAX_S,
     RUN_STOP_GRACE_S,
+    SHUTDOWN_ACK_WAIT_S,
     VERSION,
 )
 from ..devices import inventory as devinv
@@ -108,6 +107,7 @@ class Agent(RemoteFeatures):
         self.ws: Any = None
         self.stopping = asyncio.Event()
         self.connected = asyncio.Event()
+        self.acked = asyncio.Event()  # set by each ack from the server (shutdown waits on them)
         self.disconnected_since: float = time.monotonic()
         self.state: dict[str, Any] = {"state": "starting"}
         self._send_lock = asyncio.Lock()
@@ -122,6 +122,7 @@ class Agent(RemoteFeatures):
         self._pin: str | None = None  # the certificate pinned on the current connection
         self._refusals_reported: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.last_devices: list[dict[str, Any]] | None = None  # the last inventory snapshot sent
         self.instances = InstanceHost(self)  # inference unit instances (instances.py)
         self.parts = PartHost(self)
 
@@ -133,7 +134,6 @@ class Agent(RemoteFeatures):
         """How long runs keep going while disconnected: the server's grace, else this process's own."""
         return self.server_grace_s or protocol.resume_grace_s()
 
-    # --- state file ---------------------------------------------------------------------------
     def _write_state(self, state: str, reason: str = "", **extra: Any) -> None:
         self.state = {
             "name": self.cfg.name,
@@ -141,7 +141,7 @@ class Agent(RemoteFeatures):
             "state": state,
             "reason": reason,
             "server": extra.pop("server", self.state.get("server")),
-            "devices": [d["name"] for d in self._last_devices] if hasattr(self, "_last_devices") else None,
+            "devices": None if self.last_devices is None else [d["name"] for d in self.last_devices],
             "simulated": self.inventory.simulated,
             "runs": sorted(r for r, s in self.runs.items() if not s.finished),
             "started_at": self.state.get("started_at", time.time()),
@@ -200,7 +200,7 @@ class Agent(RemoteFeatures):
         """Connect, serve, and reconnect with backoff until the agent stops."""
         import aiohttp
 
-        backoff = 0.5
+        retry = Backoff(0.5, AGENT_RECONNECT_MAX_S)
         timeout = aiohttp.ClientTimeout(total=None, connect=10, sock_connect=10)
         while not self.stopping.is_set():
             try:
@@ -208,8 +208,7 @@ class Agent(RemoteFeatures):
             except AuthError as exc:
                 self._write_state("waiting", str(exc))
                 log.warning("%s", exc)
-                await self._sleep(backoff)
-                backoff = min(backoff * 2, AGENT_RECONNECT_MAX_S)
+                await self._sleep(retry.next())
                 continue
             welcomed = False
             # One client session per attempt: an SSH worker's server is a Unix socket (its tunnel's end)
@@ -243,10 +242,8 @@ class Agent(RemoteFeatures):
                         if not self.stopping.is_set():
                             self._write_state("disconnected", "connection lost; reconnecting", server=auth.url)
             if welcomed:
-                backoff = 0.5
-            else:
-                backoff = min(backoff * 2, AGENT_RECONNECT_MAX_S)
-            await self._sleep(backoff)
+                retry.reset()
+            await self._sleep(retry.next())
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
@@ -262,11 +259,11 @@ class Agent(RemoteFeatures):
             ws_url(auth.url), headers=headers, max_msg_size=protocol.MAX_MESSAGE_BYTES,
             heartbeat=max(5.0, self.heartbeat_s() * 2), autoping=True, ssl=tls.aiohttp_ssl(auth.fingerprint),
         ) as ws:
-            self._last_devices = await asyncio.to_thread(self.inventory.snapshot)
+            self.last_devices = await asyncio.to_thread(self.inventory.snapshot)
             hello = protocol.encode(
                 "hello", name=self.cfg.name, version=VERSION, protocol=AGENT_PROTOCOL,
                 auth={"kind": auth.kind, "token": auth.token}, node_types=self.node_types(),
-                devices=self._last_devices, env=devinv.environment_summary(self.inventory),
+                devices=self.last_devices, env=devinv.environment_summary(self.inventory),
                 runs=self._runs_summary(), pid=os.getpid(), instance=self.instance,
                 mounts={label: str(path) for label, path in self.cfg.mounts.items()}, one_shot=self.cfg.one_shot,
                 capabilities=[AGENT_CAP_MEMORY],  # runs are capped to their budget (server/run/memory.py)
@@ -318,7 +315,7 @@ class Agent(RemoteFeatures):
         while not ws.closed:
             await asyncio.sleep(interval)
             try:
-                self._last_devices = await asyncio.to_thread(self.inventory.snapshot)
+                self.last_devices = await asyncio.to_thread(self.inventory.snapshot)
             except Exception as exc:
                 log.warning("device probe failed: %s", exc)
             try:
@@ -327,7 +324,7 @@ class Agent(RemoteFeatures):
                 log.warning("per-run memory probe failed: %s", exc)
                 memory = {}
             ok = await self._send(protocol.encode(
-                "heartbeat", devices=self._last_devices, runs=self._runs_summary(memory), ts=time.time()))
+                "heartbeat", devices=self.last_devices, runs=self._runs_summary(memory), ts=time.time()))
             if not ok:
                 return
 
@@ -382,6 +379,7 @@ class Agent(RemoteFeatures):
     def _ack(self, rs: RunState, seq: int) -> None:
         rs.acked_seq = max(rs.acked_seq, seq)
         rs.events = [e for e in rs.events if e["seq"] > rs.acked_seq]
+        self.acked.set()
         if rs.finished and rs.acked_seq >= (rs.finished_seq or 0):
             self._done_with(rs)
 
@@ -427,7 +425,7 @@ class Agent(RemoteFeatures):
                                                            f"took its one run ({self.took_run})")
             return
         self.took_run = run_id
-        offered = {d["name"] for d in (getattr(self, "_last_devices", None) or self.inventory.snapshot())}
+        offered = {d["name"] for d in (self.last_devices or self.inventory.snapshot())}
         try:
             machine = [devnames.normalize_device(d) for d in msg["devices"]]
             missing = [d for d in machine if d not in offered]
@@ -557,7 +555,6 @@ class Agent(RemoteFeatures):
             # "interrupt": the run ends interrupted (grace, agent stopping); "cancel": cancelled
             rs.group.stop(_STOP_COMMAND[reason])
 
-    # --- grace ------------------------------------------------------------------------------------
     async def grace_loop(self) -> None:
         """While disconnected longer than the resume grace, stop the runs: they end interrupted."""
         while not self.stopping.is_set():
@@ -571,7 +568,6 @@ class Agent(RemoteFeatures):
                         self.stop_run(rs, "grace")
                 self.instances.stop_all()
 
-    # --- lifecycle --------------------------------------------------------------------------------
     async def main(self) -> int:
         """Run until SIGTERM/SIGINT; then stop the runs (interrupted) and report them if connected."""
         loop = asyncio.get_running_loop()
@@ -594,8 +590,7 @@ class Agent(RemoteFeatures):
             for rs in active:
                 if rs.group is not None:
                     rs.group.kill()
-        if self.connected.is_set():
-            await asyncio.sleep(0.2)  # let the last events reach the server
+        await self._await_acks(SHUTDOWN_ACK_WAIT_S)
         grace.cancel()
         conn.cancel()
         warm.cancel()
@@ -604,6 +599,18 @@ class Agent(RemoteFeatures):
                 await t
         self._write_state("removed" if self.removed else ("done" if self.took_run and self.cfg.one_shot else "stopped"))
         return 0
+
+
+    async def _await_acks(self, bound_s: float) -> bool:
+        """Wait, while connected and at most ``bound_s``, for the acks of every event; True: all acked."""
+        deadline = time.monotonic() + bound_s
+        while any(rs.events for rs in self.runs.values() if not rs.forgotten):
+            if not self.connected.is_set() or time.monotonic() >= deadline:
+                return False
+            self.acked.clear()
+            with contextlib.suppress(asyncio.TimeoutError):  # at most 0.5 s: re-check the connection
+                await asyncio.wait_for(self.acked.wait(), min(deadline - time.monotonic(), 0.5))
+        return True
 
 
 def run_agent(cfg: AgentConfig) -> int:

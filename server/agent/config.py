@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...common import atomic
 from ...constants import AGENT_ADVERTISE_ADDR_DEFAULT, AGENT_WS_PATH, RUNTIME_FILENAME
 from ..devices.simulated import SimulatedCard
 from ..sidecar.runtime_file import read_runtime
@@ -33,12 +33,7 @@ def credential_file(home: Path, name: str) -> Path:
 
 def write_private_json(path: Path, data: dict[str, Any]) -> None:
     """Write JSON atomically with mode 0600 (credentials, state)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2)
-    os.replace(tmp, path)
+    atomic.write_json(path, data, mode=atomic.PRIVATE)
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

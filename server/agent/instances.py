@@ -141,7 +141,7 @@ class InstanceHost:
                 del self.instances[(inst.unit_id, inst.rank)]
 
     async def _run_instance(self, inst: HostedInstance, msg: dict[str, Any]) -> None:
-        offered = {d["name"] for d in (getattr(self.agent, "_last_devices", None) or self.agent.inventory.snapshot())}
+        offered = {d["name"] for d in (self.agent.last_devices or self.agent.inventory.snapshot())}
         try:
             device = devnames.normalize_device(msg["device"])
             if device not in offered:

@@ -110,7 +110,7 @@ class PartHost:
 
     async def _run_group(self, hosted: HostedPart, msg: dict[str, Any]) -> dict[str, Any]:
         cfg, layout = self.agent.cfg, hosted.layout
-        offered = {d["name"] for d in (getattr(self.agent, "_last_devices", None) or self.agent.inventory.snapshot())}
+        offered = {d["name"] for d in (self.agent.last_devices or self.agent.inventory.snapshot())}
         machine = [devnames.normalize_device(d) for d in layout.here.devices]
         missing = [d for d in machine if d not in offered]
         if missing:

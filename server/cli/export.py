@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
+from ...common import atomic
 from .common import EXIT_OK, EXIT_USAGE, err
 
 
@@ -40,10 +40,7 @@ def run_export(args: Any) -> int:
         return EXIT_OK
     out = Path(args.output)
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, out)
+        atomic.write_text(out, text)
     except OSError as exc:
         err(f"cannot write {out}: {exc.strerror or exc}")
         return EXIT_USAGE

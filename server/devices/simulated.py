@@ -7,13 +7,13 @@ start and re-reads at every heartbeat. Every simulated figure says ``"simulated"
 from __future__ import annotations
 
 import json
-import os
 import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...common import atomic
 from ...constants import SIMULATED_UUID_PREFIX
 from .names import DeviceSpecError, normalize_device
 
@@ -71,10 +71,7 @@ def simulated_file(home: Path, worker: str) -> Path:
 
 def write_simulated_file(path: Path, cards: dict[str, dict[str, Any]]) -> None:
     """Atomically write ``{"cards": {name: {...}}}`` (a reader never sees half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"simulated": True, "cards": cards}, indent=2))
-    os.replace(tmp, path)
+    atomic.write_json(path, {"simulated": True, "cards": cards})
 
 
 def set_simulated_free(home: Path, worker: str, device: str, free_gib: float) -> None:

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ...common import atomic
 from ...constants import RECORDED_OUTPUTS_DIRNAME
 
 INDEX_NAME = "index.json"
@@ -73,13 +73,7 @@ def _json_safe(value: Any, depth: int = 0) -> Any:
 
 
 def _write_atomic(path: Path, writer: Callable[[Path], None]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        writer(tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    atomic.write_atomic(path, writer)
 
 
 def _write_json(path: Path, data: Any) -> None:

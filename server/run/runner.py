@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import os
 import platform
 import socket
@@ -108,6 +109,8 @@ def base_facts(spec: dict[str, Any]) -> dict[str, Any]:
         "hostname": socket.gethostname(),
         "python": platform.python_version(),
         "xpufleet": VERSION,
+        # a warm start's inherited objects, frozen out of the cyclic collector (warm.py): 0 when cold
+        "gc_frozen_objects": gc.get_freeze_count(),
     })
     for var in ("CUDA_VISIBLE_DEVICES", "ZE_AFFINITY_MASK"):
         if var in os.environ:

@@ -8,11 +8,12 @@ names: a worker run's cards are renumbered from 0 (SPEC Q4), a local run keeps t
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+from ...common import atomic
 
 SPEC_FILENAME = "spec.json"
 PLACEMENTS = ("local", "worker")
@@ -72,12 +73,7 @@ class RunSpec:
 
     def write(self, run_dir: Path) -> Path:
         """Write ``run_dir/spec.json`` atomically (a reader never sees half a spec)."""
-        run_dir.mkdir(parents=True, exist_ok=True)
-        path = run_dir / SPEC_FILENAME
-        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=1), encoding="utf-8")
-        os.replace(tmp, path)
-        return path
+        return atomic.write_json(Path(run_dir) / SPEC_FILENAME, self.to_json(), indent=1)
 
     @classmethod
     def read(cls, run_dir: Path) -> RunSpec:

@@ -47,6 +47,7 @@ class ProviderInfo:
     mounts: frozenset[str] = frozenset()
     disabled: bool = False
     note: str = ""
+    cannot_run: str = ""  # this server without the packages that run graphs: why (the 400's text)
 
     @property
     def label(self) -> str:

@@ -225,6 +225,8 @@ def resolve_target(
     if t.worker == LOCAL:
         if local is None:
             raise TargetError("this server runs no local runs (no local provider)")
+        if local.cannot_run:
+            raise TargetError(local.cannot_run)
         if t.mounts:
             raise TargetError(
                 f"the graph reads storage mount {_labels(t.mounts)} (a 'label:file' input), which resolves on "
@@ -234,7 +236,7 @@ def resolve_target(
     if t.worker == "any":
         eligible = [p for p in workers if p.name not in instances and not p.disabled]
         cands = [c for p in eligible for c in _provider_candidates(p, t)]
-        local_ok = _any_may_use_local(t) and not t.mounts
+        local_ok = _any_may_use_local(t) and not t.mounts and not (local is not None and local.cannot_run)
         if local is not None and local_ok:
             cands += _provider_candidates(local, t)
         if not cands and t.mounts and any(_provider_candidates(p, t, check_mounts=False) for p in eligible):
@@ -247,6 +249,8 @@ def resolve_target(
                 "; a CUDA set of more than one card, or one card other than cuda:0, runs on workers only"
             )
             server = " and this server does not either" if local_ok and local is not None else ""
+            if local is not None and local.cannot_run:
+                server = f" ({local.cannot_run})"
             raise TargetError(
                 f"no worker seen since the server started offers {wanted}{server} (workers: {seen}){why}"
             )

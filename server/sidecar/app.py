@@ -44,7 +44,7 @@ from .config import SidecarConfig
 from .dispatcher import Dispatcher
 from .http import errors_middleware
 from .keys import CONFIG_KEY, DISPATCHER_KEY, LOCAL_PROVIDER_KEY, STARTED_KEY, STORE_KEY
-from .local import LocalProvider, probe_local_devices
+from .local import LocalProvider, local_runs_refusal, probe_local_devices
 from .routes import estimates as estimates_routes
 from .routes import outputs as outputs_routes
 from .routes import pools as pools_routes
@@ -115,7 +115,8 @@ async def _dispatcher_ctx(app: web.Application) -> AsyncIterator[None]:
     devices = config.local_devices
     if devices is None:
         devices = await asyncio.to_thread(probe_local_devices, config.home)
-    local = LocalProvider(config.home, dispatcher, devices, stop_grace_s=config.stop_grace_s)
+    local = LocalProvider(config.home, dispatcher, devices, stop_grace_s=config.stop_grace_s,
+                          cannot_run=local_runs_refusal())
     app[LOCAL_PROVIDER_KEY] = local
     dispatcher.register_provider(local)
     warm = asyncio.create_task(warm_up())  # the warm start parent of run processes, in the background

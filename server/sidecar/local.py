@@ -4,8 +4,9 @@ per run, so a crash or an out-of-memory kill never takes the sidecar down."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,20 @@ def offers_from(devices: Sequence[dict[str, Any]]) -> list[DeviceOffer]:
     return out
 
 
+RUN_PACKAGES = ("torch", "numpy", "safetensors", "sklearn")  # what the nodes import: the `train` extra
+
+
+def local_runs_refusal(find: Callable[[str], Any] = importlib.util.find_spec) -> str:
+    """Why this server cannot run graphs itself ("" when it can): a control-plane host installed without
+    the ``train`` extra still queues runs and routes them to workers (docs/install.md)."""
+    missing = [name for name in RUN_PACKAGES if find(name) is None]
+    if not missing:
+        return ""
+    return (f"this server cannot run graphs: {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not "
+            f"installed here (pip install 'xpufleet[train]'); queue the run on a worker instead (target any, "
+            f"or a worker's name)")
+
+
 class LocalProvider:
     """The sidecar's own provider: this machine's devices, one process group per run (the launcher)."""
 
@@ -49,8 +64,9 @@ class LocalProvider:
     draining = False
 
     def __init__(self, home: Path, host: RunHost, devices: Sequence[dict[str, Any]],
-                 stop_grace_s: float = RUN_STOP_GRACE_S) -> None:
+                 stop_grace_s: float = RUN_STOP_GRACE_S, cannot_run: str = "") -> None:
         self.name = LOCAL_PROVIDER
+        self.cannot_run = cannot_run  # non-empty: this host lacks what runs graphs (local_runs_refusal)
         self.home = Path(home)
         self.host = host
         self._details = [dict(d) for d in devices]

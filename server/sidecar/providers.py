@@ -65,4 +65,5 @@ def provider_info(p: Any) -> ProviderInfo:
         mounts=frozenset(getattr(p, "mounts", ()) or ()),
         disabled=bool(getattr(p, "disabled", False)),
         note=str(getattr(p, "note", "") or ""),
+        cannot_run=str(getattr(p, "cannot_run", "") or ""),
     )

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ...common import atomic
 from ...constants import RUNTIME_FILENAME, home_dir
 
 
@@ -43,19 +44,7 @@ def url_for(host: str, port: int, tls: bool = False) -> str:
 def write_runtime(home: Path, info: dict[str, Any]) -> Path:
     """Write the runtime file atomically, readable by its owner only."""
     path = runtime_path(home)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(info, f, indent=2)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    atomic.write_json(path, info, mode=atomic.PRIVATE)
     return path
 
 

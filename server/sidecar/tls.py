@@ -27,6 +27,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from ...common import atomic
+
 TLS_DIRNAME = "tls"
 CERT_NAME = "cert.pem"
 KEY_NAME = "key.pem"
@@ -131,14 +133,8 @@ def generate_certificate(folder: Path, bind_host: str = "127.0.0.1") -> tuple[Pa
     )
     key_bytes = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                   serialization.NoEncryption())
-    tmp_key = key_path.with_name(f".{KEY_NAME}.{os.getpid()}.tmp")
-    fd = os.open(tmp_key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(key_bytes)
-    tmp_cert = cert_path.with_name(f".{CERT_NAME}.{os.getpid()}.tmp")
-    tmp_cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    os.replace(tmp_key, key_path)
-    os.replace(tmp_cert, cert_path)
+    atomic.write_bytes(key_path, key_bytes, mode=atomic.PRIVATE)
+    atomic.write_bytes(cert_path, cert.public_bytes(serialization.Encoding.PEM))
     return cert_path, key_path
 
 

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ...common import atomic
 from ...constants import SLURM_OUTPUT_TAIL_LINES, SLURM_TICK_S
 from . import slurmctl
 from .scaling import JobView, WaitingRun, plan_scaling, retry_backoff
@@ -65,12 +66,7 @@ ENDED_SHOWN = 10  # ended jobs listed per pool (newest first)
 
 def _write_private(path: Path, text: str) -> None:
     """Write ``text`` to a file only its owner can read (0600), atomically."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
+    atomic.write_text(path, text, mode=atomic.PRIVATE)
 
 
 class SlurmPools:

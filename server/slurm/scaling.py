@@ -13,6 +13,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from ...common import backoff
 from ...constants import SLURM_RETRY_BASE_S, SLURM_RETRY_CAP_S
 
 
@@ -86,5 +87,4 @@ def plan_scaling(waiting: Sequence[WaitingRun], jobs: Sequence[JobView], idle_ca
 def retry_backoff(failures: int, rand: Callable[[], float] = random.random) -> float:
     """Seconds before the next job for a run whose jobs failed ``failures`` times (exponential, capped,
     with a jitter in [0.5, 1.5) so that many pools' retries do not line up)."""
-    base = min(SLURM_RETRY_CAP_S, SLURM_RETRY_BASE_S * 2 ** max(failures - 1, 0))
-    return base * (0.5 + rand())
+    return backoff.delay(failures, SLURM_RETRY_BASE_S, SLURM_RETRY_CAP_S, rand)

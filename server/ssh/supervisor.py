@@ -6,7 +6,7 @@ long one: ``ssh -R DIR/agent.sock:<the sidecar's socket>`` running a script that
 credential (sent on stdin), starts the agent if it is not running, says ``ready`` and holds the session
 open. The agent dials the Unix socket on its host; sshd carries it to the sidecar's own Unix socket, so
 no TCP port opens on either machine. When that ssh ends (a network drop, ``kill -9``), the agent keeps
-running its runs and retries; the supervisor reconnects with backoff (1, 2, 4 ... 30 s) and the agent
+running its runs and retries; the supervisor reconnects with a jittered backoff (about 1, 2, 4 ... 30 s) and the agent
 finds the new tunnel at the same path.
 """
 
@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ...common.backoff import Backoff
 from . import commands
 from .bundle import bundle
 
@@ -99,7 +100,7 @@ class SshSupervisor:
                 "tunnel_up_s": None if self.connected_at is None else round(time.monotonic() - self.connected_at, 1)}
 
     async def _loop(self) -> None:
-        backoff = 1.0
+        retry = Backoff(1.0, RECONNECT_MAX_S)
         while not self._stop.is_set():
             began = time.monotonic()
             try:
@@ -114,11 +115,11 @@ class SshSupervisor:
             if self._stop.is_set():
                 break
             if time.monotonic() - began > 2 * RECONNECT_MAX_S:
-                backoff = 1.0  # it was up a while: this is a fresh drop
-            self._set(state, f"{detail}; reconnecting in {backoff:.0f} s")
+                retry.reset()  # it was up a while: this is a fresh drop
+            wait = retry.next()
+            self._set(state, f"{detail}; reconnecting in {wait:.0f} s")
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), backoff)
-            backoff = min(backoff * 2, RECONNECT_MAX_S)
+                await asyncio.wait_for(self._stop.wait(), wait)
         self._set("stopped", "")
 
     # --- one connection ---------------------------------------------------------------------------------

@@ -24,10 +24,10 @@ from ..sidecar.errors import ApiError
 from ..sidecar.graph_facts import GraphFacts, graph_facts
 from ..sidecar.requests import RequestError, RunRequest, parse_run_request
 from ..sidecar.store import StoreError
-from .expand import Variant, format_value, sweep_child, variants
+from .expand import Variant, format_value, param_labels, shared_outputs, sweep_child, variants
 from .params import KnownInputs, SpecError
 from .ranking import Row, best, counts, point_summary, ranked, sweep_status, table_csv
-from .records import SweepRecords
+from .records import SweepRecords, last_progress
 from .spec import SweepSpec, parse_sweep
 
 log = logging.getLogger("xpufleet.sweeps")
@@ -122,7 +122,10 @@ class Draft:
 
 def dry_run_answer(spec: SweepSpec, children: list[Variant], admissions: list[Any]) -> dict[str, Any]:
     """What a dry run answers: the count and the first ``DRY_RUN_SHOWN`` variants with their queue."""
+    explicit = [*spec.fixed, *(p.path for p in spec.params)]
     return {"dry_run": True, "name": spec.name, "n_runs": len(children),
+            # the savers moved to each variant's run folder (the dialog says so)
+            "own_outputs": shared_outputs(spec.graph, explicit),
             "variants": [{"variant": v.index, "point": v.point, "parameters": v.values, "seed": v.seed,
                           "queue_key": a.resolution.queue_key}
                          for v, a in zip(children[:DRY_RUN_SHOWN], admissions, strict=False)]}
@@ -140,6 +143,7 @@ class SweepService:
         self.dispatcher = dispatcher
         self.records = SweepRecords(store)
         self.known_inputs = known_inputs or known_inputs_of_nodes()
+        self._label_cache: dict[str, dict[str, str]] = {}
 
     # --- create ---------------------------------------------------------------------------------------
 
@@ -246,20 +250,29 @@ class SweepService:
 
     def get(self, sweep_id: str) -> dict[str, Any]:
         """The sweep with its ranked table (every variant's parameters, metric, status, worker_id,
-        devices, queue_key), per-point summary, counts and best variant."""
+        devices, queue_key, a running one's ``progress``), per-point summary, counts and best variant."""
         version = self.records.version(sweep_id)  # first: a move after it shows at the next poll
         sweep, table = self.table(sweep_id)
         rows = [r for _, r in table]
         top = best(rows, sweep["direction"])
+        # a running variant's latest progress (the table's version does not move with it: clients poll)
+        progress = last_progress(self.store, [r.run_id for r in rows if r.status == "running" and r.run_id])
         return {
             **{k: sweep[k] for k in ("id", "name", "spec", "n_runs", "cancel_requested", "created_at", "cancelled_at")},
             "status": sweep_status([r.status for r in rows], sweep["cancel_requested"]),
             "objective": {"metric": sweep["metric"], "direction": sweep["direction"]},
             "parameters": sweep["paths"], "counts": counts(rows), "version": version,
+            "labels": self._labels(sweep_id, sweep["paths"]),
             "best": top.to_json(1) if top is not None else None,
-            "table": [r.to_json(rank) for rank, r in table],
+            "table": [r.to_json(rank) | {"progress": progress.get(r.run_id or "")} for rank, r in table],
             "points": point_summary(rows, sweep["direction"]) if any(r.seed is not None for r in rows) else None,
         }
+
+    def _labels(self, sweep_id: str, paths: list[str]) -> dict[str, str]:
+        """The parameters' names by node title (a sweep's graph never changes: worked out once)."""
+        if sweep_id not in self._label_cache:
+            self._label_cache[sweep_id] = param_labels(self.records.graph(sweep_id), paths)
+        return self._label_cache[sweep_id]
 
     def csv(self, sweep_id: str) -> str:
         sweep, table = self.table(sweep_id)

@@ -3,13 +3,17 @@
 Variants are numbered from 0 in a fixed order: points in grid order (the first parameter varies
 slowest) or in the order a random sweep draws them, and within a point its seeds in the order given,
 so the same spec always expands the same way.
+
+Files: a graph's savers (ModelSaver) that write to the shared outputs folder are moved to each child's
+own run folder (``location: run_dir``), so variants and trials never overwrite one another's model
+(docs/sweeps.md). A sweep that sets or varies a saver's ``location`` itself keeps its choice.
 """
 
 from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,16 +63,67 @@ def child_name(name: str, label: str, values: Mapping[str, Any], seed: int | Non
     return " ".join(parts)  # POST /api/runs' own cap on names applies
 
 
+SAVER_CLASSES = ("XPUModelSaver",)  # nodes with a ``filename`` under a ``location`` (outputs | run_dir)
+SHARED_LOCATION = "outputs"
+OWN_LOCATION = "run_dir"
+
+
+def param_labels(graph: Mapping[str, Any] | None, paths: Iterable[str]) -> dict[str, str]:
+    """path -> "<node title> <input>" (``"5.lr"`` -> ``"Optimizer lr"``): the node's canvas title
+    (``_meta.title``), else its class without the plugin's ``XPU`` prefix, as the New sweep picker names it."""
+    out = {}
+    for path in paths:
+        node_id, _, name = path.rpartition(".")
+        node = (graph or {}).get(node_id)
+        if not isinstance(node, Mapping):
+            out[path] = path
+            continue
+        meta = node.get("_meta")
+        title = meta.get("title") if isinstance(meta, Mapping) and isinstance(meta.get("title"), str) else None
+        out[path] = f"{title or str(node.get('class_type', node_id)).removeprefix('XPU')} {name}"
+    return out
+
+
+def shared_outputs(graph: Mapping[str, Any], explicit: Iterable[str] = ()) -> list[dict[str, Any]]:
+    """The savers of ``graph`` that write to the shared outputs folder and whose ``location`` is not in
+    ``explicit`` (paths a sweep sets or varies): ``[{node, class_type, title, filename}]``, in node order.
+    A linked ``filename`` is reported as None (known only when the run saves)."""
+    chosen = set(explicit)
+    out = []
+    for node_id, node in graph.items():
+        if not isinstance(node, Mapping) or node.get("class_type") not in SAVER_CLASSES:
+            continue
+        inputs = node.get("inputs") or {}
+        if f"{node_id}.location" in chosen or inputs.get("location", SHARED_LOCATION) != SHARED_LOCATION:
+            continue
+        filename = inputs.get("filename")
+        meta = node.get("_meta")
+        out.append({"node": node_id, "class_type": node["class_type"],
+                    "title": meta.get("title") if isinstance(meta, Mapping) else None,
+                    "filename": filename if isinstance(filename, str) else None})
+    return out
+
+
+def own_outputs(graph: dict[str, Any], explicit: Iterable[str] = ()) -> dict[str, Any]:
+    """``graph`` with every saver :func:`shared_outputs` lists moved to the child's run folder (only those
+    nodes are copied)."""
+    moved = {f"{o['node']}.location": OWN_LOCATION for o in shared_outputs(graph, explicit)}
+    return apply_values(graph, moved) if moved else graph
+
+
 def child_body(graph: Mapping[str, Any], params: Sequence[Param], fixed: Mapping[str, Any],
                options: Mapping[str, Any], values: Mapping[str, Any], seed: int | None, name: str,
                ) -> dict[str, Any]:
-    """The ``POST /api/runs`` body of one child: the base graph with ``fixed`` and ``values`` set, the
-    sweep's options (its target included) with the child's name and seed."""
+    """The ``POST /api/runs`` body of one child: the base graph with ``fixed`` and ``values`` set and its
+    savers moved to its own run folder (:func:`own_outputs`), the sweep's options (its target included)
+    with the child's name and seed."""
     child_options = dict(options)
     child_options["name"] = name
     if seed is not None:
         child_options["seed"] = seed
-    return {"graph": apply_values(graph, {**fixed, **values}, params), "options": child_options}
+    child = apply_values(graph, {**fixed, **values}, params)
+    explicit = [*fixed, *(p.path for p in params), *values]
+    return {"graph": own_outputs(child, explicit), "options": child_options}
 
 
 def sweep_child(spec: SweepSpec, v: Variant) -> dict[str, Any]:

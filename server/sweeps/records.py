@@ -110,6 +110,22 @@ def _row(index: int, point: int, values: dict[str, Any], seed: int | None, run_i
         r["r_error"])
 
 
+PROGRESS_KEYS = ("value", "max", "text", "epoch", "batch", "batches", "loss")
+
+
+def last_progress(store: Any, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """run id -> its latest ``progress`` event's payload (value of max, epoch, loss; docs/events.md), for
+    the runs among ``run_ids`` that reported one. One indexed look-up per run (events_type index)."""
+    out: dict[str, dict[str, Any]] = {}
+    for run_id in run_ids:
+        q = store.query("SELECT payload FROM events WHERE run_id=? AND type='progress' ORDER BY cursor DESC LIMIT 1",
+                        (run_id,))
+        if q:
+            payload = json.loads(q[0]["payload"])
+            out[run_id] = {k: payload[k] for k in PROGRESS_KEYS if payload.get(k) is not None}
+    return out
+
+
 class SweepRecords:
     """Reads and writes of the sweep tables (on the store's one connection)."""
 

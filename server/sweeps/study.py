@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import csv
+import importlib.util
 import io
 import logging
 import math
@@ -40,11 +41,11 @@ from .driver import (
     known_inputs_of_nodes,
     spec_error,
 )
-from .expand import probe_points, study_child
+from .expand import param_labels, probe_points, study_child
 from .optuna_bridge import OptunaBridge, reported_value
 from .params import KnownInputs, SpecError
 from .ranking import better, metric_of
-from .records import STUDY_ACTIVE, StudyRecords
+from .records import STUDY_ACTIVE, StudyRecords, last_progress
 from .spec import StudySpec, parse_study
 
 log = logging.getLogger("xpufleet.studies")
@@ -65,6 +66,7 @@ class StudyService:
         self.known_inputs = known_inputs or known_inputs_of_nodes()
         self._drivers: dict[str, asyncio.Task[None]] = {}
         self._events: dict[str, asyncio.Event] = {}  # study id -> set at its next change (long-polls)
+        self._label_cache: dict[str, dict[str, str]] = {}
         self.closing = False
 
     def _parse(self, body: Any) -> StudySpec:
@@ -114,6 +116,9 @@ class StudyService:
 
     async def create(self, body: Any) -> dict[str, Any]:
         """Check the study as a whole, create it in Optuna and start its driver."""
+        if importlib.util.find_spec("optuna") is None:  # a control-plane install without the extra
+            raise ApiError(400, "studies need Optuna on this server: pip install 'xpufleet[studies]' (sweeps "
+                                "and runs work without it)")
         spec = self._parse(body)
         check_shared_options(self.dispatcher, spec.graph, spec.options)
         infos = self.dispatcher.provider_infos()
@@ -336,6 +341,9 @@ class StudyService:
         counts by state and the best trial."""
         rec = self.require(study_id)
         trials = [self._trial_json(t) for t in self.records.trials(study_id)]
+        progress = last_progress(self.store, [t["run_id"] for t in trials if t["run_status"] == "running" and t["run_id"]])
+        for t in trials:
+            t["progress"] = progress.get(t["run_id"] or "")
         top = None
         for t in trials:
             if t["state"] == "complete" and t["value"] is not None and (
@@ -347,11 +355,18 @@ class StudyService:
         spec = rec["spec"]
         return {"id": rec["id"], "name": rec["name"], "status": rec["status"], "error": rec["error"],
                 "objective": {"metric": rec["metric"], "direction": rec["direction"]},
-                "parameters": rec["paths"], "n_trials": rec["n_trials"], "parallel": spec.get("parallel", 1),
+                "parameters": rec["paths"], "labels": self._labels(study_id, rec["paths"]),
+                "n_trials": rec["n_trials"], "parallel": spec.get("parallel", 1),
                 "pruner": spec.get("pruner"), "sampler": spec.get("sampler"), "spec": spec,
                 "cancel_requested": rec["cancel_requested"], "created_at": rec["created_at"],
                 "finished_at": rec["finished_at"], "counts": counts, "best_trial": top, "trials": trials,
                 "version": self.records.version(study_id)}
+
+    def _labels(self, study_id: str, paths: list[str]) -> dict[str, str]:
+        """The parameters' names by node title (a study's graph never changes: worked out once)."""
+        if study_id not in self._label_cache:
+            self._label_cache[study_id] = param_labels(self.records.graph(study_id), paths)
+        return self._label_cache[study_id]
 
     def csv(self, study_id: str) -> str:
         rec = self.require(study_id)

@@ -19,8 +19,10 @@ in-flight requests), ``stopping``, ``failed`` (the restart budget is spent; visi
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import random
+from collections.abc import Callable, Iterable, Sequence
 
+from ...common import backoff
 from .spec import RestartPolicy
 
 INSTANCE_STATES = ("waiting", "starting", "running", "arrived", "exited", "lost")
@@ -45,17 +47,18 @@ def restarts_in_window(history: Iterable[float], now: float, window_s: float) ->
     return [t for t in history if now - t < window_s]
 
 
-def next_restart_delay(policy: RestartPolicy, history: Sequence[float], now: float) -> float | None:
+def next_restart_delay(policy: RestartPolicy, history: Sequence[float], now: float,
+                       rand: Callable[[], float] = random.random) -> float | None:
     """Seconds to wait before the next restart, or None when the budget is spent (the unit fails).
 
     ``history``: times of the earlier restarts. The k-th restart within the window waits
-    ``backoff_s * 2**(k-1)`` seconds, capped at ``backoff_max_s``; more than ``max_restarts`` within the
-    window is the end.
+    ``backoff_s * 2**(k-1)`` seconds, capped at ``backoff_max_s``, jittered (common/backoff.py; ``rand``
+    returning 0.5 gives the plain figure); more than ``max_restarts`` within the window is the end.
     """
     recent = restarts_in_window(history, now, policy.window_s)
     if len(recent) >= policy.max_restarts:
         return None
-    return min(policy.backoff_max_s, policy.backoff_s * (2 ** len(recent)))
+    return backoff.delay(len(recent) + 1, policy.backoff_s, policy.backoff_max_s, rand)
 
 
 def budget_text(policy: RestartPolicy) -> str:

@@ -21,6 +21,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...common import atomic
 from ...constants import RECORDED_OUTPUTS_DIRNAME, RUNS_DIR_NAME
 from ..run.outputs import INDEX_NAME, record_mode, safe_name
 from . import protocol
@@ -144,7 +145,7 @@ class OutputsAccess:
             tmp.mkdir(parents=True, exist_ok=True)
             (tmp / INDEX_NAME).write_bytes(index_bytes)
             dest.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(tmp, dest)
+            atomic.publish_dir(tmp, dest)
         finally:
             if tmp.exists():
                 with contextlib.suppress(OSError):

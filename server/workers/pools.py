@@ -22,6 +22,7 @@ from typing import Any
 from ..sidecar.auth import new_secret
 from ..slurm.spec import SpecError, parse_spec
 from . import k8s, protocol
+from .panel_view import instance_state, waiting_runs
 from .records import hash_secret
 from .state import WorkerError, WorkerState
 
@@ -264,6 +265,8 @@ class PoolManagement:
     def describe_pool(self, name: str, state: Any = None) -> dict[str, Any]:
         row = self._pool_row(name)
         instances = [self.describe(st.name, state) for st in self.instances(name)]
+        for i in instances:
+            i["instance_state"] = instance_state(i)
         queued = self.store.query("SELECT COUNT(*) AS n FROM runs WHERE status='queued' AND target=?",
                                   (f"pool:{name}",))[0]["n"]
         slurm = self.slurm.describe(name) if self.slurm is not None else None
@@ -278,6 +281,7 @@ class PoolManagement:
             "idle": sum(1 for i in instances if i["connected"] and not i["one_shot_taken"]),
             "busy": sum(1 for i in instances if i["one_shot_taken"]),
             "queued": int(queued),
+            "waiting": waiting_runs(self.store, name),  # the first WAITING_SHOWN, with their reasons
         }
 
     def list_pools(self) -> list[dict[str, Any]]:

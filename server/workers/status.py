@@ -10,6 +10,7 @@ from ..memory.admission import can_cap
 from ..memory.views import card_view
 from ..scheduling import build_state
 from . import protocol
+from .panel_view import admission_rule, recent_runs, run_row, this_server_environment
 
 
 def node_type_diff(server_types: list[str] | set[str], worker_types: list[str] | set[str]) -> dict[str, Any]:
@@ -105,7 +106,7 @@ class WorkersPanel:
         if ssh is not None:
             status, reason = ssh_status(status, reason, ssh)
         modes = self._modes(name)
-        devices = []
+        devices: list[dict[str, Any]] = []
         for d in st.devices:
             slot = state.slot_for(name, d["name"]) if st.provider is not None else None
             same = []
@@ -114,17 +115,21 @@ class WorkersPanel:
                 same = [{"provider": o.provider, "device": o.device} for o in slot.offers if o.provider != name]
                 own = next((o.limit for o in slot.offers if o.provider == name), None)
                 limit = slot.limit if slot.limit > 0 else own  # offline: its own limit, not 0
+            used = slot.used if slot is not None else sum(1 for r in active if d["name"] in r["devices"])
+            mode = modes.get(d["name"], "exclusive")
+            memory = card_view(self.dispatcher.memory, name, d["name"]) if st.provider is not None else None
             devices.append({
                 "name": d["name"], "kind": d["kind"], "label": d.get("label"), "uuid": d.get("uuid"),
                 "total_gib": d.get("total_gib"), "free_gib": d.get("free_gib"),
                 "simulated": bool(d.get("simulated")),
-                "slots_used": slot.used if slot is not None else sum(1 for r in active if d["name"] in r["devices"]),
+                "slots_used": used,
                 "slot_limit": limit,
                 "limit_from": slot.limit_from if slot is not None else None,
-                "mode": modes.get(d["name"], "exclusive"),
+                "mode": mode,
                 "same_card_as": same,
                 "last_reported": not st.online,
-                "memory": card_view(self.dispatcher.memory, name, d["name"]) if st.provider is not None else None,
+                "memory": memory,
+                "admission": admission_rule(mode=mode, slots_used=used, slot_limit=limit, memory=memory),
             })
         last_seen_age = None if st.last_seen is None else round(time.time() - st.last_seen, 1)
         return {
@@ -147,7 +152,9 @@ class WorkersPanel:
             "devices": devices,
             "runs": [{"id": r["id"], "name": r["name"], "status": r["status"], "devices": r["devices"],
                       "budget_gib": r["budget_gib"], "budget_source": r["budget_source"],
-                      "memory_in_use": (r.get("execution_facts") or {}).get("memory_in_use")} for r in active],
+                      "memory_in_use": (r.get("execution_facts") or {}).get("memory_in_use"),
+                      "started_at": r.get("started_at")} for r in active],
+            "recent_runs": recent_runs(self.store, name),
             "agent_caps_memory": can_cap(st.provider) if st.provider is not None else None,
             "queued": len(self._queued_for(name)),
             "warnings": self.limit_warnings(name, state),
@@ -178,6 +185,58 @@ class WorkersPanel:
                               + (f"; its {len(active)} running run(s) end interrupted" if active else "")
                               + "; queued runs for it wait until it is enabled")
         return out
+
+    def describe_this_server(self, state: Any = None) -> dict[str, Any] | None:
+        """This server's own machine as a Workers panel row (it runs local runs and takes sweep variants):
+        its devices with slots, mode and admission rule, its running and recent runs, the runs queued for
+        it. None when the sidecar has no local provider."""
+        local = self.dispatcher.providers.get(LOCAL_PROVIDER)
+        if local is None:
+            return None
+        state = state if state is not None else self._slot_state()
+        live = self._local_probe(local)
+        active = [r for r in self.store.active() if r["worker_id"] is None and r.get("placement") == "local"]
+        devices: list[dict[str, Any]] = []
+        for d in local.device_details():
+            now = live.get(d["name"])
+            slot = state.slot_for(LOCAL_PROVIDER, d["name"])
+            used = slot.used if slot is not None else sum(1 for r in active if d["name"] in r["devices"])
+            limit = slot.limit if slot is not None else None
+            mode = self.dispatcher.memory.mode(local, d["name"])
+            memory = card_view(self.dispatcher.memory, LOCAL_PROVIDER, d["name"])
+            devices.append({
+                "name": d["name"], "kind": d.get("kind"), "label": d.get("label"), "uuid": d.get("uuid"),
+                "total_gib": (now or d).get("total_gib"), "free_gib": (now or d).get("free_gib"),
+                "simulated": bool(d.get("simulated")), "slots_used": used, "slot_limit": limit,
+                "limit_from": slot.limit_from if slot is not None else None, "mode": mode,
+                "same_card_as": [] if slot is None else [{"provider": o.provider, "device": o.device}
+                                                         for o in slot.offers if o.provider != LOCAL_PROVIDER],
+                "last_reported": now is None,  # the probe failed: the figures of the sidecar's start
+                "memory": memory,
+                "admission": admission_rule(mode=mode, slots_used=used, slot_limit=limit, memory=memory),
+            })
+        queued = self.store.query("SELECT COUNT(*) AS n FROM runs WHERE status='queued' AND target=?",
+                                  (LOCAL_PROVIDER,))[0]["n"]
+        return {
+            "name": LOCAL_PROVIDER, "this_server": True, "status": "Online", "status_reason": "",
+            "connected": True, "version": VERSION, "environment": this_server_environment(devices),
+            "simulated": any(d["simulated"] for d in devices), "devices": devices,
+            "runs": [{**run_row(r), "budget_gib": r["budget_gib"]} for r in active],
+            "recent_runs": recent_runs(self.store, LOCAL_PROVIDER),
+            "queued": int(queued),
+            "warnings": self.limit_warnings(LOCAL_PROVIDER, state),
+        }
+
+    def _local_probe(self, local: Any) -> dict[str, dict[str, Any]]:
+        """This machine's devices now (name -> figures); {} when the probe fails (the start figures show)."""
+        from ..devices.inventory import Inventory
+
+        try:
+            if getattr(self, "_local_inventory", None) is None:
+                self._local_inventory = Inventory(LOCAL_PROVIDER, local.home)
+            return {("mps:0" if d["name"] == "mps" else d["name"]): d for d in self._local_inventory.snapshot()}
+        except Exception:  # noqa: BLE001 - a failing probe must not break the Workers panel
+            return {}
 
     def list(self) -> list[dict[str, Any]]:
         """Every known worker but pool instances (listed with their pool), by name."""

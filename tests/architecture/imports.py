@@ -7,7 +7,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = "xpufleet"
-SUBPACKAGES = ("nodes", "server", "predictor")
+SUBPACKAGES = ("common", "nodes", "server", "predictor")
 
 
 def modules() -> dict[str, Path]:

@@ -74,15 +74,10 @@ for line in sys.argv[1:]:
 
 
 def plugin_requirements() -> list[str]:
-    """The package's own dependencies, from pyproject.toml (not the plugin itself: ComfyUI loads it
-    from custom_nodes/); on Python 3.10 (no tomllib) from the installed package's metadata."""
-    try:
-        import tomllib
-    except ModuleNotFoundError:
-        import importlib.metadata as md
-
-        return [r for r in md.requires("xpufleet") or [] if "extra ==" not in r]
-    return list(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"])
+    """What ComfyUI-Manager installs for the plugin: requirements.txt (not the plugin itself: ComfyUI
+    loads it from custom_nodes/)."""
+    lines = (REPO / "requirements.txt").read_text(encoding="utf-8").splitlines()
+    return [line.split("#")[0].strip() for line in lines if line.split("#")[0].strip()]
 
 
 def install_plugin_deps(python: Path, work: Path) -> list[str]:

@@ -38,6 +38,16 @@ def test_slurm_jobs_show_in_the_workers_panel_and_in_queue_on(playwright_browser
         item.wait_for(timeout=WAIT_MS)
         assert "Slurm jobs of pool hpc" in section.inner_text()
         assert item.inner_text().startswith(f"{job['id']}: PENDING (Resources)"), item.inner_text()
+        # the pool's card (Workers panel, "Pools"): a Slurm pool, its waiting run with the server's reason
+        card = page.locator("[data-xpufleet=pools] article[data-pool=hpc]")
+        assert card.get_attribute("data-kind") == "slurm" and card.locator(".xf-tag").inner_text() == "Slurm pool"
+        waiting = card.locator(f"[data-xpufleet=pool-waiting] li[data-run='{run_id}'] [data-xpufleet=waiting-reason]")
+        waiting.wait_for(timeout=WAIT_MS)
+        reason = fleet.call("GET", "/api/pools/hpc")["waiting"][0]["waiting_reason"]
+        assert "PENDING (Resources)" in reason, reason
+        page.wait_for_function("([sel, text]) => document.querySelector(sel)?.innerText === text",
+                               arg=[f"article[data-pool=hpc] li[data-run='{run_id}'] [data-xpufleet=waiting-reason]", reason],
+                               timeout=WAIT_MS)  # the panel's next refresh shows the same words
         page.screenshot(path=str(screenshots / "slurm-workers-panel.png"))
         bh.drop_graph(page, "iris.json", graph)
         page.click("[data-xpufleet=queue-on]")

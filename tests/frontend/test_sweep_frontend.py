@@ -1,8 +1,9 @@
-"""The sweep front end on the standalone page (SPEC Q6, seed 000 "Sweep 與 study"): the New sweep dialog
-(a parameter of the dropped graph and its values, the server's dry-run count, the target picker of Queue
-on...), the Sweeps view (the ranked table live through the long poll, each child's status and
-objective, the scatter plot drawn by uPlot) and Cancel. A real sidecar and an agent simulating CUDA
-cards; Chromium."""
+"""The sweep front end on the standalone page (SPEC Q6, seed 000 "Sweep 與 study", issue 20 point 6): the
+New sweep dialog (opened on the optimizer's lr with a range the server accepts, no failed request before
+the user types, the picker grouped by node title, the savers moved to each variant's run folder, the
+server's dry-run count, the target picker of Queue on...), the Sweeps view (the ranked table live through
+the long poll, each child's status, objective and progress, the scatter plot drawn by uPlot on a log axis
+with its linear/log toggle) and Cancel. A real sidecar and an agent simulating CUDA cards; Chromium."""
 
 from __future__ import annotations
 
@@ -16,14 +17,32 @@ pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
 WAIT_MS = int(bh.WAIT_S * 1000)
 SETTINGS = {"XPUFleet.Language": "en", "XPUFleet.Capsule.RefreshSeconds": 5}
 LRS = ["0.003", "0.03", "0.3"]
+TITLES = {"1": "Dataset (iris)", "2": "Train loader", "3": "Val loader", "5": "Optimizer", "7": "train"}
+
+
+def iris(epochs: int) -> dict:
+    """The harness's iris graph with canvas titles and a ModelSaver writing to the shared outputs folder."""
+    graph = bh.sidecar_harness.iris_graph(epochs=epochs)
+    for node, title in TITLES.items():
+        graph[node]["_meta"] = {"title": title}
+    graph["9"] = {"class_type": "XPUModelSaver", "_meta": {"title": "Save model"},
+                  "inputs": {"model": ["7", 0], "filename": "models/iris.safetensors", "format": "safetensors",
+                             "location": "outputs"}}
+    return graph
 
 
 @pytest.fixture(scope="module")
-def page(playwright_browser, standalone_fleet):
+def console():
+    return bh.ConsoleLog()
+
+
+@pytest.fixture(scope="module")
+def page(playwright_browser, standalone_fleet, console):
     context = playwright_browser.new_context(viewport={"width": 1400, "height": 1000}, color_scheme="dark")
     context.add_init_script(f"""for (const [k, v] of Object.entries({json.dumps(SETTINGS)}))
         if (localStorage.getItem(k) === null) localStorage.setItem(k, JSON.stringify(v));""")
     page = context.new_page()
+    console.attach(page)
     page.goto(standalone_fleet.login_url())
     page.locator("[data-xpufleet=drop-zone]").wait_for(timeout=WAIT_MS)
     try:
@@ -53,9 +72,87 @@ def open_new_sweep(page):
 
 
 def pick_lr(dialog, values: list[str]) -> None:
+    """The Optimizer group's lr in the picker, then a typed list of values."""
     dialog.locator("[data-xpufleet=sweep-param]").select_option("5.lr")
     assert "graph: 0.01" in dialog.locator("[data-xpufleet=sweep-param-row]").inner_text()
+    dialog.locator("[data-xpufleet=sweep-kind]").select_option("values")
     dialog.locator("[data-xpufleet=sweep-values]").fill(", ".join(values))
+
+
+def picker_groups(dialog) -> dict[str, list[str]]:
+    return dialog.locator("[data-xpufleet=sweep-param]").evaluate(
+        "s => Object.fromEntries([...s.querySelectorAll('optgroup')].map(g => [g.label, [...g.children].map(o => o.textContent)]))")
+
+
+def test_new_sweep_opens_on_the_optimizers_lr_with_no_refusal_and_a_picker_grouped_by_node(page, standalone_fleet,
+                                                                                         console, screenshots):
+    drop(page, "iris-titled.json", iris(epochs=2))
+    before = len(console.failed), len(console.errors)
+    panel, dialog = open_new_sweep(page)
+    # opened on the optimizer's learning rate, a log range a decade each side of the graph's 0.01
+    param = dialog.locator("[data-xpufleet=sweep-param]")
+    assert param.input_value() == "5.lr"
+    assert dialog.locator("[data-xpufleet=sweep-kind]").input_value() == "log"
+    assert [dialog.locator(f"[data-xpufleet=sweep-{k}]").input_value() for k in ("low", "high", "steps")] == \
+        ["0.001", "0.1", "3"]
+    preview = dialog.locator("[data-xpufleet=sweep-preview][data-state=ok][data-count='3']")
+    preview.wait_for(timeout=WAIT_MS)
+    text = dialog.locator("[data-xpufleet=sweep-preview]").inner_text()
+    assert "Optimizer lr=0.001" in text and "Optimizer lr=0.1" in text, text
+    # the graph's ModelSaver names a path in the shared outputs folder: the dialog says where files go
+    note = dialog.locator("[data-xpufleet=sweep-own-outputs]")
+    assert "own run folder" in note.inner_text() and "Save model: models/iris.safetensors" in note.inner_text()
+    # the picker: one group per node, by its title; each input by name
+    groups = picker_groups(dialog)
+    assert {"lr", "weight_decay", "momentum", "name"} <= set(groups["Optimizer"]), groups
+    assert "Train loader" in groups and "Val loader" in groups and "Save model" in groups
+    assert not any("(" in o for opts in groups.values() for o in opts)  # no "path(class_type)"
+    page.screenshot(path=str(screenshots / "standalone-new-sweep-default.png"))
+    # a user's own pick: the values of another input are prefilled so the server accepts them as they stand
+    param.select_option("2.batch_size")
+    assert dialog.locator("[data-xpufleet=sweep-values]").input_value() == "16, 32"
+    dialog.locator("[data-xpufleet=sweep-preview][data-state=ok][data-count='2']").wait_for(timeout=WAIT_MS)
+    # an emptied field asks nothing of the server (no 400) and says what is missing
+    dialog.locator("[data-xpufleet=sweep-values]").fill("")
+    dialog.locator("[data-xpufleet=sweep-preview][data-state=incomplete]").wait_for(timeout=WAIT_MS)
+    param.select_option("5.lr")
+    preview.wait_for(timeout=WAIT_MS)
+    assert (len(console.failed), len(console.errors)) == before, (console.failed, console.errors)
+    dialog.locator("[data-target='worker:gpu-box']").check()
+    dialog.locator("[data-device='cuda:0']").check()
+    preview.wait_for(timeout=WAIT_MS)
+    dialog.locator("[data-xpufleet=sweep-submit]").click()
+    dialog.wait_for(state="detached", timeout=WAIT_MS)
+    detail = panel.locator("[data-xpufleet=sweep-detail]")
+    detail.locator("[data-xpufleet=sweep-status][data-status=finished]").wait_for(timeout=WAIT_MS * 3)
+    sweep_id = panel.locator(".xf-run-row.xf-selected").get_attribute("data-sweep-id")
+    server = standalone_fleet.call("GET", f"/api/sweeps/{sweep_id}")
+    assert sorted(r["parameters"]["5.lr"] for r in server["table"]) == [0.001, 0.01, 0.1]
+    # each variant saved its model in its own run folder: three different files
+    saved = set()
+    for r in server["table"]:
+        arts = standalone_fleet.call("GET", f"/api/runs/{r['run_id']}/artifacts")
+        run = standalone_fleet.call("GET", f"/api/runs/{r['run_id']}")
+        saved |= {f"{run['run_dir']}/{a['path']}" for a in arts["artifacts"] if a["path"].endswith("iris.safetensors")}
+    assert len(saved) == 3, saved
+    # the plot: 100x in lr, so a log axis by default, its ticks written as the numbers they are
+    plot = detail.locator("[data-xpufleet=sweep-plot][data-drawn=true][data-points='3'][data-scale=log]")
+    plot.wait_for(timeout=WAIT_MS)
+    ticks = plot.get_attribute("data-ticks").split()
+    assert {"0.001", "0.01", "0.1"} <= set(ticks), ticks
+    assert all(len(t.rstrip("0").split(".")[-1]) <= 6 for t in ticks), ticks
+    scale = detail.locator("[data-xpufleet=sweep-plot-scale]")
+    assert scale.input_value() == "log"
+    # the table and the best line name the parameter as the picker does
+    assert "Optimizer lr" in detail.locator("[data-xpufleet=sweep-table] thead").inner_text()
+    assert "Optimizer lr=" in detail.locator("[data-xpufleet=sweep-best]").inner_text()
+    page.screenshot(path=str(screenshots / "standalone-sweep-log-axis.png"))
+    scale.select_option("linear")
+    detail.locator("[data-xpufleet=sweep-plot][data-scale=linear][data-drawn=true]").wait_for(timeout=WAIT_MS)
+    page.wait_for_function("() => document.querySelector('[data-xpufleet=sweep-plot]').dataset.ticks.includes('0.1')",
+                           timeout=WAIT_MS)
+    page.screenshot(path=str(screenshots / "standalone-sweep-linear-axis.png"))
+    assert console.failed[before[0]:] == [] and console.errors[before[1]:] == [], (console.failed, console.errors)
 
 
 def test_new_sweep_dry_run_submit_and_the_live_ranked_table(page, standalone_fleet, screenshots):
@@ -69,7 +166,7 @@ def test_new_sweep_dry_run_submit_and_the_live_ranked_table(page, standalone_fle
     count = dialog.locator("[data-xpufleet=sweep-preview][data-state=ok][data-count='3']")
     count.wait_for(timeout=WAIT_MS)
     assert "3 runs would be queued" in dialog.locator("[data-xpufleet=sweep-count]").inner_text()
-    assert "5.lr=0.3" in dialog.locator("[data-xpufleet=sweep-preview]").inner_text()
+    assert "Optimizer lr=0.3" in dialog.locator("[data-xpufleet=sweep-preview]").inner_text()
     # two seeds per point: the server's count doubles
     dialog.locator("[data-xpufleet=sweep-seeds]").fill("2")
     dialog.locator("[data-xpufleet=sweep-preview][data-state=ok][data-count='6']").wait_for(timeout=WAIT_MS)
@@ -133,6 +230,14 @@ def test_cancel_a_sweep_from_its_view(page, standalone_fleet, screenshots):
     dialog.locator("[data-xpufleet=sweep-submit]").click()
     detail = panel.locator("[data-xpufleet=sweep-detail]")
     detail.locator("[data-xpufleet=sweep-table] tbody tr[data-status=running]").first.wait_for(timeout=WAIT_MS)
+    # a running variant shows its progress (its last progress event: epoch and step of the total)
+    progress = detail.locator("[data-xpufleet=sweep-progress]").first
+    progress.wait_for(timeout=WAIT_MS)
+    first = int(progress.get_attribute("data-value"))
+    page.wait_for_function(f"""() => {{ const p = document.querySelector('[data-xpufleet=sweep-progress]');
+        return p && Number(p.dataset.value) > {first}; }}""", timeout=WAIT_MS)
+    assert "epoch" in progress.inner_text()
+    page.screenshot(path=str(screenshots / "standalone-sweep-progress.png"))
     sweep_id = panel.locator(".xf-run-row.xf-selected").get_attribute("data-sweep-id")
     detail.locator("[data-xpufleet=sweep-cancel]").click()
     detail.locator("[data-xpufleet=sweep-status][data-status=cancelled]").wait_for(timeout=WAIT_MS * 2)
@@ -149,18 +254,23 @@ def test_cancel_a_sweep_from_its_view(page, standalone_fleet, screenshots):
 
 def test_new_sweep_and_the_sweeps_tab_inside_comfyui(playwright_browser, comfy_host, comfy_fleet, screenshots):
     """The same dialog on ComfyUI's canvas graph (its own graph-to-prompt), through ComfyUI's proxy to the
-    sidecar: the menu command, the dry-run count, the Sweeps bottom-panel tab until the sweep finished."""
+    sidecar: the menu command, opened on the optimizer's lr with no failed request, the picker by node
+    title, the dry-run count, the Sweeps bottom-panel tab until the sweep finished, the axis toggle."""
     bh.comfy_settings(comfy_host, {"Comfy.TutorialCompleted": True, "XPUFleet.Language": "en"})
     context = playwright_browser.new_context(viewport={"width": 1500, "height": 1000})
+    log = bh.ConsoleLog()
     try:
-        page = bh.open_comfy(context, comfy_host.url)
+        page = bh.open_comfy(context, comfy_host.url, log)
         bh.load_api_graph(page, bh.sidecar_harness.iris_graph(epochs=2), "iris-sweep")
         prompt = page.evaluate("async () => (await app.graphToPrompt()).output")
         lr = next(f"{nid}.lr" for nid, n in prompt.items() if n["class_type"] == "XPUOptimizer")
         page.evaluate("() => app.extensionManager.command.execute('XPUFleet.NewSweep')")
         dialog = page.locator("[data-xpufleet=sweep-dialog]")
-        dialog.locator("[data-xpufleet=sweep-param]").select_option(lr, timeout=WAIT_MS)
-        dialog.locator("[data-xpufleet=sweep-values]").fill("0.005, 0.05")
+        dialog.locator("[data-xpufleet=sweep-preview][data-state=ok][data-count='3']").wait_for(timeout=WAIT_MS)
+        assert dialog.locator("[data-xpufleet=sweep-param]").input_value() == lr
+        title = prompt[lr.split(".")[0]]["_meta"]["title"]
+        assert "lr" in picker_groups(dialog)[title]
+        dialog.locator("[data-xpufleet=sweep-steps]").fill("2")  # 0.001 and 0.1
         dialog.locator("[data-target='worker:gpu-box']").check()
         dialog.locator("[data-device='cuda:1']").check()
         dialog.locator("[data-xpufleet=sweep-preview][data-state=ok][data-count='2']").wait_for(timeout=WAIT_MS)
@@ -175,7 +285,13 @@ def test_new_sweep_and_the_sweeps_tab_inside_comfyui(playwright_browser, comfy_h
         assert all(r["worker_id"] == "gpu-box" and r["devices"] == ["cuda:1"] for r in server["table"])
         run = comfy_fleet.call("GET", f"/api/runs/{server['table'][0]['run_id']}")
         assert run["graph"][lr.split(".")[0]]["inputs"]["lr"] == server["table"][0]["parameters"][lr]
+        plot = panel.locator("[data-xpufleet=sweep-plot][data-scale=log]")
+        assert {"0.001", "0.01", "0.1"} <= set(plot.get_attribute("data-ticks").split())
         page.screenshot(path=str(screenshots / "comfy-sweep-view.png"))
+        panel.locator("[data-xpufleet=sweep-plot-scale]").select_option("linear")
+        panel.locator("[data-xpufleet=sweep-plot][data-scale=linear][data-drawn=true]").wait_for(timeout=WAIT_MS)
+        assert [f for f in log.failed if "xpufleet" in f] == [], log.failed
+        assert [e for e in log.errors if "xpufleet" in e.lower()] == [], log.errors
         # the Runs panel's Sweeps button opens the same tab
         page.evaluate("() => app.extensionManager.command.execute('XPUFleet.ShowRuns')")
         page.locator("[data-xpufleet=runs-panel] [data-xpufleet=open-sweeps]").click(timeout=WAIT_MS)

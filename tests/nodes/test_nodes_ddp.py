@@ -74,7 +74,8 @@ def _rank(rank: int, rendezvous: str, plan: dict[str, Any], out: Any, ready: Any
             if decided[0]:
                 stop_at = batch
                 break
-        settled = s.settle(rank == plan["settle_stop_rank"]) if stop_at is None else None
+        # the epoch end: one collective for the stop and the sum of each rank's epoch loss (1 + 2)
+        settled = s.settle(rank == plan["settle_stop_rank"], total=float(rank + 1)) if stop_at is None else None
         dist.all_reduce = real
         out.put({"rank": rank, "points": points, "stop_at": stop_at, "due_at": due_at, "ks": ks,
                  "collectives": calls["n"], "loss": s.batch_loss(None, 0), "settled": settled})
@@ -123,4 +124,4 @@ def test_k_tracks_slow_batches_and_the_epoch_end_agrees_at_once(tmp_path):
     r0, r1 = two_ranks(tmp_path, batches=60, batch_s=0.01, settle_stop_rank=1)
     # 10 ms batches and a 50 ms target: K stays small, so a stop is never long in coming
     assert r0["ks"] == r1["ks"] and max(r0["ks"]) <= 8
-    assert r0["stop_at"] is None and r0["settled"] is r1["settled"] is True  # rank 1's stop, at the epoch end
+    assert r0["stop_at"] is None and r0["settled"] == r1["settled"] == (True, 3.0)  # rank 1's stop, at the epoch end

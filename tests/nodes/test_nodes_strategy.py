@@ -122,7 +122,7 @@ def test_backends_and_the_test_hook(monkeypatch):
 def test_single_process_hooks_are_the_identity():
     s = strategy.SingleProcess()
     t = torch.ones(3)
-    assert s.all_sum(t) is t and s.agree(True, False) == (True, False) and s.settle(True) is True
+    assert s.all_sum(t) is t and s.agree(True, False) == (True, False) and s.settle(True, total=2.5) == (True, 2.5)
     assert s.batch_loss(torch.tensor(0.5), 7) == (7, 0.5) and s.batch_loss(None, 7) is None
     assert s.real_samples(object()) is None and s.no_sync(object()) is None and s.lost_peer(RuntimeError()) is None
     assert s.facts() == {"strategy": "single", "world_size": 1, "backend": None}

@@ -12,18 +12,52 @@ const PREVIEW_SHOWN = 8;
 
 let openDialog = null;
 
-/** The scalar inputs of an API-format graph (links are arrays): [{path, node, input, class_type, value}]. */
+/**
+ * The scalar inputs of an API-format graph (links are arrays), grouped by node for the picker:
+ * [{path, node, input, class_type, value, title}]. ``title`` is the node's title on the canvas
+ * (ComfyUI's prompt keeps it in ``_meta.title``), else its class without the plugin's XPU prefix; a
+ * title two nodes share gets the node id.
+ */
 export function graphParameters(prompt) {
   const out = [];
+  const titles = new Map();
   for (const [node, spec] of Object.entries(prompt || {})) {
+    const title = String(spec?._meta?.title || String(spec?.class_type || node).replace(/^XPU/, ""));
+    titles.set(title, (titles.get(title) || 0) + 1);
     for (const [input, value] of Object.entries(spec?.inputs || {})) {
       if (["number", "string", "boolean"].includes(typeof value)) {
-        out.push({ path: `${node}.${input}`, node, input, class_type: spec.class_type, value });
+        out.push({ path: `${node}.${input}`, node, input, class_type: spec.class_type, value, title });
       }
     }
   }
+  for (const p of out) if (titles.get(p.title) > 1) p.title = `${p.title} #${p.node}`;
   return out;
 }
+
+/** The parameter New sweep opens on: the optimizer's learning rate, else any lr, else the first number. */
+export function defaultParameter(params) {
+  return params.find((p) => p.input === "lr" && /Optimizer$/.test(String(p.class_type)))
+    || params.find((p) => p.input === "lr")
+    || params.find((p) => typeof p.value === "number" && p.value > 0)
+    || params[0] || null;
+}
+
+/**
+ * A first choice of values for a parameter that the server accepts as it stands: a positive float
+ * spans a decade each side on a log range (an lr of 0.002: 0.0002, 0.002, 0.02), a positive int its
+ * value and its double, a boolean both values, anything else its current value.
+ */
+export function defaultValues(p) {
+  const v = p?.value;
+  if (typeof v === "number" && v > 0 && !Number.isInteger(v)) {
+    return { kind: "log", low: cleanNumber(v / 10), high: cleanNumber(v * 10), steps: 3 };
+  }
+  if (typeof v === "number" && v > 0) return { kind: "values", values: `${v}, ${v * 2}` };
+  if (typeof v === "boolean") return { kind: "values", values: "true, false" };
+  return { kind: "values", values: String(v ?? "") };
+}
+
+function cleanNumber(x) { return Number(x.toPrecision(12)); }
 
 /**
  * A typed list of values as JSON: separated by commas (by semicolons when any value holds a comma);
@@ -152,8 +186,7 @@ class SweepDialog {
     const changed = () => this.changed();
     const row = {};
     row.path = h("select", { dataset: { xpufleet: "sweep-param" }, "aria-label": t("sweep.parameter"),
-      onchange: () => { this.showCurrent(row); changed(); } },
-      this.params.map((p) => h("option", { value: p.path }, `${p.path} (${p.class_type})`)));
+      onchange: () => { this.fill(row); changed(); } }, this.pickerGroups());
     row.kind = h("select", { dataset: { xpufleet: "sweep-kind" }, "aria-label": t("sweep.kind"), onchange: () => { this.showKind(row); changed(); } },
       h("option", { value: "values" }, t("sweep.kind_values")), h("option", { value: "range" }, t("sweep.kind_range")),
       h("option", { value: "log" }, t("sweep.kind_log")));
@@ -170,14 +203,43 @@ class SweepDialog {
         h("button", { type: "button", class: "xf-link", dataset: { xpufleet: "sweep-remove-param" },
           onclick: () => { this.rows = this.rows.filter((r) => r !== row); row.el.remove(); changed(); } }, t("sweep.remove"))),
       row.valuesBox, row.rangeBox);
-    // the next parameter not yet chosen
+    // the optimizer's learning rate first, then the next parameter not yet chosen
     const used = new Set(this.rows.map((r) => r.path.value));
-    row.path.value = (this.params.find((p) => !used.has(p.path)) || this.params[0]).path;
+    const first = defaultParameter(this.params);
+    row.path.value = (!used.has(first?.path) ? first : this.params.find((p) => !used.has(p.path)) || first).path;
     this.rows.push(row);
     this.paramsBox.append(row.el);
+    this.fill(row);
+    if (focus) { row.path.focus(); changed(); }
+  }
+
+  /** The picker's options: one group per node (its title), each input by name. */
+  pickerGroups() {
+    const groups = new Map();
+    for (const p of this.params) {
+      if (!groups.has(p.node)) groups.set(p.node, h("optgroup", { label: p.title, dataset: { node: p.node } }));
+      groups.get(p.node).append(h("option", { value: p.path }, p.input));
+    }
+    return [...groups.values()];
+  }
+
+  /** A row's values set to a first choice the server accepts (see defaultValues). */
+  fill(row) {
+    const d = defaultValues(this.params.find((x) => x.path === row.path.value));
+    row.kind.value = d.kind;
+    row.values.value = d.values ?? "";
+    row.low.value = d.low ?? "";
+    row.high.value = d.high ?? "";
+    row.steps.value = String(d.steps ?? 3);
     this.showCurrent(row);
     this.showKind(row);
-    if (focus) { row.path.focus(); changed(); }
+  }
+
+  /** True while a row misses a value the user has still to type (no request goes out until then). */
+  incomplete() {
+    const random = this.modeSelect.value === "random";
+    return this.rows.some((row) => (row.kind.value === "values" ? row.values.value.trim() === ""
+      : row.low.value === "" || row.high.value === "" || (!random && row.steps.value === "")));
   }
 
   showCurrent(row) {
@@ -232,6 +294,12 @@ class SweepDialog {
   async preview() {
     if (!this.graph.prompt) return;
     const seq = (this.previewSeq += 1);
+    if (this.incomplete()) { // the server would refuse an empty field: say what is missing instead of asking
+      this.previewBox.dataset.state = "incomplete";
+      delete this.previewBox.dataset.count;
+      replace(this.previewBox, h("div", { class: "xf-hint" }, t("sweep.fill_in")));
+      return;
+    }
     this.previewBox.dataset.state = "checking";
     replace(this.previewBox, h("div", { class: "xf-hint" }, t("sweep.checking")));
     let answer;
@@ -249,13 +317,22 @@ class SweepDialog {
     this.previewBox.dataset.state = "ok";
     this.previewBox.dataset.count = String(answer.n_runs);
     const shown = (answer.variants || []).slice(0, PREVIEW_SHOWN);
+    const moved = answer.own_outputs || [];
     replace(this.previewBox,
       h("div", { class: "xf-sweep-count", dataset: { xpufleet: "sweep-count" } }, t("sweep.count", { n: answer.n_runs })),
+      moved.length ? h("div", { class: "xf-hint xf-sweep-outputs", dataset: { xpufleet: "sweep-own-outputs" } },
+        t("sweep.own_outputs", { files: moved.map((o) => `${o.title || o.class_type}: ${o.filename ?? "?"}`).join(", ") })) : null,
       h("ul", { class: "xf-list" }, shown.map((v) => h("li", {},
-        `#${v.variant} ${Object.entries(v.parameters || {}).map(([k, x]) => `${k}=${x}`).join(", ")}`,
+        `#${v.variant} ${Object.entries(v.parameters || {}).map(([k, x]) => `${this.label(k)}=${x}`).join(", ")}`,
         v.seed !== null && v.seed !== undefined ? ` · ${t("queue.seed")} ${v.seed}` : "",
         v.queue_key ? h("span", { class: "xf-hint" }, ` · ${v.queue_key}`) : null))),
       answer.n_runs > shown.length ? h("div", { class: "xf-hint" }, t("sweep.more", { n: answer.n_runs - shown.length })) : null);
+  }
+
+  /** "5.lr" -> "Optimizer lr" (the picker's words). */
+  label(path) {
+    const p = this.params.find((x) => x.path === path);
+    return p ? `${p.title} ${p.input}` : path;
   }
 
   // --- submit ---

@@ -1,9 +1,10 @@
 // The Sweeps view (seed 000 "Sweep 與 study", SPEC Q6): the sweeps with their children's counts, and one
 // sweep's ranked table (each variant's parameters, status, objective, worker and devices, its run a link
 // to the Runs panel), live through the server's long poll (GET /api/sweeps/{id}?version=&wait=), a
-// scatter of a parameter against the objective, Cancel, Delete and the CSV. The ranking, the counts and
-// the sweep's status are the server's.
-import { ScatterChart } from "./chart.mjs";
+// scatter of a parameter against the objective (a log x axis by default past a 10x range, with a toggle),
+// a running variant's progress, Cancel, Delete and the CSV. The ranking, the counts, the progress and the
+// sweep's status are the server's.
+import { ParamScatter } from "./sweep_charts.mjs";
 import { h, replace, saveBlob, sleep } from "./dom.mjs";
 import { shortId, when } from "./format.mjs";
 import { t } from "./i18n.mjs";
@@ -11,6 +12,7 @@ import { t } from "./i18n.mjs";
 const ENDED = new Set(["finished", "cancelled"]);
 const LIST_REFRESH_MS = 2000;
 const LONG_POLL_S = 20;
+const PROGRESS_POLL_S = 1; // while a variant runs: its progress does not move the sweep's version
 const RETRY_MS = 2000;
 
 /** A child's status text (a variant whose run was deleted says so). */
@@ -20,6 +22,21 @@ function rowStatus(status) {
 
 function countsText(counts) {
   return Object.entries(counts || {}).map(([s, n]) => `${n} ${rowStatus(s)}`).join(" · ");
+}
+
+/** A running variant's progress (the server's last progress event): a bar and "epoch 2/5 · 7/20". */
+export function progressCell(p, variant) {
+  if (!p) return "—";
+  const max = Math.max(1, Number(p.max || 1));
+  const value = Math.min(max, Number(p.value || 0));
+  return h("div", { class: "xf-progress", dataset: { xpufleet: "sweep-progress", value: String(value), max: String(max) } },
+    h("progress", { max: String(max), value: String(value), "aria-label": t("sweep.progress_label", { n: variant }) }),
+    h("span", { class: "xf-hint" }, ` ${[p.text, `${value}/${max}`].filter(Boolean).join(" · ")}`));
+}
+
+/** A parameter's name by node title ("Optimizer lr", the server's ``labels``), else its path. */
+export function label(item, path) {
+  return item?.labels?.[path] || path;
 }
 
 function metricText(v) {
@@ -128,7 +145,8 @@ export class SweepsPanel {
     const chartBox = h("div", { class: "xf-chart-box" });
     this.tableBox = h("div", { class: "xf-sweep-table-box" });
     replace(this.detail, this.head, h("h3", {}, t("sweep.plot")), this.plotHead, chartBox, h("h3", {}, t("sweep.table")), this.tableBox);
-    this.chart = new ScatterChart(chartBox);
+    this.chart = new ParamScatter(chartBox);
+    this.scale = null; // the x axis's scale: null until the user toggles it (then theirs)
     this.sweep = null;
     this.follow(sweepId, signal);
   }
@@ -138,7 +156,8 @@ export class SweepsPanel {
     while (!signal.aborted) {
       let sweep;
       try {
-        sweep = await this.fleet.sweep(sweepId, version === null ? {} : { version, wait: LONG_POLL_S }, { signal });
+        const running = (this.sweep?.table || []).some((r) => r.status === "running");
+        sweep = await this.fleet.sweep(sweepId, version === null ? {} : { version, wait: running ? PROGRESS_POLL_S : LONG_POLL_S }, { signal });
       } catch (err) {
         if (err?.name === "AbortError") return;
         if (err?.status === 404) { replace(this.detail, h("div", { class: "xf-error", role: "alert" }, err.message)); return; }
@@ -147,9 +166,11 @@ export class SweepsPanel {
         continue;
       }
       const changed = sweep.version !== version || sweep.status !== this.sweep?.status;
+      const moved = JSON.stringify((sweep.table || []).map((r) => r.progress)) !== JSON.stringify((this.sweep?.table || []).map((r) => r.progress));
       this.sweep = sweep;
       version = sweep.version;
       if (changed) this.render();
+      else if (moved) this.renderTable();
       if (ENDED.has(sweep.status)) { this.refresh(); return; }
     }
   }
@@ -180,7 +201,7 @@ export class SweepsPanel {
       h("div", { class: "xf-kvline" }, `${t("sweep.objective")}: ${obj.metric} (${obj.direction === "minimize" ? t("sweep.minimize") : t("sweep.maximize")})`),
       h("div", { class: "xf-kvline", dataset: { xpufleet: "sweep-counts" } }, `${t("sweep.n_runs", { n: s.n_runs })}: ${countsText(s.counts)}`),
       best ? h("div", { class: "xf-kvline", dataset: { xpufleet: "sweep-best" } },
-        `${t("sweep.best")}: #${best.variant} ${Object.entries(best.parameters || {}).map(([k, v]) => `${k}=${v}`).join(", ")} → ${metricText(best.metric)}`) : null,
+        `${t("sweep.best")}: #${best.variant} ${Object.entries(best.parameters || {}).map(([k, v]) => `${label(s, k)}=${v}`).join(", ")} → ${metricText(best.metric)}`) : null,
       h("div", { class: "xf-kvline" }, `${t("runs.created")}: ${when(s.created_at)}`),
       h("div", { class: "xf-actions" }, actions));
     this.renderPlot();
@@ -190,23 +211,38 @@ export class SweepsPanel {
   renderPlot() {
     const s = this.sweep;
     const params = s.parameters || [];
-    if (!params.includes(this.xParam)) this.xParam = params[0] || null;
+    if (!params.includes(this.xParam)) { this.xParam = params[0] || null; this.scale = null; }
+    const draw = () => {
+      const rows = s.table || [];
+      const scale = this.scale || ParamScatter.defaultScale(rows, this.xParam);
+      this.chart?.set(rows, this.xParam, s.objective?.metric, scale, label(s, this.xParam));
+      if (this.scaleSelect) {
+        this.scaleSelect.value = scale || "linear";
+        this.scaleSelect.disabled = scale === null || !rows.every((r) => !(Number(r.parameters?.[this.xParam]) <= 0));
+      }
+    };
+    const parts = [];
     if (params.length > 1) {
       const select = h("select", { dataset: { xpufleet: "sweep-plot-x" }, "aria-label": t("sweep.plot_x"),
-        onchange: () => { this.xParam = select.value; this.chart?.set(s.table || [], this.xParam, s.objective?.metric); } },
-      params.map((p) => h("option", { value: p, selected: p === this.xParam }, p)));
-      replace(this.plotHead, h("label", {}, t("sweep.plot_x"), " ", select));
-    } else {
-      replace(this.plotHead);
+        onchange: () => { this.xParam = select.value; this.scale = null; draw(); } },
+      params.map((p) => h("option", { value: p, selected: p === this.xParam }, label(s, p))));
+      parts.push(h("label", {}, t("sweep.plot_x"), " ", select));
     }
-    if (this.xParam) this.chart?.set(s.table || [], this.xParam, s.objective?.metric);
+    this.scaleSelect = h("select", { dataset: { xpufleet: "sweep-plot-scale" }, "aria-label": t("sweep.axis_scale"),
+      onchange: () => { this.scale = this.scaleSelect.value; draw(); } },
+    h("option", { value: "linear" }, t("sweep.axis_linear")), h("option", { value: "log" }, t("sweep.axis_log")));
+    parts.push(h("label", {}, t("sweep.axis_scale"), " ", this.scaleSelect));
+    replace(this.plotHead, parts);
+    if (this.xParam) draw();
   }
 
   renderTable() {
     const s = this.sweep;
     const params = s.parameters || [];
     const seeded = (s.table || []).some((r) => r.seed !== null && r.seed !== undefined);
-    const head = [t("sweep.rank"), "#", ...params, seeded ? t("queue.seed") : null, t("sweep.col_status"), s.objective?.metric,
+    const running = (s.table || []).some((r) => r.status === "running");
+    const head = [t("sweep.rank"), "#", ...params.map((p) => label(s, p)), seeded ? t("queue.seed") : null, t("sweep.col_status"),
+      running ? t("sweep.col_progress") : null, s.objective?.metric,
       t("runs.where"), t("runs.devices"), t("sweep.col_run")].filter((x) => x !== null);
     const rows = (s.table || []).map((r) => h("tr", { dataset: { variant: String(r.variant), status: r.status, metric: r.metric ?? "" } },
       h("td", {}, r.rank ?? "—"),
@@ -215,6 +251,7 @@ export class SweepsPanel {
       seeded ? h("td", {}, r.seed ?? "") : null,
       h("td", {}, h("span", { class: `xf-status xf-status-${r.status}` }, rowStatus(r.status)),
         r.error ? h("div", { class: "xf-hint", title: r.error }, r.error.slice(0, 120)) : null),
+      running ? h("td", {}, r.status === "running" ? progressCell(r.progress, r.variant) : "—") : null,
       h("td", { dataset: { xpufleet: "sweep-metric" } }, metricText(r.metric)),
       h("td", {}, r.worker_id || "—"),
       h("td", {}, (r.devices || []).join(", ") || "—"),

@@ -34,11 +34,11 @@ export class TargetPicker {
   buildTargets() {
     const name = `xf-target-${nextId()}`;
     const targets = [];
-    const addTarget = (value, text, { disabled = false, note = "", status = "" } = {}) => {
+    const addTarget = (value, text, { disabled = false, note = "", status = "", title = null } = {}) => {
       const input = h("input", { type: "radio", name, value, disabled, id: nextId("xf-t"),
         dataset: { target: value }, onchange: () => this.targetChanged() });
       targets.push(h("div", { class: `xf-choice${disabled ? " xf-disabled" : ""}`, dataset: { status } },
-        input, h("label", { for: input.id }, text, note ? h("span", { class: "xf-hint" }, ` — ${note}`) : null)));
+        input, h("label", { for: input.id, title }, text, note ? h("span", { class: "xf-hint" }, ` — ${note}`) : null)));
       return input;
     };
     this.targetInputs = [addTarget("local", t("queue.this_server"))];
@@ -50,7 +50,7 @@ export class TargetPicker {
         : t("queue.not_selectable", { status: t(`status.${w.status}`) });
       this.targetInputs.push(addTarget(`worker:${w.name}`,
         `${w.name} — ${t(`status.${w.status}`)} — ${devs || t("queue.no_devices")}`,
-        { disabled: !selectable, note: why, status: w.status }));
+        { disabled: !selectable, note: why, status: w.status, title: devs.includes("*") ? t("queue.simulated_mark") : null }));
     }
     if (this.workers.some((w) => w.connected && !w.drained)) {
       this.targetInputs.push(addTarget("any", t("queue.any")));
@@ -66,7 +66,10 @@ export class TargetPicker {
     const noWorkers = this.workers.length || this.pools.length ? null : h("div", { class: "xf-note", dataset: { xpufleet: "no-workers" } },
       this.workersError ? `${t("queue.workers_unavailable")}: ${this.workersError.message}` : t("queue.no_workers"), " ",
       h("button", { type: "button", class: "xf-link", onclick: () => this.openWorkers() }, t("queue.open_workers")));
-    return h("fieldset", { class: "xf-targets", dataset: { xpufleet: "targets" } }, h("legend", {}, t("queue.target")), targets, noWorkers);
+    // the "*" after a card's name is explained where it appears (and on hover of its line)
+    const marked = this.workers.some((w) => (w.devices || []).some((d) => d.simulated));
+    return h("fieldset", { class: "xf-targets", dataset: { xpufleet: "targets" } }, h("legend", {}, t("queue.target")), targets, noWorkers,
+      marked ? h("div", { class: "xf-hint", dataset: { xpufleet: "simulated-mark" } }, t("queue.simulated_mark")) : null);
   }
 
   /** Workers a run spread over workers may use: selectable, with CUDA or XPU cards. */
@@ -111,7 +114,8 @@ export class TargetPicker {
             dataset: { device: `${w.name}:${d.name}`, kind: d.kind }, onchange: () => this.devicesChanged() });
           const alias = h("span", { class: "xf-alias", dataset: { alias: `${w.name}:${d.name}` } });
           this.deviceChecks.push({ input, alias, device: d, worker: w.name });
-          return h("span", {}, " ", input, h("label", { for: input.id }, d.name + (d.simulated ? "*" : "")), " ", alias);
+          return h("span", {}, " ", input, h("label", { for: input.id, title: d.simulated ? t("queue.simulated_mark") : null },
+            d.name + (d.simulated ? "*" : "")), " ", alias);
         })));
       replace(box, h("legend", {}, t("queue.devices")), groups, h("div", { class: "xf-hint" }, t("queue.spread_hint")));
     } else {

@@ -2,11 +2,13 @@
 // node types, last rejection, heartbeat; each device's memory, slots and mode (memory bars for shared
 // cards); its runs; drain/undrain, disable/enable (SSH workers), remove and reissue (a second click
 // that says what it will do: the server's `confirm` texts); add worker ("via SSH" or a join command,
-// opened on the tab the server's `add_worker.default` names); rejected connections. Refreshed every 5 s
-// while open. Simulated cards say so.
+// opened on the tab the server's `add_worker.default` names); rejected connections. This server's own
+// machine comes first (it runs local runs and sweep variants), pools after the workers (workers_parts.mjs).
+// Refreshed every 5 s while open. Simulated cards say so.
 import { field, h, replace, sleep } from "./dom.mjs";
-import { ago, gib, shortId } from "./format.mjs";
+import { ago, gib } from "./format.mjs";
 import { t } from "./i18n.mjs";
+import { admissionCell, poolsSection, runsLine } from "./workers_parts.mjs";
 
 export const REFRESH_MS = 5000;
 const CONFIRM_MS = 6000; // a first click on remove/reissue arms it this long
@@ -73,6 +75,7 @@ export class WorkersPanel {
       const [w, r] = await Promise.all([this.fleet.workers({ signal }), this.fleet.rejected({ signal })]);
       this.workers = w.workers || [];
       this.pools = w.pools || [];
+      this.thisServer = w.this_server || null;
       this.rejectedList = r.rejected || [];
       this.error = null;
       if (w.add_worker && JSON.stringify(w.add_worker) !== JSON.stringify(this.addWorker)) {
@@ -99,9 +102,10 @@ export class WorkersPanel {
     const rejected = this.rejectedList.filter((r) => !known.has(r.name));
     const focus = focusKey(this.body);
     replace(this.body,
+      this.thisServer ? this.serverCard(this.thisServer) : null,
       this.workers.length ? this.workers.map((w) => this.card(w))
         : h("div", { class: "xf-note", dataset: { xpufleet: "no-workers" } }, t("workers.none")),
-      (this.pools || []).filter((p) => p.kind === "slurm").map((p) => slurmJobs(p)),
+      poolsSection(this.pools, this.openRun),
       h("section", { class: "xf-rejected", dataset: { xpufleet: "rejected" } },
         h("h3", {}, t("workers.rejected")),
         rejected.length ? h("ul", { class: "xf-list" }, rejected.map((r) => h("li", {},
@@ -164,24 +168,43 @@ export class WorkersPanel {
         fact(t("workers.heartbeat_label"), beat),
         w.last_rejection ? fact(t("workers.last_rejection"), `${w.last_rejection.reason}`) : null,
         w.ssh ? fact(t("workers.ssh"), sshLine(w.ssh)) : null,
+        w.ssh ? fact(t("workers.ssh_setup"), h("span", { dataset: { xpufleet: "ssh-setup" } }, sshSetup(w.ssh))) : null,
         w.one_shot ? fact(t("workers.one_shot"), w.one_shot_taken ? t("workers.one_shot_taken") : t("workers.one_shot_idle")) : null,
         (w.mounts || []).length ? fact(t("workers.mounts"), w.mounts.map((m) => `${m.label} (${m.folder})`).join(", ")) : null,
         (w.warnings || []).length ? fact(t("workers.warnings"), w.warnings.join("; ")) : null),
       this.devicesTable(w),
-      h("div", { class: "xf-worker-runs" }, h("span", {}, `${t("workers.runs")}: `),
-        running ? (w.runs || []).map((r) => h("button", { type: "button", class: "xf-link", onclick: () => this.openRun(r.id) },
-          `${r.name || shortId(r.id)} (${t(`runs.status.${r.status}`)}${r.devices?.length ? `, ${r.devices.join(", ")}` : ""})`))
-          : t("workers.no_runs"),
-        w.queued ? h("span", { class: "xf-hint" }, ` · ${t("workers.queued", { n: w.queued })}`) : null));
+      runsLine(w, this.openRun));
+  }
+
+  /** This server's own machine (target "local"): a row like a worker's, without the worker actions. */
+  serverCard(w) {
+    const env = w.environment || {};
+    const envText = [env.hostname, env.os, env.python && `Python ${env.python}`, env.torch && `torch ${env.torch}`,
+      env.cpu_count && t("workers.cpus", { n: env.cpu_count })].filter(Boolean).join(" · ");
+    return h("article", { class: "xf-worker xf-this-server", dataset: { worker: w.name, thisServer: "true", status: w.status },
+      "aria-label": `${t("workers.this_server")}: ${t(`status.${w.status}`)}` },
+      h("header", { class: "xf-worker-head" },
+        h("h3", {}, t("workers.this_server")),
+        h("span", { class: `xf-status xf-wstatus-${w.status}`, dataset: { xpufleet: "worker-status" } }, t(`status.${w.status}`)),
+        h("span", { class: "xf-hint" }, t("workers.this_server_hint")),
+        w.simulated ? h("span", { class: "xf-tag xf-sim", dataset: { xpufleet: "simulated" } }, t("workers.simulated_worker")) : null),
+      h("dl", { class: "xf-facts" },
+        fact(t("workers.version"), w.version || "—"),
+        fact(t("workers.environment"), envText || "—"),
+        (w.warnings || []).length ? fact(t("workers.warnings"), w.warnings.join("; ")) : null),
+      this.devicesTable(w),
+      runsLine(w, this.openRun));
   }
 
   devicesTable(w) {
     const rows = (w.devices || []).map((d) => {
       const mem = d.total_gib ? t("capsule.free_of", { free: gib(d.free_gib), total: gib(d.total_gib) })
         : (d.free_gib !== null && d.free_gib !== undefined ? `${gib(d.free_gib)} ${t("workers.free")}` : "—");
-      const slots = `${d.slots_used ?? 0} / ${d.slot_limit ?? "—"}${d.limit_from ? ` (${d.limit_from})` : ""}`;
+      const slots = admissionCell(d, w.name);
       let mode = "—";
-      if (SHAREABLE.has(d.kind)) {
+      if (w.this_server) { // this server's modes come from its environment (XPUFLEET_LOCAL_SHARED_CARDS), not switched here
+        mode = h("span", { title: t("workers.mode_server") }, d.mode === "shared" ? t("workers.mode_shared") : t("workers.mode_exclusive"));
+      } else if (SHAREABLE.has(d.kind)) {
         const shared = d.mode === "shared";
         mode = h("button", { type: "button", class: "xf-toggle", "aria-pressed": String(shared), dataset: { xpufleet: "mode", device: d.name },
           "aria-label": t("workers.mode_label", { device: d.name }),
@@ -201,7 +224,7 @@ export class WorkersPanel {
     });
     if (!rows.length) return h("div", { class: "xf-hint", dataset: { xpufleet: "no-devices" } }, t("workers.no_devices"));
     return h("table", { class: "xf-devices-table" },
-      h("thead", {}, h("tr", {}, [t("workers.device"), t("workers.memory"), t("workers.slots"), t("workers.mode")].map((c) => h("th", { scope: "col" }, c)))),
+      h("thead", {}, h("tr", {}, [t("workers.device"), w.this_server ? t("workers.memory_now") : t("workers.memory"), t("workers.rule_col"), t("workers.mode")].map((c) => h("th", { scope: "col" }, c)))),
       h("tbody", {}, rows));
   }
 
@@ -291,7 +314,8 @@ export class WorkersPanel {
       joinPart];
   }
 
-  /** "via SSH": POST /api/workers/ssh; the server checks every field and its 400 text shows here. */
+  /** "via SSH": POST /api/workers/ssh with every field of `xpufleet workers add-ssh`; the server checks
+   * every field and its 400 text shows here. */
   sshForm() {
     if (!this.ssh) {
       const input = (key, attrs = {}) => h("input", { type: "text", autocomplete: "off", dataset: { xpufleet: `ssh-${key}` }, ...attrs });
@@ -301,6 +325,11 @@ export class WorkersPanel {
         port: input("port", { type: "number", min: "1", max: "65535", step: "1", placeholder: "22" }),
         identity: input("identity", { placeholder: "~/.ssh/id_ed25519" }),
         devices: input("devices", { placeholder: "cuda:0,cuda:1" }),
+        python: input("python", { placeholder: "python3" }),
+        remoteDir: input("remote-dir", { placeholder: "~/.xpufleet-ssh/NAME" }),
+        mounts: h("textarea", { rows: "2", autocomplete: "off", spellcheck: "false", placeholder: "data=/srv/datasets",
+          dataset: { xpufleet: "ssh-mounts" } }),
+        simulate: input("simulate", { placeholder: "cuda:0=24" }),
         error: h("div", { class: "xf-error", role: "alert", dataset: { xpufleet: "ssh-error" } }),
         progress: h("div", { class: "xf-note", role: "status", "aria-live": "polite", hidden: true, dataset: { xpufleet: "ssh-progress" } }),
       };
@@ -313,7 +342,11 @@ export class WorkersPanel {
         field(t("workers.ssh_host"), f.host),
         field(t("workers.ssh_port"), f.port),
         field(t("workers.ssh_identity"), f.identity, t("workers.ssh_identity_hint")),
-        field(t("workers.ssh_devices"), f.devices, t("workers.ssh_devices_hint"))),
+        field(t("workers.ssh_devices"), f.devices, t("workers.ssh_devices_hint")),
+        field(t("workers.ssh_python"), f.python, t("workers.ssh_python_hint")),
+        field(t("workers.ssh_remote_dir"), f.remoteDir, t("workers.ssh_remote_dir_hint")),
+        field(t("workers.ssh_mounts"), f.mounts, t("workers.ssh_mounts_hint")),
+        field(t("workers.ssh_simulate"), f.simulate, t("workers.ssh_simulate_hint"))),
       f.error,
       h("div", { class: "xf-actions" }, h("button", { type: "submit", class: "xf-primary", dataset: { xpufleet: "ssh-add" } }, t("workers.ssh_add"))),
       f.progress);
@@ -326,6 +359,11 @@ export class WorkersPanel {
     if (f.port.value !== "") body.port = Number(f.port.value);
     if (f.identity.value.trim()) body.identity = f.identity.value.trim();
     if (f.devices.value.trim()) body.devices = f.devices.value.trim();
+    if (f.python.value.trim()) body.python = f.python.value.trim();
+    if (f.remoteDir.value.trim()) body.remote_dir = f.remoteDir.value.trim();
+    const mounts = f.mounts.value.split("\n").map((m) => m.trim()).filter(Boolean); // one LABEL=FOLDER a line
+    if (mounts.length) body.mounts = mounts;
+    if (f.simulate.value.trim()) body.simulate = f.simulate.value.trim();
     try {
       const w = await this.fleet.addSsh(body);
       this.sshAdded = w.name;
@@ -376,18 +414,13 @@ function sshText(ssh) {
   return `${where} — ${ssh.state || "?"}${ssh.detail ? `: ${ssh.detail}` : ""}`;
 }
 
-function sshLine(ssh) {
-  return h("span", { dataset: { xpufleet: "ssh-state", state: ssh.state || "" } }, sshText(ssh));
+/** What the server starts there: the host's python, the worker's folder, the agent's options (mounts...). */
+function sshSetup(ssh) {
+  return [ssh.python, ssh.remote_dir, (ssh.agent_args || []).join(" ")].filter(Boolean).join(" · ");
 }
 
-/** A Slurm pool's jobs with their Slurm state and reason, and the report of one that never joined. */
-function slurmJobs(p) {
-  const jobs = p.jobs || [];
-  return h("section", { class: "xf-slurm", dataset: { xpufleet: "slurm-jobs", pool: p.name } },
-    h("h3", {}, t("workers.slurm_jobs", { pool: p.name })),
-    jobs.length ? h("ul", { class: "xf-list" }, jobs.map((j) => h("li", { dataset: { job: j.id } },
-      `${j.id}: ${j.status}${j.run_id ? ` · ${shortId(j.run_id)}` : ""}${j.report ? ` — ${j.report}` : ""}`)))
-      : h("div", { class: "xf-hint" }, t("workers.slurm_none")));
+function sshLine(ssh) {
+  return h("span", { dataset: { xpufleet: "ssh-state", state: ssh.state || "" } }, sshText(ssh));
 }
 
 function fact(label, value) {

@@ -1,5 +1,5 @@
 // The standalone page at / of the sidecar (SPEC UI3), for users without ComfyUI: the capsules, Queue
-// on..., the Runs, Sweeps and Workers panels, and a graph-file drop zone in place of the canvas.
+// on..., the Runs, Sweeps, Studies and Workers panels, and a graph-file drop zone in place of the canvas.
 //
 // Login: `xpufleet ui` prints http://HOST:PORT/#login=KEY. The key (one use, five minutes) is traded
 // here for a browser session token kept in this tab's sessionStorage and sent as a bearer token
@@ -9,6 +9,7 @@ import { CapsuleBar, SETTINGS } from "../lib/capsule.mjs";
 import { field, h, replace } from "../lib/dom.mjs";
 import { language, loadStrings, resolveLanguage, setLanguage, t } from "../lib/i18n.mjs";
 import { RunsPanel } from "../lib/runs_panel.mjs";
+import { StudiesPanel } from "../lib/studies_panel.mjs";
 import { SweepsPanel } from "../lib/sweep_view.mjs";
 import { WorkersPanel } from "../lib/workers_panel.mjs";
 
@@ -138,6 +139,7 @@ let capsules = null;
 let runs = null;
 let workers = null;
 let sweeps = null;
+let studies = null;
 let tabs = null;
 
 function showLogin(problem) {
@@ -145,6 +147,7 @@ function showLogin(problem) {
   runs?.unmount();
   workers?.unmount();
   sweeps?.unmount();
+  studies?.unmount();
   replace(document.body, h("main", { class: "xf-login", dataset: { xpufleet: "login" } },
     h("h1", {}, t("standalone.title")),
     problem ? h("p", { class: "xf-error", role: "alert" }, t("standalone.login_failed", { why: problem })) : null,
@@ -211,10 +214,12 @@ function build() {
   runs?.unmount();
   workers?.unmount();
   sweeps?.unmount();
+  studies?.unmount();
   const openRun = (id) => { selectTab("runs"); runs.focus(id); };
   const openSweep = (id) => { selectTab("sweeps"); sweeps.focus(id); };
   runs = new RunsPanel({ fleet, openWorkers: () => selectTab("workers"), openSweeps: () => selectTab("sweeps") });
   workers = new WorkersPanel({ fleet, openRun });
+  studies = new StudiesPanel({ fleet, openRun });
   sweeps = new SweepsPanel({ fleet, openRun, openRuns: () => selectTab("runs"),
     newSweep: async () => {
       const { openSweepDialog } = await import("../lib/sweep_dialog.mjs");
@@ -244,8 +249,9 @@ function build() {
   const r = mkTab("runs", t("standalone.runs"));
   const w = mkTab("workers", t("standalone.workers"));
   const s = mkTab("sweeps", t("standalone.sweeps"));
-  tabs = { runs: { ...r, view: runs }, workers: { ...w, view: workers }, sweeps: { ...s, view: sweeps } };
-  const tablist = h("div", { class: "xf-tabs", role: "tablist", "aria-label": t("standalone.tabs") }, r.button, w.button, s.button);
+  const st = mkTab("studies", t("study.title"));
+  tabs = { runs: { ...r, view: runs }, workers: { ...w, view: workers }, sweeps: { ...s, view: sweeps }, studies: { ...st, view: studies } };
+  const tablist = h("div", { class: "xf-tabs", role: "tablist", "aria-label": t("standalone.tabs") }, r.button, w.button, s.button, st.button);
   tablist.addEventListener("keydown", (e) => {
     if (e.key !== "ArrowLeft" && e.key !== "ArrowRight") return;
     const names = Object.keys(tabs);
@@ -264,7 +270,7 @@ function build() {
     h("header", { class: "xf-topbar" }, h("h1", {}, t("standalone.title")), capsules.element, h("span", { class: "xf-grow" }), queueBtn,
       h("button", { type: "button", dataset: { xpufleet: "settings-button" }, onclick: settingsDialog }, t("settings.title")),
       h("button", { type: "button", onclick: logout }, t("standalone.logout"))),
-    drop, tablist, r.panel, w.panel, s.panel);
+    drop, tablist, r.panel, w.panel, s.panel, st.panel);
   capsules.start();
   selectTab("runs");
 }

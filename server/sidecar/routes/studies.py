@@ -123,7 +123,8 @@ TRIAL = {"type": "object", "properties": {
     "run_status": {"type": "string"}, "worker_id": {"type": ["string", "null"]},
     "devices": {"type": "array", "items": {"type": "string"}}, "queue_key": {"type": ["string", "null"]},
     "pruned_step": {"type": ["integer", "null"]}, "reason": {"type": ["string", "null"]},
-    "started_at": {"type": ["number", "null"]}, "finished_at": {"type": ["number", "null"]}}}
+    "started_at": {"type": ["number", "null"]}, "finished_at": {"type": ["number", "null"]},
+    "progress": {"type": ["object", "null"], "description": "a running trial's latest progress event (docs/events.md)"}}}
 STUDY = {"type": "object", "properties": {
     "id": {"type": "string"}, "name": {"type": "string"},
     "status": {"type": "string", "enum": ["running", "cancelling", "finished", "cancelled", "failed"]},

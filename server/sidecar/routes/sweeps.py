@@ -167,7 +167,9 @@ SWEEP_ROW = {"type": "object", "properties": {
     "metric": {"type": ["number", "null"]}, "worker_id": {"type": ["string", "null"]},
     "devices": {"type": "array", "items": {"type": "string"}}, "queue_key": {"type": ["string", "null"]},
     "created_at": {"type": ["number", "null"]}, "started_at": {"type": ["number", "null"]},
-    "finished_at": {"type": ["number", "null"]}, "error": {"type": ["string", "null"]}}}
+    "finished_at": {"type": ["number", "null"]}, "error": {"type": ["string", "null"]},
+    "progress": {"type": ["object", "null"], "description": "a running child's latest progress event: value, max, "
+                 "text, epoch, batch, batches, loss (docs/events.md)"}}}
 SWEEP = {"type": "object", "properties": {
     "id": {"type": "string"}, "name": {"type": "string"},
     "status": {"type": "string", "enum": ["queued", "running", "cancelling", "finished", "cancelled"]},
@@ -197,7 +199,7 @@ def describe(app: web.Application) -> None:
             "responses": {"201": {"description": "queued", **json_body({"type": "object", "properties": {
                 "sweep_id": {"type": "string"}, "status": {"type": "string"}, "n_runs": {"type": "integer"},
                 "run_ids": {"type": "array", "items": {"type": "string"}}}})},
-                "200": {"description": "dry run: n_runs and the first 100 variants with their queue_key"},
+                "200": {"description": "dry run: n_runs, the first 100 variants with their queue_key, and own_outputs: the savers each variant's copy moves to its run folder (docs/sweeps.md)"},
                 **errors(400, 401, 403, 413, 503)}},
         ("get", "/api/sweeps"): {
             "summary": "Sweeps, newest first, with their children's counts by status",

@@ -4,8 +4,9 @@
 
 * ``GET /api/agents/ws``: the agent WebSocket. Exempt from the session-token middleware: the agent
   authenticates in its ``hello`` (session token, worker credential or one-time join token).
-* ``GET /api/workers`` -> ``{"workers": [...], "pools": [...], "add_worker": {...}}`` (every field of
-  seed 000's Workers panel; pool instances are listed with their pool),
+* ``GET /api/workers`` -> ``{"workers": [...], "pools": [...], "add_worker": {...}, "this_server": {...}}``
+  (every field of seed 000's Workers panel; pool instances are listed with their pool; this server's own
+  machine as a row of its own, never a worker),
 * ``POST /api/workers/ssh`` (add an SSH worker), ``POST /api/workers/{name}/disable`` / ``/enable``,
   ``GET /api/workers/{name}``, ``POST /api/workers/{name}/drain`` / ``/undrain``,
   ``DELETE /api/workers/{name}`` (remove), ``POST /api/workers/{name}/reissue``,
@@ -53,7 +54,8 @@ async def agent_ws(request: web.Request) -> web.StreamResponse:
 
 async def list_workers(request: web.Request) -> web.Response:
     reg = _registry(request)
-    return web.json_response({"workers": reg.list(), "pools": reg.list_pools(), "add_worker": _add_worker(request)})
+    return web.json_response({"workers": reg.list(), "pools": reg.list_pools(), "add_worker": _add_worker(request),
+                              "this_server": reg.describe_this_server()})
 
 
 def _add_worker(request: web.Request) -> dict[str, Any]:
@@ -238,13 +240,18 @@ def _describe(app: web.Application) -> None:
                            "mounts [{label, folder}], one_shot, one_shot_taken, pool, ssh {host, port, "
                            "remote_dir, state, detail, pid, connects, disabled} (SSH workers), selectable "
                            "(false for Disabled workers and pool instances), confirm {remove, disable} (what "
-                           "the second click does). pools: [{name, revoked, idle, busy, queued, instances}]. "
-                           "add_worker: {default: ssh|join, reason}.",
+                           "the second click does), recent_runs (the last finished ones), devices[].admission "
+                           "{by: slots|memory, runs, text, ...} (how the card takes runs). pools: [{name, revoked, "
+                           "idle, busy, queued, waiting [{id, name, waiting_reason, waiting_s}], instances "
+                           "(each with instance_state idle|running|gone)}]. add_worker: {default: ssh|join, "
+                           "reason}. this_server: this machine (target local) with its devices, runs, "
+                           "recent_runs and queued, or null.",
             "responses": {"200": {"description": "the Workers data", "content": {"application/json": {"schema": {
-                "type": "object", "required": ["workers", "pools", "add_worker"],
+                "type": "object", "required": ["workers", "pools", "add_worker", "this_server"],
                 "properties": {"workers": {"type": "array", "items": {"type": "object"}},
                                "pools": {"type": "array", "items": {"type": "object"}},
-                               "add_worker": {"type": "object"}}}}}},
+                               "add_worker": {"type": "object"},
+                               "this_server": {"type": ["object", "null"]}}}}}},
                           **{k: v for k, v in resp("", 401, 403).items() if k != "200"}}},
         ("get", "/api/workers/rejected"): {"summary": "refused agent connections with their reason",
                                            "responses": resp("{\"rejected\": [...]}", 401, 403)},

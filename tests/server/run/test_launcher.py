@@ -150,6 +150,9 @@ def test_warm_members_get_their_own_environment_and_random_state(tmp_path):
     facts = [e.finished["execution_facts"] for e in result.exits]
     assert [f["env"]["CUDA_VISIBLE_DEVICES"] for f in facts] == ["7", "6"]
     assert [f["pid"] for f in facts] == [e.pid for e in result.exits]
+    # what they inherited from the warm parent (torch, the nodes) is out of the cyclic collector's way
+    assert all(f["gc_frozen_objects"] > 100_000 for f in facts), [f["gc_frozen_objects"] for f in facts]
+    assert all(len(f["epoch_s"]) == 1 and len(f["epoch_cpu_s"]) == 1 for f in facts)
     assert all(e.returncode == 0 for e in result.exits)
     losses = [e.finished["final_metrics"]["train_loss"] for e in result.exits]
     assert losses[0] != losses[1]

@@ -291,3 +291,32 @@ def test_mount_labels_route_to_workers_that_declare_them():
         _mounted({"target": "any", "device": "cuda"}, ("datasets",), CPU_ONLY, bare)
     pooled = _mounted({"target": {"pool": "p"}}, ("datasets",), CPU_ONLY, ds, bare, pools={"p": ["ds", "bare"]})
     assert [c.provider for c in pooled.candidates] == ["ds"]
+
+
+# --- a control-plane host (installed without the `train` extra) ------------------------------------------
+
+
+def test_a_server_that_cannot_run_graphs_refuses_local_runs_and_routes_any_to_workers():
+    from dataclasses import replace
+
+    why = "this server cannot run graphs: torch is not installed here (pip install 'xpufleet[train]'); ..."
+    control = replace(CPU_ONLY, cannot_run=why)
+    with pytest.raises(TargetError) as exc:
+        resolve({"target": {"worker": "local"}}, control, prov("gpu-box", "cpu", "cuda:0"))
+    assert str(exc.value) == why
+    res = resolve({"target": "any"}, control, prov("gpu-box", "cpu", "cuda:0"))
+    assert {c[0] for c in cands(res)} == {"gpu-box"}  # never this server
+    with pytest.raises(TargetError) as exc:  # no worker at all: the reason is in the 400
+        resolve({"target": "any"}, control)
+    assert "pip install 'xpufleet[train]'" in str(exc.value) and "workers: none" in str(exc.value)
+    res = resolve({"target": "any"}, CPU_ONLY, prov("gpu-box", "cpu"))
+    assert "local" in {c[0] for c in cands(res)}  # a server that can run graphs still takes its share
+
+
+def test_the_refusal_names_what_is_missing():
+    from xpufleet.server.sidecar.local import local_runs_refusal
+
+    assert local_runs_refusal(lambda name: object()) == ""
+    text = local_runs_refusal(lambda name: None if name in ("torch", "sklearn") else object())
+    assert text.startswith("this server cannot run graphs: torch, sklearn are not installed here")
+    assert "pip install 'xpufleet[train]'" in text

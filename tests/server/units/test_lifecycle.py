@@ -9,6 +9,8 @@ import pytest
 from xpufleet.server.units import lifecycle as lc
 from xpufleet.server.units.spec import RestartPolicy
 
+PLAIN = lambda: 0.5  # noqa: E731 - the jitter factor 1 (common/backoff.py): the plain figures
+
 
 @pytest.mark.parametrize(("guard", "rank", "action"), [
     (True, 0, lc.RESTART_UNIT), (True, 1, lc.RESTART_UNIT), (True, 7, lc.RESTART_UNIT),
@@ -23,7 +25,7 @@ def test_backoff_doubles_up_to_the_cap_then_the_budget_ends():
     history: list[float] = []
     delays = []
     for t in range(10):
-        d = lc.next_restart_delay(policy, history, float(t))
+        d = lc.next_restart_delay(policy, history, float(t), PLAIN)
         delays.append(d)
         if d is not None:
             history.append(float(t))
@@ -33,8 +35,8 @@ def test_backoff_doubles_up_to_the_cap_then_the_budget_ends():
 def test_restarts_leave_the_window():
     policy = RestartPolicy(max_restarts=2, window_s=10, backoff_s=1, backoff_max_s=10)
     assert lc.next_restart_delay(policy, [0.0, 1.0], 5.0) is None
-    assert lc.next_restart_delay(policy, [0.0, 1.0], 10.5) == 2.0  # t=0 left the window, t=1 is still in it
-    assert lc.next_restart_delay(policy, [0.0, 1.0], 11.0) == 1.0
+    assert lc.next_restart_delay(policy, [0.0, 1.0], 10.5, PLAIN) == 2.0  # t=0 left the window, t=1 is still in it
+    assert lc.next_restart_delay(policy, [0.0, 1.0], 11.0, PLAIN) == 1.0
     assert lc.restarts_in_window([0.0, 1.0, 9.0], 10.0, 10) == [1.0, 9.0]
 
 
@@ -46,7 +48,7 @@ def test_budget_delays_exhaustively():
     for n, base, cap in itertools.product(range(0, 5), (0.0, 0.1, 1.0), (1.0, 3.0)):
         policy = RestartPolicy(max_restarts=n, window_s=1000, backoff_s=base, backoff_max_s=cap)
         for k in range(7):
-            d = lc.next_restart_delay(policy, [float(i) for i in range(k)], 100.0)
+            d = lc.next_restart_delay(policy, [float(i) for i in range(k)], 100.0, PLAIN)
             assert d == (None if k >= n else min(cap, base * 2 ** k))
 
 

@@ -1,0 +1,106 @@
+"""A control-plane host: ``pip install xpufleet`` (no extras) into a fresh venv without torch, then
+``xpufleet start``; a run queued there is routed to an agent in another environment that has torch, and a
+local run is refused with what to install (docs/install.md)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import venv
+from pathlib import Path
+
+import arch_imports as arch
+import pytest
+
+from xpufleet.constants import TERMINAL_STATUSES
+from xpufleet.server.cli.client import ApiError, Client
+from xpufleet.server.sidecar.runtime_file import read_runtime
+
+pytestmark = pytest.mark.e2e
+
+GRAPH = {  # every required input given: the server validates as ComfyUI does
+    "1": {"class_type": "XPUDataset", "inputs": {"name": "iris", "val_split": 0.2, "seed": 0, "normalize": "standard"}},
+    "2": {"class_type": "XPUDataLoader", "inputs": {"dataset": ["1", 0], "batch_size": 16, "shuffle": True,
+                                                    "num_workers": 0, "drop_last": False}},
+    "4": {"class_type": "XPUMLP", "inputs": {"hidden": "16", "activation": "relu", "dropout": 0.0, "seed": 0,
+                                             "dataset_info": ["1", 2]}},
+    "5": {"class_type": "XPUOptimizer", "inputs": {"name": "adam", "lr": 0.01, "weight_decay": 0.0, "momentum": 0.9}},
+    "6": {"class_type": "XPULoss", "inputs": {"name": "cross_entropy"}},
+    "7": {"class_type": "XPUTrainingLoop", "inputs": {"model": ["4", 0], "dataloader": ["2", 0],
+                                                     "optimizer": ["5", 0], "loss": ["6", 0], "epochs": 1,
+                                                     "max_steps": 0, "device": "auto", "precision": "fp32"}},
+}
+
+
+def _until(check, what: str, bound_s: float = 120.0):
+    deadline = time.monotonic() + bound_s
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.2)
+    raise AssertionError(f"not within {bound_s:g} s: {what}")
+
+
+@pytest.mark.timeout(900)
+def test_a_server_without_torch_routes_runs_to_a_worker_with_torch(tmp_path):
+    wheel_dir = tmp_path / "wheel"
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheel_dir),
+                            str(arch.REPO)], capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr
+    (wheel,) = wheel_dir.glob("xpufleet-*.whl")
+    env_dir = tmp_path / "control"
+    venv.create(env_dir, system_site_packages=False, with_pip=True)  # nothing of this machine's packages
+    python = env_dir / "bin" / "python"
+    done = subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for absent in ("torch", "numpy", "sklearn", "optuna"):
+        probe = subprocess.run([str(python), "-c", f"import {absent}"], capture_output=True, text=True, timeout=60)
+        assert probe.returncode != 0, f"{absent} is installed in the control-plane venv"
+
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XPUFLEET_HOME")}
+    env.update(XPUFLEET_HOME=str(home), XPUFLEET_HEARTBEAT_INTERVAL_S="1")
+    started = subprocess.run([str(env_dir / "bin" / "xpufleet"), "start", "--port", "0"], env=env,
+                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert started.returncode == 0, started.stdout + started.stderr
+    info = read_runtime(home)
+    client = Client(info["url"], info["token"], timeout=60)
+    agent = None
+    try:
+        pid_python = subprocess.run(["readlink", "-f", f"/proc/{info['pid']}/exe"], capture_output=True,
+                                    text=True).stdout.strip()
+        assert pid_python.startswith(str(env_dir)) or Path(pid_python).resolve() == python.resolve()
+        # the worker: this test's own environment, which has torch
+        agent = subprocess.Popen([sys.executable, "-m", "xpufleet.server", "agent", "start", "--foreground",
+                                  "--name", "gpu-box", "--simulate", "cuda:0=24"], env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+        def online() -> bool:
+            try:
+                return client.request("GET", "/api/workers/gpu-box").get("status") == "Online"
+            except ApiError as exc:  # 404 until it has said hello
+                assert exc.status == 404, exc
+                return False
+
+        _until(online, "the agent joins")
+        run_id = client.submit(GRAPH, {"target": "any"})["run_id"]
+        run = _until(lambda: (r := client.run(run_id))["status"] in TERMINAL_STATUSES and r, "the run ends")
+        assert run["status"] == "succeeded", run.get("error")
+        assert run["worker_id"] == "gpu-box" and run["final_metrics"]["train_loss"] > 0
+        with pytest.raises(ApiError) as refused:
+            client.submit(GRAPH, {"target": "local"})
+        assert refused.value.status == 400
+        assert "this server cannot run graphs" in str(refused.value) and "xpufleet[train]" in str(refused.value)
+        with pytest.raises(ApiError) as refused:  # no optuna here: a study says what to install
+            client.request("POST", "/api/studies", {"graph": GRAPH, "parameters": {"5.lr": {"low": 0.001, "high": 0.1}},
+                                                    "objective": {"metric": "val_loss", "direction": "minimize"},
+                                                    "n_trials": 2})
+        assert refused.value.status == 400 and "xpufleet[studies]" in str(refused.value)
+    finally:
+        if agent is not None:
+            agent.terminate()
+            agent.wait(timeout=60)
+        subprocess.run([str(env_dir / "bin" / "xpufleet"), "stop"], env=env, capture_output=True, timeout=120)
