@@ -145,9 +145,6 @@ class QueueDialog {
       h("h2", { id: this.titleId }, t("queue.title")),
       problem,
       this.picker.elements,
-      // the "*" after a card name in the targets: said where it appears
-      this.workers.some((w) => (w.devices || []).some((d) => d.simulated))
-        ? h("div", { class: "xf-hint", dataset: { xpufleet: "mark-legend" } }, t("queue.mark_simulated")) : null,
       h("div", { class: "xf-grid" },
         field(t("queue.name"), this.nameInput),
         field(t("queue.seed"), this.seedInput)),
