@@ -23,7 +23,7 @@ from ..server.sidecar.errors import ApiError
 log = logging.getLogger("xpufleet")
 
 
-PREDICT_FIELDS = ("workflow", "platform", "options", "snapshot", "worker", "device")
+PREDICT_FIELDS = ("workflow", "platform", "options", "snapshot", "worker", "device", "prompt")
 
 
 def _web() -> Any:
@@ -55,7 +55,8 @@ def _predict_sync(body: dict[str, Any], snapshot) -> dict[str, Any]:
     from .service import apply_override, predict_workflow
 
     snap = apply_override(snapshot, body.get("snapshot"))
-    return predict_workflow(body["workflow"], snap, platform=body.get("platform"), options=body.get("options"))
+    return predict_workflow(body["workflow"], snap, platform=body.get("platform"), options=body.get("options"),
+                            prompt=body.get("prompt"))
 
 
 def _own_snapshot(device: str | None):
@@ -230,11 +231,13 @@ OPENAPI_PATHS: dict[str, Any] = {
                     "weight_bytes": {"type": "boolean"}, "topology": {"type": "boolean"},
                     "activation_overhead": {}, "calibration": {}}},
                 "snapshot": {"type": "object", "description": "figures that replace the measured ones"},
+                "prompt": {"type": "object", "description": "the same graph in API format: a training graph's "
+                                                            "peak is its static estimate"},
             },
             "example": {"workflow": {"1": {"class_type": "CheckpointLoaderSimple",
                                            "inputs": {"ckpt_name": "sd15.safetensors"}}}}}}}},
         "responses": {"200": {"description": "{p_success, level, color, label, explanation, models, snapshot, "
-                                             "scan, warnings, simulated, complete}"},
+                                             "scan, warnings, simulated, complete, summary}"},
                       "400": _ERROR, "404": _ERROR, "413": _ERROR},
     }},
 }

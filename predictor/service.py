@@ -6,12 +6,14 @@ The request shape (``/xpufleet/predict``, ``POST /api/predict``)::
      "options"?: {"weight_bytes": bool, "topology": bool,
                   "activation_overhead": bool | fraction | {"fraction", "gb"},
                   "calibration": bool | {"factor"} | {"samples": [{"m_peak_gb", "measured_peak_gb"}]}},
-     "snapshot"?: {<Snapshot fields to override>}}
+     "snapshot"?: {<Snapshot fields to override>},
+     "prompt"?: <the same graph in API format, for a training graph's static estimate>}
 
 The answer: ``p_success``, ``level``, ``color``, ``label`` {zh, en}, ``explanation`` (every input and
 intermediate, the model-size stages and the options), ``models`` (each scanned reference),
 ``snapshot`` (the figures used), ``scan`` (summary), ``warnings``, ``simulated``, ``complete`` (every
-referenced model file was found).
+referenced model file was found), ``summary`` (the tooltip's first sentence as fields: verdict, need,
+of, device; predictor/training_peak.py).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from .predict import predict
 from .resolve import ModelResolver
 from .scan import scan_workflow
 from .snapshot import SNAPSHOT_FIELDS, Snapshot
+from .training_peak import api_graph, is_training_graph, summary, training_estimate
 
 OPTION_NAMES = ("weight_bytes", "topology", "activation_overhead", "calibration")
 _PLATFORM_RE = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
@@ -139,9 +142,12 @@ def predict_workflow(
     options: Any = None,
     resolver: ModelResolver | None = None,
     gamma_overrides: Mapping[str, float] | None = None,
+    prompt: Any = None,
 ) -> dict[str, Any]:
     """Scan ``workflow`` and predict its success on ``snapshot``'s device; the JSON-ready answer.
 
+    ``prompt``: the same graph in API format (the capsule sends ComfyUI's graph-to-prompt beside the UI
+    workflow); a training graph's peak is its static estimate (predictor/training_peak.py).
     Raises ValueError (bad workflow, unsafe model name, bad options/platform) with what to fix.
     """
     opts = parse_options(options)
@@ -175,6 +181,22 @@ def predict_workflow(
     m_peak = max(sizes.values(), default=0) / BYTES_PER_GB
     if sizes:
         stages["m_peak_model"] = max(sizes, key=lambda k: sizes[k])
+    peak_source = "model_files"
+    graph = api_graph(workflow, prompt)
+    if is_training_graph(graph):
+        try:
+            est = training_estimate(graph)
+        except ValueError as exc:
+            est = {"total_gib": None, "reasons": [str(exc)]}
+        stages["training_estimate"] = est
+        if est["total_gib"] is not None and est["total_gib"] > m_peak:
+            # the models the graph builds and trains, not files: the figure Queue on... suggests
+            m_peak = est["total_gib"]
+            m_total = max(m_total, m_peak)
+            peak_source = "training_estimate"
+        elif est["total_gib"] is None:
+            warnings.append("no static memory estimate for this training graph: "
+                            + "; ".join(est.get("reasons") or ["unknown"]))
     if opts.weight_bytes:
         stages.update(m_total_weights_gb=m_total, m_peak_weights_gb=m_peak)
     if opts.topology:
@@ -238,4 +260,5 @@ def predict_workflow(
         # False when a referenced model was not found/refused: the figure then counts only part of the load
         complete=all(m.status == "found" for m in scan.models),
     )
+    answer["summary"] = summary(answer, snapshot, peak_source)
     return answer

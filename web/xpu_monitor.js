@@ -11,7 +11,7 @@ import { Fleet } from "./lib/api.mjs";
 import { CapsuleBar, SETTINGS } from "./lib/capsule.mjs";
 import { CANVAS_METRIC_EVENT, fixSeedControls, isPluginNodeDef, showExecuted, showLivePoint } from "./lib/canvas_nodes.mjs";
 import { h } from "./lib/dom.mjs";
-import { resolveLanguage, setLanguage, t } from "./lib/i18n.mjs";
+import { english, loadStrings, onLanguageChange, resolveLanguage, setLanguage, t } from "./lib/i18n.mjs";
 
 const LANGUAGE = "XPUFleet.Language";
 const AUTOSTART = "XPUFleet.Sidecar.AutoStart";
@@ -39,9 +39,11 @@ const settings = {
   set: (id, value) => app.extensionManager?.setting?.set(id, value),
 };
 
-function applyLanguage(value = settingValue(LANGUAGE)) {
-  setLanguage(resolveLanguage(value, settingValue("Comfy.Locale") || navigator.language));
+function applyLanguage(value = settingValue(LANGUAGE), locale = settingValue("Comfy.Locale")) {
+  setLanguage(resolveLanguage(value, locale || navigator.language));
 }
+// the texts: the plugin's locales/<lang>/main.json, which ComfyUI's own i18n reads too (docs/i18n.md)
+await loadStrings("/xpufleet/locales", (url) => api.fetchApi(url));
 applyLanguage();
 
 document.head.append(h("link", { rel: "stylesheet", href: new URL("./xpufleet.css", import.meta.url).href }));
@@ -80,6 +82,7 @@ async function localDevices() {
 // --- the panels (bottom panel tabs) ----------------------------------------------------------------
 
 const mounted = new Set();
+const mountedEl = new Map(); // tab id -> the element ComfyUI gave it (a language change re-mounts it)
 let runsPanel = null;
 let workersPanel = null;
 let sweepsPanel = null;
@@ -134,6 +137,8 @@ function tab(id, titleKey, getPanel) {
   panelGetters[id] = getPanel;
   return {
     id,
+    // ComfyUI's bottom panel translates titleKey with its own i18n (our locales/ main.json), live
+    titleKey: `xpufleet.${titleKey}`,
     get title() { return t(titleKey); },
     type: "custom",
     render: (el) => {
@@ -145,6 +150,7 @@ function tab(id, titleKey, getPanel) {
       }
       el.dataset.xfTab = id;
       mounted.add(id);
+      mountedEl.set(id, el);
       el.style.height = "100%";
       getPanel().then((p) => { if (mounted.has(id) && el.dataset.xfTab === id) p.mount(el); });
     },
@@ -184,9 +190,16 @@ async function newSweep() {
 }
 
 const queueButton = h("button", {
-  type: "button", class: "xf-queue-on xf-root p-button p-component p-button-secondary p-button-sm",
-  title: t("app.queue_tooltip"), "aria-label": t("app.queue_on"), dataset: { xpufleet: "queue-on" }, onclick: () => queueOn(),
-}, t("app.queue_on"));
+  type: "button", class: "xf-queue-on p-button p-component p-button-secondary p-button-sm", // PrimeVue styles it whole
+  dataset: { xpufleet: "queue-on" }, onclick: () => queueOn(),
+});
+
+function labelQueueButton() {
+  queueButton.title = t("app.queue_tooltip");
+  queueButton.setAttribute("aria-label", t("app.queue_on"));
+  queueButton.textContent = t("app.queue_on");
+}
+labelQueueButton();
 
 /** Keep the button beside ComfyUI's Run button (the action bar is Vue's and may be rebuilt). */
 function placeQueueButton() {
@@ -197,7 +210,25 @@ function placeQueueButton() {
 
 // --- the capsules ----------------------------------------------------------------------------------
 
-const capsules = new CapsuleBar({ fleet, settings, workflow: canvasWorkflow });
+const capsules = new CapsuleBar({ fleet, settings, workflow: canvasWorkflow, prompt: canvasApiGraph });
+
+/** The canvas in API format for the capsule: the server estimates a training graph from it. */
+async function canvasApiGraph() {
+  const { output } = await app.graphToPrompt();
+  return output && Object.keys(output).length ? output : null;
+}
+
+// A language change relabels every plugin string at once (docs/i18n.md): the capsules, Queue on...
+// (an open dialog rebuilds itself: lib/queue_dialog.mjs), and the open panels, mounted again.
+onLanguageChange(() => {
+  labelQueueButton();
+  capsules.closeMenu();
+  capsules.render();
+  for (const id of [...mounted]) {
+    const el = mountedEl.get(id);
+    panelGetters[id]().then((p) => { if (mounted.has(id) && el?.dataset.xfTab === id) { p.unmount(); p.mount(el); } });
+  }
+});
 
 function placeCapsules() {
   if (capsules.element.isConnected) return;
@@ -235,34 +266,34 @@ const rescan = () => setTimeout(() => capsules.settingsChanged(), 0);
 app.registerExtension({
   name: "XPUFleet.Monitor",
   settings: [
-    { id: LANGUAGE, category: ["XPU Fleet", "General", "Language"], name: t("settings.language"), type: "combo",
-      options: [{ text: t("settings.language_auto"), value: "auto" }, { text: "中文", value: "zh" }, { text: "English", value: "en" }],
-      defaultValue: "auto", onChange: (value) => { applyLanguage(value); capsules.render(); } },
-    { id: SETTINGS.refresh, category: ["XPU Fleet", "Capsule", "Refresh"], name: t("settings.refresh"), type: "number",
+    { id: LANGUAGE, category: ["XPU Fleet", "General", "Language"], name: english("settings.language"), type: "combo",
+      options: [{ text: english("settings.language_auto"), value: "auto" }, { text: "中文", value: "zh" }, { text: "English", value: "en" }],
+      defaultValue: "auto", onChange: (value) => applyLanguage(value) },
+    { id: SETTINGS.refresh, category: ["XPU Fleet", "Capsule", "Refresh"], name: english("settings.refresh"), type: "number",
       defaultValue: 5, attrs: { min: 1, max: 600, step: 1 }, onChange: rescan },
-    { id: SETTINGS.showSuccess, category: ["XPU Fleet", "Capsule", "Success"], name: t("settings.show_success"), type: "boolean",
+    { id: SETTINGS.showSuccess, category: ["XPU Fleet", "Capsule", "Success"], name: english("settings.show_success"), type: "boolean",
       defaultValue: true, onChange: rescan },
-    { id: SETTINGS.showVram, category: ["XPU Fleet", "Capsule", "VRAM"], name: t("settings.show_vram"), type: "boolean",
+    { id: SETTINGS.showVram, category: ["XPU Fleet", "Capsule", "VRAM"], name: english("settings.show_vram"), type: "boolean",
       defaultValue: true, onChange: rescan },
-    { id: SETTINGS.showRam, category: ["XPU Fleet", "Capsule", "RAM"], name: t("settings.show_ram"), type: "boolean",
+    { id: SETTINGS.showRam, category: ["XPU Fleet", "Capsule", "RAM"], name: english("settings.show_ram"), type: "boolean",
       defaultValue: true, onChange: rescan },
-    { id: SETTINGS.device, category: ["XPU Fleet", "Capsule", "Device"], name: t("settings.device"), type: "combo",
-      tooltip: t("settings.device_tip"), defaultValue: "",
+    { id: SETTINGS.device, category: ["XPU Fleet", "Capsule", "Device"], name: english("settings.device"), type: "combo",
+      tooltip: english("settings.device_tip"), defaultValue: "",
       // ComfyUI calls this without the current value: read it, and list the cards the capsule's menu found
       options: () => [...new Set(["auto", settingValue(SETTINGS.device) || "auto", ...capsules.knownDevices])]
         .map((v) => ({ text: v, value: v === "auto" ? "" : v })),
       onChange: rescan },
-    { id: AUTOSTART, category: ["XPU Fleet", "Sidecar", "AutoStart"], name: t("settings.autostart"), tooltip: t("settings.autostart_tip"),
+    { id: AUTOSTART, category: ["XPU Fleet", "Sidecar", "AutoStart"], name: english("settings.autostart"), tooltip: english("settings.autostart_tip"),
       type: "boolean", defaultValue: false, onChange: (value) => { if (value) ensureSidecar(); } },
-    { id: SIDECAR, category: ["XPU Fleet", "Sidecar", "URL"], name: t("settings.sidecar"), tooltip: t("settings.sidecar_tip"),
+    { id: SIDECAR, category: ["XPU Fleet", "Sidecar", "URL"], name: english("settings.sidecar"), tooltip: english("settings.sidecar_tip"),
       type: () => sidecarStatus(), defaultValue: "" },
   ],
   commands: [
-    { id: "XPUFleet.QueueOn", label: () => t("app.queue_on"), icon: "pi pi-send", function: () => queueOn() },
-    { id: "XPUFleet.ShowRuns", label: () => t("app.show_runs"), icon: "pi pi-list", function: () => showTab(RUNS_TAB) },
-    { id: "XPUFleet.ShowWorkers", label: () => t("app.show_workers"), icon: "pi pi-server", function: () => showTab(WORKERS_TAB) },
-    { id: "XPUFleet.NewSweep", label: () => t("app.new_sweep"), icon: "pi pi-sliders-h", function: () => newSweep() },
-    { id: "XPUFleet.ShowSweeps", label: () => t("app.show_sweeps"), icon: "pi pi-chart-scatter", function: () => showTab(SWEEPS_TAB) },
+    { id: "XPUFleet.QueueOn", label: () => english("app.queue_on"), icon: "pi pi-send", function: () => queueOn() },
+    { id: "XPUFleet.ShowRuns", label: () => english("app.show_runs"), icon: "pi pi-list", function: () => showTab(RUNS_TAB) },
+    { id: "XPUFleet.ShowWorkers", label: () => english("app.show_workers"), icon: "pi pi-server", function: () => showTab(WORKERS_TAB) },
+    { id: "XPUFleet.NewSweep", label: () => english("app.new_sweep"), icon: "pi pi-sliders-h", function: () => newSweep() },
+    { id: "XPUFleet.ShowSweeps", label: () => english("app.show_sweeps"), icon: "pi pi-chart-scatter", function: () => showTab(SWEEPS_TAB) },
   ],
   menuCommands: [{ path: ["XPU Fleet"], commands: ["XPUFleet.QueueOn", "XPUFleet.ShowRuns", "XPUFleet.ShowWorkers",
     "XPUFleet.NewSweep", "XPUFleet.ShowSweeps"] }],
@@ -306,10 +337,7 @@ app.registerExtension({
 
   async setup() {
     // "auto" follows ComfyUI's own language (its Comfy.Locale setting's change event)
-    app.ui?.settings?.addEventListener?.("Comfy.Locale.change", (e) => {
-      setLanguage(resolveLanguage(settingValue(LANGUAGE), e.detail?.value || navigator.language));
-      capsules.render();
-    });
+    app.ui?.settings?.addEventListener?.("Comfy.Locale.change", (e) => applyLanguage(settingValue(LANGUAGE), e.detail?.value));
     applyLanguage();
     placeCapsules();
     placeQueueButton();

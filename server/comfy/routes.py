@@ -6,6 +6,7 @@ Does nothing when ComfyUI's ``server`` module is not importable (plain Python, t
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 log = logging.getLogger("xpufleet")
 
@@ -35,6 +36,17 @@ def register() -> bool:
     @routes.get(f"{ROUTE_PREFIX}/version")
     async def _version(request: web.Request) -> web.Response:
         return web.json_response({"name": "xpufleet", "version": VERSION})
+
+    locales = Path(__file__).resolve().parents[2] / "locales"
+
+    @routes.get(f"{ROUTE_PREFIX}/locales/{{lang}}/main.json")
+    async def _locale(request: web.Request) -> web.StreamResponse:
+        # the texts of the front end (web/lib/i18n.mjs), the same file ComfyUI merges into its own i18n
+        lang = request.match_info["lang"]
+        path = locales / lang / "main.json"
+        if not lang.isalpha() or not path.is_file():
+            return web.json_response({"error": f"no texts for language {lang!r}"}, status=404)
+        return web.FileResponse(path, headers={"Content-Type": "application/json", "Cache-Control": "no-cache"})
 
     # Predictor routes (snapshot of the ComfyUI process itself, predict) are added here too.
     from ...predictor.routes import add_comfy_routes

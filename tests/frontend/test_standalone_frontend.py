@@ -336,6 +336,8 @@ def test_chinese_texts_keyboard_tabs_and_labelled_controls(page_and_log):
     page.locator("[data-xpufleet=settings] select").first.select_option("zh")
     try:
         page.locator("[data-xpufleet=queue-on]", has_text="排入队列…").wait_for(timeout=WAIT_MS)
+        page.locator("[data-xpufleet=settings]", has_text="设置").wait_for(timeout=WAIT_MS)  # open again, relabelled
+        page.keyboard.press("Escape")
         wait_capsule(page, "document.querySelector('[data-xpufleet=capsule]').innerText.includes('轻松')")
         assert "small.json" in page.locator("[data-xpufleet=drop-status]").inner_text()  # the graph stayed
         assert page.evaluate("() => document.documentElement.lang") == "zh"

@@ -59,9 +59,9 @@ def drop(page, name: str, graph: dict) -> None:
 
 
 def open_new_sweep(page):
-    """From the Runs panel's Sweeps button to the Sweeps view, then its New sweep button."""
+    """From the page's Sweeps tab (its one navigation: docs/i18n.md) to the Sweeps view, then New sweep."""
     page.click("[data-xpufleet=tab-runs]")
-    page.locator("[data-xpufleet=runs-panel] [data-xpufleet=open-sweeps]").click()
+    page.click("[data-xpufleet=tab-sweeps]")
     panel = page.locator("[data-xpufleet=sweeps-panel]")
     panel.wait_for(timeout=WAIT_MS)
     assert page.locator("[data-xpufleet=tab-sweeps]").get_attribute("aria-selected") == "true"

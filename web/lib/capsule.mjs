@@ -3,7 +3,7 @@
 // figures all come from the server's answer (POST .../predict): no formula here.
 import { deviceChoice, parseDeviceChoice } from "./api.mjs";
 import { h, nextId, replace } from "./dom.mjs";
-import { gib, num } from "./format.mjs";
+import { gib, memGib, num } from "./format.mjs";
 import { language, t } from "./i18n.mjs";
 
 export const SETTINGS = {
@@ -21,12 +21,15 @@ const MIN_REFRESH_S = 1;
  * @param {import("./api.mjs").Fleet} o.fleet
  * @param {{get(id): any, set(id, v): any}} o.settings
  * @param {() => (object|null)} o.workflow  the graph to predict (UI or API format), null for none
+ * @param {() => Promise<object|null>} [o.prompt]  the same graph in API format: the server takes a
+ *   training graph's peak from its static estimate, the figure Queue on... suggests (docs/canvas.md)
  */
 export class CapsuleBar {
-  constructor({ fleet, settings, workflow }) {
+  constructor({ fleet, settings, workflow, prompt }) {
     this.fleet = fleet;
     this.settings = settings;
     this.workflow = workflow;
+    this.prompt = prompt || null;
     this.answer = null;
     this.error = null;
     this.ticks = 0; // periodic refreshes started
@@ -46,10 +49,14 @@ export class CapsuleBar {
       dataset: { xpufleet: "ram" } });
     this.tip = h("div", { class: "xf-tooltip", role: "tooltip", id: tipId, hidden: true,
       dataset: { xpufleet: "capsule-tooltip" } });
-    this.menu = h("div", { class: "xf-menu", role: "menu", hidden: true, dataset: { xpufleet: "device-menu" },
-      "aria-label": t("capsule.pick_device") });
-    this.element = h("div", { class: "xf-capsules xf-root", role: "group", "aria-label": t("capsule.group"),
-      dataset: { xpufleet: "capsules" } }, this.success, this.vram, this.ram);
+    this.menuId = nextId("xf-menu");
+    this.success.setAttribute("aria-controls", this.menuId);
+    // the device it predicts for, in words (the capsule's figures are that device's)
+    this.device = h("span", { class: "xf-capsule xf-device", dataset: { xpufleet: "capsule-device" } });
+    this.menu = h("div", { class: "xf-menu", role: "menu", id: this.menuId, hidden: true,
+      dataset: { xpufleet: "device-menu" } });
+    this.element = h("div", { class: "xf-capsules xf-root", role: "group",
+      dataset: { xpufleet: "capsules" } }, this.success, this.device, this.vram, this.ram);
     // the tooltip and the menu float over the page: ComfyUI's top bar clips its overflow
     this.floating = h("div", { class: "xf-root xf-floating" }, this.tip, this.menu);
     for (const el of [this.success, this.vram, this.ram]) {
@@ -58,11 +65,15 @@ export class CapsuleBar {
       el.addEventListener("focus", () => this.showTip(true));
       el.addEventListener("blur", () => this.showTip(false));
     }
-    const onKey = (e) => {
-      if (e.key === "Escape") { this.showTip(false); if (!this.menu.hidden) { this.closeMenu(); this.success.focus(); } }
-    };
-    this.element.addEventListener("keydown", onKey);
-    this.floating.addEventListener("keydown", onKey);
+    this.element.addEventListener("keydown", (e) => {
+      if (e.key === "Escape") { this.showTip(false); this.closeMenu(); }
+      // the WAI-ARIA menu button: ArrowDown/ArrowUp open the menu on its first/last item
+      if (e.target === this.success && (e.key === "ArrowDown" || e.key === "ArrowUp")) {
+        e.preventDefault();
+        this.openMenu(e.key === "ArrowUp" ? "last" : "first");
+      }
+    });
+    this.menu.addEventListener("keydown", (e) => this.menuKey(e));
     this.onDocClick = (e) => { if (!this.element.contains(e.target) && !this.floating.contains(e.target)) this.closeMenu(); };
     this.render();
   }
@@ -136,7 +147,9 @@ export class CapsuleBar {
         this.answer = null;
         this.error = null;
       } else {
-        const answer = await this.fleet.predict({ workflow, ...this.target() });
+        let prompt = null;
+        try { prompt = this.prompt ? await this.prompt() : null; } catch { /* the UI workflow alone still predicts */ }
+        const answer = await this.fleet.predict({ workflow, ...(prompt ? { prompt } : {}), ...this.target() });
         if (seq === this.seq) { this.answer = answer; this.error = null; }
       }
     } catch (err) {
@@ -152,6 +165,8 @@ export class CapsuleBar {
 
   // --- rendering ---
   render() {
+    this.element.setAttribute("aria-label", t("capsule.group"));
+    this.menu.setAttribute("aria-label", t("capsule.pick_device"));
     const show = (id) => this.settings.get(id) !== false;
     this.success.hidden = !show(SETTINGS.showSuccess);
     this.vram.hidden = !show(SETTINGS.showVram);
@@ -160,6 +175,11 @@ export class CapsuleBar {
     this.element.dataset.ticks = String(this.ticks);
     this.element.dataset.device = deviceChoice(this.target());
     const a = this.answer;
+    this.device.hidden = this.success.hidden;
+    const where = a?.summary ? deviceWords(a.summary) : "";
+    replace(this.device, where ? t("capsule.on_device", { device: where }) : "");
+    this.device.title = a?.summary?.name || "";
+    if (!where) this.device.hidden = true;
     const ds = this.success.dataset;
     if (this.error) {
       ds.level = "error";
@@ -184,7 +204,9 @@ export class CapsuleBar {
       ds.mPeak = String(a.explanation?.inputs?.m_peak_gb ?? "");
       ds.mTotal = String(a.explanation?.inputs?.m_total_gb ?? "");
       this.success.style.setProperty("--xf-level", a.color);
-      const badge = (!a.complete || a.snapshot?.reason) ? h("span", { class: "xf-badge", "aria-hidden": "true" }, "!") : null;
+      // the mark says what it means on hover; the label below says it to a screen reader
+      const badge = (!a.complete || a.snapshot?.reason) ? h("span", { class: "xf-badge", "aria-hidden": "true",
+        title: t("capsule.badge") }, "!") : null;
       replace(this.success, h("span", { class: "xf-dot" }), `${a.p_success}% ${label}`, badge);
       const extra = !a.complete ? `; ${t("capsule.incomplete")}` : "";
       this.success.setAttribute("aria-label", `${t("capsule.success")}: ${a.p_success}% ${label}${extra}`);
@@ -229,6 +251,7 @@ export class CapsuleBar {
       `${m.name} — ${m.status === "found" ? gib(m.counted_gb ?? m.size_gb, 2) : t("capsule.model_status." + m.status, { reason: m.reason || "" })}`));
     const warnings = (a.warnings || []).map((w) => h("li", { class: "xf-warn" }, w));
     replace(this.tip,
+      a.summary ? h("div", { class: "xf-tip-sentence", dataset: { xpufleet: "capsule-sentence" } }, sentence(a.summary)) : null,
       h("div", { class: "xf-tip-title" }, `P_success = ${a.p_success}% — ${label}`),
       h("div", { class: "xf-tip-device" }, deviceLine.join(" · ")),
       snap.reason ? h("div", { class: "xf-warn" }, snap.reason) : null,
@@ -261,20 +284,30 @@ export class CapsuleBar {
     if (!this.tip.hidden) this.place(this.tip);
   }
 
-  // --- the device menu ---
-  async toggleMenu() {
+  // --- the device menu (the WAI-ARIA menu button pattern: docs/canvas.md, "The capsule for a training graph") ---
+  toggleMenu() {
     if (!this.menu.hidden) { this.closeMenu(); return; }
+    this.openMenu("checked");
+  }
+
+  /** Open the menu and focus its checked ("checked"), first or last item. */
+  async openMenu(focus = "checked") {
+    if (!this.menu.hidden) { this.focusItem(focus); return; }
     this.tip.hidden = true;
-    replace(this.menu, h("div", { class: "xf-hint" }, t("common.loading")));
+    replace(this.menu, h("div", { class: "xf-hint", role: "none" }, t("common.loading")));
     this.menu.hidden = false;
     this.place(this.menu);
     this.success.setAttribute("aria-expanded", "true");
     const current = deviceChoice(this.target());
+    // this machine is one entry: its default device ("auto"); its other devices (a second GPU) follow
     const items = [{ value: "auto", text: t("capsule.auto_device") }];
     try {
       const snap = await this.fleet.snapshot();
+      const main = snap.snapshot?.device;
+      if (main) items[0].text = t("capsule.menu_this_machine", { device: main + (snap.snapshot.name ? ` (${snap.snapshot.name})` : "") });
       for (const s of snap.snapshots || []) {
-        items.push({ value: s.device, text: `${t("capsule.this_machine")}: ${s.device}${s.name ? ` (${s.name})` : ""}` });
+        if (s.device === main) continue;
+        items.push({ value: s.device, text: t("capsule.menu_this_machine", { device: s.device + (s.name ? ` (${s.name})` : "") }) });
       }
     } catch { /* this machine's list is optional */ }
     let workerNote = null;
@@ -289,20 +322,71 @@ export class CapsuleBar {
     } catch (err) {
       workerNote = `${t("capsule.no_worker_cards")}: ${err.message}`;
     }
+    if (this.menu.hidden) return; // closed while loading
     this.knownDevices = items.map((i) => i.value);
     const buttons = items.map((item) => h("button", {
-      type: "button", role: "menuitemradio", "aria-checked": item.value === current ? "true" : "false",
+      type: "button", role: "menuitemradio", tabindex: "-1", "aria-checked": item.value === current ? "true" : "false",
       class: "xf-menu-item", dataset: { value: item.value },
-      onclick: () => { this.settings.set(SETTINGS.device, item.value === "auto" ? "" : item.value); this.closeMenu(); this.settingsChanged(); },
+      onclick: () => this.choose(item.value),
     }, item.text));
-    replace(this.menu, h("div", { class: "xf-tip-section" }, t("capsule.pick_device")), buttons,
-      workerNote ? h("div", { class: "xf-hint" }, workerNote) : null);
-    (buttons.find((b) => b.getAttribute("aria-checked") === "true") || buttons[0])?.focus();
+    replace(this.menu, h("div", { class: "xf-tip-section", role: "presentation" }, t("capsule.pick_device")), buttons,
+      workerNote ? h("div", { class: "xf-hint", role: "presentation" }, workerNote) : null);
+    this.focusItem(focus);
   }
 
-  closeMenu() {
+  items() {
+    return [...this.menu.querySelectorAll('[role="menuitemradio"]')];
+  }
+
+  focusItem(which) {
+    const items = this.items();
+    if (!items.length) return;
+    const at = { first: 0, last: items.length - 1 }[which] ??
+      Math.max(0, items.findIndex((b) => b.getAttribute("aria-checked") === "true"));
+    items[at].focus();
+  }
+
+  choose(value) {
+    this.settings.set(SETTINGS.device, value === "auto" ? "" : value);
+    this.closeMenu(true);
+    this.settingsChanged();
+  }
+
+  menuKey(e) {
+    const items = this.items();
+    const i = items.indexOf(document.activeElement);
+    const go = (n) => { e.preventDefault(); items[(n + items.length) % items.length]?.focus(); };
+    if (e.key === "ArrowDown") go(i + 1);
+    else if (e.key === "ArrowUp") go(i < 0 ? items.length - 1 : i - 1);
+    else if (e.key === "Home") go(0);
+    else if (e.key === "End") go(items.length - 1);
+    else if (e.key === "Escape") { e.preventDefault(); this.closeMenu(true); }
+    else if (e.key === "Tab") this.closeMenu();
+  }
+
+  /** Close the menu; `refocus`: give the focus back to the capsule (Escape, a choice). */
+  closeMenu(refocus = false) {
     if (this.menu.hidden) return;
     this.menu.hidden = true;
     this.success.setAttribute("aria-expanded", "false");
+    if (refocus) this.success.focus();
   }
+}
+
+/** "gpu-box cuda:0" / "this machine cuda:0" from the answer's summary (the card's model name is in
+ * the tooltip's device line). */
+function deviceWords(s) {
+  return s.worker ? `${s.worker} ${s.device}` : t("capsule.this_machine_device", { device: s.device });
+}
+
+/** 24 -> "24 GiB", 23.6 -> "23.6 GiB" */
+function total(v) {
+  return gib(v, Number.isInteger(Number(v)) ? 0 : 1);
+}
+
+/** The tooltip's first sentence: "Fits: needs about 0.13 GiB of 24 GiB on gpu-box cuda:0 (simulated)". */
+function sentence(s) {
+  const text = t(s.memory === "ram" ? "capsule.sentence_ram" : "capsule.sentence", {
+    verdict: t(`capsule.verdict.${s.verdict}`), need: memGib(s.need_gb), of: total(s.of_gb), device: deviceWords(s) });
+  return s.simulated ? `${text} (${t("common.simulated")})` : text;
 }

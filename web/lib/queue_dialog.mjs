@@ -6,7 +6,7 @@
 import { ApiFailure } from "./api.mjs";
 import { field, h, nextId, replace } from "./dom.mjs";
 import { gib } from "./format.mjs";
-import { t } from "./i18n.mjs";
+import { onLanguageChange, t } from "./i18n.mjs";
 import { TargetPicker } from "./target_picker.mjs";
 
 let openDialog = null;
@@ -66,6 +66,8 @@ class QueueDialog {
     this.titleId = nextId("xf-qtitle");
     this.el = h("dialog", { class: "xf-dialog xf-root", "aria-labelledby": this.titleId,
       dataset: { xpufleet: "queue-dialog" } });
+    // a language change while open rebuilds the form in the new language, keeping what was entered
+    this.stopRelabel = onLanguageChange(() => this.relabel());
     this.el.addEventListener("close", () => this.destroy());
     this.el.addEventListener("cancel", () => this.destroy());
   }
@@ -87,6 +89,7 @@ class QueueDialog {
   }
 
   destroy() {
+    this.stopRelabel?.();
     if (openDialog === this) openDialog = null;
     this.el.remove();
   }
@@ -97,7 +100,26 @@ class QueueDialog {
   }
 
   // --- form ---
-  build() {
+  relabel() {
+    if (!this.picker) {  // still loading
+      replace(this.el, h("h2", { id: this.titleId }, t("queue.title")), h("p", { class: "xf-hint" }, t("common.loading")));
+      return;
+    }
+    const kept = { target: this.picker.state(), name: this.nameInput.value, seed: this.seedInput.value,
+      det: this.detInput.checked, rec: this.recInput.value, budget: this.budgetInput.value,
+      touched: this.budgetTouched, wait: this.waitInput.checked };
+    this.build(kept.target);
+    this.nameInput.value = kept.name;
+    this.seedInput.value = kept.seed;
+    this.detInput.checked = kept.det;
+    if ([...this.recInput.options].some((o) => o.value === kept.rec && !o.disabled)) this.recInput.value = kept.rec;
+    this.budgetTouched = kept.touched;
+    if (kept.touched) this.budgetInput.value = kept.budget;
+    this.waitInput.checked = kept.wait;
+  }
+
+  /** Build the form; `state`: the target picker's state to pick (default: the workflow's remembered one). */
+  build(state = rememberedTarget(this.graph.key)) {
     this.picker = new TargetPicker({ workers: this.workers, pools: this.pools, workersError: this.workersError, local: this.local,
       onChange: () => this.targetChanged(), openWorkers: () => { this.close(); this.openWorkers(); } });
     this.nameInput = h("input", { type: "text", value: this.graph.name || "", maxlength: "200", autocomplete: "off" });
@@ -134,10 +156,10 @@ class QueueDialog {
         h("div", { class: "xf-choice" }, this.waitInput, h("label", { for: this.waitInput.id }, t("queue.wait")))),
       this.errorBox,
       h("div", { class: "xf-actions" },
-        h("button", { type: "button", onclick: () => this.close() }, t("common.cancel")), this.submitBtn));
+        h("button", { type: "button", class: "xf-secondary", onclick: () => this.close() }, t("common.cancel")), this.submitBtn));
     replace(this.el, form);
     this.picker.targetChanged();
-    this.picker.restore(rememberedTarget(this.graph.key));
+    this.picker.restore(state);
     this.nameInput.focus();
   }
 

@@ -7,7 +7,7 @@
 import { Fleet } from "../lib/api.mjs";
 import { CapsuleBar, SETTINGS } from "../lib/capsule.mjs";
 import { field, h, replace } from "../lib/dom.mjs";
-import { language, resolveLanguage, setLanguage, t } from "../lib/i18n.mjs";
+import { language, loadStrings, resolveLanguage, setLanguage, t } from "../lib/i18n.mjs";
 import { RunsPanel } from "../lib/runs_panel.mjs";
 import { StudiesPanel } from "../lib/studies_panel.mjs";
 import { SweepsPanel } from "../lib/sweep_view.mjs";
@@ -74,7 +74,7 @@ const fleet = new Fleet({ fetch: fetchWithSession, apiBase: "/api", predictPath:
   snapshotPath: "/api/snapshot", kind: "standalone" });
 
 // --- the graph from a dropped file ---
-let graph = null; // {json, name, format}
+let graph = null; // {json, name, format, blob}
 
 /** "api" ({id: {class_type, inputs}}), "ui" ({nodes: [...], links}) or an error text. */
 export function graphFormat(json) {
@@ -100,9 +100,19 @@ async function loadFile(file, status) {
     replace(status, h("span", { class: "xf-error" }, t("standalone.bad_file", { name: file.name, why: f.error })));
     return;
   }
-  graph = { json, name: file.name.replace(/\.json$/i, ""), format: f.format, file: file.name, nodes: f.nodes };
+  graph = { json, name: file.name.replace(/\.json$/i, ""), format: f.format, file: file.name, nodes: f.nodes, blob: file };
   showGraph(status);
   capsules?.requestScan(0);
+}
+
+/** Show the loaded file's name in the file picker too (a dropped file, or one kept across a rebuild). */
+function pickFile(input) {
+  if (!graph?.blob || input.files?.[0] === graph.blob) return;
+  try {
+    const dt = new DataTransfer();
+    dt.items.add(graph.blob);
+    input.files = dt.files;
+  } catch { /* a browser without a settable FileList: the status line still names the file */ }
 }
 
 function showGraph(status) {
@@ -171,7 +181,8 @@ function settingsDialog() {
   const device = h("input", { type: "text", value: settings.get(SETTINGS.device) || "", placeholder: "auto" });
   device.addEventListener("change", () => { settings.set(SETTINGS.device, device.value.trim()); changed(SETTINGS.device); });
   replace(dlg, h("h2", {}, t("settings.title")), h("div", { class: "xf-settings-grid" },
-    field(t("settings.language"), select(LANGUAGE, [["auto", t("settings.language_auto")], ["zh", "中文"], ["en", "English"]])),
+    // no ComfyUI here: "auto" follows the browser's language
+    field(t("settings.language"), select(LANGUAGE, [["auto", t("standalone.language_auto")], ["zh", "中文"], ["en", "English"]])),
     field(t("settings.theme"), select(THEME, [["auto", t("settings.theme_auto")], ["light", t("settings.theme_light")], ["dark", t("settings.theme_dark")]])),
     field(t("settings.refresh"), refresh),
     field(t("settings.show_success"), check(SETTINGS.showSuccess)),
@@ -185,7 +196,14 @@ function settingsDialog() {
 }
 
 function changed(id) {
-  if (id === LANGUAGE) { applyLanguage(); build(); return; }
+  if (id === LANGUAGE) {
+    // the page is rebuilt in the new language; the settings dialog the choice came from opens again
+    applyLanguage();
+    build();
+    settingsDialog();
+    document.querySelector("[data-xpufleet=settings] select")?.focus();
+    return;
+  }
   if (id === THEME) { applyTheme(); return; }
   capsules?.settingsChanged();
 }
@@ -211,6 +229,7 @@ function build() {
   showGraph(status); // a language change rebuilds the page: the loaded graph stays
   const input = h("input", { type: "file", accept: ".json,application/json", id: "xf-graph-file", dataset: { xpufleet: "file-input" },
     onchange: () => input.files[0] && loadFile(input.files[0], status) });
+  pickFile(input);
   const drop = h("section", { class: "xf-drop", "aria-label": t("standalone.drop"), dataset: { xpufleet: "drop-zone" } },
     h("span", {}, t("standalone.drop")), h("label", { for: input.id, class: "xf-hint" }, t("standalone.choose")), input, status);
   drop.addEventListener("dragover", (e) => { e.preventDefault(); drop.classList.add("xf-over"); });
@@ -219,7 +238,7 @@ function build() {
     e.preventDefault();
     drop.classList.remove("xf-over");
     const file = e.dataTransfer?.files?.[0];
-    if (file) loadFile(file, status);
+    if (file) loadFile(file, status).then(() => pickFile(input));
   });
   const mkTab = (name, label) => {
     const button = h("button", { type: "button", role: "tab", id: `xf-tab-${name}`, "aria-controls": `xf-panel-${name}`,
@@ -263,6 +282,7 @@ async function logout() {
 }
 
 async function main() {
+  await loadStrings("/ui/locales"); // the plugin's ComfyUI locale files (docs/i18n.md)
   applyLanguage();
   applyTheme();
   const problem = await loginFromFragment();

@@ -39,6 +39,8 @@ from ..http import read_object
 from ..keys import CONFIG_KEY
 
 WEB_ROOT = Path(__file__).resolve().parents[3] / "web"
+# ComfyUI's locales folder of the plugin: the page reads its texts from <lang>/main.json (docs/i18n.md)
+LOCALES_ROOT = Path(__file__).resolve().parents[3] / "locales"
 INDEX = "standalone/index.html"
 LOGIN_TTL_S = 300.0  # a printed login link works once, within five minutes
 SESSION_TTL_S = 24 * 3600.0  # a browser session: one working day
@@ -142,6 +144,11 @@ async def static(request: web.Request) -> web.StreamResponse:
     return _file_response(static_path(WEB_ROOT, request.match_info["path"]))
 
 
+async def locale(request: web.Request) -> web.StreamResponse:
+    """``GET /ui/locales/<lang>/main.json``: the texts of the page, the file ComfyUI reads too."""
+    return _file_response(static_path(LOCALES_ROOT, f"{request.match_info['lang']}/main.json"))
+
+
 async def favicon(request: web.Request) -> web.StreamResponse:
     return _file_response(static_path(WEB_ROOT, "standalone/icon.svg"))
 
@@ -184,6 +191,7 @@ def setup(app: web.Application) -> None:
     r = app.router
     r.add_get("/", index)
     r.add_get("/favicon.ico", favicon)
+    r.add_get("/ui/locales/{lang}/main.json", locale)  # before /ui/{path}: from locales/, not web/
     r.add_get("/ui/{path:.+}", static)
     r.add_post(LOGIN_PATH, login_link)
     r.add_post(SESSION_PATH, open_session)
@@ -201,6 +209,10 @@ def _describe(app: web.Application) -> None:
                                 "parameters": [{"name": "path", "in": "path", "required": True,
                                                 "schema": {"type": "string"}}],
                                 "responses": {"200": {"description": "a file"}, "404": {"description": "no such file", **err}}},
+        ("get", "/ui/locales/{lang}/main.json"): {
+            "summary": "the page's texts in one language (the plugin's ComfyUI locales file)",
+            "parameters": [{"name": "lang", "in": "path", "required": True, "schema": {"type": "string"}}],
+            "responses": {"200": {"description": "application/json"}, "404": {"description": "no such language", **err}}},
         ("post", LOGIN_PATH): {
             "summary": "a one-time login link for the standalone page (needs the session token)",
             "requestBody": {"required": False, "content": {"application/json": {"schema": {
