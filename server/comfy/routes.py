@@ -41,4 +41,10 @@ def register() -> bool:
 
     add_comfy_routes(routes, ROUTE_PREFIX)
     add_proxy_routes(routes, ROUTE_PREFIX)  # the sidecar, same origin (proxy.py)
+
+    # a canvas Run is also recorded on the sidecar, when one runs (canvas_runs.py)
+    from ...nodes import runtime
+    from .canvas_runs import CanvasRecorder
+
+    runtime.set_hosted_sink(CanvasRecorder(instance).report)
     return True
