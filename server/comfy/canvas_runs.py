@@ -36,6 +36,8 @@ class _Record:
     """One prompt's recording."""
 
     prompt_id: str
+    number: Any = None  # ComfyUI's queue number
+    graph: dict[str, Any] = field(default_factory=dict)  # the API prompt ComfyUI runs
     run_id: str | None = None
     off: bool = False  # nothing (more) is sent for this prompt
     seq: int = 0
@@ -87,7 +89,7 @@ class CanvasRecorder:
         with self._lock:
             rec = self._records.get(prompt_id)
             if rec is None:
-                rec = self._records[prompt_id] = _Record(prompt_id)
+                rec = self._records[prompt_id] = _Record(prompt_id, *self._queued(prompt_id))
             if rec.off:
                 return
             if type_ == "progress":  # the bar moves per batch: at most every CANVAS_PROGRESS_MIN_S, and the last
@@ -172,14 +174,18 @@ class CanvasRecorder:
             self._wake.set()  # more than one request's worth waits: send the rest now
         return last
 
-    def _create(self, client: Any, rec: _Record) -> str:
-        number, graph = None, {}
+    def _queued(self, prompt_id: str) -> tuple[Any, dict[str, Any]]:
+        """(number, prompt) of the prompt ComfyUI is running: read when its first report comes, since a short
+        prompt may have left the queue before the sender's first pass."""
         running, _ = self.server.prompt_queue.get_current_queue_volatile()
         for item in running:
-            if len(item) > 2 and item[1] == rec.prompt_id:
-                number, graph = item[0], item[2]
-        body = {"prompt_id": rec.prompt_id, "graph": graph, "comfy_pid": os.getpid(),
-                "name": f"ComfyUI prompt {number}" if number is not None else "ComfyUI prompt"}
+            if len(item) > 2 and item[1] == prompt_id:
+                return item[0], item[2]
+        return None, {}
+
+    def _create(self, client: Any, rec: _Record) -> str:
+        body = {"prompt_id": rec.prompt_id, "graph": rec.graph, "comfy_pid": os.getpid(),
+                "name": f"ComfyUI prompt {rec.number}" if rec.number is not None else "ComfyUI prompt"}
         return client.request("POST", "/api/canvas/runs", body)["id"]
 
     def _interrupt(self, rec: _Record) -> None:

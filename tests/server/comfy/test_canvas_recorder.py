@@ -158,3 +158,19 @@ def test_the_end_is_comfyuis_history_entry(status_str, messages, expected):
     server.prompt_queue.done("p", status_str, messages)
     assert prompt_end(server, "p") == expected
     assert prompt_end(server, "cleared")[0] == "interrupted"
+
+
+def test_a_prompt_that_ends_before_the_first_send_is_still_recorded_whole(tmp_path):
+    graph = harness.iris_graph(1)
+
+    def body(recorder, server, client):
+        recorder.flush_s = 0.5
+        server.prompt_queue.start(3, "p-3", graph)
+        server.last_prompt_id = "p-3"
+        recorder.report("metric", {"node": "6", "name": "val_accuracy", "value": 0.9, "epoch": 1})
+        server.prompt_queue.done("p-3", "success", [])  # gone from the queue before the sender's first pass
+        run = until(lambda: (client.runs()["runs"] or [None])[0])
+        ended = until(lambda: client.run(run["id"])["status"] == "succeeded" and client.run(run["id"]))
+        assert (ended["name"], ended["graph"], ended["final_metrics"]) == ("ComfyUI prompt 3", graph, {"val_accuracy": 0.9})
+
+    with_sidecar(tmp_path, body)
