@@ -34,6 +34,9 @@ VIEW_SCALE, VIEW_OFFSET = 0.6, (10, 90)  # the opening view: a 5-column graph fi
 # graphToPrompt leaves out; under the groups, so the thumbnail (cropped to the groups) does not show it.
 NOTE_TYPE, VIRTUAL_TYPES = "MarkdownNote", frozenset({"Note", "MarkdownNote"})
 NOTE_SIZE = (2 * NODE_WIDTH + COLUMN_GAP, 120)
+# Room kept under a node for its results after a Run (web/lib/canvas_nodes.mjs) where they outgrow ROW_GAP:
+# Predict's summary is three lines and a wrapped list.
+RESULT_ROOM = {"XPUPredict": 80}
 
 
 @dataclass(frozen=True)
@@ -159,7 +162,7 @@ def layout(graph: dict[str, Any], defs: dict[str, NodeDef]) -> dict[str, tuple[i
         for nid in sorted((n for n in graph if (PARTS.index(parts[n]), depths[n]) == column), key=int):
             h = _node_height(defs[graph[nid]["class_type"]])
             boxes[nid] = (x, y, NODE_WIDTH, h)
-            y += h + TITLE_H + ROW_GAP
+            y += h + TITLE_H + ROW_GAP + RESULT_ROOM.get(graph[nid]["class_type"], 0)
         x += NODE_WIDTH + COLUMN_GAP
     return boxes
 

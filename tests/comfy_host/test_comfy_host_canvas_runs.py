@@ -95,6 +95,11 @@ def test_a_canvas_run_is_listed_with_source_canvas_its_series_and_comfyuis_end(c
     saved = [e["payload"]["path"] for e in events if e["type"] == "artifact"]
     assert saved == [run.outputs["10"]["text"][0]]
     assert any(e["type"] == "progress" and e["payload"]["value"] == e["payload"]["max"] for e in events)
+    # the CLI lists it as the API does: `xpufleet runs --source canvas`
+    table = sidecar.cli("runs", "--source", "canvas", check=True).stdout.splitlines()
+    row = next(line for line in table if line.startswith(recorded["id"][:8]))
+    assert "succeeded" in row and "ComfyUI canvas" in row and recorded["name"][:24] in row
+    assert recorded["id"][:8] not in sidecar.cli("runs", "--source", "api", check=True).stdout
 
 
 def test_a_node_error_fails_the_canvas_run_with_comfyuis_message(comfyui, sidecar):

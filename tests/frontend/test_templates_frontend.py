@@ -2,7 +2,12 @@
 clicks, then ComfyUI's own Run button. Checks what the page shows (the cards and their thumbnails, the loaded
 graph, the run's success) and that nothing in the flow logs a console error or a failed request.
 
-Screenshots: templates-browser.png, templates-loaded.png, templates-run-done.png (conftest.py prints where)."""
+Then every template, opened the same way, runs with ComfyUI's Run button (predict_saved after mlp_digits,
+whose model it loads) and shows its results on its nodes; with a sidecar running, each Run is also a run with
+source canvas on it (docs/canvas.md), listed in the Runs panel.
+
+Screenshots: templates-browser.png, templates-loaded.png, templates-run-done.png, templates-run-<name>.png,
+templates-canvas-run-in-runs-panel.png (conftest.py prints where)."""
 
 from __future__ import annotations
 
@@ -229,4 +234,13 @@ def test_every_template_runs_from_the_templates_browser_with_results_on_its_node
     assert run["final_metrics"]["eval_accuracy"] == pytest.approx(outputs[evaluate]["metrics"][0]["accuracy"])
     if any(n["class_type"] == "XPUTrainingLoop" for n in graph.values()):
         assert len(series["train_loss_batch"]) > 10 and len(series["val_accuracy"]) >= 1
+    if name == "mlp_digits":  # and in the Runs panel (the plugin's menu command "Show runs" opens its tab)
+        page.evaluate("() => app.extensionManager.command.execute('XPUFleet.ShowRuns')")
+        row = page.locator(f".xf-run-row[data-run-id='{run['id']}']")
+        row.wait_for(timeout=WAIT_MS)
+        assert run["name"] in row.inner_text()
+        row.click()
+        page.locator("[data-xpufleet=runs-panel] [data-xpufleet=chart][data-drawn=true]").wait_for(timeout=WAIT_MS)
+        page.screenshot(path=str(screenshots / "templates-canvas-run-in-runs-panel.png"))
+        page.evaluate("() => app.extensionManager.command.execute('Workspace.ToggleBottomPanelTab.xpufleet-runs')")
     assert log.errors[mark_errors:] == [] and log.failed[mark_failed:] == []

@@ -141,7 +141,8 @@ function resultOf(node) {
 export function showExecuted(node, output) {
   if (!output || !Array.isArray(output.text)) return;
   const view = resultOf(node);
-  view.setText(output.text.map(String));
+  // one entry may hold several lines (Predict's summary): each line is a row of the view and of its height
+  view.setText(output.text.flatMap((entry) => String(entry).split("\n")));
   const curve = Array.isArray(output.curve) ? output.curve[0] : null;
   if (curve) {
     view.curves = { train_loss_batch: curve.train_loss_batch || [], val_loss_step: curve.val_loss_step || [] };
