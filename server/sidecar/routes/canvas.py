@@ -163,17 +163,18 @@ _CANVAS_RUN = {"type": "object", "required": ["prompt_id", "graph", "comfy_pid"]
                "properties": {"prompt_id": {"type": "string", "minLength": 1, "maxLength": _PROMPT_ID_CHARS},
                               "name": {"type": ["string", "null"], "maxLength": MAX_RUN_NAME_CHARS},
                               "graph": openapi.SCHEMAS["RunSubmit"]["properties"]["graph"],
-                              "comfy_pid": {"type": "integer", "minimum": 1}}}
+                              "comfy_pid": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1}}}
 _CANVAS_EVENTS = {
     "type": "object", "required": ["events"], "additionalProperties": False,
     "properties": {
         "events": {"type": "array", "maxItems": CANVAS_EVENTS_MAX, "items": {
             "type": "object", "required": ["type", "payload", "ts", "seq"], "additionalProperties": False,
             "properties": {"type": {"type": "string", "enum": list(CANVAS_EVENT_TYPES)}, "payload": {"type": "object"},
-                           "ts": {"type": "number"}, "seq": {"type": "integer", "minimum": 1}}}},
+                           "ts": {"type": "number"}, "seq": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1}}}},
         "finished": {"type": "object", "required": ["status"], "additionalProperties": False, "properties": {
-            "status": {"type": "string", "enum": sorted(TERMINAL_STATUSES)}, "error": {"type": ["string", "null"]},
-            "final_metrics": {"type": "object"}}},
+            "status": {"type": "string", "enum": sorted(TERMINAL_STATUSES)},
+            "error": {"type": ["string", "null"], "maxLength": _ERROR_CHARS},
+            "final_metrics": {"type": "object", "additionalProperties": {"type": ["number", "null"]}}}},
     },
 }
 

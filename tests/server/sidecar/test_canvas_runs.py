@@ -202,3 +202,22 @@ def test_a_state_db_from_before_sources_gets_the_column_and_its_runs_are_api(tmp
         assert store.list_runs(source="api")[1] == 1
     finally:
         store.close()
+
+
+def test_a_restarted_sidecar_ends_the_canvas_runs_whose_comfyui_is_gone_and_keeps_the_others(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    store = Store(tmp_path / "home" / "state.db")
+    gone = store.create_canvas_run(graph=harness.iris_graph(1), name="a", facts={"comfy_pid": dead.pid})
+    alive = store.create_canvas_run(graph=harness.iris_graph(1), name="b", facts={"comfy_pid": os.getpid()})
+    store.close()
+
+    async def run(client, auth, app):
+        states = {r["id"]: r["status"] for r in (await (await client.get("/api/runs", headers=auth)).json())["runs"]}
+        assert states == {gone: "interrupted", alive: "running"}
+        # the live ComfyUI goes on reporting to the new sidecar
+        resp = await client.post(f"/api/canvas/runs/{alive}/events", json={
+            "events": [_metric(1, "val_accuracy", 0.9, 1)], "finished": {"status": "succeeded"}}, headers=auth)
+        assert (await resp.json())["status"] == "succeeded"
+
+    scenario(tmp_path, run)
