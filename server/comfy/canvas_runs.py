@@ -8,6 +8,9 @@ Nodes never wait on it: a report is appended to a buffer, and one sender thread 
 ComfyUI's running queue and reads its history entry (success, error with the node's message, or
 interrupted). With no sidecar nothing is sent (no request at all); a sidecar that stops answering ends
 the recording of that prompt with one log line, and ComfyUI goes on.
+
+``POST /xpufleet/canvas/name`` ``{"prompt_id", "name"}`` on ComfyUI's server: the page that queued a prompt
+names its run after the workflow (ComfyUI's server does not know it; web/lib/canvas_nodes.mjs).
 """
 
 from __future__ import annotations
@@ -24,11 +27,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...constants import CANVAS_EVENTS_MAX, CANVAS_FLUSH_S, CANVAS_PROGRESS_MIN_S, home_dir
+from ...constants import (
+    CANVAS_EVENTS_MAX,
+    CANVAS_FLUSH_S,
+    CANVAS_PROGRESS_MIN_S,
+    MAX_RUN_NAME_CHARS,
+    home_dir,
+)
+from ..sidecar.errors import ApiError
 
 log = logging.getLogger("xpufleet")
 
 _MAX_FAILURES = 3  # consecutive failed posts before a prompt's recording is given up
+_EARLY_NAMES = 32  # names said before their prompt's first report, kept for the newest prompts only
 
 
 @dataclass
@@ -38,6 +49,8 @@ class _Record:
     prompt_id: str
     number: Any = None  # ComfyUI's queue number
     graph: dict[str, Any] = field(default_factory=dict)  # the API prompt ComfyUI runs
+    name: str | None = None  # the workflow's, said by the page that queued the prompt (name_prompt)
+    name_sent: bool = True
     run_id: str | None = None
     off: bool = False  # nothing (more) is sent for this prompt
     seq: int = 0
@@ -78,7 +91,20 @@ class CanvasRecorder:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._records: dict[str, _Record] = {}
+        self._names: dict[str, str] = {}  # prompt id -> name, said before the prompt's first report
         self._thread: threading.Thread | None = None
+
+    def name_prompt(self, prompt_id: str, name: str) -> None:
+        """The workflow name of a prompt (the page says it at ``execution_start``); sent with the next post."""
+        with self._lock:
+            rec = self._records.get(prompt_id)
+            if rec is not None:
+                rec.name, rec.name_sent = name, rec.run_id is None
+                self._wake.set()
+                return
+            self._names[prompt_id] = name
+            while len(self._names) > _EARLY_NAMES:
+                self._names.pop(next(iter(self._names)))
 
     def report(self, type_: str, payload: dict[str, Any]) -> None:
         """A node's event while ComfyUI executes a prompt (``payload`` carries its ``node``)."""
@@ -89,7 +115,8 @@ class CanvasRecorder:
         with self._lock:
             rec = self._records.get(prompt_id)
             if rec is None:
-                rec = self._records[prompt_id] = _Record(prompt_id, *self._queued(prompt_id))
+                rec = self._records[prompt_id] = _Record(prompt_id, *self._queued(prompt_id),
+                                                         name=self._names.pop(prompt_id, None))
             if rec.off:
                 return
             if type_ == "progress":  # the bar moves per batch: at most every CANVAS_PROGRESS_MIN_S, and the last
@@ -149,9 +176,12 @@ class CanvasRecorder:
             with self._lock:
                 batch = rec.pending[:CANVAS_EVENTS_MAX]
             last = end is not None and len(batch) == len(rec.pending)
-            if not batch and not last:
+            rename = rec.name if not rec.name_sent else None
+            if not batch and not last and rename is None:
                 return False
             body: dict[str, Any] = {"events": batch}
+            if rename is not None:
+                body["name"] = rename
             if last:
                 status, error = end
                 body["finished"] = {"status": status, "error": error, "final_metrics": dict(rec.final)}
@@ -168,6 +198,7 @@ class CanvasRecorder:
         rec.failures = 0
         with self._lock:
             del rec.pending[:len(batch)]
+            rec.name_sent = rec.name_sent or rec.name == rename
         if answer.get("cancel_requested") and end is None and not rec.interrupted:
             self._interrupt(rec)
         if len(rec.pending) >= CANVAS_EVENTS_MAX:
@@ -184,9 +215,13 @@ class CanvasRecorder:
         return None, {}
 
     def _create(self, client: Any, rec: _Record) -> str:
-        body = {"prompt_id": rec.prompt_id, "graph": rec.graph, "comfy_pid": os.getpid(),
-                "name": f"ComfyUI prompt {rec.number}" if rec.number is not None else "ComfyUI prompt"}
-        return client.request("POST", "/api/canvas/runs", body)["id"]
+        name = rec.name
+        default = f"ComfyUI prompt {rec.number}" if rec.number is not None else "ComfyUI prompt"
+        body = {"prompt_id": rec.prompt_id, "graph": rec.graph, "comfy_pid": os.getpid(), "name": name or default}
+        run_id = client.request("POST", "/api/canvas/runs", body)["id"]
+        with self._lock:
+            rec.name_sent = rec.name == name  # a name said while the run was being made goes with the next post
+        return run_id
 
     def _interrupt(self, rec: _Record) -> None:
         """A cancel asked on the sidecar (Runs panel, CLI): stop ComfyUI's prompt as its Cancel button does."""
@@ -197,3 +232,32 @@ class CanvasRecorder:
         with contextlib.suppress(Exception):
             mm.interrupt_current_processing(True)
             log.info("xpufleet: ComfyUI prompt %s interrupted: its run was cancelled on the sidecar", rec.prompt_id)
+
+
+def parse_name_body(body: dict[str, Any]) -> tuple[str, str]:
+    """(prompt id, name) of a ``POST /xpufleet/canvas/name`` body; ApiError 400 naming the field."""
+    prompt_id, name = body.get("prompt_id"), body.get("name")
+    if not isinstance(prompt_id, str) or not 0 < len(prompt_id) <= 100:
+        raise ApiError(400, "prompt_id: must be ComfyUI's prompt id (a string of 1-100 characters)")
+    if not isinstance(name, str) or not 0 < len(name.strip()) <= MAX_RUN_NAME_CHARS:
+        raise ApiError(400, f"name: must be a workflow name of 1-{MAX_RUN_NAME_CHARS} characters")
+    return prompt_id, name.strip()
+
+
+def add_canvas_routes(routes: Any, prefix: str, server: Any) -> CanvasRecorder:
+    """The recorder of this ComfyUI (``server``: its PromptServer), made the hosted nodes' sink, and its route."""
+    from aiohttp import web
+
+    from ...nodes import runtime
+    from ..sidecar.http import json_errors, read_object
+
+    recorder = CanvasRecorder(server)
+    runtime.set_hosted_sink(recorder.report)
+
+    async def name(request: web.Request) -> web.Response:
+        prompt_id, text = parse_name_body(await read_object(request, {"prompt_id", "name"}, max_bytes=4096))
+        recorder.name_prompt(prompt_id, text)
+        return web.json_response({"prompt_id": prompt_id, "name": text})
+
+    routes.post(f"{prefix}/canvas/name")(json_errors(name))
+    return recorder

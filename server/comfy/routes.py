@@ -43,8 +43,7 @@ def register() -> bool:
     add_proxy_routes(routes, ROUTE_PREFIX)  # the sidecar, same origin (proxy.py)
 
     # a canvas Run is also recorded on the sidecar, when one runs (canvas_runs.py)
-    from ...nodes import runtime
-    from .canvas_runs import CanvasRecorder
+    from .canvas_runs import add_canvas_routes
 
-    runtime.set_hosted_sink(CanvasRecorder(instance).report)
+    add_canvas_routes(routes, ROUTE_PREFIX, instance)
     return True

@@ -253,6 +253,11 @@ class Store:
             self._append(db, run_id, [NewEvent("status", {"status": "running", "placement": "canvas"}, now)])
         return run_id
 
+    def set_name(self, run_id: str, name: str | None) -> None:
+        """A run's name given after it was made (a canvas run's workflow name)."""
+        with self.transaction() as db:
+            db.execute("UPDATE runs SET name=? WHERE id=?", (name, run_id))
+
     def get_run(self, run_id: str, *, with_graph: bool = False) -> dict[str, Any] | None:
         rows = self.query("SELECT * FROM runs WHERE id=?", (run_id,))
         return _row_to_run(rows[0], with_graph) if rows else None

@@ -229,6 +229,9 @@ def test_every_template_runs_from_the_templates_browser_with_results_on_its_node
     run = canvas_run(comfy_fleet, done["prompt_id"])
     recorded.append(run["id"])
     assert (run["status"], run["source"], run["error"]) == ("succeeded", "canvas", None)
+    # named after the workflow, as its tab reads (the page says it at execution_start: web/lib/canvas_nodes.mjs)
+    assert run["name"] == page.evaluate("() => app.extensionManager.workflow.activeWorkflow.filename")
+    assert run["name"].startswith(name)
     series = comfy_fleet.call("GET", f"/api/runs/{run['id']}/metrics")["metrics"]
     evaluate = next(nid for nid, n in graph.items() if n["class_type"] == "XPUEvaluate")
     assert run["final_metrics"]["eval_accuracy"] == pytest.approx(outputs[evaluate]["metrics"][0]["accuracy"])

@@ -156,3 +156,19 @@ export function showLivePoint(graph, detail) {
   if (!SERIES.some(([key]) => key === detail?.name)) return;  // only the loss curves are drawn live
   if (node && isPluginNodeDef({ category: node.constructor?.nodeData?.category })) resultOf(node).point(detail);
 }
+
+// --- the canvas run's name ---------------------------------------------------------------------------
+//
+// A canvas Run of a graph with our nodes is recorded on the sidecar (docs/canvas.md); ComfyUI's server
+// does not know the workflow's name, so the page that queued the prompt says it when the prompt starts.
+
+export const CANVAS_NAME_ROUTE = "/xpufleet/canvas/name";  // server/comfy/routes.py
+
+/** On ``execution_start`` of a prompt this page queued: the workflow's name, when the graph has our nodes. */
+export function nameCanvasRun(api, app, detail) {
+  const name = app.extensionManager?.workflow?.activeWorkflow?.filename;
+  const ours = (app.graph?.nodes || []).some((n) => isPluginNodeDef({ category: n.constructor?.nodeData?.category }));
+  if (!name || !ours || !detail?.prompt_id) return;
+  api.fetchApi(CANVAS_NAME_ROUTE, { method: "POST", headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ prompt_id: detail.prompt_id, name: String(name) }) }).catch(() => {});
+}

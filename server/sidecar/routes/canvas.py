@@ -63,17 +63,24 @@ def parse_new_run(body: Any) -> dict[str, Any]:
     prompt_id = body["prompt_id"]
     if not isinstance(prompt_id, str) or not 0 < len(prompt_id) <= _PROMPT_ID_CHARS:
         raise ApiError(400, f"prompt_id: must be ComfyUI's prompt id, a string of 1-{_PROMPT_ID_CHARS} characters")
-    name = body.get("name")
-    if name is not None and (not isinstance(name, str) or len(name) > MAX_RUN_NAME_CHARS):
-        raise ApiError(400, f"name: must be a string of at most {MAX_RUN_NAME_CHARS} characters (or null)")
+    name = parse_name(body)
     check_graph_shape(body["graph"])  # RequestError: 400 (413 over the node limit) naming what is wrong
-    return {"prompt_id": prompt_id, "name": (name or "").strip() or None, "graph": dict(body["graph"]),
+    return {"prompt_id": prompt_id, "name": name, "graph": dict(body["graph"]),
             "comfy_pid": _int(body["comfy_pid"], "comfy_pid", 1)}
 
 
+def parse_name(body: Mapping[str, Any]) -> str | None:
+    """``name`` of a body: None when absent; ApiError 400 when not a string of at most MAX_RUN_NAME_CHARS."""
+    name = body.get("name")
+    if name is not None and (not isinstance(name, str) or len(name) > MAX_RUN_NAME_CHARS):
+        raise ApiError(400, f"name: must be a string of at most {MAX_RUN_NAME_CHARS} characters (or null)")
+    return (name or "").strip() or None
+
+
 def parse_events(body: Any) -> tuple[list[NewEvent], dict[str, Any] | None]:
-    """The body of ``POST /api/canvas/runs/{id}/events``: the events and the end (or None)."""
-    body = _object(body, {"events", "finished"}, {"events"}, "body")
+    """The body of ``POST /api/canvas/runs/{id}/events``: the events and the end (or None); a ``name``
+    renames the run (the workflow's, said by the page after the run was made)."""
+    body = _object(body, {"events", "finished", "name"}, {"events"}, "body")
     raw = body["events"]
     if not isinstance(raw, list) or len(raw) > CANVAS_EVENTS_MAX:
         raise ApiError(400, f"events: must be a list of at most {CANVAS_EVENTS_MAX} events")
@@ -130,7 +137,8 @@ async def create(request: web.Request) -> web.Response:
 
 
 async def add_events(request: web.Request) -> web.Response:
-    events, finished = parse_events(await read_json(request))
+    body = await read_json(request)
+    events, finished = parse_events(body)
     store, d = request.app[STORE_KEY], dispatcher_of(request)
     run_id = request.match_info["run_id"]
     run = store.get_run(run_id)
@@ -140,6 +148,9 @@ async def add_events(request: web.Request) -> web.Response:
         raise ApiError(409, f"run {run_id} came from POST /api/runs: only a canvas run takes events here")
     if run["status"] in TERMINAL_STATUSES:
         raise ApiError(409, f"run {run_id} already ended ({run['status']})")
+    name = parse_name(body)
+    if name is not None:
+        store.set_name(run_id, name)
     if finished is not None:
         events.append(NewEvent("run_finished", {**finished, "peak_memory": None, "execution_facts": {}}))
     result = store.append_events(run_id, events)
@@ -167,6 +178,7 @@ _CANVAS_RUN = {"type": "object", "required": ["prompt_id", "graph", "comfy_pid"]
 _CANVAS_EVENTS = {
     "type": "object", "required": ["events"], "additionalProperties": False,
     "properties": {
+        "name": {"type": ["string", "null"], "maxLength": MAX_RUN_NAME_CHARS},
         "events": {"type": "array", "maxItems": CANVAS_EVENTS_MAX, "items": {
             "type": "object", "required": ["type", "payload", "ts", "seq"], "additionalProperties": False,
             "properties": {"type": {"type": "string", "enum": list(CANVAS_EVENT_TYPES)}, "payload": {"type": "object"},

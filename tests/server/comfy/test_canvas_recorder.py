@@ -174,3 +174,37 @@ def test_a_prompt_that_ends_before_the_first_send_is_still_recorded_whole(tmp_pa
         assert (ended["name"], ended["graph"], ended["final_metrics"]) == ("ComfyUI prompt 3", graph, {"val_accuracy": 0.9})
 
     with_sidecar(tmp_path, body)
+
+
+def test_the_workflow_name_the_page_says_names_the_run_before_or_after_it_is_made(tmp_path):
+    def body(recorder, server, client):
+        server.prompt_queue.start(4, "p-4", harness.iris_graph(1))
+        server.last_prompt_id = "p-4"
+        recorder.name_prompt("p-4", "mlp_digits")  # said at execution_start, before the first report
+        recorder.report("log", {"node": "6", "message": "epoch 1"})
+        run = until(lambda: (client.runs()["runs"] or [None])[0])
+        assert run["name"] == "mlp_digits"
+        server.prompt_queue.start(5, "p-5", harness.iris_graph(1))
+        server.last_prompt_id = "p-5"
+        recorder.report("log", {"node": "6", "message": "epoch 1"})
+        second = until(lambda: [r for r in client.runs()["runs"] if r["id"] != run["id"]])[0]
+        assert second["name"] == "ComfyUI prompt 5"
+        recorder.name_prompt("p-5", "cnn_digits")  # said after the run was made: a rename
+        until(lambda: client.run(second["id"])["name"] == "cnn_digits")
+
+    with_sidecar(tmp_path, body)
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ({"prompt_id": "", "name": "x"}, "prompt_id: must be"),
+    ({"prompt_id": "p", "name": " "}, "name: must be a workflow name"),
+    ({"prompt_id": "p", "name": 3}, "name: must be a workflow name"),
+])
+def test_a_bad_name_body_is_a_400_naming_the_field(body, message):
+    from xpufleet.server.comfy.canvas_runs import parse_name_body
+    from xpufleet.server.sidecar.errors import ApiError
+
+    with pytest.raises(ApiError, match=message) as err:
+        parse_name_body(body)
+    assert err.value.status == 400
+    assert parse_name_body({"prompt_id": "p", "name": " mlp_digits "}) == ("p", "mlp_digits")

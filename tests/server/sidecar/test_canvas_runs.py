@@ -114,6 +114,7 @@ def test_a_bad_new_canvas_run_is_a_400_naming_the_field(tmp_path, body, message)
     ({"events": [], "finished": {"status": "running"}}, "finished.status: must be one of cancelled"),
     ({"events": [], "finished": {"status": "failed", "error": 3}}, "finished.error: must be a string"),
     ({"events": [], "finished": {"status": "failed", "final_metrics": {"a": "high"}}}, "finished.final_metrics"),
+    ({"events": [], "name": 7}, "name: must be a string"),
 ])
 def test_bad_canvas_events_are_a_400_naming_the_field_and_store_nothing(tmp_path, body, message):
     async def run(client, auth, app):
