@@ -45,7 +45,6 @@ from .dispatcher import Dispatcher
 from .http import errors_middleware
 from .keys import CONFIG_KEY, DISPATCHER_KEY, LOCAL_PROVIDER_KEY, STARTED_KEY, STORE_KEY
 from .local import LocalProvider, probe_local_devices
-from .routes import canvas as canvas_routes
 from .routes import estimates as estimates_routes
 from .routes import outputs as outputs_routes
 from .routes import pools as pools_routes
@@ -97,7 +96,7 @@ def create_app(config: SidecarConfig) -> web.Application:
     openapi.setup(app)
     for routes in (status_routes, runs_routes, run_files_routes, workers_routes, pools_routes, outputs_routes,
                    estimates_routes, services_routes, sweeps_routes,
-                   studies_routes, ui_routes, canvas_routes):
+                   studies_routes, ui_routes):
         routes.setup(app)
     add_predictor_routes(app, dispatcher.card_snapshots)
     app.cleanup_ctx.append(_store_ctx)

@@ -142,3 +142,21 @@ def test_comfyuis_own_interrupt_ends_the_canvas_run_cancelled(comfyui, sidecar):
     run = comfyui.run_prompt(graph, on_event=interrupt_once_recorded)
     assert "execution_interrupted" in run.messages
     assert canvas_run(sidecar, run.prompt_id, "cancelled")["cancel_requested"] is False
+
+
+def test_the_page_names_a_prompts_run_through_comfyuis_server(comfyui, sidecar):
+    assert comfyui.request("POST", "/xpufleet/canvas/name", {"prompt_id": "p", "name": ""}) == (
+        400, {"error": "name: must be a workflow name of 1-200 characters"})
+    assert comfyui.request("POST", "/api/xpufleet/canvas/name", {"prompt_id": "p", "extra": 1})[0] == 400
+
+    named = {}
+
+    async def name_at_start(event, session):  # what the page does at execution_start (web/lib/canvas_nodes.mjs)
+        if event["type"] == "execution_start" and not named:
+            named["id"] = event["data"]["prompt_id"]
+            async with session.post("/api/xpufleet/canvas/name", json={"prompt_id": named["id"], "name": "my graph"}) as r:
+                assert r.status == 200
+
+    run = comfyui.run_prompt(mlp(epochs=1, seed=61), on_event=name_at_start)
+    assert run.succeeded and named["id"] == run.prompt_id
+    assert canvas_run(sidecar, run.prompt_id, "succeeded")["name"] == "my graph"

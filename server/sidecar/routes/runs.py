@@ -162,3 +162,4 @@ def setup(app: web.Application) -> None:
     r.add_post("/api/runs/{run_id}/cancel", cancel_run)
     r.add_get("/api/runs/{run_id}/events", run_events)
     r.add_get("/api/runs/{run_id}/events/stream", run_events_stream)
+    canvas.setup(app)  # runs ComfyUI's own Run executes, recorded by the plugin (routes/canvas.py)
