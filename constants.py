@@ -38,7 +38,7 @@ CPU_SLOT_LIMIT = 2
 # --- run statuses (SPEC Q1) --------------------------------------------------------------------
 RUN_STATUSES = ("queued", "assigned", "running", "succeeded", "failed", "cancelled", "interrupted")
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled", "interrupted"})
-# Where a run came from (docs/canvas.md): "api" = POST /api/runs (CLI, Queue on..., sweeps, studies),
+# Where a run came from (docs/canvas-runs.md): "api" = POST /api/runs (CLI, Queue on..., sweeps, studies),
 # "canvas" = ComfyUI's own Run, executed in ComfyUI's process and recorded on the sidecar.
 RUN_SOURCES = ("api", "canvas")
 
@@ -195,7 +195,7 @@ TEMPLATES_DIR = "example_workflows"  # workflow-format twins + .jpg thumbnails: 
 # --- results on ComfyUI's canvas (docs/canvas.md) ----------------------------------------------------
 CANVAS_METRIC_EVENT = "xpufleet.metric"  # the websocket message a hosted TrainingLoop sends per metric point
 CANVAS_CURVE_POINTS = 400  # at most this many points per series in a TrainingLoop's ui output (history)
-# A canvas Run recorded on the sidecar (docs/canvas.md): the plugin inside ComfyUI sends what its nodes
+# A canvas Run recorded on the sidecar (docs/canvas-runs.md): the plugin inside ComfyUI sends what its nodes
 # report every CANVAS_FLUSH_S, at most CANVAS_EVENTS_MAX events a request; the sidecar stores these types.
 CANVAS_FLUSH_S = 0.5
 CANVAS_EVENTS_MAX = 1000

@@ -26,7 +26,7 @@ log = logging.getLogger("xpufleet.nodes")
 EmitFn = Callable[[str, dict[str, Any]], None]
 
 # Hosted in ComfyUI, what nodes report also goes here (set by server/comfy/routes.py: the canvas run on
-# the sidecar, docs/canvas.md); None everywhere else.
+# the sidecar, docs/canvas-runs.md); None everywhere else.
 _hosted_sink: EmitFn | None = None
 
 

@@ -1,4 +1,4 @@
-"""A canvas Run recorded on the sidecar (docs/canvas.md): ComfyUI's own Run executes the graph in
+"""A canvas Run recorded on the sidecar (docs/canvas-runs.md): ComfyUI's own Run executes the graph in
 ComfyUI's process; what the plugin's nodes report there (progress, metrics, warnings, log lines,
 artifacts; ``nodes/runtime.py`` hands them to :meth:`CanvasRecorder.report`) also goes to the sidecar of
 this ``XPUFLEET_HOME``, as one run with source ``canvas`` per prompt (``POST /api/canvas/runs``).

@@ -3,7 +3,7 @@
 A local run whose process is still alive (an orphan: it got EOF on stdin and is stopping) keeps its
 slot until it is gone; the others end ``interrupted``, keeping a result their process wrote to
 events.jsonl meanwhile. Worker runs keep their slots: the worker registry takes them over when the
-agent reconnects. A canvas run (docs/canvas.md) stays running while its ComfyUI process lives (the plugin
+agent reconnects. A canvas run (docs/canvas-runs.md) stays running while its ComfyUI process lives (the plugin
 goes on reporting to the new sidecar), else it ends ``interrupted``.
 """
 

@@ -239,7 +239,7 @@ class Store:
 
     def create_canvas_run(self, *, graph: Mapping[str, Any], name: str | None, facts: Mapping[str, Any],
                           now: float | None = None) -> str:
-        """Insert a run ComfyUI is executing right now (source ``canvas``, docs/canvas.md): it is
+        """Insert a run ComfyUI is executing right now (source ``canvas``, docs/canvas-runs.md): it is
         ``running`` from the start and holds no slot here (ComfyUI's process runs it, not a provider)."""
         run_id = new_run_id()
         now = time.time() if now is None else now

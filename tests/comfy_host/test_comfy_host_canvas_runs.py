@@ -1,4 +1,4 @@
-"""Canvas runs in a real ComfyUI (docs/canvas.md): a prompt queued as the front end queues it (POST /prompt,
+"""Canvas runs in a real ComfyUI (docs/canvas-runs.md): a prompt queued as the front end queues it (POST /prompt,
 ComfyUI executes it in its own process) is recorded on the sidecar of ComfyUI's XPUFLEET_HOME as a run with
 source canvas, with its metric series and ComfyUI's own end (success, a node's error, an interruption); a
 cancel on the sidecar interrupts ComfyUI's prompt; with no sidecar nothing is sent and ComfyUI logs nothing

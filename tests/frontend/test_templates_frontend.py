@@ -4,7 +4,7 @@ graph, the run's success) and that nothing in the flow logs a console error or a
 
 Then every template, opened the same way, runs with ComfyUI's Run button (predict_saved after mlp_digits,
 whose model it loads) and shows its results on its nodes; with a sidecar running, each Run is also a run with
-source canvas on it (docs/canvas.md), listed in the Runs panel.
+source canvas on it (docs/canvas-runs.md), listed in the Runs panel.
 
 Screenshots: templates-browser.png, templates-loaded.png, templates-run-done.png, templates-run-<name>.png,
 templates-canvas-run-in-runs-panel.png (conftest.py prints where)."""

@@ -159,7 +159,7 @@ export function showLivePoint(graph, detail) {
 
 // --- the canvas run's name ---------------------------------------------------------------------------
 //
-// A canvas Run of a graph with our nodes is recorded on the sidecar (docs/canvas.md); ComfyUI's server
+// A canvas Run of a graph with our nodes is recorded on the sidecar (docs/canvas-runs.md); ComfyUI's server
 // does not know the workflow's name, so the page that queued the prompt says it when the prompt starts.
 
 export const CANVAS_NAME_ROUTE = "/xpufleet/canvas/name";  // server/comfy/routes.py

@@ -1,4 +1,4 @@
-"""Canvas runs (docs/canvas.md): a graph run by ComfyUI's own Run button executes in ComfyUI's process;
+"""Canvas runs (docs/canvas-runs.md): a graph run by ComfyUI's own Run button executes in ComfyUI's process;
 the plugin there records it here, so it is listed by ``GET /api/runs`` (source ``canvas``) with its events
 and metric series like any run.
 

@@ -1,4 +1,4 @@
-"""Canvas runs on the sidecar (docs/canvas.md): the two routes the plugin inside ComfyUI calls, in this
+"""Canvas runs on the sidecar (docs/canvas-runs.md): the two routes the plugin inside ComfyUI calls, in this
 process (aiohttp's test server on loopback): a run with source canvas, listed and charted like any run;
 every bad body a clear 400; a cancel recorded for the plugin; a stale run ended; a pre-source state.db."""
 
