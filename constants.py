@@ -38,6 +38,9 @@ CPU_SLOT_LIMIT = 2
 # --- run statuses (SPEC Q1) --------------------------------------------------------------------
 RUN_STATUSES = ("queued", "assigned", "running", "succeeded", "failed", "cancelled", "interrupted")
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled", "interrupted"})
+# Where a run came from (docs/canvas-runs.md): "api" = POST /api/runs (CLI, Queue on..., sweeps, studies),
+# "canvas" = ComfyUI's own Run, executed in ComfyUI's process and recorded on the sidecar.
+RUN_SOURCES = ("api", "canvas")
 
 # --- device kinds --------------------------------------------------------------------------------
 DEVICE_KINDS = ("cpu", "cuda", "xpu", "mps")
@@ -193,6 +196,12 @@ TEMPLATES_DIR = "example_workflows"  # workflow-format twins + .jpg thumbnails: 
 # --- results on ComfyUI's canvas (docs/canvas.md) ----------------------------------------------------
 CANVAS_METRIC_EVENT = "xpufleet.metric"  # the websocket message a hosted TrainingLoop sends per metric point
 CANVAS_CURVE_POINTS = 400  # at most this many points per series in a TrainingLoop's ui output (history)
+# A canvas Run recorded on the sidecar (docs/canvas-runs.md): the plugin inside ComfyUI sends what its nodes
+# report every CANVAS_FLUSH_S, at most CANVAS_EVENTS_MAX events a request; the sidecar stores these types.
+CANVAS_FLUSH_S = 0.5
+CANVAS_EVENTS_MAX = 1000
+CANVAS_EVENT_TYPES = ("progress", "metric", "run_warning", "log", "artifact")
+CANVAS_PROGRESS_MIN_S = 0.5  # a node's progress goes to the sidecar at most this often (the last one always)
 
 # options.deterministic (README "CLI"): torch's strict deterministic mode; on CUDA, cuBLAS is deterministic
 # only with a fixed workspace, which must be in the environment before its first handle is made.

@@ -192,7 +192,8 @@ class XPUModelLoader:
         found = next((p for p in candidates if p.is_file()), None)
         if found is None:
             raise ValueError(f"ModelLoader: model file {path!r} not found; looked in: "
-                             f"{', '.join(str(p) for p in candidates)}")
+                             f"{', '.join(str(p) for p in candidates)}. A ModelSaver writes it: run the graph that "
+                             f"saves it first (the predict_saved template reads what mlp_digits saves)")
         model = load_model(found)
         runtime.info(f"ModelLoader: loaded {found}")
         return (model,)

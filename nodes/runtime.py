@@ -25,6 +25,27 @@ log = logging.getLogger("xpufleet.nodes")
 
 EmitFn = Callable[[str, dict[str, Any]], None]
 
+# Hosted in ComfyUI, what nodes report also goes here (set by server/comfy/routes.py: the canvas run on
+# the sidecar, docs/canvas-runs.md); None everywhere else.
+_hosted_sink: EmitFn | None = None
+
+
+def set_hosted_sink(sink: EmitFn | None) -> None:
+    """Where hosted nodes' events go besides ComfyUI's own channels (None: nowhere)."""
+    global _hosted_sink
+    _hosted_sink = sink
+
+
+def _hosted_event(type_: str, payload: dict[str, Any]) -> None:
+    """A hosted node's event to the sink, with the node ComfyUI is executing; never raises into the node."""
+    sink, node = _hosted_sink, hosted_node_id()
+    if sink is None or node is None:
+        return
+    try:
+        sink(type_, {"node": node, **payload})
+    except Exception as exc:  # the record is a view: the node goes on without it
+        log.debug("hosted event %s not recorded: %s", type_, exc)
+
 
 class RunStopped(Exception):
     """Raised inside a node when a cooperative stop was requested (cancel / interrupt)."""
@@ -148,6 +169,7 @@ def progress(value: int, total: int, text: str = "", **extra: Any) -> None:
         ctx.event("progress", {"value": int(value), "max": int(total), "text": text, **extra})
         return
     _hosted.update(int(value), int(total))
+    _hosted_event("progress", {"value": int(value), "max": int(total), "text": text})
 
 
 def metric(name: str, value: float, **extra: Any) -> None:
@@ -158,6 +180,9 @@ def metric(name: str, value: float, **extra: Any) -> None:
     else:
         log.debug("metric %s=%s %s", name, value, extra)
         _to_canvas(name, float(value), extra)
+        if math.isfinite(float(value)):
+            _hosted_event("metric", {"name": name, "value": float(value),
+                                     **{k: v for k, v in extra.items() if isinstance(v, (int, float, str))}})
 
 
 def _to_canvas(name: str, value: float, extra: dict[str, Any]) -> None:
@@ -196,6 +221,8 @@ def warn(kind: str, message: str, **extra: Any) -> None:
     ctx = current()
     if ctx is not None:
         ctx.event("run_warning", {"kind": kind, "message": message, **extra})
+    else:
+        _hosted_event("run_warning", {"kind": kind, "message": message})
     shown = _shown.get()
     if shown is not None:
         shown.append({"kind": kind, "message": message})
@@ -207,6 +234,8 @@ def info(message: str, **extra: Any) -> None:
     ctx = current()
     if ctx is not None:
         ctx.event("log", {"message": message, **extra})
+    else:
+        _hosted_event("log", {"message": message})
     log.info("%s", message)
 
 
@@ -215,6 +244,8 @@ def artifact(path: str | Path, kind: str, **extra: Any) -> None:
     ctx = current()
     if ctx is not None:
         ctx.event("artifact", {"path": str(path), "kind": kind, **extra})
+    else:
+        _hosted_event("artifact", {"path": str(path), "kind": kind})
 
 
 def pause_memory_meter() -> bool:

@@ -106,7 +106,8 @@ def ddp_unavailable_reason(ctx: runtime.RunContext | None, node_id: str | None =
     if ctx is None or ctx.placement == "canvas":
         if ctx is None and not _hosted():
             return f"this loop runs outside a queued run (plain Python), in one process; {DDP_NEEDS}"
-        return f"the canvas Run executes in the ComfyUI process; {DDP_NEEDS}"
+        return (f"the canvas Run executes in the ComfyUI process; {DDP_NEEDS} (Queue on... -> a worker, two or "
+                f"more of its cards)")
     accel = _accelerators(ctx.devices)
     if ctx.placement != "worker":
         return f"runs on this server (target {ctx.placement}) train in one process, even with a device set; {DDP_NEEDS}"

@@ -9,7 +9,7 @@ import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { Fleet } from "./lib/api.mjs";
 import { CapsuleBar, SETTINGS } from "./lib/capsule.mjs";
-import { CANVAS_METRIC_EVENT, fixSeedControls, isPluginNodeDef, showExecuted, showLivePoint } from "./lib/canvas_nodes.mjs";
+import { CANVAS_METRIC_EVENT, fixSeedControls, isPluginNodeDef, nameCanvasRun, showExecuted, showLivePoint } from "./lib/canvas_nodes.mjs";
 import { h } from "./lib/dom.mjs";
 import { english, loadStrings, onLanguageChange, resolveLanguage, setLanguage, t } from "./lib/i18n.mjs";
 
@@ -343,6 +343,7 @@ app.registerExtension({
     placeQueueButton();
     api.addEventListener("graphChanged", () => capsules.requestScan());
     api.addEventListener(CANVAS_METRIC_EVENT, (e) => showLivePoint(app.graph, e.detail));
+    api.addEventListener("execution_start", (e) => nameCanvasRun(api, app, e.detail));
     for (const type of ["execution_success", "execution_error", "execution_interrupted", "reconnected"]) {
       api.addEventListener(type, () => capsules.requestScan());
     }

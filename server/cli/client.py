@@ -101,9 +101,9 @@ class Client:
         return self.request("POST", "/api/runs", {"graph": graph, "options": options or {}})
 
     def runs(self, status: str | None = None, name: str | None = None, worker: str | None = None,
-             limit: int = 50, offset: int = 0) -> dict[str, Any]:
+             limit: int = 50, offset: int = 0, source: str | None = None) -> dict[str, Any]:
         return self.request("GET", "/api/runs", params={"status": status, "name": name, "worker": worker,
-                                                        "limit": limit, "offset": offset})
+                                                        "limit": limit, "offset": offset, "source": source})
 
     def run(self, run_id: str) -> dict[str, Any]:
         return self.request("GET", f"/api/runs/{urllib.parse.quote(run_id)}")

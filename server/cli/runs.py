@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from ...constants import TERMINAL_STATUSES
+from ...constants import RUN_SOURCES, TERMINAL_STATUSES
 from .client import ApiError, Client
 from .common import EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, client_or_exit, err
 from .text import safe
@@ -56,6 +56,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--status", help="comma-separated statuses, e.g. queued,running")
     p.add_argument("--name", help="name contains")
     p.add_argument("--worker", help="worker name, or local")
+    p.add_argument("--source", choices=RUN_SOURCES,
+                   help="api (queued: CLI, Queue on..., sweeps) or canvas (ComfyUI's own Run, recorded)")
     p.add_argument("--limit", type=int, default=20, help="how many (default 20)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_runs)
@@ -209,13 +211,14 @@ def _duration(run: dict[str, Any]) -> str:
 
 def cmd_runs(args: argparse.Namespace) -> int:
     client = client_or_exit()
-    page = client.runs(status=args.status, name=args.name, worker=args.worker, limit=args.limit)
+    page = client.runs(status=args.status, name=args.name, worker=args.worker, limit=args.limit, source=args.source)
     if args.json:
         print(json.dumps(page, indent=2))
         return EXIT_OK
     rows = [("ID", "STATUS", "NAME", "WHERE", "DEVICES", "CREATED", "TIME")]
     for r in page["runs"]:
-        where = r.get("worker_id") or ("this server" if r.get("placement") == "local" else r.get("target"))
+        where = r.get("worker_id") or {"local": "this server", "canvas": "ComfyUI canvas"}.get(r.get("placement") or "",
+                                                                                             r.get("target"))
         devices = ",".join(r.get("devices") or r.get("requested") or [])
         rows.append((safe(r["id"][:8]), safe(r["status"]), safe((r.get("name") or "")[:24]), safe(where or "-"),
                      safe(devices or "-"), _fmt_time(r.get("created_at")), _duration(r)))

@@ -21,6 +21,16 @@ from ...constants import SAMPLES_DIR, TEMPLATES_DIR
 from .workflow_format import NodeDef, api_to_workflow, node_defs
 
 REPO = Path(__file__).resolve().parents[2]
+# What a template says on the canvas beside its graph (a note under the groups; docs/templates.md).
+NOTES = {
+    "predict_saved": ("**Run the mlp_digits template first.** This graph loads the model its Save model node "
+                      "writes (`models/mlp_digits.safetensors` in ComfyUI's `output/xpufleet` folder) and predicts "
+                      "the digits' validation split with it. Another model: set the path of *Load the model* to a "
+                      "file a ModelSaver wrote, or put it in ComfyUI's `models/xpufleet` folder."),
+    "ddp_digits": ("**ddp trains on a worker's cards.** ComfyUI's own Run executes the graph in ComfyUI's process, "
+                   "so the loop trains in one process and says why on the node. To train with ddp: **Queue on...** "
+                   "-> a worker -> two or more of its cards (the run starts one process per card)."),
+}
 THUMBNAIL_SIZE = (640, 400)  # the Templates browser shows a 4:3-ish card; small files
 CHROMIUM = "/usr/bin/chromium"
 
@@ -50,7 +60,7 @@ def plugin_defs() -> dict[str, NodeDef]:
 
 def render(graph: dict[str, Any], defs: dict[str, NodeDef], name: str) -> str:
     """The file text of one template (stable: sorted keys, a newline at the end)."""
-    return json.dumps(api_to_workflow(graph, defs, name), indent=1) + "\n"
+    return json.dumps(api_to_workflow(graph, defs, name, NOTES.get(name)), indent=1) + "\n"
 
 
 def write_templates(repo: Path, check: bool = False) -> list[str]:

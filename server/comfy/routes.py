@@ -53,4 +53,9 @@ def register() -> bool:
 
     add_comfy_routes(routes, ROUTE_PREFIX)
     add_proxy_routes(routes, ROUTE_PREFIX)  # the sidecar, same origin (proxy.py)
+
+    # a canvas Run is also recorded on the sidecar, when one runs (canvas_runs.py)
+    from .canvas_runs import add_canvas_routes
+
+    add_canvas_routes(routes, ROUTE_PREFIX, instance)
     return True

@@ -30,6 +30,13 @@ NODE_WIDTH, COLUMN_GAP, ROW_GAP, TITLE_H = 300, 60, 50, 30
 SLOT_H, WIDGET_H, NODE_PAD = 20, 24, 14  # litegraph's slot row, a widget row (20 + 4 margin), padding
 GROUP_PAD, GROUP_TITLE_H = 15, 40
 VIEW_SCALE, VIEW_OFFSET = 0.6, (10, 90)  # the opening view: a 5-column graph fits a 1440-px-wide canvas
+# A template's note (what to run first, what to expect): the front end's MarkdownNote, a virtual node that
+# graphToPrompt leaves out; under the groups, so the thumbnail (cropped to the groups) does not show it.
+NOTE_TYPE, VIRTUAL_TYPES = "MarkdownNote", frozenset({"Note", "MarkdownNote"})
+NOTE_SIZE = (2 * NODE_WIDTH + COLUMN_GAP, 120)
+# Room kept under a node for its results after a Run (web/lib/canvas_nodes.mjs) where they outgrow ROW_GAP:
+# Predict's summary is three lines and a wrapped list.
+RESULT_ROOM = {"XPUPredict": 80}
 
 
 @dataclass(frozen=True)
@@ -155,7 +162,7 @@ def layout(graph: dict[str, Any], defs: dict[str, NodeDef]) -> dict[str, tuple[i
         for nid in sorted((n for n in graph if (PARTS.index(parts[n]), depths[n]) == column), key=int):
             h = _node_height(defs[graph[nid]["class_type"]])
             boxes[nid] = (x, y, NODE_WIDTH, h)
-            y += h + TITLE_H + ROW_GAP
+            y += h + TITLE_H + ROW_GAP + RESULT_ROOM.get(graph[nid]["class_type"], 0)
         x += NODE_WIDTH + COLUMN_GAP
     return boxes
 
@@ -176,8 +183,10 @@ def _groups(graph: dict[str, Any], defs: dict[str, NodeDef], boxes: dict[str, tu
     return groups
 
 
-def api_to_workflow(graph: dict[str, Any], defs: dict[str, NodeDef], name: str) -> dict[str, Any]:
-    """The workflow-format twin of an API graph whose node ids are integers; ``name`` seeds its fixed id."""
+def api_to_workflow(graph: dict[str, Any], defs: dict[str, NodeDef], name: str, note: str | None = None
+                    ) -> dict[str, Any]:
+    """The workflow-format twin of an API graph whose node ids are integers; ``name`` seeds its fixed id;
+    ``note`` (Markdown) becomes a note under the groups."""
     full = with_defaults(graph, defs)
     boxes = layout(full, defs)
     links: list[list[Any]] = []
@@ -222,9 +231,15 @@ def api_to_workflow(graph: dict[str, Any], defs: dict[str, NodeDef], name: str) 
     for n in nodes:
         for slot, output in enumerate(n["outputs"]):
             output["links"] = out_links.get((str(n["id"]), slot)) or None
+    groups = _groups(full, defs, boxes)
+    if note:
+        bottom = max(g["bounding"][1] + g["bounding"][3] for g in groups)
+        nodes.append({"id": max(int(n) for n in full) + 1, "type": NOTE_TYPE, "pos": [GROUP_PAD, bottom + ROW_GAP],
+                      "size": list(NOTE_SIZE), "flags": {}, "order": len(nodes), "mode": 0, "inputs": [], "outputs": [],
+                      "properties": {}, "widgets_values": [note], "color": "#432", "bgcolor": "#653"})
     return {"id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"xpufleet:template:{name}")), "revision": 0,
-            "last_node_id": max(int(n) for n in full), "last_link_id": len(links), "nodes": nodes, "links": links,
-            "groups": _groups(full, defs, boxes), "config": {}, "extra": {"ds": {"scale": VIEW_SCALE, "offset": list(VIEW_OFFSET)}},
+            "last_node_id": max(n["id"] for n in nodes), "last_link_id": len(links), "nodes": nodes, "links": links,
+            "groups": groups, "config": {}, "extra": {"ds": {"scale": VIEW_SCALE, "offset": list(VIEW_OFFSET)}},
             "version": WORKFLOW_VERSION}
 
 
@@ -250,8 +265,8 @@ def workflow_to_api(workflow: dict[str, Any], defs: dict[str, NodeDef]) -> dict[
     links = {link[0]: link for link in workflow.get("links", [])}
     out: dict[str, Any] = {}
     for node in workflow["nodes"]:
-        if node.get("mode", 0) != 0:
-            continue  # muted / bypassed nodes are not sent
+        if node.get("mode", 0) != 0 or node["type"] in VIRTUAL_TYPES:
+            continue  # muted / bypassed nodes and notes are not sent
         d = defs[node["type"]]
         inputs: dict[str, Any] = {}
         values = list(node.get("widgets_values", []))

@@ -21,6 +21,7 @@ from ...constants import (
     MAX_NODE_ID_CHARS,
     MAX_PATH_CHARS,
     MAX_RUN_NAME_CHARS,
+    RUN_SOURCES,
     RUN_STATUSES,
     RUNS_PAGE_MAX,
     VERSION,
@@ -150,6 +151,8 @@ SCHEMAS: dict[str, Any] = {
                           "server/sidecar/objective.py)"},
             "created_at": {"type": "number"}, "started_at": {"type": ["number", "null"]},
             "finished_at": {"type": ["number", "null"]}, "graph": {"type": "object"},
+            "source": {"type": "string", "enum": list(RUN_SOURCES), "description": "api: POST /api/runs (CLI, "
+                       "Queue on..., sweeps, studies); canvas: ComfyUI's own Run, recorded by the plugin"},
             "budget": {"type": ["object", "null"], "description": "memory budget per card: gib, source "
                        "(user|measured|estimate), from_run (the run whose peak it is), peak_gib, peak_source, "
                        "declared_gib and reason (a raise), label (the Runs panel's budget column)"},
@@ -240,6 +243,8 @@ RUN_OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                "comma-separated statuses"),
             _q("name", {"type": "string"}, "substring of the run name"),
             _q("worker", {"type": "string"}, "worker name, or local"),
+            _q("source", {"type": "string", "enum": list(RUN_SOURCES)},
+               "where runs came from: api (POST /api/runs) or canvas (ComfyUI's own Run)"),
             _q("limit", {"type": "integer", "minimum": 1, "maximum": RUNS_PAGE_MAX, "default": 50}, "page size"),
             _q("offset", {"type": "integer", "minimum": 0, "default": 0}, "page start"),
         ],

@@ -3,7 +3,8 @@
 A local run whose process is still alive (an orphan: it got EOF on stdin and is stopping) keeps its
 slot until it is gone; the others end ``interrupted``, keeping a result their process wrote to
 events.jsonl meanwhile. Worker runs keep their slots: the worker registry takes them over when the
-agent reconnects.
+agent reconnects. A canvas run (docs/canvas-runs.md) stays running while its ComfyUI process lives (the plugin
+goes on reporting to the new sidecar), else it ends ``interrupted``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...constants import LOCAL_PROVIDER
+from .runtime_file import pid_alive
 
 if TYPE_CHECKING:
     from .hub import EventHub
@@ -41,6 +43,12 @@ class Recovery:
         their child recorded a result in events.jsonl first). Worker runs keep their slots: the worker
         issue takes them over when the agent reconnects."""
         for run in self.store.active():
+            if run.get("source") == "canvas":  # ComfyUI runs it: it goes on reporting unless ComfyUI is gone
+                pid = run["execution_facts"].get("comfy_pid")
+                if not pid_alive(pid) and self.store.finish(
+                        run["id"], "interrupted", error=f"ComfyUI (pid {pid}) is gone; the run's end never reached the server"):
+                    self.hub.notify(run["id"])
+                continue
             is_local = run["placement"] == "local" or (run["placement"] is None and run["target"] == LOCAL_PROVIDER)
             if not is_local:
                 if run["worker_id"]:

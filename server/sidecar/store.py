@@ -59,7 +59,8 @@ CREATE TABLE IF NOT EXISTS runs (
     created_at REAL NOT NULL,
     assigned_at REAL,
     started_at REAL,
-    finished_at REAL
+    finished_at REAL,
+    source TEXT NOT NULL DEFAULT 'api'
 );
 CREATE INDEX IF NOT EXISTS runs_status ON runs(status, seq);
 CREATE INDEX IF NOT EXISTS runs_worker ON runs(worker_id, seq);
@@ -148,6 +149,9 @@ class Store:
             for stmt in _statements(_SCHEMA):
                 db.execute(stmt)
             db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema:core', ?)", (str(SCHEMA_VERSION),))
+            # a state.db from before run sources: every run in it came through POST /api/runs
+            if "source" not in {r["name"] for r in db.execute("PRAGMA table_info(runs)")}:
+                db.execute("ALTER TABLE runs ADD COLUMN source TEXT NOT NULL DEFAULT 'api'")
 
     # --- plumbing ---------------------------------------------------------------------------------
 
@@ -233,6 +237,27 @@ class Store:
             self._append(db, run_id, events)
         return run_id
 
+    def create_canvas_run(self, *, graph: Mapping[str, Any], name: str | None, facts: Mapping[str, Any],
+                          now: float | None = None) -> str:
+        """Insert a run ComfyUI is executing right now (source ``canvas``, docs/canvas-runs.md): it is
+        ``running`` from the start and holds no slot here (ComfyUI's process runs it, not a provider)."""
+        run_id = new_run_id()
+        now = time.time() if now is None else now
+        with self.transaction() as db:
+            db.execute(
+                "INSERT INTO runs(id, name, status, target, placement, graph, options, execution_facts, created_at,"
+                " started_at, source) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                (run_id, name, "running", "canvas", "canvas", _dumps(graph), _dumps({}), _dumps(dict(facts)), now,
+                 now, "canvas"),
+            )
+            self._append(db, run_id, [NewEvent("status", {"status": "running", "placement": "canvas"}, now)])
+        return run_id
+
+    def set_name(self, run_id: str, name: str | None) -> None:
+        """A run's name given after it was made (a canvas run's workflow name)."""
+        with self.transaction() as db:
+            db.execute("UPDATE runs SET name=? WHERE id=?", (name, run_id))
+
     def get_run(self, run_id: str, *, with_graph: bool = False) -> dict[str, Any] | None:
         rows = self.query("SELECT * FROM runs WHERE id=?", (run_id,))
         return _row_to_run(rows[0], with_graph) if rows else None
@@ -243,10 +268,11 @@ class Store:
         statuses: Iterable[str] | None = None,
         name: str | None = None,
         worker: str | None = None,
+        source: str | None = None,
         limit: int = 50,
         offset: int = 0,
     ) -> tuple[list[dict[str, Any]], int]:
-        """Runs newest first, filtered (status in ``statuses``, name substring, worker) and paged."""
+        """Runs newest first, filtered (status in ``statuses``, name substring, worker, source) and paged."""
         where: list[str] = []
         params: list[Any] = []
         if statuses:
@@ -262,6 +288,9 @@ class Store:
             else:
                 where.append("(worker_id = ? OR (worker_id IS NULL AND target = ?))")
                 params += [worker, worker]
+        if source:
+            where.append("source = ?")
+            params.append(source)
         clause = (" WHERE " + " AND ".join(where)) if where else ""
         with self._lock:
             total = self._db.execute(f"SELECT COUNT(*) FROM runs{clause}", params).fetchone()[0]
@@ -542,6 +571,7 @@ def _row_to_run(row: sqlite3.Row, with_graph: bool) -> dict[str, Any]:
         "finished_at": row["finished_at"],
         "run_dir": row["run_dir"],
         "pid": row["pid"],
+        "source": row["source"],
     }
     for col in _JSON_COLUMNS:
         out[col] = json.loads(row[col])

@@ -2,11 +2,17 @@
 clicks, then ComfyUI's own Run button. Checks what the page shows (the cards and their thumbnails, the loaded
 graph, the run's success) and that nothing in the flow logs a console error or a failed request.
 
-Screenshots: templates-browser.png, templates-loaded.png, templates-run-done.png (conftest.py prints where)."""
+Then every template, opened the same way, runs with ComfyUI's Run button (predict_saved after mlp_digits,
+whose model it loads) and shows its results on its nodes; with a sidecar running, each Run is also a run with
+source canvas on it (docs/canvas-runs.md), listed in the Runs panel.
+
+Screenshots: templates-browser.png, templates-loaded.png, templates-run-done.png, templates-run-<name>.png,
+templates-canvas-run-in-runs-panel.png (conftest.py prints where)."""
 
 from __future__ import annotations
 
 import json
+import time
 
 import browser_harness as bh  # registered by tests/frontend/conftest.py
 import pytest
@@ -60,7 +66,9 @@ def open_template(page, name: str, nodes: int) -> None:
     dialog = open_xpufleet_templates(page)
     dialog.locator(f"[data-testid=template-workflow-{name}]").click(timeout=WAIT_MS)
     dialog.wait_for(state="hidden", timeout=WAIT_MS)
-    page.wait_for_function(f"() => app.graph.nodes.length === {nodes}", timeout=WAIT_MS)
+    # the graph's nodes; a template's note (a virtual node, never in the prompt) is not one of them
+    page.wait_for_function(f"() => app.graph.nodes.filter((n) => !n.isVirtualNode).length === {nodes}",
+                           timeout=WAIT_MS)
 
 
 def run_and_wait(page, comfy_host) -> dict:
@@ -154,3 +162,88 @@ def test_a_new_node_of_ours_starts_with_fixed_seeds_and_randomize_can_still_be_p
     assert after["Dataset (digits)"][1] == "randomize" and after["Dataset (digits)"][0] != before["Dataset (digits)"]
     assert after["MLP"] == (before["MLP"], "fixed") and after["train"] == (before["train"], "fixed")
     page.screenshot(path=str(screenshots / "templates-seed-randomize.png"))
+
+
+# Graphs that load what another one saves run after it (predict_saved reads the model mlp_digits saves).
+RUN_ORDER = sorted(GRAPHS, key=lambda n: (any(v["class_type"] == "XPUModelLoader" for v in GRAPHS[n].values()), n))
+
+
+@pytest.fixture(scope="module")
+def recorded(comfy_fleet):
+    """The canvas runs the template runs recorded on the sidecar; deleted at the end, so the other
+    modules (which share ComfyUI's XPUFLEET_HOME) find the run list as they left it."""
+    runs: list[str] = []
+    yield runs
+    for run_id in runs:
+        comfy_fleet.call("DELETE", f"/api/runs/{run_id}")
+
+
+def canvas_run(fleet, prompt_id: str) -> dict:
+    """The sidecar's canvas run of ComfyUI's prompt once it ended (the plugin posts every 0.5 s)."""
+    deadline, found = time.monotonic() + bh.WAIT_S, None
+    while time.monotonic() < deadline:
+        runs = fleet.call("GET", "/api/runs?source=canvas&limit=200")["runs"]
+        found = next((r for r in runs if r["execution_facts"].get("comfy_prompt_id") == prompt_id), None)
+        if found is not None and found["status"] != "running":
+            return found
+        time.sleep(0.1)  # a run list has no push channel: a bounded poll
+    raise AssertionError(f"no ended canvas run of prompt {prompt_id}: {found}")
+
+
+@pytest.mark.parametrize("name", RUN_ORDER)
+def test_every_template_runs_from_the_templates_browser_with_results_on_its_nodes_and_a_canvas_run(
+        page, comfy_host, comfy_fleet, recorded, screenshots, name):
+    page, log = page
+    mark_errors, mark_failed = len(log.errors), len(log.failed)
+    graph = GRAPHS[name]
+    # ComfyUI answers a graph an earlier test ran from its cache, without training: empty it first (ComfyUI's
+    # own /free; its worker handles it at once, long before the clicks below queue the prompt)
+    assert comfy_host.request("POST", "/free", {"free_memory": True})[0] == 200
+    open_template(page, name, len(graph))
+    done = run_and_wait(page, comfy_host)
+    history = comfy_host.get(f"/history/{done['prompt_id']}")[done["prompt_id"]]
+    messages = {m[0]: m[1] for m in history["status"]["messages"]}
+    assert messages["execution_cached"]["nodes"] == []  # everything ran
+    outputs, shown = history["outputs"], node_results(page)
+    for nid, node in graph.items():
+        title, kind = node["_meta"]["title"], node["class_type"]
+        if kind == "XPUTrainingLoop":
+            final = outputs[nid]["metrics"][0]
+            assert f"val_accuracy {final['final_val_accuracy']:.4f}" in shown[title]["text"]
+            assert shown[title]["curves"] == 2 and shown[title]["points"] > 10  # batch loss and validation loss
+            if node["inputs"].get("strategy") == "ddp":  # the canvas Run is one process: the node says why
+                assert "warning (ddp_not_available)" in shown[title]["text"]
+                assert "Queue on... -> a worker, two or more of its cards" in shown[title]["text"]
+        elif kind == "XPUEvaluate":
+            assert f"accuracy {outputs[nid]['metrics'][0]['accuracy']:.4f}" in shown[title]["text"]
+            assert outputs[nid]["metrics"][0]["accuracy"] > 0.9
+        elif kind == "XPUModelSaver":
+            assert shown[title]["text"] == outputs[nid]["text"][0]
+            assert outputs[nid]["text"][0].endswith(node["inputs"]["filename"])
+        elif kind == "XPUPredict":
+            assert shown[title]["text"] == outputs[nid]["text"][0] and "accuracy vs labels" in shown[title]["text"]
+    assert all(v["visible"] for v in shown.values()), shown
+    page.screenshot(path=str(screenshots / f"templates-run-{name}.png"))
+
+    # the same Run, recorded on the sidecar: listed by GET /api/runs with source canvas and its series
+    run = canvas_run(comfy_fleet, done["prompt_id"])
+    recorded.append(run["id"])
+    assert (run["status"], run["source"], run["error"]) == ("succeeded", "canvas", None)
+    # named after the workflow, as its tab reads (the page says it at execution_start: web/lib/canvas_nodes.mjs)
+    assert run["name"] == page.evaluate("() => app.extensionManager.workflow.activeWorkflow.filename")
+    assert run["name"].startswith(name)
+    series = comfy_fleet.call("GET", f"/api/runs/{run['id']}/metrics")["metrics"]
+    evaluate = next(nid for nid, n in graph.items() if n["class_type"] == "XPUEvaluate")
+    assert run["final_metrics"]["eval_accuracy"] == pytest.approx(outputs[evaluate]["metrics"][0]["accuracy"])
+    if any(n["class_type"] == "XPUTrainingLoop" for n in graph.values()):
+        assert len(series["train_loss_batch"]) > 10 and len(series["val_accuracy"]) >= 1
+    if name == "mlp_digits":  # and in the Runs panel (the plugin's menu command "Show runs" opens its tab)
+        page.evaluate("() => app.extensionManager.command.execute('XPUFleet.ShowRuns')")
+        row = page.locator(f".xf-run-row[data-run-id='{run['id']}']")
+        row.wait_for(timeout=WAIT_MS)
+        assert run["name"] in row.inner_text()
+        row.click()
+        page.locator("[data-xpufleet=runs-panel] [data-xpufleet=chart][data-drawn=true]").wait_for(timeout=WAIT_MS)
+        page.screenshot(path=str(screenshots / "templates-canvas-run-in-runs-panel.png"))
+        page.evaluate("() => app.extensionManager.command.execute('Workspace.ToggleBottomPanelTab.xpufleet-runs')")
+    assert log.errors[mark_errors:] == [] and log.failed[mark_failed:] == []

@@ -141,7 +141,8 @@ function resultOf(node) {
 export function showExecuted(node, output) {
   if (!output || !Array.isArray(output.text)) return;
   const view = resultOf(node);
-  view.setText(output.text.map(String));
+  // one entry may hold several lines (Predict's summary): each line is a row of the view and of its height
+  view.setText(output.text.flatMap((entry) => String(entry).split("\n")));
   const curve = Array.isArray(output.curve) ? output.curve[0] : null;
   if (curve) {
     view.curves = { train_loss_batch: curve.train_loss_batch || [], val_loss_step: curve.val_loss_step || [] };
@@ -154,4 +155,20 @@ export function showLivePoint(graph, detail) {
   const node = graph?.getNodeById?.(Number(detail?.node)) ?? graph?.getNodeById?.(detail?.node);
   if (!SERIES.some(([key]) => key === detail?.name)) return;  // only the loss curves are drawn live
   if (node && isPluginNodeDef({ category: node.constructor?.nodeData?.category })) resultOf(node).point(detail);
+}
+
+// --- the canvas run's name ---------------------------------------------------------------------------
+//
+// A canvas Run of a graph with our nodes is recorded on the sidecar (docs/canvas-runs.md); ComfyUI's server
+// does not know the workflow's name, so the page that queued the prompt says it when the prompt starts.
+
+export const CANVAS_NAME_ROUTE = "/xpufleet/canvas/name";  // server/comfy/routes.py
+
+/** On ``execution_start`` of a prompt this page queued: the workflow's name, when the graph has our nodes. */
+export function nameCanvasRun(api, app, detail) {
+  const name = app.extensionManager?.workflow?.activeWorkflow?.filename;
+  const ours = (app.graph?.nodes || []).some((n) => isPluginNodeDef({ category: n.constructor?.nodeData?.category }));
+  if (!name || !ours || !detail?.prompt_id) return;
+  api.fetchApi(CANVAS_NAME_ROUTE, { method: "POST", headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ prompt_id: detail.prompt_id, name: String(name) }) }).catch(() => {});
 }

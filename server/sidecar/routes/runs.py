@@ -11,6 +11,7 @@ from aiohttp import web
 from ....constants import (
     EVENTS_LONG_POLL_MAX_S,
     EVENTS_PAGE_MAX,
+    RUN_SOURCES,
     RUN_STATUSES,
     RUNS_PAGE_MAX,
     TERMINAL_STATUSES,
@@ -20,6 +21,7 @@ from ..errors import ApiError
 from ..http import INT_PARAM_MAX, NO_BODY, float_param, int_param, read_json
 from ..keys import STORE_KEY
 from ..requests import parse_run_request
+from . import canvas
 from .common import dispatcher_of, public_run, run_or_404
 
 SSE_KEEPALIVE_S = 15.0
@@ -44,11 +46,14 @@ async def list_runs(request: web.Request) -> web.Response:
         bad = [s for s in statuses if s not in RUN_STATUSES]
         if bad:
             raise ApiError(400, f"status: unknown {', '.join(bad)}; use {', '.join(RUN_STATUSES)}")
+    source = request.query.get("source") or None
+    if source is not None and source not in RUN_SOURCES:
+        raise ApiError(400, f"source: unknown {source!r}; use {' or '.join(RUN_SOURCES)}")
     limit = int_param(request, "limit", 50, 1, RUNS_PAGE_MAX)
     offset = int_param(request, "offset", 0, 0)
     runs, total = request.app[STORE_KEY].list_runs(
         statuses=statuses, name=request.query.get("name") or None, worker=request.query.get("worker") or None,
-        limit=limit, offset=offset)
+        source=source, limit=limit, offset=offset)
     d = dispatcher_of(request)
     memory = run_fields(d.memory, runs)
     return web.json_response({"runs": [public_run(r, d, memory.get(r["id"])) for r in runs], "total": total,
@@ -72,7 +77,10 @@ async def cancel_run(request: web.Request) -> web.Response:
         if reason is not None and (not isinstance(reason, str) or len(reason) > 500):
             raise ApiError(400, "reason: must be a string of at most 500 characters")
     d = dispatcher_of(request)
-    run = await d.cancel(request.match_info["run_id"], reason)
+    run = run_or_404(request)
+    if run["source"] == "canvas" and run["status"] not in TERMINAL_STATUSES:  # ComfyUI runs it, not a provider
+        return web.json_response(public_run(canvas.cancel(request, run, reason), d))
+    run = await d.cancel(run["id"], reason)
     return web.json_response(public_run(run, d))
 
 
@@ -154,3 +162,4 @@ def setup(app: web.Application) -> None:
     r.add_post("/api/runs/{run_id}/cancel", cancel_run)
     r.add_get("/api/runs/{run_id}/events", run_events)
     r.add_get("/api/runs/{run_id}/events/stream", run_events_stream)
+    canvas.setup(app)  # runs ComfyUI's own Run executes, recorded by the plugin (routes/canvas.py)

@@ -14,6 +14,7 @@ from xpufleet.constants import SAMPLES_DIR, TEMPLATES_DIR
 from xpufleet.server.comfy import make_templates as mt
 from xpufleet.server.comfy.workflow_format import (
     PARTS,
+    VIRTUAL_TYPES,
     api_to_workflow,
     part_of,
     with_defaults,
@@ -66,6 +67,10 @@ def test_the_layout_is_stage_columns_with_a_group_per_part(name, defs):
     for node in workflow["nodes"]:
         x, y = node["pos"]
         w, h = node["size"]
+        if node["type"] in VIRTUAL_TYPES:  # a note: under every group
+            assert y >= max(g[1] + g[3] for g in groups.values()), (name, node)
+            boxes.append((x, y - 30, x + w, y + h))
+            continue
         part = part_of(defs[node["type"]])
         gx, gy, gw, gh = groups[part]
         assert gx <= x and x + w <= gx + gw and gy <= y - 30 and y + h <= gy + gh, (name, node["title"], part)
@@ -76,6 +81,20 @@ def test_the_layout_is_stage_columns_with_a_group_per_part(name, defs):
     for i, a in enumerate(boxes):  # no two nodes overlap
         for b in boxes[i + 1:]:
             assert a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1], (name, a, b)
+
+
+def test_a_template_that_needs_another_first_says_so_in_a_note(defs):
+    notes = {}
+    for name in GRAPHS:
+        workflow = json.loads((REPO / TEMPLATES_DIR / f"{name}.json").read_text())
+        notes[name] = [n["widgets_values"][0] for n in workflow["nodes"] if n["type"] == "MarkdownNote"]
+    assert notes["mlp_digits"] == [] and notes["cnn_digits"] == []
+    assert notes["predict_saved"] == [mt.NOTES["predict_saved"]] and "Run the mlp_digits template first" in notes["predict_saved"][0]
+    assert "Queue on..." in notes["ddp_digits"][0]
+    # the model predict_saved loads is the one mlp_digits saves
+    saved = next(n["inputs"]["filename"] for n in GRAPHS["mlp_digits"].values() if n["class_type"] == "XPUModelSaver")
+    loaded = next(n["inputs"]["path"] for n in GRAPHS["predict_saved"].values() if n["class_type"] == "XPUModelLoader")
+    assert saved == loaded and f"`{saved}`" in notes["predict_saved"][0]
 
 
 def test_seed_widgets_carry_a_fixed_control_entry(defs):
