@@ -140,7 +140,7 @@ AGENT_ADVERTISE_ADDR_DEFAULT = "127.0.0.1"
 SPREAD_PARTS_WAIT_S = RUN_STOP_GRACE_S + 15.0
 # The ranks agree on stop / report every K batches, not every batch (nodes/ddp.py): rank 0 picks K so that
 # agreements come about this often, K growing at most 2x per agreement, up to the cap.
-DDP_AGREE_INTERVAL_S = 0.05
+DDP_AGREE_INTERVAL_S = 0.2  # ddp ranks agree on stop/report about this often (a stop lands within ~2 intervals)
 DDP_AGREE_MAX_BATCHES = 1024
 # Tests only: "RANK:BATCH" makes that rank raise a RuntimeError after that many training batches.
 ENV_TEST_DDP_RAISE = "XPUFLEET_TEST_DDP_RAISE"
