@@ -105,7 +105,7 @@ def two_ranks(tmp_path: Path, **plan: Any) -> list[dict[str, Any]]:
 @pytest.mark.e2e
 @pytest.mark.timeout(600)
 def test_a_stop_on_one_rank_stops_both_on_the_same_batch_within_two_intervals(tmp_path):
-    r0, r1 = two_ranks(tmp_path, batches=3000, stop_at=1500, due_at=700)
+    r0, r1 = two_ranks(tmp_path, batches=6000, stop_at=1500, due_at=700)
     assert r0["points"] == r1["points"] and r0["ks"] == r1["ks"]  # the same points and K on both ranks
     assert r0["stop_at"] == r1["stop_at"] == expected_stop(r0["points"], 1500)
     assert r0["due_at"] == r1["due_at"] == [expected_stop(r0["points"], 700)]  # rank 0's report, on both
