@@ -31,11 +31,11 @@ MEASURED_PEAK_HEADROOM = 1.2  # default budget = measured peak + 20%
 DDP_COLLECTIVE_TIMEOUT_S = 30 * 60  # a rank waits this long in a collective (rendezvous included)
 MAX_REQUEST_BODY_BYTES = 8 * 1024 * 1024
 
-# --- slots (SPEC Q5) ---------------------------------------------------------------------------
+# --- slots (docs/sidecar.md) ---------------------------------------------------------------------------
 ACCELERATOR_SLOT_LIMIT = 1
 CPU_SLOT_LIMIT = 2
 
-# --- run statuses (SPEC Q1) --------------------------------------------------------------------
+# --- run statuses (docs/sidecar.md) --------------------------------------------------------------------
 RUN_STATUSES = ("queued", "assigned", "running", "succeeded", "failed", "cancelled", "interrupted")
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled", "interrupted"})
 # Where a run came from (docs/canvas-runs.md): "api" = POST /api/runs (CLI, Queue on..., sweeps, studies),
@@ -46,7 +46,7 @@ RUN_SOURCES = ("api", "canvas")
 DEVICE_KINDS = ("cpu", "cuda", "xpu", "mps")
 ACCELERATOR_KINDS = frozenset({"cuda", "xpu", "mps"})
 
-# --- worker agents (SPEC W1-W6) ------------------------------------------------------------------
+# --- worker agents (docs/workers.md) ------------------------------------------------------------------
 WORKER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # worker and pool names
 ENV_HEARTBEAT_INTERVAL_S = "XPUFLEET_HEARTBEAT_INTERVAL_S"  # tests shorten the 10 s heartbeat
 AGENT_WS_PATH = "/api/agents/ws"
@@ -59,7 +59,7 @@ ENV_SSH = "XPUFLEET_SSH"  # the ssh client SSH workers use (default: ssh on PATH
 ENV_SSH_CONFIG = "XPUFLEET_SSH_CONFIG"  # an ssh config file passed (-F) to every ssh the sidecar runs
 SIMULATED_UUID_PREFIX = "GPU-5e1a7ed0"  # simulated cards' UUIDs start with this (never a real one)
 
-# --- graph nodes (SPEC N3-N5) ---------------------------------------------------------------------
+# --- graph nodes (docs/nodes.md) ---------------------------------------------------------------------
 DEFAULT_HOME = "~/.xpufleet"  # XPUFLEET_HOME when the env var is unset
 OUTPUTS_DIRNAME = "outputs"  # ModelSaver/ModelLoader relative paths: <home>/outputs (ComfyUI: output/xpufleet)
 NODE_PROGRESS_INTERVAL_S = 0.25  # long nodes report progress / train_loss_batch at most this often
@@ -70,8 +70,8 @@ MEMORY_METER_FULL_STEPS = 2
 CHECKPOINTS_DIRNAME = "checkpoints"  # under the run dir
 TENSORBOARD_DIRNAME = "tensorboard"  # under the run dir
 
-# --- success-rate predictor (SPEC P, seed 001) ----------------------------------------------------
-BYTES_PER_GB = 1024**3  # every *_gb figure is GiB (torch and NVML report bytes; seed 001's "GB")
+# --- success-rate predictor (docs/predictor.md) ----------------------------------------------------
+BYTES_PER_GB = 1024**3  # every *_gb figure is GiB (torch and NVML report bytes; docs/predictor.md's "GB")
 PREDICTOR_ALPHA = 0.9  # VRAM fragmentation discount
 PREDICTOR_V_EFF_FLOOR_GB = 0.1  # V_eff = max(0.1, alpha x V_reclaim)
 PREDICTOR_GAMMA = {"nvidia": 4.0, "intel": 1.0}  # hard-constraint platform factor (UVM headroom)
@@ -101,7 +101,7 @@ SIDECAR_LOG_NAME = "sidecar.log"  # stdout/stderr of a background `xpufleet star
 SIDECAR_LOCK_NAME = "sidecar.lock"  # flock: one sidecar per XPUFLEET_HOME
 AGENT_SOCKET_NAME = "agents.sock"  # $XPUFLEET_HOME/agents.sock: the Unix socket SSH workers' tunnels end at
 RUNS_DIR_NAME = "runs"  # $XPUFLEET_HOME/runs/<run_id>/ (spec.json, output.log, events.jsonl, artifacts)
-RECORDED_OUTPUTS_DIRNAME = "recorded_outputs"  # <run dir>/recorded_outputs: record_outputs (SPEC W5)
+RECORDED_OUTPUTS_DIRNAME = "recorded_outputs"  # <run dir>/recorded_outputs: record_outputs (docs/workers.md)
 ENV_WARM_START = "XPUFLEET_WARM_START"  # "0": run processes start as new interpreters (no forkserver)
 RUN_STOP_GRACE_S = 30.0  # after `stop`, a run child gets this long to write its checkpoint and exit
 SIDECAR_START_TIMEOUT_S = 60.0  # `xpufleet start` waits this long for /api/health
@@ -126,7 +126,7 @@ MAX_CYCLE_PATH_SHOWN = 20  # node ids shown of one dependency cycle's path (its 
 MAX_DEPENDENT_OUTPUTS_LISTED = 50  # output nodes listed per failing node (ComfyUI's dependent_outputs)
 OFF_LOOP_BODY_BYTES = 256 * 1024  # bodies larger than this are parsed in a worker thread
 MAX_REQUEST_LINE_BYTES = 64 * 1024  # the HTTP request line (aiohttp's default is 8190)
-# --- ddp training (SPEC §4) ---------------------------------------------------------------------
+# --- ddp training (docs/ddp.md) ---------------------------------------------------------------------
 ENV_DDP_RANK = "XPUFLEET_DDP_RANK"  # set by the launcher on follower ranks 1..N-1 (rank 0 is the run)
 # Set on every rank unless the agent's own environment sets them: loopback only, one thread per rank.
 DDP_RANK_ENV_DEFAULTS = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
@@ -145,7 +145,7 @@ DDP_AGREE_MAX_BATCHES = 1024
 # Tests only: "RANK:BATCH" makes that rank raise a RuntimeError after that many training batches.
 ENV_TEST_DDP_RAISE = "XPUFLEET_TEST_DDP_RAISE"
 
-# --- memory budgets and the static estimate (SPEC M, issue 12) -----------------------------------
+# --- memory budgets and the static estimate (docs/memory.md, issue 12) -----------------------------------
 # CUDA_CONTEXT_MIB (above) is what every run counts beside its budget on a CUDA card.
 MEMORY_ESTIMATE_TIMEOUT_S = 5.0  # the meta-device build of a graph's models is abandoned after this long
 # A graph that runs a model in more places (TrainingLoops, Evaluates, Predicts) is "too large to estimate":
@@ -158,7 +158,7 @@ ENV_LOCAL_SHARED_CARDS = "XPUFLEET_LOCAL_SHARED_CARDS"  # "cuda:0,cuda:1": this 
 AGENT_CAP_MEMORY = "memory_cap"  # the hello capability of an agent that caps a run's allocator to its budget
 
 
-# --- sweeps and studies (SPEC Q6, issue 15) ------------------------------------------------------------
+# --- sweeps and studies (docs/sweeps.md, issue 15) ------------------------------------------------------------
 SWEEP_DEFAULT_MAX_RUNS = 1000  # a sweep or study may queue this many runs unless its max_runs says more
 SWEEP_MAX_RUNS = 10_000  # ... and never more than this (a larger expansion is a 400, never truncated)
 SIDECAR_GIL_SWITCH_INTERVAL_S = 0.001  # the sidecar's sys.setswitchinterval (Python's default: 5 ms)

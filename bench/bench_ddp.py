@@ -1,4 +1,4 @@
-"""ddp TrainingLoop throughput against a plain torchrun DDP script, same model, data and batches (SPEC §4).
+"""ddp TrainingLoop throughput against a plain torchrun DDP script, same model, data and batches (docs/ddp.md).
 
 For each model size, in one run on this machine, with the same model (the same spec, the same seed,
 so the same initial weights), the same data (one safetensors file), the same per-rank batches

@@ -1,4 +1,4 @@
-"""The static memory estimate against a measured peak (SPEC M, issue 12).
+"""The static memory estimate against a measured peak (docs/memory.md, issue 12).
 
     python bench/bench_estimate.py [--only NAME] [--repeat 3]
 

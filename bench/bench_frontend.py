@@ -1,4 +1,4 @@
-"""Front-end benchmark (SPEC UI4): in the real ComfyUI, driven by Debian's Chromium.
+"""Front-end benchmark (docs/comfyui.md): in the real ComfyUI, driven by Debian's Chromium.
 
 1. Widget change -> the capsule's new value: 20 edits of a checkpoint widget (the LiteGraph path a
    canvas edit takes, ``widget.setValue``), each timed in the page from the edit to the moment the

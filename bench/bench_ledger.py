@@ -1,4 +1,4 @@
-"""Memory admission throughput: 10,000 waiting budgeted runs over 64 shared cards (SPEC M, issue 12).
+"""Memory admission throughput: 10,000 waiting budgeted runs over 64 shared cards (docs/memory.md, issue 12).
 
     python bench/bench_ledger.py [--queued 10000] [--decisions 5000] [--baseline-decisions 100] [--seed 0]
 

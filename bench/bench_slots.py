@@ -1,4 +1,4 @@
-"""Allocator throughput: 10,000 queued runs over 512 slots (SPEC Q5, issue 3).
+"""Allocator throughput: 10,000 queued runs over 512 slots (docs/sidecar.md, issue 3).
 
     python bench/bench_slots.py [--queued 10000] [--decisions 5000] [--baseline-decisions 200] [--seed 0]
 

@@ -1,4 +1,4 @@
-"""Data nodes (SPEC N3): Dataset and DataLoader.
+"""Data nodes (docs/nodes.md): Dataset and DataLoader.
 
 The Dataset node loads one of scikit-learn's bundled datasets (no download), a synthetic one, a CSV or
 a safetensors file, splits it into train/val with a seed, normalises the inputs with train statistics,

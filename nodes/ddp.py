@@ -1,4 +1,4 @@
-"""ddp training inside the TrainingLoop (SPEC §4, seed 000 "training one model on several cards").
+"""ddp training inside the TrainingLoop (docs/ddp.md, docs/workers.md "training one model on several cards").
 
 One process per card, rank k on the run's ``cards[k]``; rank 0 is the run itself, ranks 1..N-1 are
 started by the launcher when rank 0 says ``ddp_ready`` (server/run/ddp.py). Only PyTorch's own tools:

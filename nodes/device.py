@@ -1,8 +1,8 @@
-"""Resolving a node's ``device`` parameter (SPEC N3, Q4).
+"""Resolving a node's ``device`` parameter (docs/nodes.md, docs/sidecar.md).
 
 Accepted values: ``auto``, ``cpu``, ``cuda``, ``cuda:N``, ``xpu``, ``xpu:N``, ``mps``. Inside a queued
 run, names are the run's in-run names (renumbered from 0); ``auto`` follows the run's first device,
-and a device the run lacks falls back with a ``device_fallback`` warning worded as seed 000 words it.
+and a device the run lacks falls back with a ``device_fallback`` warning worded as docs/workers.md words it.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def choose_device(requested: str, node_label: str = "") -> str:
 def torch_device(requested: str, node_label: str = "") -> Any:
     """``torch.device`` for a node's ``device`` parameter.
 
-    Simulated cards (SPEC W6) are scheduled as CUDA cards but the work runs on the CPU.
+    Simulated cards (docs/architecture.md) are scheduled as CUDA cards but the work runs on the CPU.
     """
     import torch
 

@@ -1,4 +1,4 @@
-"""How nodes live with the executor that calls them (SPEC N0): autograd mode and ComfyUI's cache rule.
+"""How nodes live with the executor that calls them (docs/nodes.md): autograd mode and ComfyUI's cache rule.
 
 ComfyUI runs every node inside ``torch.inference_mode()``. A node that trains must leave it itself,
 and every tensor made while it was on (a dataset's tensors, a model builder's parameters) is an

@@ -1,4 +1,4 @@
-"""Model I/O nodes (SPEC N3): ModelSaver, ModelLoader, Predict.
+"""Model I/O nodes (docs/nodes.md): ModelSaver, ModelLoader, Predict.
 
 Both file formats carry the model's ``xpu_spec`` (builder + resolved arguments) beside its weights, so
 ModelLoader rebuilds the same architecture and a reloaded model predicts exactly what the saved one

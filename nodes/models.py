@@ -1,4 +1,4 @@
-"""Model builder nodes (SPEC N3): MLP, small CNN, and a Sequential from a layer spec.
+"""Model builder nodes (docs/nodes.md): MLP, small CNN, and a Sequential from a layer spec.
 
 Every model these nodes make is an ``nn.Sequential`` carrying ``xpu_spec``: the builder name and its
 fully resolved arguments (plus input shape, task and classes). ``build_model(spec)`` rebuilds the same

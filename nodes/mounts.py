@@ -1,4 +1,4 @@
-"""Storage mounts (SPEC W9): labelled folders a worker declares, named by node file inputs.
+"""Storage mounts (docs/workers.md): labelled folders a worker declares, named by node file inputs.
 
 An agent started with ``--mount datasets=/srv/data`` gives its runs the label ``datasets``; a node file
 input written ``datasets:digits.csv`` then reads ``/srv/data/digits.csv`` on that worker, wherever the

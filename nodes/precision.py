@@ -1,4 +1,4 @@
-"""Autocast precision of the TrainingLoop, Evaluate and Predict nodes (SPEC N4: fp32/bf16/fp16)."""
+"""Autocast precision of the TrainingLoop, Evaluate and Predict nodes (docs/nodes.md: fp32/bf16/fp16)."""
 
 from __future__ import annotations
 

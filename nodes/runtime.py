@@ -1,4 +1,4 @@
-"""The run context nodes talk to, and the progress adapter of SPEC N2.
+"""The run context nodes talk to, and the progress adapter of docs/nodes.md.
 
 A node never knows whether it runs inside ComfyUI's executor or ours. It calls the functions of this
 module (``progress``, ``metric``, ``warn``, ``should_stop``, ``log``); they go to the active
@@ -53,7 +53,7 @@ class RunStopped(Exception):
 
 @dataclass
 class DdpRole:
-    """This process's part in ddp training (SPEC §4), given by the runner of a worker run with two or
+    """This process's part in ddp training (docs/ddp.md), given by the runner of a worker run with two or
     more cards of one kind: rank 0 is the run itself, ranks 1..N-1 are followers started when rank 0
     reaches its first ddp loop (``ddp_ready``)."""
 
@@ -62,7 +62,7 @@ class DdpRole:
     cards: list[str]  # in-run names of the run's cards; rank k trains on cards[k]
     rendezvous: Path  # the FileStore file in the run directory (torch.distributed ``file://`` init)
     loops: frozenset[str] = frozenset()  # ids of the TrainingLoops the graph sets to ddp
-    simulated: bool = False  # simulated cards (SPEC W6): every rank computes on the CPU, backend gloo
+    simulated: bool = False  # simulated cards (docs/architecture.md): every rank computes on the CPU, backend gloo
     # ddp across workers (docs/architecture.md): rank 0's TCPStore on its worker's advertised address
     # instead of the file; rank 0 has the host only (it opens the store on a free port).
     store_host: str | None = None
@@ -88,7 +88,7 @@ class RunContext:
     devices: list[str] = field(default_factory=lambda: ["cpu"])
     device_aliases: dict[str, str] = field(default_factory=dict)
     # Where the run executes: "canvas" (ComfyUI's own Queue Prompt), "local" (sidecar child),
-    # "worker" (agent child). ddp needs a worker run with >= 2 accelerator cards (SPEC §4).
+    # "worker" (agent child). ddp needs a worker run with >= 2 accelerator cards (docs/ddp.md).
     placement: str = "local"
     ddp_allowed: bool = False
     rank: int = 0

@@ -1,4 +1,4 @@
-"""How the TrainingLoop spreads its work (SPEC N4 ``strategy``, §4): the seam between the loop and ddp.
+"""How the TrainingLoop spreads its work (docs/nodes.md ``strategy``, §4): the seam between the loop and ddp.
 
 Everything a multi-process strategy changes goes through a strategy object: the device the loop trains
 on, wrapping the model (DistributedDataParallel), re-making each DataLoader with a DistributedSampler
@@ -6,7 +6,7 @@ and ``set_epoch``, summing losses and validation counts over ranks, agreeing eve
 stop and on a report, and letting only rank 0 write checkpoints, TensorBoard files and events.
 :class:`SingleProcess` is the identity of all of that; :class:`~.ddp.DistributedStrategy` is ddp.
 :func:`resolve_strategy` picks one and, where ddp cannot apply, falls back to single-process training
-with a ``ddp_not_available`` warning that says why (seed 000's cases).
+with a ``ddp_not_available`` warning that says why (docs/workers.md's cases).
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def _accelerators(devices: list[str]) -> list[str]:
 
 
 def ddp_unavailable_reason(ctx: runtime.RunContext | None, node_id: str | None = None) -> str | None:
-    """Why this loop cannot train with ddp (seed 000's fallback cases), or None when it can."""
+    """Why this loop cannot train with ddp (docs/workers.md's fallback cases), or None when it can."""
     if ctx is None or ctx.placement == "canvas":
         if ctx is None and not _hosted():
             return f"this loop runs outside a queued run (plain Python), in one process; {DDP_NEEDS}"

@@ -1,4 +1,4 @@
-"""The training engine behind the TrainingLoop node (SPEC N4).
+"""The training engine behind the TrainingLoop node (docs/nodes.md).
 
 Design for speed: the per-batch path does only what a hand-written PyTorch loop does (move, forward,
 loss, backward, step) plus a stop check and a clock read. Losses are summed without a device sync on

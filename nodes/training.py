@@ -1,4 +1,4 @@
-"""Training nodes (SPEC N3, N4): Optimizer, LR scheduler, Loss, TrainingLoop and Evaluate."""
+"""Training nodes (docs/nodes.md): Optimizer, LR scheduler, Loss, TrainingLoop and Evaluate."""
 
 from __future__ import annotations
 

@@ -1,1 +1,1 @@
-"""Success-rate predictor (seed 001), device snapshots, memory estimates and the workflow scan."""
+"""Success-rate predictor (docs/predictor.md), device snapshots, memory estimates and the workflow scan."""

@@ -29,7 +29,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``predict`` sub-command to an argparse subparsers object (sets ``func=run``)."""
     p = subparsers.add_parser(
         "predict",
-        help="predict a workflow's success rate on a device (seed 001's P_success)",
+        help="predict a workflow's success rate on a device (docs/predictor.md's P_success)",
         description="Scan a ComfyUI workflow (UI or API JSON, or a PNG ComfyUI saved) for its model files "
         "and predict its success rate on this machine's device or a worker's card.",
     )

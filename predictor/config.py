@@ -8,7 +8,7 @@
       checkpoints: [/data/ckpt]
       loras: [/data/loras]
     predictor:
-      gamma: {amd: 2.0}         # platform factors beyond seed 001's NVIDIA 4.0 / Intel 1.0
+      gamma: {amd: 2.0}         # platform factors beyond docs/predictor.md's NVIDIA 4.0 / Intel 1.0
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The static memory estimate of a graph (SPEC M; seed 000, "sharing a card"): what a run on one card of
+"""The static memory estimate of a graph (docs/memory.md; docs/workers.md, "sharing a card"): what a run on one card of
 its device set needs, item by item, when no run of the same graph has a measured peak.
 
 Items (they add up to the total):

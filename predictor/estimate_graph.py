@@ -1,4 +1,4 @@
-"""What the static memory estimate reads from a graph (SPEC M), pure: no torch, no data loaded.
+"""What the static memory estimate reads from a graph (docs/memory.md), pure: no torch, no data loaded.
 
 :func:`read_graph` finds every place a model goes onto the card: each TrainingLoop (a training step at its
 DataLoader's batch, and an evaluation at its val_dataloader's batch), each Evaluate (at its DataLoader's

@@ -1,4 +1,4 @@
-"""A training step and an evaluation simulated on PyTorch's meta device, counting the bytes alive (SPEC M).
+"""A training step and an evaluation simulated on PyTorch's meta device, counting the bytes alive (docs/memory.md).
 
 Meta tensors have shapes and dtypes but no memory, so a model of any size is built and stepped in
 milliseconds. :class:`LiveBytes` is a ``TorchDispatchMode`` that counts every storage an op creates from

@@ -1,4 +1,4 @@
-"""Seed 001's success-rate model, exactly: P_success = P_peak x P_load (SPEC P).
+"""Seed 001's success-rate model, exactly: P_success = P_peak x P_load (docs/predictor.md).
 
 Pure functions of plain numbers (GiB); no I/O. ``predict`` ties them together and returns a
 ``Prediction`` whose ``explanation`` lists every input and every intermediate, so the status-bar
@@ -25,24 +25,24 @@ PLATFORMS_KNOWN = ("nvidia", "intel", "amd", "apple", "cpu")
 
 
 def v_reclaim(v_free: float, v_alloc: float, v_rsv: float) -> float:
-    """Reclaimable VRAM: free + PyTorch allocated + PyTorch cache pool (seed 001 §4.1)."""
+    """Reclaimable VRAM: free + PyTorch allocated + PyTorch cache pool (docs/predictor.md §4.1)."""
     return v_free + v_alloc + v_rsv
 
 
 def v_eff(reclaim: float, alpha: float = PREDICTOR_ALPHA) -> float:
-    """Effective VRAM ceiling: ``max(0.1, alpha x V_reclaim)`` (seed 001 §4.2)."""
+    """Effective VRAM ceiling: ``max(0.1, alpha x V_reclaim)`` (docs/predictor.md §4.2)."""
     return max(PREDICTOR_V_EFF_FLOOR_GB, reclaim * alpha)
 
 
 def s_virt(commit_limit: float, commit_used: float) -> float:
-    """Available virtual memory (commit headroom): ``max(0, C_limit - C_used)`` (seed 001 §4.4)."""
+    """Available virtual memory (commit headroom): ``max(0, C_limit - C_used)`` (docs/predictor.md §4.4)."""
     return max(0.0, commit_limit - commit_used)
 
 
 def gamma_for(platform: str, overrides: Mapping[str, float] | None = None) -> tuple[float, str]:
     """Platform factor gamma and where it came from (``"override"``, ``"table"`` or ``"default"``).
 
-    NVIDIA 4.0 and Intel 1.0 come from seed 001; other platforms use ``overrides`` (config file,
+    NVIDIA 4.0 and Intel 1.0 come from docs/predictor.md; other platforms use ``overrides`` (config file,
     environment) or the strict default 1.0.
     """
     key = (platform or "").strip().lower()
@@ -54,7 +54,7 @@ def gamma_for(platform: str, overrides: Mapping[str, float] | None = None) -> tu
 
 
 def p_peak(m_peak: float, veff: float, gamma: float) -> float:
-    """Hard constraint (seed 001 §5): 1 when the largest model fits V_eff, else
+    """Hard constraint (docs/predictor.md §5): 1 when the largest model fits V_eff, else
     ``max(0.02, exp(-3 x D_peak / (V_eff x gamma)))``."""
     d = max(0.0, m_peak - veff)
     if d == 0.0:
@@ -74,7 +74,7 @@ def p_load_branch(d_load: float, c_ram: float, svirt: float) -> str:
 
 
 def p_load(d_load: float, c_ram: float, svirt: float) -> float:
-    """Soft constraint (seed 001 §6.2), piecewise and continuous at D = C_ram and D = C_ram + S_virt."""
+    """Soft constraint (docs/predictor.md §6.2), piecewise and continuous at D = C_ram and D = C_ram + S_virt."""
     branch = p_load_branch(d_load, c_ram, svirt)
     if branch == "fits":
         return 1.0
@@ -93,7 +93,7 @@ def round_percent(p_success_raw: float) -> int:
 
 @dataclass(frozen=True)
 class Level:
-    """A pressure level: key, colour and the zh/en labels of seed 001's table."""
+    """A pressure level: key, colour and the zh/en labels of docs/predictor.md's table."""
 
     key: str
     color: str

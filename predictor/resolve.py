@@ -1,4 +1,4 @@
-"""Where a workflow's model names lead (SPEC P2): a name is checked (relative, no ``..``), then resolved
+"""Where a workflow's model names lead (docs/predictor.md): a name is checked (relative, no ``..``), then resolved
 to a file inside a model folder, through ComfyUI's ``folder_paths`` when hosted, else through
 ``XPUFLEET_MODEL_DIRS`` / ``config.yaml``. A file that is a link leading outside its model folder is
 refused and not read. Nothing outside the model folders is ever opened or stat'ed.

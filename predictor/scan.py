@@ -1,4 +1,4 @@
-"""Workflow scan (SPEC P2): which model files a ComfyUI workflow loads, and how big they are on disk.
+"""Workflow scan (docs/predictor.md): which model files a ComfyUI workflow loads, and how big they are on disk.
 
 Reads both formats:
 
@@ -517,7 +517,7 @@ def _api_upstream_literal(prompt: dict[str, Any], link: list) -> Any:
 
 
 def scan_workflow(workflow: Any, resolver: ModelResolver | None = None, *, collect_graph: bool = False) -> ScanResult:
-    """Scan a UI or API workflow for the model files it loads (SPEC P2).
+    """Scan a UI or API workflow for the model files it loads (docs/predictor.md).
 
     ``resolver`` defaults to ComfyUI's folders when hosted, else the configured folders.
     ``collect_graph`` also builds the flattened graph the topology option needs.

@@ -38,7 +38,7 @@ _OVERRIDE_TEXT = ("device", "name", "kind", "uuid", "platform", "worker")
 
 @dataclass(frozen=True)
 class Options:
-    """P3 options, each off by default (the default model is seed 001 unchanged)."""
+    """P3 options, each off by default (the default model is docs/predictor.md unchanged)."""
 
     weight_bytes: bool = False
     topology: bool = False

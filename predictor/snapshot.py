@@ -1,4 +1,4 @@
-"""Per-device memory snapshots (SPEC P1): the figures seed 001 feeds into P_success.
+"""Per-device memory snapshots (docs/predictor.md): the figures docs/predictor.md feeds into P_success.
 
 - NVIDIA: free/total from NVML (the device layer's one wrapper, ``server/devices/nvml.py``), allocator
   figures from ``torch.cuda`` of this process; the torch index is matched to the NVML device by UUID
@@ -16,7 +16,7 @@ ComfyUI before its first model); the short-lived CLI (``import_torch=True``) doe
 name devices by torch index, after NVML's free figures have been read. Reads are cached for
 SNAPSHOT_TTL_S. All ``*_gb`` figures are GiB.
 
-``vram_reserved_gb`` is seed 001's "PyTorch cache pool": reserved but not allocated
+``vram_reserved_gb`` is docs/predictor.md's "PyTorch cache pool": reserved but not allocated
 (``memory_reserved - memory_allocated``), so V_free + V_alloc + V_rsv counts no byte twice; the
 raw ``memory_reserved`` is kept in ``torch_reserved_gb``.
 """

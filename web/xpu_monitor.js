@@ -1,4 +1,4 @@
-// XPU Fleet's ComfyUI front-end extension (SPEC UI1): the success-rate, VRAM and RAM capsules in the
+// XPU Fleet's ComfyUI front-end extension (docs/comfyui.md): the success-rate, VRAM and RAM capsules in the
 // top bar, Queue on... beside ComfyUI's Run button, the Runs, Sweeps and Workers bottom-panel tabs and
 // the New sweep dialog (the canvas graph swept over node parameters). Every
 // call goes to this ComfyUI's own /xpufleet/ routes (the predictor here, the sidecar through the proxy,

@@ -1,1 +1,1 @@
-"""The worker agent (SPEC W1-W4, W6): ``xpufleet agent start`` dials the sidecar and runs runs."""
+"""The worker agent (docs/workers.md, docs/architecture.md): ``xpufleet agent start`` dials the sidecar and runs runs."""

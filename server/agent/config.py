@@ -81,9 +81,9 @@ class AgentConfig:
     devices: list[str] | None = None  # --devices filter (None: every card found)
     simulate: list[SimulatedCard] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
-    mounts: dict[str, Path] = field(default_factory=dict)  # --mount label=folder (SPEC W9)
-    one_shot: bool = False  # take one run, exit when it ends (SPEC W8)
-    fingerprint: str | None = None  # --fingerprint: the TLS certificate pinned (SPEC S3)
+    mounts: dict[str, Path] = field(default_factory=dict)  # --mount label=folder (docs/workers.md)
+    one_shot: bool = False  # take one run, exit when it ends (docs/workers.md)
+    fingerprint: str | None = None  # --fingerprint: the TLS certificate pinned (docs/workers.md)
     # --advertise-addr: where the other workers' ddp ranks reach this one's (a spread run's rank 0 opens
     # its rendezvous store here; docs/architecture.md "ddp across workers")
     advertise_addr: str = AGENT_ADVERTISE_ADDR_DEFAULT

@@ -1,5 +1,5 @@
 """What an agent serves from its run folders, read in chunks for the sidecar: the outputs a run recorded
-(``record_outputs``, SPEC W5), and, while the worker is connected, the run's own folder (its output log
+(``record_outputs``, docs/workers.md), and, while the worker is connected, the run's own folder (its output log
 and the files its nodes wrote) and a listing of that folder, for the Runs panel (docs/runs-panel.md).
 Every read is confined to the folder its scope names: a path that leads out is no such file."""
 

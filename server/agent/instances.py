@@ -1,4 +1,4 @@
-"""Inference unit instances on an agent (SPEC U2, U6): ``start_instance`` / ``stop_instance`` from the
+"""Inference unit instances on an agent (docs/services.md): ``start_instance`` / ``stop_instance`` from the
 sidecar, each instance a launcher group member (server/run/launcher.py) with the unit's environment.
 
 An instance is one process on one card (renumbered to ``cuda:0`` like a worker run), running either the

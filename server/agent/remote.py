@@ -1,5 +1,5 @@
 """What an agent does for the remote-worker features (mixed into :class:`~.agent.Agent`): serve the outputs
-its runs recorded (SPEC W5), exit once a one-shot agent's run is reported (W8), and tell a server whose TLS
+its runs recorded (docs/workers.md), exit once a one-shot agent's run is reported (W8), and tell a server whose TLS
 certificate it refused that it did (S3)."""
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class RemoteFeatures:
         task.add_done_callback(self._tasks.discard)
 
     async def _serve_outputs(self, msg: dict[str, Any]) -> None:
-        """Answer ``read_outputs``: a chunk of a file the run recorded here (record_outputs, SPEC W5), or
+        """Answer ``read_outputs``: a chunk of a file the run recorded here (record_outputs, docs/workers.md), or
         of its run folder or that folder's listing (``scope``, agent/files.py)."""
         rid = msg["request_id"]
         try:

@@ -1,4 +1,4 @@
-"""What each run on this agent uses per card, from NVML's per-process figures (beyond seed 000's
+"""What each run on this agent uses per card, from NVML's per-process figures (beyond docs/workers.md's
 limits: the ledger counts budgets; this shows the actual use beside them). Real NVIDIA cards only:
 simulated cards have no such figure and none is made up."""
 

@@ -1,1 +1,1 @@
-"""The ``xpufleet`` command line (SPEC §9): one module per group of commands; ``main.py`` lists them."""
+"""The ``xpufleet`` command line (docs/sidecar.md): one module per group of commands; ``main.py`` lists them."""

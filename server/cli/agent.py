@@ -1,4 +1,4 @@
-"""``xpufleet agent start|stop|status`` (SPEC W1, §9).
+"""``xpufleet agent start|stop|status`` (docs/workers.md, docs/sidecar.md).
 
 ``xpufleet agent start`` on the sidecar's machine needs no arguments: the agent reads the sidecar's
 address and session token from ``$XPUFLEET_HOME/runtime.json`` (re-read at every reconnect, so it

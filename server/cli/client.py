@@ -41,7 +41,7 @@ class Client:
         self.url = url.rstrip("/")
         self.token = token
         self.timeout = timeout
-        self.fingerprint = fingerprint  # a TLS sidecar's certificate, pinned (SPEC S3)
+        self.fingerprint = fingerprint  # a TLS sidecar's certificate, pinned (docs/workers.md)
 
     @classmethod
     def from_home(cls, home: Path | None = None, timeout: float = 30.0) -> Client:

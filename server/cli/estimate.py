@@ -1,4 +1,4 @@
-"""``xpufleet estimate GRAPH.json``: the memory budget the Queue on... dialog would suggest (SPEC M).
+"""``xpufleet estimate GRAPH.json``: the memory budget the Queue on... dialog would suggest (docs/memory.md).
 
 It asks the running sidecar (``POST /api/estimates``): the measured default when a successful run of the
 same runtime graph on as many cards has a peak, else the static estimate, every item and the total.

@@ -1,4 +1,4 @@
-"""``xpufleet export GRAPH.json [-o train.py]``: a graph as a standalone PyTorch script (SPEC N6)."""
+"""``xpufleet export GRAPH.json [-o train.py]``: a graph as a standalone PyTorch script (docs/nodes.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The ``xpufleet`` command (SPEC §9).
+"""The ``xpufleet`` command (docs/sidecar.md).
 
 ``xpufleet start [--foreground] [--host H] [--port P]``, ``stop``, ``status``;
 ``xpufleet run GRAPH.json [--target NAME|any|local] [--device D | --devices D1,D2] [--memory-gib G]

@@ -1,4 +1,4 @@
-"""``xpufleet pools ...``: one-shot worker pools (SPEC W8) on the command line.
+"""``xpufleet pools ...``: one-shot worker pools (docs/workers.md) on the command line.
 
 ``pools create NAME`` prints the shared credential and the command each instance runs (a batch job, a
 cloud instance's start-up script); ``pools`` lists the pools with their live instances; ``revoke``

@@ -1,4 +1,4 @@
-"""``xpufleet serve SPEC.json`` and ``xpufleet services ...``: distributed inference Units (SPEC U1-U6).
+"""``xpufleet serve SPEC.json`` and ``xpufleet services ...``: distributed inference Units (docs/services.md).
 
 ``serve`` creates a service from the body of ``POST /api/services`` (options override its fields);
 ``services list|show|update|delete|export|infer`` manage it. ``show`` exits 1 when the service is

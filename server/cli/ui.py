@@ -1,4 +1,4 @@
-"""``xpufleet ui``: a one-time login link for the sidecar's standalone page (SPEC UI3).
+"""``xpufleet ui``: a one-time login link for the sidecar's standalone page (docs/comfyui.md).
 
 The link carries a key in its fragment (``http://127.0.0.1:8765/#login=KEY``) that works once, within
 five minutes; the page trades it for a browser session (server/sidecar/routes/ui.py says why).

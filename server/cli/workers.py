@@ -20,7 +20,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _add_workers_parser(subparsers: Any) -> None:
-    """``xpufleet workers [list|drain|undrain|remove|reissue|join-token|rejected|mode]`` (SPEC §9)."""
+    """``xpufleet workers [list|drain|undrain|remove|reissue|join-token|rejected|mode]`` (docs/sidecar.md)."""
     w = subparsers.add_parser("workers", help="list and manage the sidecar's workers",
                               description="Workers known to the running sidecar (default: list them).")
     w.add_argument("--json", action="store_true", help="machine-readable output")

@@ -1,1 +1,1 @@
-"""The ComfyUI glue (SPEC UI2): the plugin's ``/xpufleet/`` routes on ComfyUI's own server."""
+"""The ComfyUI glue (docs/comfyui.md): the plugin's ``/xpufleet/`` routes on ComfyUI's own server."""

@@ -1,4 +1,4 @@
-"""The sidecar, reached from ComfyUI's own server (SPEC UI2): same origin for the front end, the token
+"""The sidecar, reached from ComfyUI's own server (docs/comfyui.md): same origin for the front end, the token
 kept on the server side.
 
 Routes (registered by ``routes.register`` on ComfyUI's PromptServer):
@@ -70,7 +70,7 @@ class Sidecar:
     token: str
     pid: int | None
     version: str | None
-    fingerprint: str | None = None  # a TLS sidecar's certificate, pinned (SPEC S3)
+    fingerprint: str | None = None  # a TLS sidecar's certificate, pinned (docs/workers.md)
 
     def ssl(self) -> Any:
         """``ssl=`` for aiohttp: the pinned certificate, or default verification."""

@@ -1,4 +1,4 @@
-"""This machine's RAM and commit charge (seed 001's C_ram and S_virt): psutil for free RAM,
+"""This machine's RAM and commit charge (docs/predictor.md's C_ram and S_virt): psutil for free RAM,
 ``CommitLimit``/``Committed_AS`` of ``/proc/meminfo`` on Linux, ``GlobalMemoryStatusEx`` on Windows.
 Shared by the agent's CPU entry and the predictor's snapshot."""
 

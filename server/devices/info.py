@@ -2,8 +2,8 @@
 the heartbeat, the Workers data).
 
 Inside the process figures are bytes; on the wire (hello, heartbeat, ``GET /api/workers``) they are
-GiB with the ``_gib`` suffix SPEC §12 names (``total_gib``, ``free_gib``). The predictor's snapshot
-fields are seed 001's ``*_gb`` names (SPEC P1), also GiB: ``predictor.snapshot.snapshot_from_card``
+GiB with the ``_gib`` suffix docs/sidecar.md names (``total_gib``, ``free_gib``). The predictor's snapshot
+fields are docs/predictor.md's ``*_gb`` names (docs/predictor.md), also GiB: ``predictor.snapshot.snapshot_from_card``
 is the one place a wire card becomes a snapshot.
 """
 
@@ -34,7 +34,7 @@ def to_bytes(gib: Any) -> int | None:
 class DeviceInfo:
     """A device: its machine name (``cpu``, ``cuda:0``, ``xpu:1``, ``mps:0``), kind and index, UUID
     (cards that have one), a label, total and free bytes (None when unknown), and whether it is a
-    simulated card (SPEC W6). The CPU entry also carries the host's commit charge (seed 001's S_virt)."""
+    simulated card (docs/architecture.md). The CPU entry also carries the host's commit charge (docs/predictor.md's S_virt)."""
 
     name: str
     label: str = ""

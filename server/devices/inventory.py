@@ -1,4 +1,4 @@
-"""What one agent (or the sidecar) offers (SPEC W2, W6): the CPU always, then real or simulated
+"""What one agent (or the sidecar) offers (docs/workers.md, docs/architecture.md): the CPU always, then real or simulated
 cards, filtered by ``--devices``."""
 
 from __future__ import annotations

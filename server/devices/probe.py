@@ -101,5 +101,5 @@ def mps_devices() -> list[DeviceInfo]:
         total = torch.mps.recommended_max_memory()
     except Exception:
         pass
-    # MPS has no free figure (seed 000: shared MPS cards report no total either for budgets).
+    # MPS has no free figure (docs/workers.md: shared MPS cards report no total either for budgets).
     return [DeviceInfo("mps:0", label="Apple MPS", total_bytes=None if total is None else int(total))]

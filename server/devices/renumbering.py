@@ -1,4 +1,4 @@
-"""In-run device names (SPEC Q4): a worker run's cards renumbered from 0 in the order listed."""
+"""In-run device names (docs/sidecar.md): a worker run's cards renumbered from 0 in the order listed."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def parent_list(value: str | None) -> list[str] | None:
 
 
 def renumber(machine_devices: list[str], parent_env: dict[str, str] | None = None) -> Renumbering:
-    """Renumber a run's machine devices from 0, per kind, in the order listed (SPEC Q4).
+    """Renumber a run's machine devices from 0, per kind, in the order listed (docs/sidecar.md).
 
     ``["cuda:2", "cuda:0"]`` -> run ``cuda:0`` = machine ``cuda:2``, run ``cuda:1`` = ``cuda:0``, and
     ``CUDA_VISIBLE_DEVICES=2,0``. When the agent itself runs under ``CUDA_VISIBLE_DEVICES`` /

@@ -1,4 +1,4 @@
-"""Simulated CUDA cards (SPEC W6): scheduled, renumbered and budgeted like real ones; the work runs on
+"""Simulated CUDA cards (docs/architecture.md): scheduled, renumbered and budgeted like real ones; the work runs on
 the CPU. A card has a name, a total, a deterministic UUID and a free figure a test can change while the
 agent runs: they live in ``$XPUFLEET_HOME/agents/<name>-simulated.json``, which the agent writes at
 start and re-reads at every heartbeat. Every simulated figure says ``"simulated": true``.
@@ -38,7 +38,7 @@ def simulated_uuid(worker: str, device: str) -> str:
 def parse_simulate(text: str | None, worker: str) -> list[SimulatedCard]:
     """``"cuda:0=24,cuda:1=24@GPU-shared-1"`` -> simulated cards (GiB; ``@UUID`` optional).
 
-    Two agents that name the same ``@UUID`` simulate one physical card offered twice (SPEC Q5).
+    Two agents that name the same ``@UUID`` simulate one physical card offered twice (docs/sidecar.md).
     """
     if text is None or not str(text).strip():
         return []

@@ -1,4 +1,4 @@
-"""Memory-shared cards (SPEC M, seed 000 "sharing a card"): pure rules, no I/O.
+"""Memory-shared cards (docs/memory.md, docs/workers.md "sharing a card"): pure rules, no I/O.
 
 * :mod:`.graph_key`: the runtime-graph key that measured peaks are filed under.
 * :mod:`.fit`: the per-card ledger, the fit rule, the rejection and waiting texts, and an incremental

@@ -1,4 +1,4 @@
-"""Which memory budget a run gets, and when it changes (SPEC M; seed 000, "sharing a card"), pure.
+"""Which memory budget a run gets, and when it changes (docs/memory.md; docs/workers.md, "sharing a card"), pure.
 
 * A budget the user typed (``target.memory_gib``, no ``memory_source`` or ``"user"``) is never changed.
 * The default budget is the measured peak of a successful run of the same runtime-graph key on the same

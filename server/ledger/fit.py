@@ -1,4 +1,4 @@
-"""The per-card memory ledger and the fit rule (SPEC M; seed 000, "sharing a card"), pure: no I/O, no clock.
+"""The per-card memory ledger and the fit rule (docs/memory.md; docs/workers.md, "sharing a card"), pure: no I/O, no clock.
 
 For every card shared by memory the server keeps one ledger entry:
 

@@ -1,4 +1,4 @@
-"""The runtime-graph key (SPEC M; seed 000, "sharing a card"): which finished runs ran "the same graph".
+"""The runtime-graph key (docs/memory.md; docs/workers.md, "sharing a card"): which finished runs ran "the same graph".
 
 A measured peak is filed under the key of the graph that ran, and a new run of the same key on the same
 number of cards gets that peak + 20% as its default budget. The seed says what counts:

@@ -1,4 +1,4 @@
-"""Runs waiting for memory on shared cards, planned incrementally (SPEC M), pure.
+"""Runs waiting for memory on shared cards, planned incrementally (docs/memory.md), pure.
 
 The rule (:func:`plan_reference`): walk the waiting runs in submission order; each starts on the first of
 its candidates (a card, or a device set) on which its budget fits by :mod:`.fit`'s rule, counting the runs
@@ -7,7 +7,7 @@ for a run that does not fit: a smaller run submitted later may start first on a 
 not for the earlier one (the seed asks that runs wait until memory frees, and leaves the order among them
 open; holding memory for the earliest run at once would leave the card idle while that run waits).
 
-Starvation is bounded the way seed 000 bounds it for device-set runs, by a hold (:class:`MemoryHolds`):
+Starvation is bounded the way docs/workers.md bounds it for device-set runs, by a hold (:class:`MemoryHolds`):
 each time a run is placed on a card, the earliest waiting run that wants that card and could fit it once
 it is empty (its budget + context <= the card's total) is *overtaken* there; after
 ``MEMORY_OVERTAKES_BEFORE_HOLD`` (3) overtakes on one card that run *holds* the card: no run submitted

@@ -1,4 +1,4 @@
-"""Memory-shared cards in the sidecar (SPEC M; seed 000, "sharing a card"): the I/O around the pure rules
+"""Memory-shared cards in the sidecar (docs/memory.md; docs/workers.md, "sharing a card"): the I/O around the pure rules
 of :mod:`..ledger`.
 
 * :mod:`.peaks`: what a finished run's ``peak_memory`` says (CUDA peak, MPS driver-held memory, a

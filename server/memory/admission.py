@@ -1,4 +1,4 @@
-"""The dispatcher's memory part (SPEC M; seed 000, "sharing a card"): admission by memory on shared cards.
+"""The dispatcher's memory part (docs/memory.md; docs/workers.md, "sharing a card"): admission by memory on shared cards.
 
 Which cards admit by memory: a CUDA or MPS card whose every online provider has it shared (a worker's
 card mode, set in the Workers panel and kept across reconnects and restarts; this server's own card when
@@ -238,7 +238,7 @@ class MemoryAdmission(RunOutcomes, WaitingTexts):
                     figures = (dev.get("total_gib"), dev.get("free_gib"))
             total, free = figures if figures is not None else (None, None)
             if slot.kind == "mps":
-                total = None  # seed 000: a shared MPS device reports no total memory for budgets
+                total = None  # docs/workers.md: a shared MPS device reports no total memory for budgets
             self.figures[key] = figures if figures is not None else (None, None)
             ledger.set_card(key, slot.label, slot.kind, shared=True, total_gib=total, free_gib=free)
         statuses = {r["id"]: r["status"] for r in self.d.store.active()}

@@ -1,4 +1,4 @@
-"""A submitted run's budget and its admission by memory (SPEC M; seed 000, "sharing a card").
+"""A submitted run's budget and its admission by memory (docs/memory.md; docs/workers.md, "sharing a card").
 
 :func:`prepare` runs before the run is written (so a rejection leaves nothing behind):
 

@@ -1,4 +1,4 @@
-"""The launcher's side of ddp (SPEC §4): which graphs train with ddp, the follower ranks, and the result.
+"""The launcher's side of ddp (docs/ddp.md): which graphs train with ddp, the follower ranks, and the result.
 
 A ddp run is ONE launcher group (launcher.py). The agent starts rank 0, the run itself. When rank 0's
 TrainingLoop reaches ddp it emits ``ddp_ready`` (nodes/ddp.py) and :class:`Followers` adds ranks
@@ -197,7 +197,7 @@ def failure_message(e: MemberExit, world_size: int) -> str:
 
 
 def merge_peaks(exits: list[MemberExit]) -> dict[str, Any] | None:
-    """Peak memory of a group: per card the largest any rank used (seed 000), and each rank's own under
+    """Peak memory of a group: per card the largest any rank used (docs/workers.md), and each rank's own under
     ``ranks``. Measured (CUDA) and simulated figures (a rank reports its own card) merge the same way."""
     ranks = {str(e.rank): (e.finished or {}).get("peak_memory") for e in exits if e.finished is not None}
     if not ranks:

@@ -1,4 +1,4 @@
-"""Run events: how a run process reports (SPEC Q1) and how its parents read it.
+"""Run events: how a run process reports (docs/sidecar.md) and how its parents read it.
 
 Events are JSON lines ``{"seq", "type", "payload", "ts"}`` with a per-run ``seq`` from 1; the last is
 always ``run_finished``. :class:`EventSink` writes them (run side); :func:`parse_event_line` and

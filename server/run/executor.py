@@ -1,4 +1,4 @@
-"""The graph executor for ComfyUI API-format graphs (SPEC N1, N2).
+"""The graph executor for ComfyUI API-format graphs (docs/nodes.md).
 
 A graph is ``{"<id>": {"class_type": ..., "inputs": {...}}}``; a link is ``[node_id, output_index]``.
 The whole graph is validated before anything runs (validation.py: errors come back in the shape

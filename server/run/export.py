@@ -1,4 +1,4 @@
-"""``xpufleet export GRAPH.json``: a graph as a standalone PyTorch script (SPEC N6, seed 000's "export
+"""``xpufleet export GRAPH.json``: a graph as a standalone PyTorch script (docs/nodes.md, docs/workers.md's "export
 as Python").
 
 The script is the library part of export_data.py and export_train.py (one function per node, doing

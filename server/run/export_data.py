@@ -1,4 +1,4 @@
-"""The first half of an exported script's library (``xpufleet export``, SPEC N6; server/run/export.py):
+"""The first half of an exported script's library (``xpufleet export``, docs/nodes.md; server/run/export.py):
 devices, seeds and files, the Dataset and DataLoader nodes, the model builders. export_train.py holds
 the second half (loss, precision, TrainingLoop, Evaluate, ModelSaver, ModelLoader, Predict).
 

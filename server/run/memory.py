@@ -1,4 +1,4 @@
-"""A run's memory on its cards (SPEC W2, M): the allocator cap to its budget, and what it used.
+"""A run's memory on its cards (docs/workers.md, docs/memory.md): the allocator cap to its budget, and what it used.
 
 * Real CUDA cards: the allocator is capped to the budget before any node runs
   (``torch.cuda.set_per_process_memory_fraction``), so a run over its budget runs out of memory alone; the
@@ -6,7 +6,7 @@
   allocator's, blocks included).
 * MPS: there is no peak counter; the figure is what the driver holds at the end of the run
   (``torch.mps.driver_allocated_memory``, caches included), labelled so.
-* Simulated cards (SPEC W6): the run executes on the CPU, so there is no allocator to cap and no CUDA
+* Simulated cards (docs/architecture.md): the run executes on the CPU, so there is no allocator to cap and no CUDA
   figure. :func:`simulated_card_memory` counts the tensor storage the run process holds (a
   ``TorchDispatchMode``: every storage an op creates, from the op until its last tensor is gone) and, with
   a budget, fails the run with an out-of-memory error when that count goes over the budget: a simulated
@@ -119,7 +119,7 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 
 def memory_fractions(budget_gib: float, totals_bytes: list[int]) -> list[float]:
-    """The allocator cap per card for a budget of ``budget_gib`` per card (SPEC W2, M): the fraction
+    """The allocator cap per card for a budget of ``budget_gib`` per card (docs/workers.md, docs/memory.md): the fraction
     of each card's total that the budget is, at most 1."""
     if budget_gib <= 0:
         raise ValueError(f"budget_gib must be > 0, got {budget_gib}")
@@ -127,7 +127,7 @@ def memory_fractions(budget_gib: float, totals_bytes: list[int]) -> list[float]:
 
 
 def rank_fractions(fractions: list[float], rank: int) -> list[float]:
-    """A ddp rank's caps (SPEC §4, M): its own card (``rank``) keeps its budget, every other card of the
+    """A ddp rank's caps (docs/ddp.md, docs/memory.md): its own card (``rank``) keeps its budget, every other card of the
     set gets 0, so a node pinned to another rank's card fails at its first allocation instead of using
     memory beyond that card's budget."""
     return [f if i == rank else 0.0 for i, f in enumerate(fractions)]

@@ -1,4 +1,4 @@
-"""Recorded node outputs (SPEC W5, ``options.record_outputs``): what each node returned, kept in the run's
+"""Recorded node outputs (docs/workers.md, ``options.record_outputs``): what each node returned, kept in the run's
 folder on the machine that ran it, for the Inspector to read back through the sidecar.
 
 Layout under ``RUN_DIR/recorded_outputs/``::

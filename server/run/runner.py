@@ -3,7 +3,7 @@
 (launcher.py) for the sidecar (target ``local``) and for worker agents alike.
 
 One queued run = one process (a group of processes for ddp ranks), so a crash or an out-of-memory kill
-ends that run only (SPEC Q2, W2). The parent writes ``RUN_DIR/spec.json`` (:class:`~.spec.RunSpec`) and
+ends that run only (docs/sidecar.md, docs/workers.md). The parent writes ``RUN_DIR/spec.json`` (:class:`~.spec.RunSpec`) and
 starts this with the run's environment, stdin a pipe, stdout and stderr to the member's log, and the
 write end of a pipe as the events fd.
 
@@ -15,7 +15,7 @@ run reported). The last event is always ``run_finished`` ``{"status", "error", "
 says where the budget came from). On simulated cards the run's tensor bytes are counted (and capped to
 ``budget_gib``): see :mod:`.memory`.
 
-ddp (SPEC §4, server/run/ddp.py): a follower rank runs this same module on the same run directory with
+ddp (docs/ddp.md, server/run/ddp.py): a follower rank runs this same module on the same run directory with
 ``XPUFLEET_DDP_RANK=k`` set: it executes only the ddp loops and the nodes feeding them, writes its events
 to ``ddp/events-rank<k>.jsonl`` (the launcher reads its pipe; the run's own events.jsonl is rank 0's),
 and its ``run_finished`` carries ``ddp_peer_lost`` when its loop failed only because another rank went
@@ -96,7 +96,7 @@ STOP_ERRORS = {
 
 
 def base_facts(spec: dict[str, Any]) -> dict[str, Any]:
-    """Facts recorded for every run (SPEC Q4: visible_devices, device_aliases)."""
+    """Facts recorded for every run (docs/sidecar.md: visible_devices, device_aliases)."""
     facts: dict[str, Any] = dict(spec.get("execution_facts") or {})
     devices = list(spec.get("devices") or ["cpu"])
     facts.setdefault("visible_devices", devices)
@@ -260,7 +260,7 @@ def _execute(spec: dict[str, Any], run_dir: Path, sink: EventSink, facts: dict[s
 
 
 def recorder_for(spec: dict[str, Any], run_dir: Path, sink: EventSink) -> OutputRecorder | None:
-    """The run's output recorder when ``options.record_outputs`` asks for one (SPEC W5)."""
+    """The run's output recorder when ``options.record_outputs`` asks for one (docs/workers.md)."""
     mode = record_mode(spec.get("options") or {})
     if mode is None:
         return None

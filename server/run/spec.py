@@ -2,7 +2,7 @@
 
 The sidecar (target ``local``) and a worker agent fill it the same way, through :func:`build_spec`; the
 runner reads it back with :meth:`RunSpec.read`. Device names in a spec are the run's own (in-run)
-names: a worker run's cards are renumbered from 0 (SPEC Q4), a local run keeps the machine's names.
+names: a worker run's cards are renumbered from 0 (docs/sidecar.md), a local run keeps the machine's names.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ class RunSpec:
     devices: list[str] = field(default_factory=lambda: ["cpu"])  # in-run names; the first is ``auto``
     device_aliases: dict[str, str] = field(default_factory=dict)  # in-run name -> machine name
     placement: str = "local"
-    simulated: bool = False  # the run's CUDA cards are simulated: the work runs on the CPU (SPEC W6)
+    simulated: bool = False  # the run's CUDA cards are simulated: the work runs on the CPU (docs/architecture.md)
     worker: str | None = None
-    budget_gib: float | None = None  # per card; the allocator is capped to it before the run (SPEC W2, M)
+    budget_gib: float | None = None  # per card; the allocator is capped to it before the run (docs/workers.md, docs/memory.md)
     env: dict[str, str] = field(default_factory=dict)  # set (if unset) in the run's process before nodes run
     execution_facts: dict[str, Any] = field(default_factory=dict)
     # The ranks a ddp TrainingLoop of this run trains on (one per card, see ddp_world_size); only rank 0
@@ -90,7 +90,7 @@ class RunSpec:
 
 
 def ddp_world_size(placement: str, devices: Sequence[str]) -> int:
-    """How many ranks a ddp loop of a run with these (in-run) ``devices`` trains on (SPEC §4): one per
+    """How many ranks a ddp loop of a run with these (in-run) ``devices`` trains on (docs/ddp.md): one per
     card for a worker run with two or more cards of one kind (CUDA or XPU), else 1 (no ddp)."""
     cards = [d for d in devices if d.split(":")[0] in ("cuda", "xpu")]
     if placement != "worker" or len(cards) < 2 or len({d.split(":")[0] for d in cards}) != 1:

@@ -1,4 +1,4 @@
-"""Graph validation before anything runs (SPEC N1), answered in ComfyUI's ``validate_prompt`` shape.
+"""Graph validation before anything runs (docs/nodes.md), answered in ComfyUI's ``validate_prompt`` shape.
 
 Checked per node: known class_type, required inputs present, link shape, link target exists and
 produces the expected type, literal values within their widget's type/range/list, the class's own

@@ -1,4 +1,4 @@
-"""The warm start (SPEC §11): run processes forked from a pre-warmed parent instead of a new interpreter.
+"""The warm start (docs/architecture.md): run processes forked from a pre-warmed parent instead of a new interpreter.
 
 A cold run process spends 1.5 to 4 s on ``import torch`` and the node modules before its first node.
 The standard library's forkserver keeps one parent per sidecar (or agent) that imported those once

@@ -1,4 +1,4 @@
-"""The slot rule (SPEC Q5) and routing choice (SPEC Q3) as pure functions: no I/O, no clock.
+"""The slot rule (docs/sidecar.md) and routing choice (docs/sidecar.md) as pure functions: no I/O, no clock.
 
 Modules: ``offers`` (providers and their devices), ``limits`` (1 per accelerator, 2 per CPU, the
 overrides), ``state`` (slots keyed by UUID), ``plan`` (the reference pass), ``queue`` (SlotQueue, the
@@ -23,9 +23,9 @@ Vocabulary
 :func:`plan` walks the queue in submission order and places every run whose slots are free. A device-set
 run that cannot start takes (reserves) whatever of its slots is free as it waits, so runs submitted after
 it cannot take those slots and a stream of single-card runs cannot starve it. An optional ``admit``
-callback is an extra admission predicate (the memory ledger of SPEC M plugs in there).
+callback is an extra admission predicate (the memory ledger of docs/memory.md plugs in there).
 
-:func:`routing.resolve_target` turns a parsed target into candidates (SPEC Q3), with the
+:func:`routing.resolve_target` turns a parsed target into candidates (docs/sidecar.md), with the
 exact 400 wording of the seed, and ``device_fallback`` warnings for a local run whose device is missing.
 """
 

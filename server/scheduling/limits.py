@@ -1,4 +1,4 @@
-"""Slot limits (SPEC Q5): accelerator 1, CPU 2, and ``XPUFLEET_RUN_QUEUE_MAX_CONCURRENT`` overrides."""
+"""Slot limits (docs/sidecar.md): accelerator 1, CPU 2, and ``XPUFLEET_RUN_QUEUE_MAX_CONCURRENT`` overrides."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from .offers import DeviceOffer, ProviderInfo
 LOCAL = LOCAL_PROVIDER
 
 def default_limit(kind: str) -> int:
-    """Runs one slot holds when nothing overrides it: accelerator 1, CPU 2 (SPEC Q5)."""
+    """Runs one slot holds when nothing overrides it: accelerator 1, CPU 2 (docs/sidecar.md)."""
     return CPU_SLOT_LIMIT if kind == "cpu" else ACCELERATOR_SLOT_LIMIT
 
 

@@ -1,4 +1,4 @@
-"""What the slot rule knows about providers and their devices (SPEC Q3, Q5): pure records."""
+"""What the slot rule knows about providers and their devices (docs/sidecar.md): pure records."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ class ProviderInfo:
 
     ``online``: connected now (the sidecar is always online). ``draining``: takes no new runs.
     Workers that connected once since the server started stay known while offline (their runs wait).
-    ``mounts``: the storage mount labels it declares (SPEC W9). ``disabled``: an SSH worker the user
+    ``mounts``: the storage mount labels it declares (docs/workers.md). ``disabled``: an SSH worker the user
     disabled (listed, never chosen for a new run). ``note``: why it takes no new run when that is not
     draining (``has taken its one run`` for a one-shot instance, ``is disabled``).
     """

@@ -1,4 +1,4 @@
-"""The queue and the reference plan (SPEC Q5): submission order, device sets reserve at the head."""
+"""The queue and the reference plan (docs/sidecar.md): submission order, device sets reserve at the head."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SlotQueue: the slot rule decided incrementally (SPEC Q5), identical to :func:`plan.plan`.
+"""SlotQueue: the slot rule decided incrementally (docs/sidecar.md), identical to :func:`plan.plan`.
 
 The reference :func:`~.plan.plan` re-walks the whole queue on every pass; SlotQueue groups queued runs
 by identical candidates and re-examines only the groups whose slots changed since its last pass

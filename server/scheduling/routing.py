@@ -1,4 +1,4 @@
-"""Routing choice (SPEC Q3): a validated target -> candidates in preference order (pure)."""
+"""Routing choice (docs/sidecar.md): a validated target -> candidates in preference order (pure)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from .plan import Candidate
 
 LOCAL = LOCAL_PROVIDER
 
-# --- target resolution (SPEC Q3) ------------------------------------------------------------------------
+# --- target resolution (docs/sidecar.md) ------------------------------------------------------------------------
 
 
 class TargetError(ValueError):
@@ -27,7 +27,7 @@ class RunTarget:
     ``worker``: ``"local"``, ``"any"`` or a worker name; ``devices``: a device set (strict: every device
     must be offered); ``device``: one device without a set (``auto``, a kind, or a card; a local run
     falls back when the machine lacks it); ``pool``: a one-shot worker pool. ``mounts``: the storage
-    mount labels the graph's file inputs name (SPEC W9; only a worker declaring them all can run it).
+    mount labels the graph's file inputs name (docs/workers.md; only a worker declaring them all can run it).
     """
 
     worker: str = LOCAL
@@ -192,7 +192,7 @@ def resolve_target(
     providers: Sequence[ProviderInfo],
     pools: Mapping[str, Sequence[str]] | None = None,
 ) -> Resolution:
-    """Candidates for a run (SPEC Q3, W8, W9); raise TargetError (400) with the message to show.
+    """Candidates for a run (docs/sidecar.md, docs/workers.md); raise TargetError (400) with the message to show.
 
     ``providers``: this server (``is_local``) and every worker that connected since the server started,
     online or not. ``pools``: one-shot worker pools by name -> the names of their live instances. A pool

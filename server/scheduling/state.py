@@ -1,4 +1,4 @@
-"""Slot state (SPEC Q5): one slot per physical device, its limit, and the runs holding it."""
+"""Slot state (docs/sidecar.md): one slot per physical device, its limit, and the runs holding it."""
 
 from __future__ import annotations
 

@@ -1,1 +1,1 @@
-"""The sidecar (SPEC §2, §12): the aiohttp app, its routes, the dispatcher, the store, the local provider."""
+"""The sidecar (docs/sidecar.md): the aiohttp app, its routes, the dispatcher, the store, the local provider."""

@@ -1,4 +1,4 @@
-"""The sidecar's application (SPEC §12) and its serving loop.
+"""The sidecar's application (docs/sidecar.md) and its serving loop.
 
 :func:`create_app` builds the aiohttp application: the security middleware (auth.py), JSON errors
 (http.py), the route modules (routes/: status, runs, run files, workers, pools, outputs, estimates,
@@ -194,7 +194,7 @@ async def serve(config: SidecarConfig, ready: Callable[[str], None] | None = Non
              f"; TLS certificate {config.tls_fingerprint}" if config.tls_fingerprint else "")
     if ssl_context is None and not auth.is_loopback_host(config.host):
         log.warning("listening on %s with plain HTTP: tokens and run inputs cross the network in clear; "
-                    "start with --tls (SPEC S3)", config.host)
+                    "start with --tls (docs/workers.md)", config.host)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -1,4 +1,4 @@
-"""Security of the sidecar's HTTP API (SPEC S1).
+"""Security of the sidecar's HTTP API (docs/limits.md).
 
 * A session token (``secrets.token_urlsafe``), fresh at every start, written only to the runtime file
   (mode 0600): same-machine clients and agents read it there.

@@ -34,7 +34,7 @@ class SidecarConfig:
     stop_grace_s: float = RUN_STOP_GRACE_S
     validate_local_graphs: bool = True
     local_shared: tuple[str, ...] = ()  # this server's cards admitted by memory (off by default)
-    # TLS (SPEC S3): ``tls`` serves HTTPS with ``tls_cert``/``tls_key``, or a certificate generated under
+    # TLS (docs/workers.md): ``tls`` serves HTTPS with ``tls_cert``/``tls_key``, or a certificate generated under
     # $XPUFLEET_HOME/tls; ``tls_fingerprint`` is set once the certificate is loaded.
     tls: bool = False
     tls_cert: Path | None = None

@@ -1,4 +1,4 @@
-"""The queue loop: submitted runs -> the slot rule -> a provider starts them (SPEC Q1-Q5).
+"""The queue loop: submitted runs -> the slot rule -> a provider starts them (docs/sidecar.md).
 
 Event-driven: one asyncio task sleeps on an :class:`asyncio.Event` that is set when something can
 change a placement (a submission, a run ending, a cancel, a provider connecting, leaving, draining or
@@ -95,7 +95,7 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
         self.stop_grace_s = stop_grace_s
         self.hub = EventHub()
         self.providers: dict[str, Any] = {}
-        # One-shot worker pools: name -> its live instances (the registry fills it, SPEC W8); a pool in
+        # One-shot worker pools: name -> its live instances (the registry fills it, docs/workers.md); a pool in
         # ``closed_pools`` (name -> why) takes no new submission.
         self.pools: dict[str, list[str]] = {}
         self.closed_pools: dict[str, str] = {}
@@ -292,7 +292,7 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
         if validates and facts.problem is not None:
             raise facts.problem
         self.spread.check(request, resolution)
-        try:  # the budget and the memory decision (SPEC M): a rejection writes nothing
+        try:  # the budget and the memory decision (docs/memory.md): a rejection writes nothing
             prep = prepare(self.memory, facts.key, request.target, resolution, self.slot_state())
         except AdmissionError as exc:
             raise RequestError(str(exc)) from None

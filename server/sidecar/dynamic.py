@@ -1,4 +1,4 @@
-"""Dynamic runs (SPEC W8, W9): queued runs whose candidates depend on providers that come and go.
+"""Dynamic runs (docs/workers.md): queued runs whose candidates depend on providers that come and go.
 
 A pool run's candidates are the pool's live instances; an ``any`` run whose graph reads a storage mount
 goes to the workers that declare it. Both may have no candidate at submission: they wait with a reason

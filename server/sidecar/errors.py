@@ -1,7 +1,7 @@
 """The one error type a sidecar route answers with: ``{"error": message, ...extra}`` and ``status``.
 
 Request validation (requests.py), the store, the worker registry and the route handlers raise
-subclasses; ``http.errors_middleware`` turns any of them into the JSON answer (SPEC §12, S2).
+subclasses; ``http.errors_middleware`` turns any of them into the JSON answer (docs/sidecar.md, docs/limits.md).
 """
 
 from __future__ import annotations

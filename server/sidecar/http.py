@@ -1,7 +1,7 @@
 """One HTTP toolkit for every sidecar route: JSON errors, body reading, query parameters.
 
 Every error any route (ours, aiohttp's 404/405/413, an unexpected exception) answers is
-``{"error": message}`` with a 4xx/5xx status (SPEC §12): :class:`ApiError` is how a handler says so,
+``{"error": message}`` with a 4xx/5xx status (docs/sidecar.md): :class:`ApiError` is how a handler says so,
 :func:`errors_middleware` turns everything else into that shape, never a traceback.
 """
 

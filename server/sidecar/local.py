@@ -1,4 +1,4 @@
-"""The sidecar's own provider (target ``local``, SPEC Q2): this machine's devices, one child process
+"""The sidecar's own provider (target ``local``, docs/sidecar.md): this machine's devices, one child process
 per run, so a crash or an out-of-memory kill never takes the sidecar down."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def probe_local_devices(home: Path) -> list[dict[str, Any]]:
     """This machine's devices (CPU first; CUDA via NVML with UUIDs, xpu/mps via torch only when present).
 
     Uses the worker agent's inventory (server/devices/) so a card has the same UUID whether the
-    sidecar or a same-machine worker offers it (SPEC Q5: one physical card, one slot).
+    sidecar or a same-machine worker offers it (docs/sidecar.md: one physical card, one slot).
     """
     return Inventory(LOCAL_PROVIDER, home).snapshot()
 

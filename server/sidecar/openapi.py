@@ -1,4 +1,4 @@
-"""The OpenAPI 3.1 description of the sidecar's HTTP API, served at ``GET /api/openapi.json`` (SPEC S2).
+"""The OpenAPI 3.1 description of the sidecar's HTTP API, served at ``GET /api/openapi.json`` (docs/limits.md).
 
 Routes describe themselves with :func:`describe` (other modules too: workers, predictor); any route of
 the app without a description still appears, with its path parameters, so the document lists every
@@ -99,7 +99,7 @@ SCHEMAS: dict[str, Any] = {
                      "description": "overrides every node's seed"},
             "deterministic": {"type": "boolean"},
             "record_outputs": {"oneOf": [{"type": "boolean"}, {"type": "string", "enum": ["upload"]}],
-                               "description": "record each node's outputs (SPEC W5): true = kept where the run "
+                               "description": "record each node's outputs (docs/workers.md): true = kept where the run "
                                               "runs, \"upload\" = also copied to this server at the end; "
                                               "refused for a pool target"},
             "device": {"type": "string", "description": "auto, cpu, cuda, cuda:N, xpu:N, mps (no set)"},

@@ -1,4 +1,4 @@
-"""Restart recovery (SPEC Q1): what the sidecar finds of the runs it was running when it stopped.
+"""Restart recovery (docs/sidecar.md): what the sidecar finds of the runs it was running when it stopped.
 
 A local run whose process is still alive (an orphan: it got EOF on stdin and is stopping) keeps its
 slot until it is gone; the others end ``interrupted``, keeping a result their process wrote to

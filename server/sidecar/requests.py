@@ -1,4 +1,4 @@
-"""What ``POST /api/runs`` accepts (SPEC §12, S2, S4): the body validated into a typed request.
+"""What ``POST /api/runs`` accepts (docs/sidecar.md, docs/limits.md): the body validated into a typed request.
 
 API validation, not the slot rule: every field is checked here with a 400 that names it and says what
 to fix, and an option that is not built yet is refused by name rather than accepted and ignored.
@@ -30,7 +30,7 @@ LOCAL = LOCAL_PROVIDER
 
 
 def not_available(option: str, feature: str, instead: str = "leave it out") -> str:
-    """The 400 text for an option whose feature is not built yet (SPEC S4: refused, never ignored)."""
+    """The 400 text for an option whose feature is not built yet (docs/limits.md: refused, never ignored)."""
     return f"{option} is not available yet: {feature} is not built in this version; {instead}"
 
 
@@ -56,7 +56,7 @@ class RunRequest:
 
 
 OPTION_FIELDS = ("name", "seed", "deterministic", "record_outputs", "device", "target")
-RECORD_MODES = ("upload",)  # record_outputs: true / false / "upload" (SPEC W5; upload: beyond the seed)
+RECORD_MODES = ("upload",)  # record_outputs: true / false / "upload" (docs/workers.md; upload: beyond the seed)
 
 
 def parse_run_request(body: Any) -> RunRequest:

@@ -1,4 +1,4 @@
-"""Durable state of the sidecar: runs and their event logs in SQLite (SPEC Q1).
+"""Durable state of the sidecar: runs and their event logs in SQLite (docs/sidecar.md).
 
 One connection, owned by the sidecar's event-loop thread, is the only writer (WAL journal, so readers
 in other processes never block it). Every change is one transaction: a failure rolls back and leaves

@@ -1,4 +1,4 @@
-"""TLS between machines (SPEC S3): the sidecar's certificate, its SHA-256 fingerprint, and clients that pin it.
+"""TLS between machines (docs/workers.md): the sidecar's certificate, its SHA-256 fingerprint, and clients that pin it.
 
 * ``xpufleet start --tls`` serves HTTPS with a certificate generated once under
   ``$XPUFLEET_HOME/tls/`` (an ECDSA P-256 key, mode 0600; a self-signed certificate naming localhost, the

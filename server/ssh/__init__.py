@@ -1,4 +1,4 @@
-"""SSH workers (SPEC W7): the sidecar reaches a host through the user's OpenSSH set-up, puts the same
+"""SSH workers (docs/workers.md): the sidecar reaches a host through the user's OpenSSH set-up, puts the same
 xpufleet there in a folder of its own, starts the agent and brings its connection back through the
 ssh tunnel, so no port opens on either machine.
 

@@ -1,4 +1,4 @@
-"""Every SSH worker of a sidecar (SPEC W7): kept in SQLite, one :class:`SshSupervisor` each.
+"""Every SSH worker of a sidecar (docs/workers.md): kept in SQLite, one :class:`SshSupervisor` each.
 
 * ``add``: a worker named NAME reached as ``user@host`` (``--port``, ``--identity``, ``--python``,
   ``--remote-dir``, and the agent's ``--devices`` / ``--mount`` / ``--simulate``). It authenticates with

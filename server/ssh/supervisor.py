@@ -1,4 +1,4 @@
-"""One SSH worker's connection (SPEC W7): probe the host, install or update the copy, hold the tunnel.
+"""One SSH worker's connection (docs/workers.md): probe the host, install or update the copy, hold the tunnel.
 
 A connection is three ssh invocations: a probe (python version, dependencies, the build installed, the
 stale end of the last tunnel removed), an install when the build differs (the bundle on stdin), then the

@@ -1,4 +1,4 @@
-"""Sweeps and studies across workers (SPEC Q6, issue 15).
+"""Sweeps and studies across workers (docs/sweeps.md, issue 15).
 
 Pure parts (no I/O): ``params`` (a node parameter's path in the graph and its values: lists, ranges, log
 ranges, grid points, random draws), ``spec`` (the bodies of ``POST /api/sweeps`` and ``POST /api/studies``:

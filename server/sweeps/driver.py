@@ -1,4 +1,4 @@
-"""Sweeps on the sidecar (SPEC Q6): the whole-batch check, the children queued in one transaction, the
+"""Sweeps on the sidecar (docs/sweeps.md): the whole-batch check, the children queued in one transaction, the
 ranked table, cancel and delete.
 
 Every child is a ``POST /api/runs`` body (:func:`.expand.sweep_child`) validated by the same

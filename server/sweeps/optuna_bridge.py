@@ -1,7 +1,7 @@
-"""Optuna behind one thread (SPEC Q6: a study's search is Optuna's; its storage is the sidecar's SQLite).
+"""Optuna behind one thread (docs/sweeps.md: a study's search is Optuna's; its storage is the sidecar's SQLite).
 
 Storage: Optuna's own ``RDBStorage`` on the sidecar's ``state.db`` (``sqlite:///$XPUFLEET_HOME/state.db``).
-Why the same file rather than a sibling one: SPEC Q6 asks for the study's storage "in the same SQLite";
+Why the same file rather than a sibling one: docs/sweeps.md asks for the study's storage "in the same SQLite";
 one file holds everything a restart needs and is backed up as one; Optuna's tables (``studies``,
 ``trials``, ``trial_*``, ``study_*``, ``version_info``, ``alembic_version``) do not clash with the
 sidecar's (``runs``, ``events``, ``workers*``, ``sweeps``, ``sweep_variants``, ``xpufleet_studies``,

@@ -1,4 +1,4 @@
-"""Studies on the sidecar (SPEC Q6): a search driven by Optuna, its trials run as queued runs.
+"""Studies on the sidecar (docs/sweeps.md): a search driven by Optuna, its trials run as queued runs.
 
 * Create: the spec is parsed; the options every trial shares and the study's probe points (every
   parameter at both ends of its range, every listed value) go through the same ``parse_run_request`` and

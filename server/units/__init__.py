@@ -1,4 +1,4 @@
-"""Distributed inference Units (SPEC §7, U1-U6; seed 002): services whose replicas are *units*, each a
+"""Distributed inference Units (docs/services.md): services whose replicas are *units*, each a
 group of ``size`` instances on worker cards (one card per instance, a unit may span several workers)
 that work as one over torch.distributed, take traffic only through rank 0, restart as one (guard) and
 are replaced whole by a rolling update.

@@ -1,4 +1,4 @@
-"""The life of one unit on the sidecar (SPEC U2, U4, U6): placement, generations, the barrier,
+"""The life of one unit on the sidecar (docs/services.md): placement, generations, the barrier,
 readiness, guard restarts with the restart budget, and stopping. Mixed into :class:`~.manager.UnitManager`.
 
 A generation starts all instances in parallel: rank 0's agent picks ``MASTER_PORT`` (and answers with

@@ -1,6 +1,6 @@
-"""The environment of an instance (SPEC U2): the names common frameworks read, one place.
+"""The environment of an instance (docs/services.md): the names common frameworks read, one place.
 
-``RANK_ID`` (seed 002) and, for torch.distributed/torchrun-style code and LeaderWorkerSet-style code,
+``RANK_ID`` (docs/services.md) and, for torch.distributed/torchrun-style code and LeaderWorkerSet-style code,
 ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``, ``LWS_LEADER_ADDRESS``,
 ``LWS_GROUP_SIZE``, ``LWS_WORKER_INDEX``; plus ``UNIT_ID`` and ``UNIT_GENERATION``. Each instance sees
 only its own card (as ``cuda:0``, like a pod of its own), so ``LOCAL_RANK`` is 0 and
@@ -33,7 +33,7 @@ def instance_env(*, service: str, unit_id: str, generation: int, rank: int, size
         "UNIT_ID": unit_id, "UNIT_GENERATION": str(generation), RENDEZVOUS_ENV: rendezvous, SERVICE_ENV: service,
     }
     if is_loopback(master_addr):
-        # Every instance is on this machine: gloo/NCCL must not pick another interface (SPEC D).
+        # Every instance is on this machine: gloo/NCCL must not pick another interface (docs/ddp.md).
         env["GLOO_SOCKET_IFNAME"] = "lo"
         env["NCCL_SOCKET_IFNAME"] = "lo"
     return env

@@ -1,4 +1,4 @@
-"""Instance and unit states, the guard decision and the restart budget (SPEC U4, U6): pure rules.
+"""Instance and unit states, the guard decision and the restart budget (docs/services.md): pure rules.
 
 Instance states (the sidecar's view of one instance of the current generation):
 
@@ -36,7 +36,7 @@ RESTART_INSTANCE = "restart_instance"
 
 
 def failure_action(guard: bool, rank: int) -> str:
-    """What an instance failing does (SPEC U6): with guard, or when rank 0 fails, the whole unit restarts
+    """What an instance failing does (docs/services.md): with guard, or when rank 0 fails, the whole unit restarts
     with a new generation; without guard another rank restarts alone (same generation and rendezvous:
     a torch.distributed/NCCL group on the survivors cannot take it back, the risk guard exists for)."""
     return RESTART_UNIT if guard or rank == 0 else RESTART_INSTANCE

@@ -11,10 +11,10 @@ documents every field):
 * ``rolloutStrategy``: ``RollingUpdate`` with ``maxSurge: 1``, ``maxUnavailable: 0``: one extra group
   is made ready before an old one goes (make-before-break, one at a time);
 * ``startupPolicy: LeaderCreated``: workers start with the leader, all in parallel;
-* leader and worker templates run the same program with the same environment contract (SPEC U2);
+* leader and worker templates run the same program with the same environment contract (docs/services.md);
   LWS injects ``LWS_LEADER_ADDRESS``, ``LWS_GROUP_SIZE``, ``LWS_WORKER_INDEX`` itself, the rest is set
   here from the pod's LWS labels;
-* a ``Service`` selecting worker index 0 of every group: traffic reaches rank 0 only (seed 002).
+* a ``Service`` selecting worker index 0 of every group: traffic reaches rank 0 only (docs/services.md).
 
 The spec's own text (argv, env values, the model path) reaches the container unchanged: every ``$``
 in it is written ``$$``, since the kubelet expands ``$(NAME)`` in ``command`` and ``env`` values and
@@ -69,7 +69,7 @@ def _label_ref(label: str) -> dict[str, Any]:
 
 
 def _env(spec: ServiceSpec, port: int, master_port: int) -> list[dict[str, Any]]:
-    """The contract (SPEC U2) in Kubernetes terms; ``$(LWS_LEADER_ADDRESS)`` is expanded by the kubelet
+    """The contract (docs/services.md) in Kubernetes terms; ``$(LWS_LEADER_ADDRESS)`` is expanded by the kubelet
     from the variable LWS injects into every container."""
     env: list[dict[str, Any]] = [
         {"name": "RANK_ID", **_label_ref(WORKER_INDEX_LABEL)},

@@ -1,4 +1,4 @@
-"""The sidecar's services (SPEC U1, U5): create, describe, update (rolling), delete, and recovery after
+"""The sidecar's services (docs/services.md): create, describe, update (rolling), delete, and recovery after
 a restart. One :class:`UnitManager` per sidecar, on its event loop; the life of each unit is in
 control.py, the request path in router.py.
 

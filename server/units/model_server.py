@@ -1,4 +1,4 @@
-"""The built-in model server (SPEC U3): one process per instance of a unit, ``python -m
+"""The built-in model server (docs/services.md): one process per instance of a unit, ``python -m
 xpufleet.server.units.model_server [INSTANCE_DIR]`` (or forked warm by starter.py).
 
 Each rank loads only its pipeline stage of a model saved by ModelSaver (split.py), forms the unit's
@@ -355,7 +355,7 @@ def _serve(sink: EventSink, stdin: Any) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m xpufleet.server.units.model_server",
                                      description="One instance of a unit of the built-in model server "
-                                                 "(started by a worker agent; environment: SPEC U2).")
+                                                 "(started by a worker agent; environment: docs/services.md).")
     parser.add_argument("instance_dir", nargs="?", default=".", type=Path, help="where it writes events.jsonl")
     args = parser.parse_args(argv)
     fd = os.environ.get(EVENTS_FD_ENV)

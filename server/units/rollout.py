@@ -1,4 +1,4 @@
-"""The rolling update (SPEC U5; seed 002 "Ardışık güncellemeler"): a pure planner of the next step.
+"""The rolling update (docs/services.md "Ardışık güncellemeler"): a pure planner of the next step.
 
 A unit is replaced whole, make-before-break, one unit at a time: a new unit (the new spec version)
 starts all its instances in parallel; once it is ready, traffic moves off one old unit, which finishes

@@ -1,4 +1,4 @@
-"""``POST /api/services/{name}/infer`` (SPEC U4): each request goes to rank 0 of a ready unit.
+"""``POST /api/services/{name}/infer`` (docs/services.md): each request goes to rank 0 of a ready unit.
 
 The body is forwarded unchanged to rank 0's infer path over one kept-alive HTTP connection pool; the
 answer comes back unchanged with ``X-Xpufleet-Unit`` and ``X-Xpufleet-Generation``. The unit is chosen

@@ -1,4 +1,4 @@
-"""Which unit takes a request (SPEC U4): pure.
+"""Which unit takes a request (docs/services.md): pure.
 
 Units are symmetric, so the choice is only about load: the ready unit with the fewest outstanding
 requests; among equals the one that was sent the fewest so far (so an idle service alternates), then

@@ -1,7 +1,7 @@
-"""What ``POST /api/services`` (and ``PUT``) accepts (SPEC U1), validated into a typed :class:`ServiceSpec`.
+"""What ``POST /api/services`` (and ``PUT``) accepts (docs/services.md), validated into a typed :class:`ServiceSpec`.
 
 Pure: no I/O. Every field is checked with a 400 that names it and says what to fix; an option that is
-not built is refused by name (SPEC S4). The body::
+not built is refused by name (docs/limits.md). The body::
 
     {"name": "digits",
      "program": {"model": {"path": "models/mlp_digits.safetensors", "split": "pipeline", "max_batch": 64}}

@@ -1,4 +1,4 @@
-"""How the built-in model server splits a model across a unit's ranks (SPEC U3): pipeline stages.
+"""How the built-in model server splits a model across a unit's ranks (docs/services.md): pipeline stages.
 
 A model saved by ModelSaver is an ``nn.Sequential`` described by its ``xpu_spec`` (nodes/models.py):
 a list of layers. Rank k holds and runs only stage k, a contiguous run of layers; stages are chosen so

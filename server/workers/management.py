@@ -1,4 +1,4 @@
-"""Managing workers (seed 000's Workers panel actions): a card's mode, drain/undrain, remove,
+"""Managing workers (docs/workers.md's Workers panel actions): a card's mode, drain/undrain, remove,
 reissue, join tokens."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Recorded outputs kept on workers (SPEC W5): read through the agent's connection while it is connected,
+"""Recorded outputs kept on workers (docs/workers.md): read through the agent's connection while it is connected,
 and copied to the sidecar at the run's end with ``record_outputs: "upload"`` (beyond the seed).
 
 The agent answers ``read_outputs`` with chunks (``outputs_data``); a file is read chunk by chunk, so a

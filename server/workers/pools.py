@@ -1,4 +1,4 @@
-"""One-shot worker pools (SPEC W8): a shared credential that many instances join with; each instance
+"""One-shot worker pools (docs/workers.md): a shared credential that many instances join with; each instance
 is a one-shot agent that takes exactly one run and exits when it ends.
 
 * ``create`` gives the credential (``xfp_...``, only its hash is kept) and the command an instance runs

@@ -1,4 +1,4 @@
-"""Messages between a worker agent and the sidecar (SPEC W1-W4), and their validation.
+"""Messages between a worker agent and the sidecar (docs/workers.md), and their validation.
 
 One WebSocket (``GET /api/agents/ws``) carries JSON text frames, each an object with a ``type``.
 The agent dials and speaks first (``hello``); the sidecar answers ``welcome`` or ``reject`` (then
@@ -48,11 +48,11 @@ sidecar -> agent
   ``reject``     {reason, removed}: mid-session with ``removed: true``, the worker was removed: the
                  agent stops
   ``read_outputs`` {request_id, run_id, file, offset, length, scope?}: bytes of a file the run recorded
-                 (``record_outputs``, SPEC W5), relative to the run's outputs folder on the worker;
+                 (``record_outputs``, docs/workers.md), relative to the run's outputs folder on the worker;
                  ``scope`` ``run``: relative to the run's folder (its log, its files), ``listing``: that
                  folder's files as JSON (``file`` unused); ``outputs`` when absent
 
-``hello`` also carries ``mounts`` ({label: folder}, SPEC W9) and ``one_shot`` (SPEC W8: the agent takes
+``hello`` also carries ``mounts`` ({label: folder}, docs/workers.md) and ``one_shot`` (docs/workers.md: the agent takes
 one run and exits); ``auth.kind`` ``pool`` is a pool's shared credential.
 
 Pure: no I/O. :func:`validate` raises :class:`ProtocolError` naming the field to fix.

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
 
 class WorkerProvider:
-    """A worker as the dispatcher sees it (SPEC Q3-Q5): devices with UUIDs, start and cancel."""
+    """A worker as the dispatcher sees it (docs/sidecar.md): devices with UUIDs, start and cancel."""
 
     is_local = False
 

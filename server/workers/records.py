@@ -49,7 +49,7 @@ CREATE TABLE IF NOT EXISTS worker_device_modes (
 """
 
 MODES = ("exclusive", "shared")
-SHAREABLE_KINDS = ("cuda", "mps")  # seed 000: only CUDA and MPS cards, only on workers
+SHAREABLE_KINDS = ("cuda", "mps")  # docs/workers.md: only CUDA and MPS cards, only on workers
 REJECTIONS_KEPT = 200
 
 

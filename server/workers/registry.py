@@ -1,4 +1,4 @@
-"""The sidecar's side of worker agents (SPEC Q3-Q5, W1-W6).
+"""The sidecar's side of worker agents (docs/sidecar.md, docs/workers.md).
 
 * :class:`WorkerRegistry` keeps every known worker (SQLite tables registered through
   :meth:`Store.ensure_schema`, plus the live connection), authenticates agents (session token on the
@@ -8,7 +8,7 @@
 * :class:`WorkerProvider` is a worker as the dispatcher sees it (the Provider protocol): its devices
   (with UUIDs, so one physical card offered by several providers is one slot), online/draining, and
   ``start_run`` / ``cancel`` sent over the WebSocket. A worker becomes a provider the first time it
-  connects after the server started (SPEC Q3); while offline it stays one, so its runs wait.
+  connects after the server started (docs/sidecar.md); while offline it stays one, so its runs wait.
 * Resume grace: a worker that disconnects keeps its runs for ``XPUFLEET_WORKER_RESUME_GRACE_S``;
   when it comes back it replays their events (stored once, by ``seq``); after the grace they end
   ``interrupted``. After a sidecar restart the same applies from the start: runs still running on a
@@ -99,7 +99,7 @@ class WorkerRegistry(AgentSessions, WorkerManagement, PoolManagement, OutputsAcc
         return self._tls_fingerprint() if self._tls_fingerprint is not None else None
 
     def is_disabled(self, name: str) -> bool:
-        """An SSH worker the user disabled (SPEC W7)."""
+        """An SSH worker the user disabled (docs/workers.md)."""
         return self.ssh is not None and self.ssh.is_disabled(name)
 
     def server_node_types(self) -> list[str]:

@@ -331,7 +331,7 @@ class AgentSessions:
                 full = self.store.get_run(run_id, with_graph=True)
                 if full is not None and full.get("budget_gib") is not None \
                         and not can_cap(st.provider or WorkerProvider(self, st.name)):
-                    # seed 000: a run admitted by budget never starts on an agent that cannot cap it
+                    # docs/workers.md: a run admitted by budget never starts on an agent that cannot cap it
                     self.dispatcher.run_ended(run_id, "failed", f"{cap_refusal(st.name)}; it reconnected before "
                                               f"this run (budget {full['budget_gib']:.1f} GiB) started")
                 elif full is not None:  # sent before the connection broke, never received: send again

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from .session import Connection
 
 MODES = ("exclusive", "shared")
-SHAREABLE_KINDS = ("cuda", "mps")  # seed 000: only CUDA and MPS cards, only on workers
+SHAREABLE_KINDS = ("cuda", "mps")  # docs/workers.md: only CUDA and MPS cards, only on workers
 REJECTIONS_KEPT = 200
 
 
@@ -44,8 +44,8 @@ class WorkerState:
     disconnected_at: float | None = None  # monotonic
     grace_handle: asyncio.TimerHandle | None = None
     provider: WorkerProvider | None = None
-    mounts: dict[str, str] = field(default_factory=dict)  # storage mounts: label -> folder (SPEC W9)
-    one_shot: bool = False  # takes one run, then its agent exits (SPEC W8)
+    mounts: dict[str, str] = field(default_factory=dict)  # storage mounts: label -> folder (docs/workers.md)
+    one_shot: bool = False  # takes one run, then its agent exits (docs/workers.md)
     pool: str | None = None  # the one-shot pool this instance joined
     taken: str | None = None  # the run a one-shot worker took
     capabilities: tuple[str, ...] = ()  # from the agent's hello (e.g. "memory_cap")

@@ -1,4 +1,4 @@
-"""The Workers panel (seed 000): a worker's status and reason, and every field ``GET /api/workers`` lists."""
+"""The Workers panel (docs/workers.md): a worker's status and reason, and every field ``GET /api/workers`` lists."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ class WorkersPanel:
 
     # --- the Workers panel -----------------------------------------------------------------------------
     def describe(self, name: str, state: Any = None) -> dict[str, Any]:
-        """One worker as ``GET /api/workers`` lists it (every field of seed 000's Workers panel)."""
+        """One worker as ``GET /api/workers`` lists it (every field of docs/workers.md's Workers panel)."""
         st = self.get(name)
         state = state if state is not None else self._slot_state()
         now_m = time.monotonic()
@@ -164,9 +164,9 @@ class WorkersPanel:
             "one_shot_taken": st.taken if st.one_shot else None,
             "pool": st.pool,
             "ssh": ssh,
-            # what the second click does (seed 000: remove, delete an SSH worker, disable one with runs)
+            # what the second click does (docs/workers.md: remove, delete an SSH worker, disable one with runs)
             "confirm": self._confirm_texts(name, st, ssh, active),
-            # seed 000, Queue on...: a draining or disabled worker is listed but cannot be chosen; a pool
+            # docs/workers.md, Queue on...: a draining or disabled worker is listed but cannot be chosen; a pool
             # instance is chosen through its pool
             "selectable": status not in ("Disabled", "Draining") and st.pool is None,
         }

@@ -1,4 +1,4 @@
-"""The package's import graph has no cycle (SPEC §0): neither at import time nor through the lazy
+"""The package's import graph has no cycle (docs/architecture.md): neither at import time nor through the lazy
 imports inside functions; and the layout's size rule (no source file much over 600 lines)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The /xpufleet/ routes of a real ComfyUI reaching a real sidecar (SPEC UI2): a clear 503 without one;
+"""The /xpufleet/ routes of a real ComfyUI reaching a real sidecar (docs/comfyui.md): a clear 503 without one;
 a run queued, followed and read back through ComfyUI with the token kept server side; and
 POST /xpufleet/sidecar/start starting one from ComfyUI's own interpreter."""
 

@@ -1,4 +1,4 @@
-"""The front end in the real ComfyUI (SPEC UI1, UI4): Debian's Chromium, the plugin loaded from
+"""The front end in the real ComfyUI (docs/comfyui.md): Debian's Chromium, the plugin loaded from
 custom_nodes/, a real sidecar and an agent simulating two 24 GiB CUDA cards (gpu-box). Every check
 is on what a user sees on the page; the server answers are asked directly only to confirm them.
 

@@ -1,4 +1,4 @@
-"""The Runs and Workers panels' details on the standalone page (issue 13, SPEC UI1/UI3): a ddp run on
+"""The Runs and Workers panels' details on the standalone page (issue 13, docs/comfyui.md): a ddp run on
 this server warns ``ddp_not_available`` with the server's reason; a run on a simulated card shows its
 per-card peak, labelled simulated, when its peak cell is hovered or focused; a card shared by memory
 draws its bar with the reserved and free-for-new-budgets segments the server's ledger reports. A real

@@ -1,4 +1,4 @@
-"""The standalone page at / of the sidecar (SPEC UI3, UI4), for users without ComfyUI: the login link
+"""The standalone page at / of the sidecar (docs/comfyui.md), for users without ComfyUI: the login link
 of `xpufleet ui`, a dropped graph file in place of the canvas, the capsules, Queue on..., the Runs and
 Workers panels, light and dark themes. A real sidecar and agents simulating CUDA cards; Chromium."""
 

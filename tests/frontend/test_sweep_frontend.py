@@ -1,4 +1,4 @@
-"""The sweep front end on the standalone page (SPEC Q6, seed 000 "Sweep 與 study", issue 20 point 6): the
+"""The sweep front end on the standalone page (docs/sweeps.md, docs/workers.md "Sweep 與 study", issue 20 point 6): the
 New sweep dialog (opened on the optimizer's lr with a range the server accepts, no failed request before
 the user types, the picker grouped by node title, the savers moved to each variant's run folder, the
 server's dry-run count, the target picker of Queue on...), the Sweeps view (the ranked table live through

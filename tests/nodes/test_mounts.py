@@ -1,4 +1,4 @@
-"""Storage mounts (SPEC W9): references, declarations, resolution inside the folder only, and the labels a
+"""Storage mounts (docs/workers.md): references, declarations, resolution inside the folder only, and the labels a
 graph names. A refused reference reads nothing: no file is opened."""
 
 from __future__ import annotations

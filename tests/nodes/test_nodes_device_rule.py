@@ -1,4 +1,4 @@
-"""The node `device` parameter rule (SPEC N3, Q4): auto follows the run, fallbacks warn as the seed words."""
+"""The node `device` parameter rule (docs/nodes.md, docs/sidecar.md): auto follows the run, fallbacks warn as the seed words."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The TrainingLoop's strategy seam (nodes/strategy.py, nodes/ddp.py): every ddp_not_available case of
-seed 000, the DataLoaders ddp can shard, the padding rule of validation, backends, the test hook."""
+docs/workers.md, the DataLoaders ddp can shard, the padding rule of validation, backends, the test hook."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ def test_mlp_on_digits_reaches_90_percent(digits, loaders, build_mlp, train_node
     # the input model is untouched (ComfyUI caches node outputs); the output is a trained copy
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
     assert trained is not model and not trained.training
-    # events: every metric of SPEC N4, with steps; epoch metrics once per epoch
+    # events: every metric of docs/nodes.md, with steps; epoch metrics once per epoch
     for name in ("train_loss", "val_loss", "val_accuracy", "val_loss_step"):
         points = run.metrics(name)
         assert len(points) == 15, name
@@ -241,7 +241,7 @@ def test_ddp_falls_back_with_the_reason(digits, loaders, build_mlp, train_node, 
         ({"placement": "worker", "devices": ["cuda:0"]}, "this run on a worker has 1 card (cuda:0)"),
     ]
     for fields, reason in cases:
-        # simulated cards (SPEC W6): scheduled as CUDA cards, computed on the CPU
+        # simulated cards (docs/architecture.md): scheduled as CUDA cards, computed on the CPU
         run = make_run(execution_facts={"simulated_devices": True}, **fields)
         with runtime.use(run.ctx):
             _, m = train_node(build_mlp(digits[2], "16"), tl, epochs=1, strategy="ddp", device="auto")

@@ -1,4 +1,4 @@
-"""The static memory estimate (seed 000, "sharing a card"): items, rough reasons, the time limit, shapes,
+"""The static memory estimate (docs/workers.md, "sharing a card"): items, rough reasons, the time limit, shapes,
 and the meta-device simulation against PyTorch's own memory tracker."""
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ def test_v_eff_floor():
     assert P.v_eff(0.0) == 0.1
     assert P.v_eff(0.1) == 0.1  # 0.09 < 0.1
     assert P.v_eff(1.0) == pytest.approx(0.9)
-    assert P.v_eff(9.49) == pytest.approx(8.541)  # seed 001's worked example (12 GB card, 9.49 free)
+    assert P.v_eff(9.49) == pytest.approx(8.541)  # docs/predictor.md's worked example (12 GB card, 9.49 free)
     pred = P.predict(m_total=0.05, m_peak=0.05, vram_free_gb=0, vram_allocated_gb=0, vram_reserved_gb=0,
                      ram_free_gb=0, commit_used_gb=0, commit_limit_gb=0, platform="cpu")
     it = pred.explanation["intermediates"]

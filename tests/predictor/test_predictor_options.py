@@ -210,7 +210,7 @@ def test_topology_peak_controlnet_on_a_real_template(template, sparse, models_ro
     r = DirsResolver([models_root])
     off = predict_workflow(wf, snap(), resolver=r, gamma_overrides={})
     on = predict_workflow(wf, snap(), options={"topology": True}, resolver=r, gamma_overrides={})
-    assert off["explanation"]["models"]["m_peak_gb"] == 14.0  # seed 001: serial, largest file
+    assert off["explanation"]["models"]["m_peak_gb"] == 14.0  # docs/predictor.md: serial, largest file
     m = on["explanation"]["models"]
     assert m["m_peak_gb"] == 18.0  # the sampler needs the checkpoint and the ControlNet together
     assert wf_node_type(wf, m["topology_node"]) in {"KSampler", "KSamplerAdvanced", "SamplerCustom", "ControlNetApplySD3",

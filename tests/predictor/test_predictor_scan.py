@@ -1,4 +1,4 @@
-"""Workflow scan (SPEC P2) on ComfyUI's real workflow templates, with sparse model files on disk."""
+"""Workflow scan (docs/predictor.md) on ComfyUI's real workflow templates, with sparse model files on disk."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Snapshots (SPEC P1): no-GPU zeros with a reason, commit charge on Linux and Windows, NVML matched
+"""Snapshots (docs/predictor.md): no-GPU zeros with a reason, commit charge on Linux and Windows, NVML matched
 to torch's index by UUID (stand-ins for the GPU libraries: this machine has no GPU)."""
 
 from __future__ import annotations

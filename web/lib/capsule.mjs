@@ -1,4 +1,4 @@
-// The status-bar capsules (seed 001 section 7): the success rate with its level's colour and label,
+// The status-bar capsules (docs/predictor.md section 7): the success rate with its level's colour and label,
 // VRAM and RAM beside it, and a tooltip with every input and intermediate of the prediction. The
 // figures all come from the server's answer (POST .../predict): no formula here.
 import { deviceChoice, parseDeviceChoice } from "./api.mjs";

@@ -1,4 +1,4 @@
-// The Queue on... dialog (seed 000, "排入佇列..."): sends the current graph as a queued run (the same
+// The Queue on... dialog (docs/workers.md, "排入佇列..."): sends the current graph as a queued run (the same
 // POST /api/runs as `xpufleet run`) to this server, a worker's cards, any free worker or a one-shot
 // pool (`pools` of GET /api/workers; options.target.pool), with the memory budget the server suggests
 // (POST /api/estimates). The server decides everything (which workers are `selectable`, what it
@@ -168,7 +168,7 @@ class QueueDialog {
     this.loadEstimate();
   }
 
-  /** Recorded outputs stay on the worker (SPEC W5). A one-shot agent exits when its run ends, so the
+  /** Recorded outputs stay on the worker (docs/workers.md). A one-shot agent exits when its run ends, so the
    * server refuses `true` on a one-shot worker (it takes "upload") and any recording on a pool target:
    * the dialog says so beside the choices it would refuse (the server still decides). */
   recordChanged(target) {
@@ -249,7 +249,7 @@ class QueueDialog {
     const e = this.estimate;
     if (budget !== null) {
       const unchanged = e && !this.budgetTouched && e.budget_gib === budget;
-      // An unchanged measured suggestion is the server's own default: not sent (seed 000). An unchanged
+      // An unchanged measured suggestion is the server's own default: not sent (docs/workers.md). An unchanged
       // estimate is sent and marked as one; anything typed is the user's.
       if (!(unchanged && e.source === "measured")) {
         target.memory_gib = budget;

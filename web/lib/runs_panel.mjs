@@ -1,4 +1,4 @@
-// The Runs panel (seed 000, docs/runs-panel.md): queued runs with status filters, each row with its
+// The Runs panel (docs/workers.md, docs/runs-panel.md): queued runs with status filters, each row with its
 // source, start time, duration and final objective, live progress, warnings, waiting reasons, worker and
 // devices, the budget and where it came from, peak memory per card on hover, stop and delete, the
 // metrics chart (metrics_chart.mjs), the output log (live) and the files as download links; a worker's
@@ -45,7 +45,7 @@ export function rowFacts(run, nowSeconds = Date.now() / 1000) {
   };
 }
 
-/** The budget column: figure, where it came from, "(est.)" for an estimate (seed 000). */
+/** The budget column: figure, where it came from, "(est.)" for an estimate (docs/workers.md). */
 export function budgetText(run) {
   if (run.budget_gib === null || run.budget_gib === undefined) return t("runs.no_budget");
   const est = run.budget_source === "estimate" ? ` ${t("runs.est")}` : "";

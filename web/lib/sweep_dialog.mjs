@@ -1,4 +1,4 @@
-// The New sweep dialog (seed 000 "Sweep 與 study", SPEC Q6): the current graph, node parameters with
+// The New sweep dialog (docs/workers.md "Sweep 與 study", docs/sweeps.md): the current graph, node parameters with
 // their values (a list or a range), seeds, the objective, and the same target and device picker as
 // Queue on... Every change asks the server for a dry run (POST /api/sweeps?dry_run=1): the variant
 // count, the first variants and any rejection come from the server, which also expands the grid.

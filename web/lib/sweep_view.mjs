@@ -1,4 +1,4 @@
-// The Sweeps view (seed 000 "Sweep 與 study", SPEC Q6): the sweeps with their children's counts, and one
+// The Sweeps view (docs/workers.md "Sweep 與 study", docs/sweeps.md): the sweeps with their children's counts, and one
 // sweep's ranked table (each variant's parameters, status, objective, worker and devices, its run a link
 // to the Runs panel), live through the server's long poll (GET /api/sweeps/{id}?version=&wait=), a
 // scatter of a parameter against the objective (a log x axis by default past a 10x range, with a toggle),

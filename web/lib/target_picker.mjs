@@ -1,6 +1,6 @@
-// The target and device picker of Queue on... and New sweep (seed 000): this server (one device), each
+// The target and device picker of Queue on... and New sweep (docs/workers.md): this server (one device), each
 // worker with its status and devices (cards of one kind, each with its in-run name), any free worker
-// by device kind, a one-shot pool (SPEC W8), or several workers (ddp across workers: target.spread). It turns the choice into POST /api/runs options; the
+// by device kind, a one-shot pool (docs/workers.md), or several workers (ddp across workers: target.spread). It turns the choice into POST /api/runs options; the
 // server decides the rest (which workers are `selectable`, what it refuses).
 import { field, h, nextId, replace } from "./dom.mjs";
 import { gib } from "./format.mjs";

@@ -1,4 +1,4 @@
-// The Workers panel (seed 000, "Workers 面板"): every worker with its status, version, environment,
+// The Workers panel (docs/workers.md, "Workers 面板"): every worker with its status, version, environment,
 // node types, last rejection, heartbeat; each device's memory, slots and mode (memory bars for shared
 // cards); its runs; drain/undrain, disable/enable (SSH workers), remove and reissue (a second click
 // that says what it will do: the server's `confirm` texts); add worker ("via SSH" or a join command,

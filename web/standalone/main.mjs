@@ -1,4 +1,4 @@
-// The standalone page at / of the sidecar (SPEC UI3), for users without ComfyUI: the capsules, Queue
+// The standalone page at / of the sidecar (docs/comfyui.md), for users without ComfyUI: the capsules, Queue
 // on..., the Runs, Sweeps, Studies and Workers panels, and a graph-file drop zone in place of the canvas.
 //
 // Login: `xpufleet ui` prints http://HOST:PORT/#login=KEY. The key (one use, five minutes) is traded

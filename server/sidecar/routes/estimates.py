@@ -1,4 +1,4 @@
-"""``POST /api/estimates`` (SPEC M; seed 000, "sharing a card"): the memory budget the Queue on... dialog
+"""``POST /api/estimates`` (docs/memory.md; docs/workers.md, "sharing a card"): the memory budget the Queue on... dialog
 suggests for a graph.
 
 The body is a run's body (``{"graph", "options"}``, validated as ``POST /api/runs`` validates it; options

@@ -1,4 +1,4 @@
-"""Recorded node outputs of a run (SPEC W5, ``options.record_outputs``), for the Inspector.
+"""Recorded node outputs of a run (docs/workers.md, ``options.record_outputs``), for the Inspector.
 
 * ``GET /api/runs/{id}/outputs`` -> ``{"run_id", "where", "worker", "complete", "nodes": [...]}``
 * ``GET /api/runs/{id}/outputs/{node}`` -> the node's outputs (metrics and text inline; tensors and

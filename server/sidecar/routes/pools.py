@@ -1,4 +1,4 @@
-"""One-shot worker pool routes (SPEC W8).
+"""One-shot worker pool routes (docs/workers.md).
 
 * ``GET /api/pools`` -> ``{"pools": [...]}``: each with its live instances (departed ones are not listed)
 * ``POST /api/pools`` ``{"name"}`` -> 201 ``{"name", "credential", "command"}`` (the credential is shown once)

@@ -1,4 +1,4 @@
-"""What a run left behind (SPEC §12): metrics (JSON, CSV), artifacts, the output log.
+"""What a run left behind (docs/sidecar.md): metrics (JSON, CSV), artifacts, the output log.
 
 A worker's run keeps its folder on the worker: its log, listing and files are read through the agent's
 connection while the worker is connected (``read_outputs`` with a ``scope``, server/agent/files.py); while

@@ -1,4 +1,4 @@
-"""The run routes (SPEC §12): submit, list, one run, cancel, delete, events (long-poll and SSE)."""
+"""The run routes (docs/sidecar.md): submit, list, one run, cancel, delete, events (long-poll and SSE)."""
 
 from __future__ import annotations
 

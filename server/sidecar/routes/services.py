@@ -1,4 +1,4 @@
-"""Service routes of the sidecar (SPEC U1-U6, §12): distributed inference Units.
+"""Service routes of the sidecar (docs/services.md, docs/sidecar.md): distributed inference Units.
 
 ``setup(app)`` (called by ``create_app``, after the worker routes: it needs their registry) adds:
 

@@ -1,4 +1,4 @@
-"""The study routes (SPEC Q6): start an Optuna study, list, one study with its trials and best trial, the
+"""The study routes (docs/sweeps.md): start an Optuna study, list, one study with its trials and best trial, the
 trials as CSV, cancel, delete. The work is :class:`~...sweeps.study.StudyService`'s; its drivers start
 with the app (resuming studies a restart interrupted) and stop before the dispatcher does."""
 

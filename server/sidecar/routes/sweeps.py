@@ -1,4 +1,4 @@
-"""The sweep routes (SPEC Q6): submit (or check) a sweep, list, one sweep with its ranked table, the table
+"""The sweep routes (docs/sweeps.md): submit (or check) a sweep, list, one sweep with its ranked table, the table
 as CSV, cancel, delete. The work is :class:`~...sweeps.driver.SweepService`'s."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The standalone page (SPEC UI3): the front end of ``web/`` served by the sidecar at ``/``, and its login.
+"""The standalone page (docs/comfyui.md): the front end of ``web/`` served by the sidecar at ``/``, and its login.
 
 Routes:
 

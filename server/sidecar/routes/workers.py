@@ -1,11 +1,11 @@
-"""Worker routes of the sidecar (SPEC W1-W6, §12): the agents' WebSocket and the management API.
+"""Worker routes of the sidecar (docs/workers.md, docs/sidecar.md): the agents' WebSocket and the management API.
 
 ``setup(app)`` (called by ``create_app``) adds:
 
 * ``GET /api/agents/ws``: the agent WebSocket. Exempt from the session-token middleware: the agent
   authenticates in its ``hello`` (session token, worker credential or one-time join token).
 * ``GET /api/workers`` -> ``{"workers": [...], "pools": [...], "add_worker": {...}, "this_server": {...}}``
-  (every field of seed 000's Workers panel; pool instances are listed with their pool; this server's own
+  (every field of docs/workers.md's Workers panel; pool instances are listed with their pool; this server's own
   machine as a row of its own, never a worker),
 * ``POST /api/workers/ssh`` (add an SSH worker), ``POST /api/workers/{name}/disable`` / ``/enable``,
   ``GET /api/workers/{name}``, ``POST /api/workers/{name}/drain`` / ``/undrain``,
@@ -59,7 +59,7 @@ async def list_workers(request: web.Request) -> web.Response:
 
 
 def _add_worker(request: web.Request) -> dict[str, Any]:
-    """How the Workers panel's "Add worker" opens (seed 000: "via SSH" when only this machine can reach
+    """How the Workers panel's "Add worker" opens (docs/workers.md: "via SSH" when only this machine can reach
     the server)."""
     config = request.app[CONFIG_KEY]
     if auth.is_loopback_host(config.host):

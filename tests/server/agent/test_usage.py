@@ -1,4 +1,4 @@
-"""Per-run memory from NVML's per-process figures (beyond seed 000: the actual use beside the budget), with
+"""Per-run memory from NVML's per-process figures (beyond docs/workers.md: the actual use beside the budget), with
 a stand-in for nvidia-ml-py (no GPU here) and real processes: a run's process and its descendants count."""
 
 from __future__ import annotations

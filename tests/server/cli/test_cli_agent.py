@@ -1,4 +1,4 @@
-"""`xpufleet agent ...` / `xpufleet workers ...` argument handling that needs no sidecar (SPEC W1, §9)."""
+"""`xpufleet agent ...` / `xpufleet workers ...` argument handling that needs no sidecar (docs/workers.md, docs/sidecar.md)."""
 
 from __future__ import annotations
 

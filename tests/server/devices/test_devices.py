@@ -1,4 +1,4 @@
-"""Device inventory, --devices/--simulate parsing and in-run renumbering (SPEC Q4, W2, W6)."""
+"""Device inventory, --devices/--simulate parsing and in-run renumbering (docs/sidecar.md, docs/workers.md, docs/architecture.md)."""
 
 from __future__ import annotations
 

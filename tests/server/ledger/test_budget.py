@@ -1,4 +1,4 @@
-"""Which budget a run gets (seed 000, "sharing a card"): typed, measured peak + 20%, estimate, raises."""
+"""Which budget a run gets (docs/workers.md, "sharing a card"): typed, measured peak + 20%, estimate, raises."""
 
 from __future__ import annotations
 

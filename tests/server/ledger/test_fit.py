@@ -1,4 +1,4 @@
-"""The per-card ledger and the fit rule (seed 000, "sharing a card"): boundaries, every text, decisions."""
+"""The per-card ledger and the fit rule (docs/workers.md, "sharing a card"): boundaries, every text, decisions."""
 
 from __future__ import annotations
 

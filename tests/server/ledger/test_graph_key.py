@@ -1,4 +1,4 @@
-"""The runtime-graph key (seed 000, "sharing a card"): each item that counts and each that does not."""
+"""The runtime-graph key (docs/workers.md, "sharing a card"): each item that counts and each that does not."""
 
 from __future__ import annotations
 

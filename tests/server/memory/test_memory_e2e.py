@@ -1,5 +1,5 @@
 """End to end: memory-shared cards on a real sidecar process and real agent processes with simulated cards
-(SPEC M, W6), whose free figure the test changes while the agents run (``set_simulated_free``; the agent
+(docs/memory.md, docs/architecture.md), whose free figure the test changes while the agents run (``set_simulated_free``; the agent
 re-reads it at every heartbeat). Every run is a real graph (iris, an MLP) executed by a run process on the
 agent, on the CPU; on a simulated card the run's tensor bytes are counted and capped to its budget (a
 simulated cap: there is no CUDA allocator here), and what a simulated card reports is labelled simulated.

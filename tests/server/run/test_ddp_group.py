@@ -1,4 +1,4 @@
-"""ddp for real (SPEC §4): a run on 2 simulated cards as the agent runs it, one launcher group whose
+"""ddp for real (docs/ddp.md): a run on 2 simulated cards as the agent runs it, one launcher group whose
 rank 0 adds rank 1 when it says ``ddp_ready`` (server/run/ddp.py), gloo on CPU processes, compared with
 single-process training on the same data order in this process."""
 

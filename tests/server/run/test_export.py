@@ -1,4 +1,4 @@
-"""``xpufleet export`` (SPEC N6): the generated script and its library, checked against the nodes."""
+"""``xpufleet export`` (docs/nodes.md): the generated script and its library, checked against the nodes."""
 
 from __future__ import annotations
 

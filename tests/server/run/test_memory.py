@@ -1,4 +1,4 @@
-"""The run child caps the CUDA allocator to the run's budget (SPEC W2) and says when it cannot."""
+"""The run child caps the CUDA allocator to the run's budget (docs/workers.md) and says when it cannot."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The output recorder (SPEC W5): each kind of node output, the index a reader sees during the run, and a
+"""The output recorder (docs/workers.md): each kind of node output, the index a reader sees during the run, and a
 recording failure that warns instead of failing the run. Real tensors, a real model, real safetensors."""
 
 from __future__ import annotations

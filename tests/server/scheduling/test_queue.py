@@ -1,4 +1,4 @@
-"""The slot rule (SPEC Q5) as a pure function: order, limits, shared cards, device-set reservations."""
+"""The slot rule (docs/sidecar.md) as a pure function: order, limits, shared cards, device-set reservations."""
 
 from __future__ import annotations
 

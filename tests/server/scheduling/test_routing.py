@@ -1,4 +1,4 @@
-"""Target resolution (SPEC Q3) and options.target parsing: pure, every rule and wording."""
+"""Target resolution (docs/sidecar.md) and options.target parsing: pure, every rule and wording."""
 
 from __future__ import annotations
 
@@ -226,7 +226,7 @@ def test_normalize_device():
     assert Candidate.from_json(Candidate("w", ("cuda:0",)).to_json()) == Candidate("w", ("cuda:0",))
 
 
-# --- one-shot pools, storage mounts, disabled workers (SPEC W7-W9) ------------------------------------
+# --- one-shot pools, storage mounts, disabled workers (docs/workers.md) ------------------------------------
 
 
 def wprov(name: str, *devices: str, mounts: tuple[str, ...] = (), disabled: bool = False) -> ProviderInfo:

@@ -1,5 +1,5 @@
 """The sidecar application in this process (aiohttp's test server on loopback), for what a subprocess
-cannot show: a machine offering cpu and mps:0 (SPEC Q3's exact 400 wording), and a cancel that lands
+cannot show: a machine offering cpu and mps:0 (docs/sidecar.md's exact 400 wording), and a cancel that lands
 while the run's child process is being spawned."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The dispatcher's dynamic runs (SPEC W8, W9): pool runs and runs that need a mount wait with a reason
+"""The dispatcher's dynamic runs (docs/workers.md): pool runs and runs that need a mount wait with a reason
 while no provider can take them and are resolved again when providers change; a one-shot instance takes
 one run even when its slots could hold two; after a restart the dynamic runs are found again. Real
 Dispatcher and SQLite store, providers that record what they are given."""

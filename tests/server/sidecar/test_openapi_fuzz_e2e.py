@@ -1,4 +1,4 @@
-"""The fuzz suite (SPEC S2, issue 9): schemathesis against the real sidecar's ``GET /api/openapi.json``,
+"""The fuzz suite (docs/limits.md, issue 9): schemathesis against the real sidecar's ``GET /api/openapi.json``,
 every route it describes, with cases that fit each route's schema (positive) and cases that break it
 (negative), sent with a valid token.
 

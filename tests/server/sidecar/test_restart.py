@@ -1,7 +1,7 @@
 """Restart: kill -9 the sidecar with runs executing and queued; `xpufleet start` again.
 
 Queued runs stay queued and then run; runs that were executing end ``interrupted`` with a reason;
-finished runs and their event logs are untouched (SPEC Q1: nothing is lost on a restart).
+finished runs and their event logs are untouched (docs/sidecar.md: nothing is lost on a restart).
 """
 
 from __future__ import annotations

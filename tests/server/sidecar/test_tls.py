@@ -1,4 +1,4 @@
-"""TLS (SPEC S3): fingerprints, the generated certificate, and clients that pin it (urllib and aiohttp)
+"""TLS (docs/workers.md): fingerprints, the generated certificate, and clients that pin it (urllib and aiohttp)
 against a real HTTPS server on 127.0.0.1."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""End to end (SPEC S3): TLS between machines. A sidecar started with ``--tls`` (a certificate generated under
+"""End to end (docs/workers.md): TLS between machines. A sidecar started with ``--tls`` (a certificate generated under
 XPUFLEET_HOME), an agent on "another machine" (its own XPUFLEET_HOME) joined with the join command's
 fingerprint through a loopback proxy that records every byte: the run runs, and no token crosses in clear.
 The same capture on a plain-HTTP sidecar does see the token (so the capture would have caught it). An

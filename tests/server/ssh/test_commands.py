@@ -1,4 +1,4 @@
-"""SSH workers' pure parts (SPEC W7): the ssh command lines (never an option smuggled in, host keys always
+"""SSH workers' pure parts (docs/workers.md): the ssh command lines (never an option smuggled in, host keys always
 checked), the failure texts, the bundle's build id, and the scripts run on the host, executed here for
 real on a temporary folder (no ssh needed: the same Python the host runs)."""
 

@@ -1,4 +1,4 @@
-"""End to end (SPEC W7): an SSH worker against a real OpenSSH server the test starts on 127.0.0.1 (Debian's
+"""End to end (docs/workers.md): an SSH worker against a real OpenSSH server the test starts on 127.0.0.1 (Debian's
 openssh-server, a throw-away host key and user key, its own sshd_config). The sidecar puts its own xpufleet
 in the worker's folder on the "host" (replacing an older copy found there), starts the agent, and the
 agent's connection comes back through the ssh tunnel (Unix sockets at both ends: no port opens). A run

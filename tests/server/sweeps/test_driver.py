@@ -102,7 +102,7 @@ def test_a_target_one_run_would_reject_rejects_the_sweep(dispatcher, options, ne
 
 
 def test_the_memory_rules_of_one_run_reject_the_whole_sweep_through_the_same_admission(dispatcher):
-    """A budget goes only to agents that can cap it (SPEC M): Box announces no such capability."""
+    """A budget goes only to agents that can cap it (docs/memory.md): Box announces no such capability."""
     svc = service(dispatcher, Box("box", ["cpu", "cuda:0"]))
     with pytest.raises(RequestError) as exc:
         svc.create(body(options={"device": "cuda", "target": {"worker": "box", "memory_gib": 4}}))

@@ -1,12 +1,12 @@
-"""End to end: a real sidecar and two real agents simulating one CUDA card each (SPEC W6), real run
-processes training on digits, the real CLI (SPEC Q6, issue 15's "Must show").
+"""End to end: a real sidecar and two real agents simulating one CUDA card each (docs/architecture.md), real run
+processes training on digits, the real CLI (docs/sweeps.md, issue 15's "Must show").
 
 * a four-variant learning-rate sweep (samples/sweep_lr.yaml on CUDA cards only) runs two at a time,
   read from the runs' own start and end times; the ranked table, its CSV, the live CLI;
 * a sweep or study a single run would be refused is refused whole, with nothing queued;
 * an Optuna study on digits finds a learning rate that beats the base graph's val_accuracy and prunes;
 * cancelling a sweep leaves no child running (their processes are gone);
-* budgets on shared cards (SPEC M) through the same per-run admission: no budget, one larger than every
+* budgets on shared cards (docs/memory.md) through the same per-run admission: no budget, one larger than every
   usable card, or ``wait: false`` with no fit now rejects the sweep (or study) whole.
 """
 
@@ -363,7 +363,7 @@ def test_cancel_of_a_sweep_leaves_no_child_running(fleet):
         assert fleet.client.request("GET", f"/api/workers/{worker}")["runs"] == []
 
 
-# --- budgets on shared cards (SPEC M): the same per-run admission covers them --------------------------
+# --- budgets on shared cards (docs/memory.md): the same per-run admission covers them --------------------------
 
 
 @pytest.fixture

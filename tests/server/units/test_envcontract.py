@@ -1,4 +1,4 @@
-"""The instance environment (SPEC U2): every name common frameworks read, fresh rendezvous per generation."""
+"""The instance environment (docs/services.md): every name common frameworks read, fresh rendezvous per generation."""
 
 from __future__ import annotations
 

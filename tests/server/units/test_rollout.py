@@ -1,4 +1,4 @@
-"""The rolling update plan (SPEC U5, seed 002): whole units, make-before-break, one at a time, rollback.
+"""The rolling update plan (docs/services.md): whole units, make-before-break, one at a time, rollback.
 
 A small simulator executes the planner's steps: a started unit becomes ready one tick later (or never,
 for a broken version), a retired unit drains for one tick and is gone. The invariants are checked at

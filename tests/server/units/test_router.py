@@ -1,4 +1,4 @@
-"""The request path (SPEC U4) in this process: rank 0 stand-ins are real aiohttp servers on loopback;
+"""The request path (docs/services.md) in this process: rank 0 stand-ins are real aiohttp servers on loopback;
 the manager, store and dispatcher are the real ones. Requests go to rank 0 of a ready unit only, wait
 (bounded) when none is ready, answer 503 with the reason, and move off a unit that fails under them."""
 

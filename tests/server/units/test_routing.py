@@ -1,4 +1,4 @@
-"""Routing choice (SPEC U4): only ready units, least outstanding requests, symmetric units (pure)."""
+"""Routing choice (docs/services.md): only ready units, least outstanding requests, symmetric units (pure)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The service body (SPEC U1, S2, S4): every field validated with a 400 that names it; defaults; round trip."""
+"""The service body (docs/services.md, docs/limits.md): every field validated with a 400 that names it; defaults; round trip."""
 
 from __future__ import annotations
 

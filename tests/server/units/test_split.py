@@ -1,4 +1,4 @@
-"""Pipeline stages (SPEC U3): the split is balanced, each rank reads only its tensors, and the stages
+"""Pipeline stages (docs/services.md): the split is balanced, each rank reads only its tensors, and the stages
 in sequence compute exactly what the unsplit model computes."""
 
 from __future__ import annotations

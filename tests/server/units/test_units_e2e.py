@@ -1,4 +1,4 @@
-"""End to end (SPEC U1-U6, seed 002): a real sidecar and three real agents on loopback with simulated
+"""End to end (docs/services.md): a real sidecar and three real agents on loopback with simulated
 cards (a: cuda:0, b: cuda:0, c: cuda:0 + cuda:1); units of the built-in model server run real
 torch.distributed (gloo) pipelines across agent processes; crashes are real SIGKILLs.
 

@@ -1,4 +1,4 @@
-"""ddp end to end (SPEC §4): a real sidecar, real agents with 2 simulated cards, real rank processes
+"""ddp end to end (docs/ddp.md): a real sidecar, real agents with 2 simulated cards, real rank processes
 (gloo on the CPU), real SIGKILLs, a real Python exception in rank 1 (the tests-only hook
 ``XPUFLEET_TEST_DDP_RAISE``), a real Stop, and psutil looking at the ranks' sockets while they train."""
 

@@ -1,4 +1,4 @@
-"""End to end (SPEC W9): storage mounts. An agent declares ``--mount datasets=FOLDER``; a graph whose CSV
+"""End to end (docs/workers.md): storage mounts. An agent declares ``--mount datasets=FOLDER``; a graph whose CSV
 input is ``datasets:iris.csv`` reads that folder on that worker; ``..`` and a symbolic link out of the
 folder are refused; a run naming a label its worker lacks is a 400 for a named worker and waits for one
 that has it under ``any``."""

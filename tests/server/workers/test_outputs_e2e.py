@@ -1,4 +1,4 @@
-"""End to end (SPEC W5): recorded node outputs kept on the worker, read back through the sidecar while the
+"""End to end (docs/workers.md): recorded node outputs kept on the worker, read back through the sidecar while the
 worker is connected, 409 naming the worker while it is away, and with ``record_outputs: "upload"`` still
 readable once the worker is gone. Real sidecar, real agent, real runs (iris, a small MLP)."""
 

@@ -1,4 +1,4 @@
-"""End to end (SPEC W8): one-shot workers and pools with a real sidecar and real one-shot agents on loopback.
+"""End to end (docs/workers.md): one-shot workers and pools with a real sidecar and real one-shot agents on loopback.
 
 A pool's shared credential joins three one-shot agents; three runs take one instance each and every agent
 exits when its run has ended; a fourth run waits (saying for what) until a fourth instance joins; departed

@@ -100,7 +100,7 @@ def test_capabilities_and_per_run_memory_are_checked():
         protocol.validate(beat)
 
 
-# --- remote workers: mounts, one-shot, recorded outputs, a refused certificate (SPEC W5, W8, W9, S3) -------
+# --- remote workers: mounts, one-shot, recorded outputs, a refused certificate (docs/workers.md) -------
 
 
 def test_hello_carries_mounts_and_one_shot():

@@ -1,4 +1,4 @@
-"""End to end: a real sidecar process and real agent processes on loopback, simulated cards (SPEC W6).
+"""End to end: a real sidecar process and real agent processes on loopback, simulated cards (docs/architecture.md).
 
 Every run here is a real graph (scikit-learn's iris, a small MLP) executed by the run child on the
 agent, on the CPU, while scheduling, renumbering and the agent protocol work as for real cards.
