@@ -113,8 +113,7 @@ class Agent(RemoteFeatures):
         self._send_lock = asyncio.Lock()
         self._node_types: list[str] | None = None
         self.removed = False
-        # This agent process, as the server tells it from another agent under the same name.
-        self.instance = uuid.uuid4().hex
+        self.instance = uuid.uuid4().hex  # this process, told apart from another agent of the same name
         # The server's settings, from its last welcome: a remote agent does not share its environment.
         self.server_heartbeat_s: float | None = None
         self.server_grace_s: float | None = None
@@ -254,7 +253,8 @@ class Agent(RemoteFeatures):
         import aiohttp
 
         headers = {"X-Xpufleet-Agent": self.cfg.name}  # the credential itself goes in the hello only
-        self._write_state("connecting", f"connecting to {auth.url}", server=auth.url)
+        if self.state.get("state") != "rejected":  # a refused pin stays the news until a connection succeeds
+            self._write_state("connecting", f"connecting to {auth.url}", server=auth.url)
         async with session.ws_connect(
             ws_url(auth.url), headers=headers, max_msg_size=protocol.MAX_MESSAGE_BYTES,
             heartbeat=max(5.0, self.heartbeat_s() * 2), autoping=True, ssl=tls.aiohttp_ssl(auth.fingerprint),
