@@ -4,6 +4,7 @@ local run is refused with what to install (docs/install.md)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -20,18 +21,15 @@ from xpufleet.server.sidecar.runtime_file import read_runtime
 
 pytestmark = pytest.mark.e2e
 
-GRAPH = {  # every required input given: the server validates as ComfyUI does
-    "1": {"class_type": "XPUDataset", "inputs": {"name": "iris", "val_split": 0.2, "seed": 0, "normalize": "standard"}},
-    "2": {"class_type": "XPUDataLoader", "inputs": {"dataset": ["1", 0], "batch_size": 16, "shuffle": True,
-                                                    "num_workers": 0, "drop_last": False}},
-    "4": {"class_type": "XPUMLP", "inputs": {"hidden": "16", "activation": "relu", "dropout": 0.0, "seed": 0,
-                                             "dataset_info": ["1", 2]}},
-    "5": {"class_type": "XPUOptimizer", "inputs": {"name": "adam", "lr": 0.01, "weight_decay": 0.0, "momentum": 0.9}},
-    "6": {"class_type": "XPULoss", "inputs": {"name": "cross_entropy"}},
-    "7": {"class_type": "XPUTrainingLoop", "inputs": {"model": ["4", 0], "dataloader": ["2", 0],
-                                                     "optimizer": ["5", 0], "loss": ["6", 0], "epochs": 1,
-                                                     "max_steps": 0, "device": "auto", "precision": "fp32"}},
-}
+def _iris_graph() -> dict:
+    """The e2e suites' iris graph (tests/server/fleet_harness.py: test folders are not packages)."""
+    spec = importlib.util.spec_from_file_location("fleet_harness", arch.REPO / "tests" / "server" / "fleet_harness.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.iris_graph()
+
+
+GRAPH = _iris_graph()
 
 
 def _until(check, what: str, bound_s: float = 120.0):

@@ -7,6 +7,7 @@ Loaded by path as ``browser_harness`` (tests/frontend/conftest.py, the benchmark
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -192,6 +194,22 @@ def standalone_context(browser: Any, settings: dict[str, Any], theme: str = "dar
     context.add_init_script(f"""for (const [k, v] of Object.entries({json.dumps(settings)}))
         if (localStorage.getItem(k) === null) localStorage.setItem(k, JSON.stringify(v));""")
     return context
+
+
+@contextlib.contextmanager
+def standalone_page(browser: Any, fleet: Any, settings: dict[str, Any], theme: str = "dark",
+                    log: ConsoleLog | None = None) -> Iterator[tuple[Any, ConsoleLog]]:
+    """The standalone page in a fresh context, logged in through a one-time link, its drop zone drawn;
+    yields (page, the console record); the context is closed after."""
+    context = standalone_context(browser, settings, theme)
+    page = context.new_page()
+    log = (log or ConsoleLog()).attach(page)
+    page.goto(fleet.login_url())
+    page.locator("[data-xpufleet=drop-zone]").wait_for(timeout=WAIT_S * 1000)
+    try:
+        yield page, log
+    finally:
+        context.close()
 
 
 def drop_graph(page: Any, name: str, graph: dict[str, Any]) -> None:

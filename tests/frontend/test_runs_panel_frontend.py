@@ -19,15 +19,8 @@ SETTINGS = {"XPUFleet.Predict.Device": "", "XPUFleet.Language": "en"}
 
 @pytest.fixture(scope="module")
 def page(playwright_browser, standalone_fleet):
-    context = bh.standalone_context(playwright_browser, SETTINGS)
-    page = context.new_page()
-    log = bh.ConsoleLog().attach(page)
-    page.goto(standalone_fleet.login_url())
-    page.locator("[data-xpufleet=drop-zone]").wait_for(timeout=WAIT_MS)
-    try:
+    with bh.standalone_page(playwright_browser, standalone_fleet, SETTINGS) as (page, log):
         yield page
-    finally:
-        context.close()
     assert log.errors == [], log.errors  # no console error through these tests
     assert log.failed == [], log.failed  # and no failed request
 

@@ -46,15 +46,8 @@ def mem_gib(value: float) -> str:
 
 @pytest.fixture(scope="module")
 def page(playwright_browser, standalone_fleet):
-    context = bh.standalone_context(playwright_browser, SETTINGS)
-    page = context.new_page()
-    log = bh.ConsoleLog().attach(page)
-    page.goto(standalone_fleet.login_url())
-    page.locator("[data-xpufleet=drop-zone]").wait_for(timeout=WAIT_MS)
-    try:
+    with bh.standalone_page(playwright_browser, standalone_fleet, SETTINGS) as (page, log):
         yield page
-    finally:
-        context.close()
     assert log.errors == [], log.errors  # no console error on the page through these tests
 
 

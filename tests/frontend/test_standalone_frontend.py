@@ -30,15 +30,8 @@ def new_context(browser, theme: str = "dark"):
 
 @pytest.fixture(scope="module")
 def page_and_log(playwright_browser, standalone_fleet):
-    context = new_context(playwright_browser)
-    page = context.new_page()
-    log = bh.ConsoleLog().attach(page)
-    page.goto(standalone_fleet.login_url())
-    page.locator("[data-xpufleet=drop-zone]").wait_for(timeout=WAIT_MS)
-    try:
-        yield page, log
-    finally:
-        context.close()
+    with bh.standalone_page(playwright_browser, standalone_fleet, SETTINGS) as page_and_log:
+        yield page_and_log
 
 
 def drop(page, name: str, graph: dict) -> None:

@@ -16,15 +16,8 @@ GRAPH = {"1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "
 
 @pytest.fixture(scope="module")
 def page_and_log(playwright_browser, standalone_fleet):
-    context = bh.standalone_context(playwright_browser, SETTINGS, "light")
-    page = context.new_page()
-    log = bh.ConsoleLog().attach(page)
-    page.goto(standalone_fleet.login_url())
-    page.locator("[data-xpufleet=drop-zone]").wait_for(timeout=WAIT_MS)
-    try:
-        yield page, log
-    finally:
-        context.close()
+    with bh.standalone_page(playwright_browser, standalone_fleet, SETTINGS, "light") as page_and_log:
+        yield page_and_log
 
 
 def test_a_dropped_file_shows_in_the_picker_and_stays_across_a_language_change(page_and_log, screenshots):

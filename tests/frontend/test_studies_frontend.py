@@ -58,15 +58,8 @@ def console():
 
 @pytest.fixture(scope="module")
 def page(playwright_browser, standalone_fleet, console):
-    context = bh.standalone_context(playwright_browser, SETTINGS)
-    page = context.new_page()
-    console.attach(page)
-    page.goto(standalone_fleet.login_url())
-    page.locator("[data-xpufleet=drop-zone]").wait_for(timeout=WAIT_MS)
-    try:
+    with bh.standalone_page(playwright_browser, standalone_fleet, SETTINGS, log=console) as (page, _log):
         yield page
-    finally:
-        context.close()
 
 
 def test_a_finished_study_its_best_trial_history_and_trials(page, standalone_fleet, console, screenshots):

@@ -41,17 +41,10 @@ def workers_data(fleet) -> dict:
 
 @pytest.fixture(scope="module")
 def page_and_log(playwright_browser, standalone_fleet):
-    context = bh.standalone_context(playwright_browser, SETTINGS)
-    page = context.new_page()
-    log = bh.ConsoleLog().attach(page)
-    page.goto(standalone_fleet.login_url())
-    page.locator("[data-xpufleet=drop-zone]").wait_for(timeout=WAIT_MS)
-    page.click("[data-xpufleet=tab-workers]")
-    page.locator(PANEL).wait_for(timeout=WAIT_MS)
-    try:
+    with bh.standalone_page(playwright_browser, standalone_fleet, SETTINGS) as (page, log):
+        page.click("[data-xpufleet=tab-workers]")
+        page.locator(PANEL).wait_for(timeout=WAIT_MS)
         yield page, log
-    finally:
-        context.close()
 
 
 def test_this_server_is_listed_with_its_slots_and_finished_runs_show_per_worker(page_and_log, standalone_fleet,

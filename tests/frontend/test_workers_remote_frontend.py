@@ -38,15 +38,8 @@ def refusal(fleet, method: str, path: str, body) -> str:
 
 @pytest.fixture(scope="module")
 def page_and_log(playwright_browser, standalone_fleet):
-    context = bh.standalone_context(playwright_browser, SETTINGS)
-    page = context.new_page()
-    log = bh.ConsoleLog().attach(page)
-    page.goto(standalone_fleet.login_url())
-    page.locator("[data-xpufleet=drop-zone]").wait_for(timeout=WAIT_MS)
-    try:
-        yield page, log
-    finally:
-        context.close()
+    with bh.standalone_page(playwright_browser, standalone_fleet, SETTINGS) as page_and_log:
+        yield page_and_log
 
 
 def test_add_an_ssh_worker_then_disable_and_enable_it(page_and_log, standalone_fleet, screenshots):
