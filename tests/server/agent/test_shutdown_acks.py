@@ -25,13 +25,11 @@ def test_it_returns_once_the_last_event_is_acked(tmp_path):
         loop = asyncio.get_running_loop()
         loop.call_later(0.05, agent._ack, rs, 1)
         loop.call_later(0.10, agent._ack, rs, 2)
-        t0 = time.monotonic()
         done = await agent._await_acks(30.0)
-        return done, time.monotonic() - t0, rs.events
+        return done, rs.events
 
-    done, took, left = asyncio.run(scenario())
-    assert done is True and left == []
-    assert took < 10.0  # woken by the ack, far inside the 30 s bound
+    done, left = asyncio.run(scenario())
+    assert done is True and left == []  # True: woken by the acks, not ended by the 30 s bound
 
 
 def test_unacked_events_wait_only_for_the_bound_and_not_at_all_when_disconnected(tmp_path):
