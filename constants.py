@@ -151,8 +151,12 @@ MEMORY_ESTIMATE_TIMEOUT_S = 5.0  # the meta-device build of a graph's models is 
 # A graph that runs a model in more places (TrainingLoops, Evaluates, Predicts) is "too large to estimate":
 # no build (each place is one meta-device build; 5,000 of them only ran into the time limit, issue 19)
 ESTIMATE_MAX_MODEL_USES = 100
-ESTIMATE_ALLOCATOR_FRACTION = 0.2  # the static estimate adds 20% for the caching allocator
-ESTIMATE_CUDA_LIBRARIES_MIB = 128  # ... and 128 MiB for the CUDA libraries' workspaces
+# The static estimate's margins, fitted to the first real-GPU run (an H200, 2026-12-04: docs/gpu-check.md):
+# reserved peaks were 64-66 MiB for graphs of a few KiB (cuBLAS workspaces), 1.05-1.35x the tensors beyond
+# that, and convolution graphs reserved about their activations again (cuDNN workspaces, freed blocks).
+ESTIMATE_ALLOCATOR_FRACTION = 0.3  # +30% of the items for the caching allocator
+ESTIMATE_CUDA_LIBRARIES_MIB = 72  # ... +72 MiB for the CUDA libraries' workspaces
+ESTIMATE_CONV_WORKSPACE_FRACTION = 1.0  # ... and a model with convolutions: its activations once more
 MEMORY_OVERTAKES_BEFORE_HOLD = 3  # a waiting run overtaken this often on a shared card holds that card for itself
 ENV_LOCAL_SHARED_CARDS = "XPUFLEET_LOCAL_SHARED_CARDS"  # "cuda:0,cuda:1": this server's cards admitted by memory
 AGENT_CAP_MEMORY = "memory_cap"  # the hello capability of an agent that caps a run's allocator to its budget

@@ -39,7 +39,11 @@ class GpuFleet:
     def __init__(self, home: Path, device: str) -> None:
         self.home = Path(home)
         self.device = device
-        self.sidecar = harness().Sidecar(self.home, env=ENV)
+        # On a GPU machine the sidecar itself offers the same card (same UUID, one slot) as the agent beside it:
+        # a card is admitted by memory only when every provider shares it (docs/memory.md), so the checks that
+        # share cuda:0 on the agent share it on this server too.
+        env = {**ENV, "XPUFLEET_LOCAL_SHARED_CARDS": "cuda:0"} if device == "cuda" else ENV
+        self.sidecar = harness().Sidecar(self.home, env=env)
         self.agents: dict[str, Any] = {}
 
     def __enter__(self) -> GpuFleet:

@@ -14,8 +14,12 @@ Items (they add up to the total):
   optimizer state (the batch, activations saved for backward, the temporaries of backward and of the
   optimizer step), so the items add up to the simulated peak rather than counting at once what is never
   alive at once;
-* **allocator**: +20% of the above for the caching allocator;
-* **CUDA libraries**: +128 MiB for their workspaces.
+* **allocator**: +30% of the above for the caching allocator;
+* **convolution workspaces** (a phase whose model has convolutions): its activations once more, for cuDNN's
+  workspaces and the blocks the allocator keeps after them;
+* **CUDA libraries**: +72 MiB for their workspaces.
+
+The margins were fitted to the reserved peaks of the first real-GPU run (docs/gpu-check.md).
 
 The models are built by the graph's own builder nodes (``nodes.models``) on the meta device, in a thread
 with a time limit: a build that runs over it is abandoned and no estimate is given. Input shapes come from
@@ -38,6 +42,7 @@ from typing import Any
 from ..constants import (
     BYTES_PER_GB,
     ESTIMATE_ALLOCATOR_FRACTION,
+    ESTIMATE_CONV_WORKSPACE_FRACTION,
     ESTIMATE_CUDA_LIBRARIES_MIB,
     ESTIMATE_MAX_MODEL_USES,
     MEMORY_ESTIMATE_TIMEOUT_S,
@@ -212,6 +217,12 @@ class _Work:
         return held
 
 
+def _has_convolutions(model: Any) -> bool:
+    import torch
+
+    return any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
+
+
 def _items(facts: GraphFacts) -> tuple[list[EstimateItem], bool]:
     """The items; the activations item is what the largest phase holds beyond the formula items, so the
     total is at least the simulated peak of every phase and never counts twice what is alive once."""
@@ -220,6 +231,7 @@ def _items(facts: GraphFacts) -> tuple[list[EstimateItem], bool]:
     training: tuple[int, str] = (0, "")
     autocast: tuple[int, str] = (0, "")
     phase: tuple[int, str] = (0, "")
+    conv_phase = False  # whether the largest phase's model has convolutions
     any_model = False
     for use in facts.uses:
         built = work.build(use.model) if use.model is not None else None
@@ -240,6 +252,7 @@ def _items(facts: GraphFacts) -> tuple[list[EstimateItem], bool]:
         held = work.phase(use, built)
         if held is not None and (held > phase[0] or not phase[1]):
             phase = (held, use.label)
+            conv_phase = _has_convolutions(built.model)
     items: list[EstimateItem] = []
     if not any_model:
         return items, False
@@ -252,6 +265,7 @@ def _items(facts: GraphFacts) -> tuple[list[EstimateItem], bool]:
         items.append(EstimateItem("training", *training))
     if autocast[1]:
         items.append(EstimateItem("autocast", *autocast))
+    rest = 0
     if phase[1]:
         rest = max(0, phase[0] - training[0] - autocast[0])
         items.append(EstimateItem("activations", rest, f"{phase[1]}: the batch, activations and temporaries "
@@ -261,6 +275,10 @@ def _items(facts: GraphFacts) -> tuple[list[EstimateItem], bool]:
     subtotal = sum(i.bytes for i in items)
     items.append(EstimateItem("allocator", int(round(subtotal * ESTIMATE_ALLOCATOR_FRACTION)),
                               f"+{ESTIMATE_ALLOCATOR_FRACTION:.0%} for the caching allocator"))
+    if conv_phase and phase[1]:
+        items.append(EstimateItem("convolution_workspaces", int(round(rest * ESTIMATE_CONV_WORKSPACE_FRACTION)),
+                                  f"+{ESTIMATE_CONV_WORKSPACE_FRACTION:.0%} of the activations for cuDNN's workspaces "
+                                  f"(a model with convolutions)"))
     items.append(EstimateItem("cuda_libraries", ESTIMATE_CUDA_LIBRARIES_MIB * 1024**2,
                               f"+{ESTIMATE_CUDA_LIBRARIES_MIB} MiB for the CUDA libraries' workspaces"))
     return items, True
