@@ -17,7 +17,7 @@ RMSprop), it compares:
   on a GPU run and is not counted.
 
 The ratio compares like with like: the estimate's tensor items (weights, training, autocast, activations)
-over the reference. Its margins (+30% for the caching allocator, the convolution workspaces, 72 MiB for the
+over the reference. Its margins (the autocast copies' gradients, +30% for the caching allocator, the convolution workspaces, 72 MiB for the
 CUDA libraries) are CUDA's, which a CPU run does not have: the GPU check (`make gpu-check`, docs/gpu-check.md)
 judges them against real reserved peaks. Goals: ratio 0.995 to 1.05 (the meta-device simulation matches the
 tracker) and <= 200 ms per estimate (warm: the first estimate in a process also imports torch, shown separately).
@@ -246,7 +246,7 @@ def main() -> None:
         rows.append((name, items, est.total_bytes, tensors, ref, tensors / ref, min(times), est.rough))
     header = (f"{'graph':28} {'weights':>9} {'training':>9} {'autocast':>9} {'activ.':>9} {'estimate':>9} "
               f"{'tensors':>9} {'measured':>9} {'ratio':>6} {'ms':>6}")
-    print("MiB per card; 'estimate' includes the CUDA margins (allocator, convolution workspaces, libraries), "
+    print("MiB per card; 'estimate' includes the CUDA margins (autocast gradients, allocator, convolution workspaces, libraries), "
           "'tensors' does not;\n'measured' = MemTracker peak on this CPU; ratio = tensors / measured (how closely "
           "the meta-device simulation matches the tracker)")
     print(header)

@@ -14,6 +14,9 @@ Items (they add up to the total):
   optimizer state (the batch, activations saved for backward, the temporaries of backward and of the
   optimizer step), so the items add up to the simulated peak rather than counting at once what is never
   alive at once;
+* **autocast gradients** (training in bf16/fp16): +2 B per weight for the gradients of the half-precision
+  copies, which CUDA's autocast backward holds beside the float32 ones (on the CPU, where the meta-device
+  simulation is checked, they are not seen);
 * **allocator**: +30% of the above for the caching allocator;
 * **convolution workspaces** (a phase whose model has convolutions): its activations once more, for cuDNN's
   workspaces and the blocks the allocator keeps after them;
@@ -52,6 +55,7 @@ from .estimate_graph import GraphFacts, ModelNode, Use, read_graph
 GIB = BYTES_PER_GB
 WEIGHT_BYTES = 4
 AUTOCAST_COPY_BYTES = 2
+AUTOCAST_GRAD_BYTES = 2  # fitted to the first real-GPU run (docs/gpu-check.md): see the module docstring
 GRADIENT_BYTES = 4
 
 
@@ -68,7 +72,7 @@ def training_bytes(optimizer: str, momentum: float = 0.0, centered: bool = False
 
 @dataclass(frozen=True)
 class EstimateItem:
-    name: str  # weights | training | autocast | activations | allocator | cuda_libraries
+    name: str  # weights | training | autocast | activations | autocast_gradients | allocator | ... | cuda_libraries
     bytes: int
     label: str
 
@@ -230,6 +234,7 @@ def _items(facts: GraphFacts) -> tuple[list[EstimateItem], bool]:
     resident: dict[str, _Built] = {}
     training: tuple[int, str] = (0, "")
     autocast: tuple[int, str] = (0, "")
+    half_grads: tuple[int, str] = (0, "")
     phase: tuple[int, str] = (0, "")
     conv_phase = False  # whether the largest phase's model has convolutions
     any_model = False
@@ -245,6 +250,10 @@ def _items(facts: GraphFacts) -> tuple[list[EstimateItem], bool]:
             if built.trainable * per > training[0]:
                 training = (built.trainable * per, f"{built.trainable:,} trainable parameters x {per} B (gradients "
                                                    f"and {opt} state, node {use.node_id})")
+        if use.precision in ("bf16", "fp16") and use.kind == "train" and built.params * AUTOCAST_GRAD_BYTES > half_grads[0]:
+            half_grads = (built.params * AUTOCAST_GRAD_BYTES,
+                          f"{built.params:,} weights x {AUTOCAST_GRAD_BYTES} B ({use.precision} gradients of the autocast "
+                          f"copies on CUDA, node {use.node_id})")
         if use.precision in ("bf16", "fp16") and built.params * AUTOCAST_COPY_BYTES > autocast[0]:
             autocast = (built.params * AUTOCAST_COPY_BYTES,
                         f"{built.params:,} weights x {AUTOCAST_COPY_BYTES} B ({use.precision} autocast copies, "
@@ -272,6 +281,8 @@ def _items(facts: GraphFacts) -> tuple[list[EstimateItem], bool]:
                                                        f"beyond the items above (meta-device simulation)"))
     else:
         items.append(EstimateItem("activations", 0, "not counted (see the reasons)"))
+    if half_grads[1]:
+        items.append(EstimateItem("autocast_gradients", *half_grads))
     subtotal = sum(i.bytes for i in items)
     items.append(EstimateItem("allocator", int(round(subtotal * ESTIMATE_ALLOCATOR_FRACTION)),
                               f"+{ESTIMATE_ALLOCATOR_FRACTION:.0%} for the caching allocator"))
