@@ -332,7 +332,12 @@ def estimate_graph(graph: Mapping[str, Any], *, timeout_s: float = MEMORY_ESTIMA
     too_large = _too_large(read_graph(graph))  # linear; before torch, whose import holds the GIL for long
     if too_large is not None:
         return too_large
-    import torch  # noqa: F401 - imported here, so the time limit covers the build and not the import
+    # Imported here, so that the time limit covers the build and not the imports (torch, the nodes and what
+    # they import: seconds from a cold disk, which once timed out the first estimate on a fresh GPU machine).
+    import torch  # noqa: F401
+
+    from ..nodes import models  # noqa: F401
+    from . import meta_sim  # noqa: F401
 
     box: dict[str, Any] = {}
 
