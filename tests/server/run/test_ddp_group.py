@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import graph_parts as gp  # registered by tests/conftest.py
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -34,26 +35,13 @@ def graph(batch: int = 32, schedule: str | None = None, **loop: Any) -> dict[str
     """Synthetic data: 516 training samples (8 batches of 64 + 4) and 129 validation samples (odd)."""
     if schedule:
         loop["lr_scheduler"] = ["10", 0]
-    inputs = {"model": ["4", 0], "dataloader": ["2", 0], "optimizer": ["5", 0], "loss": ["6", 0], "epochs": 3,
-              "max_steps": 0, "device": "auto", "precision": "fp32", "val_dataloader": ["3", 0],
-              "tensorboard": False, "strategy": "ddp", "accumulate_steps": 1, "grad_clip_norm": 0.0}
-    inputs.update(loop)
+    inputs = {"epochs": 3, "val_dataloader": ["3", 0], "strategy": "ddp", "accumulate_steps": 1,
+              "grad_clip_norm": 0.0, **loop}
     return {
-        "1": {"class_type": "XPUDataset", "inputs": {"name": "synthetic_classification", "val_split": 0.2, "seed": 0,
-                                                     "normalize": "standard", "n_samples": 645, "n_features": 16,
-                                                     "num_classes": 3}},
-        "2": {"class_type": "XPUDataLoader", "inputs": {"dataset": ["1", 0], "batch_size": batch, "shuffle": True,
-                                                        "num_workers": 0, "drop_last": False}},
-        "3": {"class_type": "XPUDataLoader", "inputs": {"dataset": ["1", 1], "batch_size": 50, "shuffle": False,
-                                                        "num_workers": 0, "drop_last": False}},
-        "4": {"class_type": "XPUMLP", "inputs": {"hidden": "32", "activation": "relu", "dropout": 0.0, "seed": 0,
-                                                 "dataset_info": ["1", 2]}},
-        "5": {"class_type": "XPUOptimizer", "inputs": {"name": "adam", "lr": 0.01, "weight_decay": 0.0,
-                                                       "momentum": 0.9}},
-        "6": {"class_type": "XPULoss", "inputs": {"name": "cross_entropy"}},
-        "7": {"class_type": "XPUTrainingLoop", "inputs": inputs},
-        "8": {"class_type": "XPUEvaluate", "inputs": {"model": ["7", 0], "dataloader": ["3", 0], "device": "auto",
-                                                      "precision": "fp32"}},
+        "1": gp.dataset("synthetic_classification", n_samples=645, n_features=16, num_classes=3),
+        "2": gp.loader("1", batch_size=batch), "3": gp.loader("1", 1, batch_size=50, shuffle=False),
+        "4": gp.mlp("1", hidden="32"), "5": gp.optimizer(), "6": gp.loss(),
+        "7": gp.training_loop("4", "2", "5", "6", **inputs), "8": gp.evaluate("7", "3"),
         "9": {"class_type": "XPUModelSaver", "inputs": {"model": ["7", 0], "filename": "model.safetensors",
                                                         "format": "safetensors", "location": "run_dir"}},
         **({"10": {"class_type": "XPULRScheduler", "inputs": {"name": schedule, "interval": "step"}}}

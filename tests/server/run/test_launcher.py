@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import graph_parts as gp  # registered by tests/conftest.py
 import psutil
 import pytest
 
@@ -31,16 +32,8 @@ pytestmark = pytest.mark.e2e
 
 # Trains for as long as nobody stops it (many epochs of iris); reports progress as it goes.
 LONG_GRAPH = {
-    "1": {"class_type": "XPUDataset", "inputs": {"name": "iris", "val_split": 0.2, "seed": 0, "normalize": "standard"}},
-    "2": {"class_type": "XPUDataLoader", "inputs": {"dataset": ["1", 0], "batch_size": 4, "shuffle": True,
-                                                    "num_workers": 0, "drop_last": False}},
-    "3": {"class_type": "XPUMLP", "inputs": {"hidden": "16", "activation": "relu", "dropout": 0.0, "seed": 0,
-                                             "dataset_info": ["1", 2]}},
-    "4": {"class_type": "XPUOptimizer", "inputs": {"name": "sgd", "lr": 0.01, "weight_decay": 0.0, "momentum": 0.0}},
-    "5": {"class_type": "XPULoss", "inputs": {"name": "cross_entropy"}},
-    "6": {"class_type": "XPUTrainingLoop", "inputs": {
-        "model": ["3", 0], "dataloader": ["2", 0], "optimizer": ["4", 0], "loss": ["5", 0], "epochs": 100000,
-        "max_steps": 0, "device": "cpu", "precision": "fp32", "tensorboard": False, "strategy": "single"}},
+    "1": gp.dataset(), "2": gp.loader("1", batch_size=4), "3": gp.mlp("1"), "4": gp.optimizer("sgd", momentum=0.0),
+    "5": gp.loss(), "6": gp.training_loop("3", "2", "4", "5", epochs=100000, device="cpu", strategy="single"),
 }
 
 STARTERS = {"warm": WarmStarter, "cold": ColdStarter}
