@@ -12,7 +12,6 @@ import importlib.util
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -62,27 +61,6 @@ def launch(playwright: Any) -> Any:
 # --- the sidecar and its agents ---------------------------------------------------------------------
 
 
-class Agent:
-    """``xpufleet agent start --foreground --simulate ...`` as a child, stopped by its PID."""
-
-    def __init__(self, home: Path, env: dict[str, str], name: str, simulate: str) -> None:
-        self.name = name
-        self.log_path = home / f"test-agent-{name}.log"
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "xpufleet.server", "agent", "start", "--foreground", "--name", name,
-                 "--simulate", simulate], env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-
-
 class Fleet:
     """A real sidecar (``xpufleet start --port 0``) for ``home`` and agents with simulated cards."""
 
@@ -93,7 +71,7 @@ class Fleet:
         for name in ("CUDA_VISIBLE_DEVICES", "XPUFLEET_RUN_QUEUE_MAX_CONCURRENT"):
             self.env.pop(name, None)
         self.sidecar = sidecar_harness.Sidecar(self.home, env=extra)
-        self.agents: list[Agent] = []
+        self.agents: list[sidecar_harness.AgentProcess] = []
 
     def start(self) -> Fleet:
         self.sidecar.start()
@@ -106,8 +84,8 @@ class Fleet:
     def call(self, method: str, path: str, body: Any = None) -> Any:
         return self.sidecar.client.request(method, path, body)
 
-    def add_agent(self, name: str, simulate: str) -> Agent:
-        agent = Agent(self.home, self.env, name, simulate)
+    def add_agent(self, name: str, simulate: str) -> sidecar_harness.AgentProcess:
+        agent = sidecar_harness.AgentProcess(self.sidecar, name, None, "--simulate", simulate)
         self.agents.append(agent)
         self.wait_worker(name, "Online")
         return agent
