@@ -228,6 +228,20 @@ def open_comfy(context: Any, url: str, log: ConsoleLog | None = None, plugin: bo
     return page
 
 
+@contextlib.contextmanager
+def comfy_page(browser: Any, host: Any, settings: dict[str, Any], height: int = 950,
+               **context_options: Any) -> Iterator[tuple[Any, ConsoleLog]]:
+    """ComfyUI's page with the plugin, in a fresh context, after ``settings`` (comfy_settings); yields (page,
+    its console recorded from the first request); the context is closed after, also when a test fails."""
+    comfy_settings(host, settings)
+    context = browser.new_context(viewport={"width": 1500, "height": height}, **context_options)
+    try:
+        log = ConsoleLog()
+        yield open_comfy(context, host.url, log), log
+    finally:
+        context.close()
+
+
 def load_api_graph(page: Any, graph: dict[str, Any], name: str) -> None:
     page.evaluate("([g, n]) => app.loadApiJson(g, n)", [graph, name])
 

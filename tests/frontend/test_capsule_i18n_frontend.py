@@ -27,15 +27,11 @@ WAIT_MS = int(bh.WAIT_S * 1000)
 @pytest.fixture(scope="module")
 def session(playwright_browser, comfy_host, comfy_fleet):
     """One ComfyUI page for the module with mlp_digits on the canvas, its console recorded."""
-    bh.comfy_settings(comfy_host, SETTINGS)
-    context = playwright_browser.new_context(viewport={"width": 1500, "height": 950})
-    log = bh.ConsoleLog()
-    page = bh.open_comfy(context, comfy_host.url, log)
-    bh.load_api_graph(page, GRAPH, "mlp_digits")
     try:
-        yield page, log
+        with bh.comfy_page(playwright_browser, comfy_host, SETTINGS) as (page, log):
+            bh.load_api_graph(page, GRAPH, "mlp_digits")
+            yield page, log
     finally:
-        context.close()
         # ComfyUI keeps settings on its server: the next module starts in English and the dark palette
         bh.comfy_settings(comfy_host, {"Comfy.Locale": "en", "Comfy.ColorPalette": "dark"})
 

@@ -25,14 +25,8 @@ WAIT_MS = int(bh.WAIT_S * 1000)
 @pytest.fixture(scope="module")
 def session(playwright_browser, comfy_host, comfy_fleet):
     """One ComfyUI page for the module, its console recorded from the first request."""
-    bh.comfy_settings(comfy_host, SETTINGS)
-    context = playwright_browser.new_context(viewport={"width": 1500, "height": 950})
-    log = bh.ConsoleLog()
-    page = bh.open_comfy(context, comfy_host.url, log)
-    try:
+    with bh.comfy_page(playwright_browser, comfy_host, SETTINGS) as (page, log):
         yield page, log
-    finally:
-        context.close()
 
 
 def wait_capsule(page, condition: str) -> dict:
