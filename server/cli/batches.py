@@ -60,10 +60,38 @@ def counts_text(item: Item) -> str:
     return ", ".join(f"{n} {s}" for s, n in sorted(item["counts"].items()))
 
 
-def manage(kind: Kind, args: argparse.Namespace, command: str | None, item_prefix: str | None) -> int:
+def add_commands(sub: Any, kind: Kind, texts: dict[str, str], start: Callable[[argparse.Namespace], int],
+                 manage_command: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
+    """``xpufleet <noun> SPEC.yaml`` (``start``) and ``xpufleet <collection> [list | show | cancel]``
+    (``manage_command``); ``texts``: the helps that differ (start, description, csv, show, show_csv,
+    cancel). The start parser, for options of its own."""
+    p = sub.add_parser(kind.noun, help=texts["start"], description=texts["description"])
+    p.add_argument("spec", help=f"{kind.noun} spec (YAML)")
+    p.add_argument("--no-wait", action="store_true", help=f"print the {kind.noun} id and return")
+    p.add_argument("--csv", metavar="FILE", help=texts["csv"])
+    p.add_argument("--json", action="store_true", help=f"print the final {kind.noun} as JSON")
+    p.set_defaults(func=start)
+
+    s = sub.add_parser(kind.collection, help=f"list {kind.collection}, show one, cancel one")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    ssub = s.add_subparsers(dest=f"{kind.collection}_command", metavar="{list,show,cancel}")
+    ssub.add_parser("list", help=f"{kind.collection}, newest first")
+    show = ssub.add_parser("show", help=texts["show"])
+    show.add_argument(f"{kind.noun}_id")
+    show.add_argument("--csv", metavar="FILE", help=texts["show_csv"])
+    show.add_argument("--watch", action="store_true", help="follow it live until it ends")
+    cancel = ssub.add_parser("cancel", help=texts["cancel"])
+    cancel.add_argument(f"{kind.noun}_id")
+    cancel.add_argument("--reason", help="recorded on each cancelled run")
+    s.set_defaults(func=manage_command)
+    return p
+
+
+def manage(kind: Kind, args: argparse.Namespace) -> int:
     """``xpufleet <collection> [list | show ID [--watch] | cancel ID]``."""
     client = client_or_exit()
-    if (command or "list") == "list":
+    command = getattr(args, f"{kind.collection}_command", None) or "list"
+    if command == "list":
         page = client.request("GET", f"/api/{kind.collection}", params={"limit": 100})
         if args.json:
             print(json.dumps(page, indent=2))
@@ -73,7 +101,7 @@ def manage(kind: Kind, args: argparse.Namespace, command: str | None, item_prefi
         for line in render(["ID", "NAME", "STATUS", kind.size_header, kind.counts_header, "OBJECTIVE"], rows):
             print(line)
         return EXIT_OK
-    item_id = resolve_id(client, kind.collection, item_prefix or "")
+    item_id = resolve_id(client, kind.collection, getattr(args, f"{kind.noun}_id"))
     if command == "cancel":
         item = client.request("POST", item_path(kind.collection, item_id, "/cancel"),
                               {"reason": args.reason} if args.reason else None)

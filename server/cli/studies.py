@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .batches import Kind, follow_queued, manage
+from .batches import Kind, add_commands, follow_queued, manage
 from .client import Client
 from .common import EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, client_or_exit, err
 from .specs import load_spec, render, write_outputs
@@ -20,27 +20,13 @@ ACTIVE = ("running", "cancelling")
 
 def add_parser(sub: Any) -> None:
     """The ``study`` and ``studies`` commands."""
-    p = sub.add_parser("study", help="start an Optuna study from a YAML spec and show its trials live",
-                       description="Start a study (the body of POST /api/studies written as YAML; graph may be a "
-                                   "path to a graph JSON file next to the spec) and follow it.")
-    p.add_argument("spec", help="study spec (YAML)")
-    p.add_argument("--no-wait", action="store_true", help="print the study id and return")
-    p.add_argument("--csv", metavar="FILE", help="write the trials as CSV at the end")
-    p.add_argument("--json", action="store_true", help="print the final study as JSON")
-    p.set_defaults(func=cmd_study)
-
-    s = sub.add_parser("studies", help="list studies, show one, cancel one")
-    s.add_argument("--json", action="store_true", help="machine-readable output")
-    ssub = s.add_subparsers(dest="studies_command", metavar="{list,show,cancel}")
-    ssub.add_parser("list", help="studies, newest first")
-    show = ssub.add_parser("show", help="one study's trials and best trial")
-    show.add_argument("study_id")
-    show.add_argument("--csv", metavar="FILE", help="write the trials as CSV ('-': standard output)")
-    show.add_argument("--watch", action="store_true", help="follow it live until it ends")
-    cancel = ssub.add_parser("cancel", help="cancel: no new trial; queued and running trials stop")
-    cancel.add_argument("study_id")
-    cancel.add_argument("--reason", help="recorded on each cancelled run")
-    s.set_defaults(func=cmd_studies)
+    add_commands(sub, STUDIES, {
+        "start": "start an Optuna study from a YAML spec and show its trials live",
+        "description": "Start a study (the body of POST /api/studies written as YAML; graph may be a path to a "
+                       "graph JSON file next to the spec) and follow it.",
+        "csv": "write the trials as CSV at the end", "show": "one study's trials and best trial",
+        "show_csv": "write the trials as CSV ('-': standard output)",
+        "cancel": "cancel: no new trial; queued and running trials stop"}, cmd_study, cmd_studies)
 
 
 def trial_lines(study: dict[str, Any], limit: int) -> list[str]:
@@ -80,7 +66,7 @@ def cmd_study(args: argparse.Namespace) -> int:
 
 
 def cmd_studies(args: argparse.Namespace) -> int:
-    return manage(STUDIES, args, args.studies_command, getattr(args, "study_id", None))
+    return manage(STUDIES, args)
 
 
 STUDIES = Kind("studies", "study", "n_trials", "TRIALS", "STATES", trial_lines, lambda s: s["status"] not in ACTIVE,

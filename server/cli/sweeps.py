@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import Any
 
-from .batches import Kind, counts_text, follow_queued, manage
+from .batches import Kind, add_commands, counts_text, follow_queued, manage
 from .client import Client
 from .common import EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, client_or_exit, err
 from .specs import load_spec, render, write_outputs
@@ -21,28 +21,14 @@ ENDED = ("finished", "cancelled")
 
 def add_parser(sub: Any) -> None:
     """The ``sweep`` and ``sweeps`` commands."""
-    p = sub.add_parser("sweep", help="queue a sweep from a YAML spec and show its ranked table live",
-                       description="Queue a sweep (the body of POST /api/sweeps written as YAML; graph may be a "
-                                   "path to a graph JSON file next to the spec) and follow it.")
-    p.add_argument("spec", help="sweep spec (YAML)")
+    p = add_commands(sub, SWEEPS, {
+        "start": "queue a sweep from a YAML spec and show its ranked table live",
+        "description": "Queue a sweep (the body of POST /api/sweeps written as YAML; graph may be a path to a "
+                       "graph JSON file next to the spec) and follow it.",
+        "csv": "write the final ranked table as CSV", "show": "one sweep's ranked table",
+        "show_csv": "write the ranked table as CSV ('-': standard output)",
+        "cancel": "cancel: queued variants end now, running ones stop"}, cmd_sweep, cmd_sweeps)
     p.add_argument("--dry-run", action="store_true", help="check and expand only; queue nothing")
-    p.add_argument("--no-wait", action="store_true", help="print the sweep id and return")
-    p.add_argument("--csv", metavar="FILE", help="write the final ranked table as CSV")
-    p.add_argument("--json", action="store_true", help="print the final sweep as JSON")
-    p.set_defaults(func=cmd_sweep)
-
-    s = sub.add_parser("sweeps", help="list sweeps, show one, cancel one")
-    s.add_argument("--json", action="store_true", help="machine-readable output")
-    ssub = s.add_subparsers(dest="sweeps_command", metavar="{list,show,cancel}")
-    ssub.add_parser("list", help="sweeps, newest first")
-    show = ssub.add_parser("show", help="one sweep's ranked table")
-    show.add_argument("sweep_id")
-    show.add_argument("--csv", metavar="FILE", help="write the ranked table as CSV ('-': standard output)")
-    show.add_argument("--watch", action="store_true", help="follow it live until it ends")
-    cancel = ssub.add_parser("cancel", help="cancel: queued variants end now, running ones stop")
-    cancel.add_argument("sweep_id")
-    cancel.add_argument("--reason", help="recorded on each cancelled run")
-    s.set_defaults(func=cmd_sweeps)
 
 
 def table_lines(sweep: dict[str, Any], limit: int) -> list[str]:
@@ -99,7 +85,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_sweeps(args: argparse.Namespace) -> int:
-    return manage(SWEEPS, args, args.sweeps_command, getattr(args, "sweep_id", None))
+    return manage(SWEEPS, args)
 
 
 SWEEPS = Kind("sweeps", "sweep", "n_runs", "RUNS", "COUNTS", table_lines, lambda s: s["status"] in ENDED, _finish,
