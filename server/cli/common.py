@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 from typing import Any
@@ -43,3 +44,11 @@ def client_or_exit() -> Client:
     client = Client.from_home(home_dir())
     client.health()
     return client
+
+
+def json_option() -> argparse.ArgumentParser:
+    """A parent parser with ``--json`` for the subcommands, so that it may also follow them (``xpufleet
+    workers list --json``); SUPPRESS keeps the group's own ``--json`` when the subcommand has none."""
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
+    return parent
