@@ -40,6 +40,7 @@ def load(name: str, path: Path) -> Any:
     return sys.modules[name]
 
 
+load("graph_parts", TESTS / "graph_parts.py")  # sidecar_harness spells its graphs with it
 sidecar_harness = load("sidecar_harness", TESTS / "server" / "sidecar_harness.py")
 comfy_harness = load("comfy_harness", TESTS / "comfy_host" / "comfy_harness.py")
 
