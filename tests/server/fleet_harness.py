@@ -25,6 +25,7 @@ from typing import Any
 
 import graph_parts as gp  # registered by tests/conftest.py
 import pytest
+import sidecar_harness  # registered by tests/server/conftest.py
 
 from xpufleet.server.sidecar import tls
 
@@ -141,13 +142,8 @@ class SidecarProc:
         return int(self.url.rsplit(":", 1)[1])
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        if self.proc is not None:
+            sidecar_harness.stop_process(self.proc)
 
     def call(self, method: str, path: str, body: Any = None, raw: bool = False) -> tuple[int, Any]:
         data = None if body is None else json.dumps(body).encode()
@@ -227,13 +223,7 @@ class AgentProc:
         return self.proc.wait(timeout=timeout)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        sidecar_harness.stop_process(self.proc)
 
 
 def websocket_plaintext(stream: bytes) -> bytes:
@@ -457,11 +447,5 @@ class SshServer:
                               capture_output=True, text=True, timeout=60)
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        sidecar_harness.stop_process(self.proc, grace_s=20)
         self.log.close()

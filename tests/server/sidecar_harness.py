@@ -142,13 +142,18 @@ class AgentProcess:
             return {}
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(self.proc)
+
+
+def stop_process(proc: subprocess.Popen, grace_s: float = 60.0) -> None:
+    """SIGTERM to a child the test started (by its PID), SIGKILL after ``grace_s``; waits for its end."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
 
 
 def wait_until(check, what: str, timeout: float = 60.0, every: float = 0.1) -> Any:
