@@ -20,8 +20,8 @@ ENV = {"XPUFLEET_HEARTBEAT_INTERVAL_S": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBU
 
 def harness() -> Any:
     """tests/server/sidecar_harness.py, loaded by path (test folders are not packages), after the
-    tests/graph_parts.py it imports."""
-    for name, path in (("graph_parts", ROOT / "tests" / "graph_parts.py"),
+    tests/graph_parts.py and tests/processes.py it imports."""
+    for name, path in (("graph_parts", ROOT / "tests" / "graph_parts.py"), ("processes", ROOT / "tests" / "processes.py"),
                        ("sidecar_harness", ROOT / "tests" / "server" / "sidecar_harness.py")):
         if name not in sys.modules:
             spec = importlib.util.spec_from_file_location(name, path)

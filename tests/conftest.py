@@ -11,11 +11,13 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 STANDIN = Path(__file__).resolve().parent / "comfy_standin"
 
-# tests/graph_parts.py (the nodes of the tests' small graphs), importable by name from every test folder
-if "graph_parts" not in sys.modules:
-    _spec = importlib.util.spec_from_file_location("graph_parts", Path(__file__).with_name("graph_parts.py"))
-    sys.modules["graph_parts"] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(sys.modules["graph_parts"])
+# tests/graph_parts.py (the nodes of the tests' small graphs) and tests/processes.py (children stopped by
+# PID), importable by name from every test folder
+for _name in ("graph_parts", "processes"):
+    if _name not in sys.modules:
+        _spec = importlib.util.spec_from_file_location(_name, Path(__file__).with_name(f"{_name}.py"))
+        sys.modules[_name] = importlib.util.module_from_spec(_spec)
+        _spec.loader.exec_module(sys.modules[_name])
 
 
 # The static estimate gives up after MEMORY_ESTIMATE_TIMEOUT_S (5 s) of building, a figure the machine's

@@ -40,7 +40,8 @@ def load(name: str, path: Path) -> Any:
     return sys.modules[name]
 
 
-load("graph_parts", TESTS / "graph_parts.py")  # sidecar_harness spells its graphs with it
+load("graph_parts", TESTS / "graph_parts.py")  # sidecar_harness imports these two
+load("processes", TESTS / "processes.py")
 sidecar_harness = load("sidecar_harness", TESTS / "server" / "sidecar_harness.py")
 comfy_harness = load("comfy_harness", TESTS / "comfy_host" / "comfy_harness.py")
 

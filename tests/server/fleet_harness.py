@@ -25,7 +25,7 @@ from typing import Any
 
 import graph_parts as gp  # registered by tests/conftest.py
 import pytest
-import sidecar_harness  # registered by tests/server/conftest.py
+from processes import stop_process  # registered by tests/conftest.py
 
 from xpufleet.server.sidecar import tls
 
@@ -143,7 +143,7 @@ class SidecarProc:
 
     def stop(self) -> None:
         if self.proc is not None:
-            sidecar_harness.stop_process(self.proc)
+            stop_process(self.proc)
 
     def call(self, method: str, path: str, body: Any = None, raw: bool = False) -> tuple[int, Any]:
         data = None if body is None else json.dumps(body).encode()
@@ -223,7 +223,7 @@ class AgentProc:
         return self.proc.wait(timeout=timeout)
 
     def stop(self) -> None:
-        sidecar_harness.stop_process(self.proc)
+        stop_process(self.proc)
 
 
 def websocket_plaintext(stream: bytes) -> bytes:
@@ -447,5 +447,5 @@ class SshServer:
                               capture_output=True, text=True, timeout=60)
 
     def close(self) -> None:
-        sidecar_harness.stop_process(self.proc, grace_s=20)
+        stop_process(self.proc, grace_s=20)
         self.log.close()

@@ -22,6 +22,7 @@ from typing import Any
 
 import graph_parts as gp  # registered by tests/conftest.py
 import psutil
+from processes import stop_process  # registered by tests/conftest.py
 
 from xpufleet.server.cli.client import Client
 from xpufleet.server.sidecar.runtime_file import read_runtime
@@ -143,17 +144,6 @@ class AgentProcess:
 
     def stop(self) -> None:
         stop_process(self.proc)
-
-
-def stop_process(proc: subprocess.Popen, grace_s: float = 60.0) -> None:
-    """SIGTERM to a child the test started (by its PID), SIGKILL after ``grace_s``; waits for its end."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 def wait_until(check, what: str, timeout: float = 60.0, every: float = 0.1) -> Any:
