@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ...constants import home_dir
 from ..sidecar.runtime_file import pid_alive, read_runtime, remove_runtime
@@ -13,6 +14,7 @@ from .client import ApiError, Client, SidecarUnreachable
 from .text import safe
 
 EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+T = TypeVar("T")
 
 
 def err(msg: str) -> None:
@@ -52,3 +54,13 @@ def json_option() -> argparse.ArgumentParser:
     parent = argparse.ArgumentParser(add_help=False)
     parent.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
     return parent
+
+
+def read_input(load: Callable[[str], T], path: str) -> T | None:
+    """``load(path)`` (a graph or spec file); None, the reason said on stderr, where it is refused (the
+    command then exits EXIT_USAGE)."""
+    try:
+        return load(path)
+    except ValueError as exc:
+        err(str(exc))
+        return None

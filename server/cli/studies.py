@@ -12,7 +12,7 @@ from typing import Any
 
 from .batches import Kind, add_commands, follow_queued, manage
 from .client import Client
-from .common import EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, client_or_exit, err
+from .common import EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, client_or_exit, read_input
 from .specs import load_spec, render, write_outputs
 
 ACTIVE = ("running", "cancelling")
@@ -54,10 +54,8 @@ def _finish(client: Client, study: dict[str, Any], args: argparse.Namespace) -> 
 
 
 def cmd_study(args: argparse.Namespace) -> int:
-    try:
-        body = load_spec(args.spec)
-    except ValueError as exc:
-        err(str(exc))
+    body = read_input(load_spec, args.spec)
+    if body is None:
         return EXIT_USAGE
     client = client_or_exit()
     answer = client.request("POST", "/api/studies", body)
