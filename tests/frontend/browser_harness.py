@@ -231,15 +231,16 @@ def open_comfy(context: Any, url: str, log: ConsoleLog | None = None, plugin: bo
 
 
 @contextlib.contextmanager
-def comfy_page(browser: Any, host: Any, settings: dict[str, Any], height: int = 950,
+def comfy_page(browser: Any, host: Any, settings: dict[str, Any], height: int = 950, plugin: bool = True,
                **context_options: Any) -> Iterator[tuple[Any, ConsoleLog]]:
-    """ComfyUI's page with the plugin, in a fresh context, after ``settings`` (comfy_settings); yields (page,
-    its console recorded from the first request); the context is closed after, also when a test fails."""
+    """ComfyUI's page (with the plugin unless ``plugin`` is False: a bare ComfyUI's baseline), in a fresh
+    context, after ``settings`` (comfy_settings); yields (page, its console recorded from the first
+    request); the context is closed after, also when a test fails."""
     comfy_settings(host, settings)
     context = browser.new_context(viewport={"width": 1500, "height": height}, **context_options)
     try:
         log = ConsoleLog()
-        yield open_comfy(context, host.url, log), log
+        yield open_comfy(context, host.url, log, plugin=plugin), log
     finally:
         context.close()
 
