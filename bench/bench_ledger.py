@@ -20,12 +20,13 @@ Goals (issue 12), read for the steady state: >= 5,000 decisions per second and p
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 import sys
 import time
 from typing import Any
+
+from benchlib import latency_ms, pct, queue_arguments, verdict  # bench/ (this script's folder) is on sys.path
 
 from xpufleet.server.ledger.fit import Ledger
 from xpufleet.server.ledger.queue import MemoryHolds, MemoryQueue, MemoryRun, plan_reference
@@ -52,11 +53,6 @@ def make_run(rng: random.Random, n: int, cards: list[tuple[str, str, float]]) ->
     k = rng.randint(2, 4)
     start = rng.randrange(CARDS - k + 1)
     return MemoryRun(f"r{n:07d}", budget, ((*(f"GPU-w{w}-{i}" for i in range(start, start + k)),),)), True
-
-
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
 
 
 def steady_state(incremental: bool, queued: int, decisions: int, seed: int) -> dict[str, Any]:
@@ -133,23 +129,13 @@ def steady_state(incremental: bool, queued: int, decisions: int, seed: int) -> d
     return {"holds": len(holds.by_key), "first": first, "first_ms": first_dt * 1e3, "decisions": decisions,
             "placements": placed,
             "decisions_per_s": decisions / total, "placements_per_s": placed / total,
-            "p50_ms": statistics.median(lat) * 1e3, "p99_ms": pct(lat, 0.99) * 1e3, "max_ms": max(lat) * 1e3,
-            "mean_ms": total / len(lat) * 1e3, "submit_p50_ms": statistics.median(submit_ms),
+            **latency_ms(lat), "submit_p50_ms": statistics.median(submit_ms),
             "submit_p99_ms": pct(submit_ms, 0.99), "submit_per_s": len(submit_ms) / (sum(submit_ms) / 1e3),
             "verdicts": verdicts, "running": len(running), "log": log}
 
 
-def verdict(ok: bool) -> str:
-    return "met" if ok else "NOT met"
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--queued", type=int, default=10_000)
-    ap.add_argument("--decisions", type=int, default=5_000)
-    ap.add_argument("--baseline-decisions", type=int, default=100)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = queue_arguments(__doc__, baseline_decisions=100)
     print(f"fleet: {WORKERS} workers x {CARDS} CUDA cards shared by memory = {WORKERS * CARDS} cards "
           f"(80 and 48 GiB); {args.queued} waiting budgeted runs (70% one card, 20% any card, 10% sets of 2-4)")
     fast = steady_state(True, args.queued, args.decisions, args.seed)

@@ -17,12 +17,13 @@ decision <= 2 ms. Filling an empty fleet (one decision placing hundreds of runs)
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 import sys
 import time
 from typing import Any
+
+from benchlib import latency_ms, queue_arguments, verdict  # bench/ (this script's folder) is on sys.path
 
 from xpufleet.server.scheduling import (
     Candidate,
@@ -61,11 +62,6 @@ def make_run(rng: random.Random, n: int, provs: list[ProviderInfo]) -> QueuedRun
     k = rng.randint(2, 4)
     start = rng.randrange(CARDS - k + 1)
     return QueuedRun(f"r{n}", (Candidate(p.name, tuple(f"cuda:{i}" for i in range(start, start + k))),))
-
-
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
 
 
 def steady_state(use_index: bool, queued: int, decisions: int, seed: int) -> dict[str, Any]:
@@ -115,22 +111,12 @@ def steady_state(use_index: bool, queued: int, decisions: int, seed: int) -> dic
     return {"first_fill_placements": first, "first_fill_ms": first_dt * 1e3,
             "fill_per_s": first / first_dt, "placements": placed,
             "placements_per_s": placed / total if total else float("inf"), "decisions": decisions,
-            "p50_ms": statistics.median(lat) * 1e3, "p99_ms": pct(lat, 0.99) * 1e3, "max_ms": max(lat) * 1e3,
-            "mean_ms": total / len(lat) * 1e3, "looked_at": statistics.mean(looked[1:]),
+            **latency_ms(lat), "looked_at": statistics.mean(looked[1:]),
             "reasons_ms": statistics.median(reason_ms), "log": log}
 
 
-def verdict(ok: bool) -> str:
-    return "met" if ok else "NOT met"
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--queued", type=int, default=10_000)
-    ap.add_argument("--decisions", type=int, default=5_000)
-    ap.add_argument("--baseline-decisions", type=int, default=200)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = queue_arguments(__doc__, baseline_decisions=200)
     print(f"fleet: {PROVIDERS} providers x {CARDS} CUDA cards = {PROVIDERS * CARDS} slots (limit 1); "
           f"{args.queued} queued runs (70% one card, 20% any card, 10% sets of 2-4)")
     fast = steady_state(True, args.queued, args.decisions, args.seed)

@@ -31,6 +31,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from benchlib import pct  # bench/ (this script's folder) is on sys.path
+
 from xpufleet.server.cli.client import Client
 from xpufleet.server.sidecar.runtime_file import read_runtime
 
@@ -109,11 +111,6 @@ def throughput(client: Client, batch: int) -> float:
         assert run["status"] == "succeeded", run
         last = max(last, run["finished_at"])
     return batch / (last - t0)
-
-
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
 
 
 def main() -> None:

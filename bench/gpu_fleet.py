@@ -19,14 +19,16 @@ ENV = {"XPUFLEET_HEARTBEAT_INTERVAL_S": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBU
 
 
 def harness() -> Any:
-    """tests/server/sidecar_harness.py, loaded by path (test folders are not packages)."""
-    name = "sidecar_harness"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / "server" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    """tests/server/sidecar_harness.py, loaded by path (test folders are not packages), after the
+    tests/graph_parts.py and tests/processes.py it imports."""
+    for name, path in (("graph_parts", ROOT / "tests" / "graph_parts.py"), ("processes", ROOT / "tests" / "processes.py"),
+                       ("sidecar_harness", ROOT / "tests" / "server" / "sidecar_harness.py")):
+        if name not in sys.modules:
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+    return sys.modules["sidecar_harness"]
 
 
 def simulate_spec(cards: int) -> str:

@@ -11,6 +11,14 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 STANDIN = Path(__file__).resolve().parent / "comfy_standin"
 
+# tests/graph_parts.py (the nodes of the tests' small graphs) and tests/processes.py (children stopped by
+# PID), importable by name from every test folder
+for _name in ("graph_parts", "processes"):
+    if _name not in sys.modules:
+        _spec = importlib.util.spec_from_file_location(_name, Path(__file__).with_name(f"{_name}.py"))
+        sys.modules[_name] = importlib.util.module_from_spec(_spec)
+        _spec.loader.exec_module(sys.modules[_name])
+
 
 # The static estimate gives up after MEMORY_ESTIMATE_TIMEOUT_S (5 s) of building, a figure the machine's
 # load decides: on a loaded 2-core box an example graph's build passed it and a test asserting an estimate

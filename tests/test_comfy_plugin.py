@@ -28,22 +28,14 @@ def test_loads_as_custom_node_and_finds_nodes_and_web(comfy_host):
     assert all(p.startswith("/xpufleet/") for p in paths)
 
 
-def test_version_route_answers(comfy_host):
-    import asyncio
-
-    from aiohttp.test_utils import TestClient, TestServer
-
+async def test_version_route_answers(comfy_host, aiohttp_client):
     instance, load = comfy_host
     load()
-
-    async def go():
-        async with TestClient(TestServer(instance.make_app())) as client:
-            resp = await client.get("/xpufleet/version")
-            assert resp.status == 200
-            body = await resp.json()
-            assert body["name"] == "xpufleet"
-
-    asyncio.run(go())
+    client = await aiohttp_client(instance.make_app())
+    resp = await client.get("/xpufleet/version")
+    assert resp.status == 200
+    body = await resp.json()
+    assert body["name"] == "xpufleet"
 
 
 def test_import_is_cheap_and_never_imports_torch():

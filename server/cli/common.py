@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ...constants import home_dir
 from ..sidecar.runtime_file import pid_alive, read_runtime, remove_runtime
@@ -12,6 +14,7 @@ from .client import ApiError, Client, SidecarUnreachable
 from .text import safe
 
 EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+T = TypeVar("T")
 
 
 def err(msg: str) -> None:
@@ -43,3 +46,21 @@ def client_or_exit() -> Client:
     client = Client.from_home(home_dir())
     client.health()
     return client
+
+
+def json_option() -> argparse.ArgumentParser:
+    """A parent parser with ``--json`` for the subcommands, so that it may also follow them (``xpufleet
+    workers list --json``); SUPPRESS keeps the group's own ``--json`` when the subcommand has none."""
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
+    return parent
+
+
+def read_input(load: Callable[[str], T], path: str) -> T | None:
+    """``load(path)`` (a graph or spec file); None, the reason said on stderr, where it is refused (the
+    command then exits EXIT_USAGE)."""
+    try:
+        return load(path)
+    except ValueError as exc:
+        err(str(exc))
+        return None

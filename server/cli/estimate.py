@@ -12,7 +12,7 @@ import argparse
 import json
 from typing import Any
 
-from .common import EXIT_OK, EXIT_USAGE, client_or_exit, err
+from .common import EXIT_OK, EXIT_USAGE, client_or_exit, err, read_input
 
 
 def add_parser(sub: Any) -> None:
@@ -83,10 +83,8 @@ def render(answer: dict[str, Any]) -> list[str]:
 def cmd_estimate(args: argparse.Namespace) -> int:
     from .runs import _load_graph
 
-    try:
-        graph = _load_graph(args.graph)
-    except ValueError as exc:
-        err(str(exc))
+    graph = read_input(_load_graph, args.graph)
+    if graph is None:
         return EXIT_USAGE
     if args.local:
         n_cards = len([d for d in (args.devices or "").split(",") if d.strip()]) or 1

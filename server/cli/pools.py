@@ -13,7 +13,7 @@ import urllib.parse
 from typing import Any
 
 from .client import Client
-from .common import EXIT_OK
+from .common import EXIT_OK, json_option
 from .pools_slurm import add_export_parser, add_slurm_options, print_jobs, run_export, slurm_body
 
 
@@ -23,8 +23,7 @@ def add_parser(subparsers: Any) -> None:
                               description="One-shot worker pools of the running sidecar (default: list them).")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     sub = p.add_subparsers(dest="pools_command", metavar="{list,create,revoke,reissue,remove,export}")
-    json_opt = argparse.ArgumentParser(add_help=False)
-    json_opt.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
+    json_opt = json_option()
     sub.add_parser("list", help="every pool with its live instances", parents=[json_opt])
     for cmd, text in (("create", "a new pool: its shared credential and the command instances run"),
                       ("revoke", "the pool's credential stops working (no new instance joins)"),

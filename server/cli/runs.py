@@ -10,7 +10,7 @@ from typing import Any
 
 from ...constants import RUN_SOURCES, TERMINAL_STATUSES
 from .client import ApiError, Client
-from .common import EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, client_or_exit, err
+from .common import EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, client_or_exit, err, read_input
 from .text import safe
 
 
@@ -147,10 +147,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         from .local import run_local
 
         return run_local(args.graph, args)
-    try:
-        graph = _load_graph(args.graph)
-    except ValueError as exc:
-        err(str(exc))
+    graph = read_input(_load_graph, args.graph)
+    if graph is None:
         return EXIT_USAGE
     client = client_or_exit()
     answer = client.submit(graph, _run_options(args))

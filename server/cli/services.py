@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .client import Client
-from .common import EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, client_or_exit, err
+from .common import EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, client_or_exit, err, json_option
 
 POLL_S = 0.5  # services have no push channel: a bounded poll
 
@@ -44,8 +44,7 @@ def add_parser(sub: Any) -> None:
                        description="Services of the running sidecar (default: list them).")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     ssub = s.add_subparsers(dest="services_command", metavar="{list,show,update,delete,export,infer}")
-    json_opt = argparse.ArgumentParser(add_help=False)
-    json_opt.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
+    json_opt = json_option()
     ssub.add_parser("list", help="every service with its units", parents=[json_opt])
     c = ssub.add_parser("show", help="one service: units and instances (exit 1 when it failed)", parents=[json_opt])
     c.add_argument("name")

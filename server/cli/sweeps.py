@@ -8,53 +8,34 @@ server rejects (nothing was queued); 3 no sidecar; 130 detached with Ctrl-C (the
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
+from .batches import Kind, add_commands, counts_text, follow_queued, manage
 from .client import Client
-from .common import EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, client_or_exit, err
-from .specs import LiveTable, item_path, load_spec, render, resolve_id, write_outputs
-from .specs import follow as follow_item
+from .common import EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, client_or_exit, read_input
+from .specs import load_spec, render, write_outputs
 
 ENDED = ("finished", "cancelled")
 
 
 def add_parser(sub: Any) -> None:
     """The ``sweep`` and ``sweeps`` commands."""
-    p = sub.add_parser("sweep", help="queue a sweep from a YAML spec and show its ranked table live",
-                       description="Queue a sweep (the body of POST /api/sweeps written as YAML; graph may be a "
-                                   "path to a graph JSON file next to the spec) and follow it.")
-    p.add_argument("spec", help="sweep spec (YAML)")
+    p = add_commands(sub, SWEEPS, {
+        "start": "queue a sweep from a YAML spec and show its ranked table live",
+        "description": "Queue a sweep (the body of POST /api/sweeps written as YAML; graph may be a path to a "
+                       "graph JSON file next to the spec) and follow it.",
+        "csv": "write the final ranked table as CSV", "show": "one sweep's ranked table",
+        "show_csv": "write the ranked table as CSV ('-': standard output)",
+        "cancel": "cancel: queued variants end now, running ones stop"}, cmd_sweep, cmd_sweeps)
     p.add_argument("--dry-run", action="store_true", help="check and expand only; queue nothing")
-    p.add_argument("--no-wait", action="store_true", help="print the sweep id and return")
-    p.add_argument("--csv", metavar="FILE", help="write the final ranked table as CSV")
-    p.add_argument("--json", action="store_true", help="print the final sweep as JSON")
-    p.set_defaults(func=cmd_sweep)
-
-    s = sub.add_parser("sweeps", help="list sweeps, show one, cancel one")
-    s.add_argument("--json", action="store_true", help="machine-readable output")
-    ssub = s.add_subparsers(dest="sweeps_command", metavar="{list,show,cancel}")
-    ssub.add_parser("list", help="sweeps, newest first")
-    show = ssub.add_parser("show", help="one sweep's ranked table")
-    show.add_argument("sweep_id")
-    show.add_argument("--csv", metavar="FILE", help="write the ranked table as CSV ('-': standard output)")
-    show.add_argument("--watch", action="store_true", help="follow it live until it ends")
-    cancel = ssub.add_parser("cancel", help="cancel: queued variants end now, running ones stop")
-    cancel.add_argument("sweep_id")
-    cancel.add_argument("--reason", help="recorded on each cancelled run")
-    s.set_defaults(func=cmd_sweeps)
-
-
-def _path(item_id: str, tail: str = "") -> str:
-    return item_path("sweeps", item_id, tail)
 
 
 def table_lines(sweep: dict[str, Any], limit: int) -> list[str]:
     """The sweep's header line, its ranked table (at most ``limit`` rows) and what was left out."""
     obj = sweep["objective"]
     paths = sweep["parameters"]
-    counts = ", ".join(f"{n} {s}" for s, n in sorted(sweep["counts"].items()))
+    counts = counts_text(sweep)
     lines = [f"sweep {sweep['name']} ({sweep['id'][:8]}): {sweep['status']}; {sweep['n_runs']} runs: {counts}; "
              f"{obj['direction']} {obj['metric']}"]
     header = ["RANK", "#", *paths, "SEED", "STATUS", obj["metric"].upper(), "WORKER", "DEVICES", "QUEUE"]
@@ -68,18 +49,9 @@ def table_lines(sweep: dict[str, Any], limit: int) -> list[str]:
     return lines
 
 
-def follow(client: Client, sweep_id: str, view: LiveTable) -> dict[str, Any]:
-    """Long-poll the sweep, redrawing its table, until it has ended."""
-    return follow_item(client, "sweeps", sweep_id, view, table_lines, lambda item: item["status"] in ENDED)
-
-
 def outcome(sweep: dict[str, Any]) -> int:
     statuses = set(sweep["counts"])
     return EXIT_OK if statuses == {"succeeded"} else EXIT_RUN_FAILED
-
-
-def _resolve(client: Client, prefix: str) -> str:
-    return resolve_id(client, "sweeps", prefix)
 
 
 def _finish(client: Client, sweep: dict[str, Any], args: argparse.Namespace) -> int:
@@ -94,10 +66,8 @@ def _finish(client: Client, sweep: dict[str, Any], args: argparse.Namespace) -> 
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    try:
-        body = load_spec(args.spec)
-    except ValueError as exc:
-        err(str(exc))
+    body = read_input(load_spec, args.spec)
+    if body is None:
         return EXIT_USAGE
     client = client_or_exit()
     if args.dry_run:
@@ -109,44 +79,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             print(line)
         return EXIT_OK
     answer = client.request("POST", "/api/sweeps", body)
-    sweep_id = answer["sweep_id"]
-    if args.no_wait:
-        print(sweep_id)
-        return EXIT_OK
-    print(f"queued sweep {sweep_id}: {answer['n_runs']} runs", file=sys.stderr)
-    try:
-        sweep = follow(client, sweep_id, LiveTable())
-    except KeyboardInterrupt:
-        err(f"detached from sweep {sweep_id}; it keeps running (stop it with: xpufleet sweeps cancel {sweep_id})")
-        return 130
-    return _finish(client, sweep, args)
+    return follow_queued(client, SWEEPS, answer, args, f"queued sweep {answer['sweep_id']}: {answer['n_runs']} runs")
 
 
 def cmd_sweeps(args: argparse.Namespace) -> int:
-    client = client_or_exit()
-    command = args.sweeps_command or "list"
-    if command == "list":
-        page = client.request("GET", "/api/sweeps", params={"limit": 100})
-        if args.json:
-            print(json.dumps(page, indent=2))
-            return EXIT_OK
-        rows = [[s["id"][:8], s["name"], s["status"], s["n_runs"],
-                 ", ".join(f"{n} {st}" for st, n in sorted(s["counts"].items())), s["objective"]["metric"]]
-                for s in page["sweeps"]]
-        for line in render(["ID", "NAME", "STATUS", "RUNS", "COUNTS", "OBJECTIVE"], rows):
-            print(line)
-        return EXIT_OK
-    sweep_id = _resolve(client, args.sweep_id)
-    if command == "cancel":
-        sweep = client.request("POST", _path(sweep_id, "/cancel"), {"reason": args.reason} if args.reason else None)
-        print(f"sweep {sweep['id']}: {sweep['status']} ({', '.join(f'{n} {s}' for s, n in sorted(sweep['counts'].items()))})")
-        return EXIT_OK
-    if args.watch:
-        sweep = follow(client, sweep_id, LiveTable())
-    else:
-        sweep = client.request("GET", _path(sweep_id))
-        if not (args.json or args.csv == "-"):
-            for line in table_lines(sweep, 10**6):
-                print(line)
-    code = _finish(client, sweep, args)
-    return code if sweep["status"] in ENDED else EXIT_OK
+    return manage(SWEEPS, args)
+
+
+SWEEPS = Kind("sweeps", "sweep", "n_runs", "RUNS", "COUNTS", table_lines, lambda s: s["status"] in ENDED, _finish,
+              lambda s: f"sweep {s['id']}: {s['status']} ({counts_text(s)})")

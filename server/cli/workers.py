@@ -10,7 +10,7 @@ import urllib.parse
 from typing import Any
 
 from .client import Client
-from .common import EXIT_OK, EXIT_RUN_FAILED
+from .common import EXIT_OK, EXIT_RUN_FAILED, json_option
 from .text import safe
 
 
@@ -27,9 +27,7 @@ def _add_workers_parser(subparsers: Any) -> None:
     wsub = w.add_subparsers(
         dest="workers_command",
         metavar="{list,drain,undrain,remove,reissue,join-token,rejected,mode,add-ssh,disable,enable}")
-    # --json also after the subcommand (`xpufleet workers list --json`); SUPPRESS keeps the outer value
-    json_opt = argparse.ArgumentParser(add_help=False)
-    json_opt.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
+    json_opt = json_option()
     wsub.add_parser("list", help="every worker with status, devices and runs", parents=[json_opt])
     for cmd, text in (("drain", "no new runs on this worker"), ("undrain", "take new runs again"),
                       ("remove", "revoke, disconnect, fail the runs waiting for it"),

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import comfy_harness  # registered by tests/comfy_host/conftest.py
+import graph_parts as gp  # registered by tests/conftest.py
 import pytest
 import torch
 
@@ -127,16 +128,8 @@ def test_cancel_stops_after_the_batch_with_the_interrupt_checkpoint(comfyui):
 
 
 IRIS: dict[str, Any] = {
-    "1": {"class_type": "XPUDataset", "inputs": {"name": "iris", "val_split": 0.2, "seed": 0, "normalize": "standard"}},
-    "2": {"class_type": "XPUDataLoader", "inputs": {"dataset": ["1", 0], "batch_size": 16, "shuffle": True,
-                                                    "num_workers": 0, "drop_last": False}},
-    "3": {"class_type": "XPUMLP", "inputs": {"hidden": "16", "activation": "relu", "dropout": 0.0, "seed": 7,
-                                             "dataset_info": ["1", 2]}},
-    "4": {"class_type": "XPUOptimizer", "inputs": {"name": "adam", "lr": 0.01, "weight_decay": 0.0, "momentum": 0.9}},
-    "5": {"class_type": "XPULoss", "inputs": {"name": "cross_entropy"}},
-    "6": {"class_type": "XPUTrainingLoop", "inputs": {
-        "model": ["3", 0], "dataloader": ["2", 0], "optimizer": ["4", 0], "loss": ["5", 0], "epochs": 2,
-        "max_steps": 0, "device": "auto", "precision": "fp32", "tensorboard": False, "seed": 3}},
+    "1": gp.dataset(), "2": gp.loader("1"), "3": gp.mlp("1", seed=7), "4": gp.optimizer(), "5": gp.loss(),
+    "6": gp.training_loop("3", "2", "4", "5", epochs=2, seed=3),
 }
 
 

@@ -12,7 +12,6 @@ import importlib.util
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -41,16 +40,17 @@ def load(name: str, path: Path) -> Any:
     return sys.modules[name]
 
 
+load("graph_parts", TESTS / "graph_parts.py")  # sidecar_harness imports these two
+load("processes", TESTS / "processes.py")
 sidecar_harness = load("sidecar_harness", TESTS / "server" / "sidecar_harness.py")
 comfy_harness = load("comfy_harness", TESTS / "comfy_host" / "comfy_harness.py")
 
 
 def browser_problem() -> str | None:
-    """Why no browser test can run here (None when Playwright and Chromium are there)."""
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        return "Playwright for Python is not installed (pip install playwright; never `playwright install`)"
+    """Why no browser test can run here (None when Chromium is there). Playwright is a declared test
+    dependency (pyproject's `test` extra): missing, it fails the browser tests instead of skipping them."""
+    import playwright.sync_api  # noqa: F401 - an ImportError here is a broken install, not a skip
+
     if not (shutil.which(CHROMIUM) or Path(CHROMIUM).is_file()):
         return f"no Chromium at {CHROMIUM}: apt-get install -y chromium (Debian's package)"
     return None
@@ -63,27 +63,6 @@ def launch(playwright: Any) -> Any:
 # --- the sidecar and its agents ---------------------------------------------------------------------
 
 
-class Agent:
-    """``xpufleet agent start --foreground --simulate ...`` as a child, stopped by its PID."""
-
-    def __init__(self, home: Path, env: dict[str, str], name: str, simulate: str) -> None:
-        self.name = name
-        self.log_path = home / f"test-agent-{name}.log"
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "xpufleet.server", "agent", "start", "--foreground", "--name", name,
-                 "--simulate", simulate], env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-
-
 class Fleet:
     """A real sidecar (``xpufleet start --port 0``) for ``home`` and agents with simulated cards."""
 
@@ -94,7 +73,7 @@ class Fleet:
         for name in ("CUDA_VISIBLE_DEVICES", "XPUFLEET_RUN_QUEUE_MAX_CONCURRENT"):
             self.env.pop(name, None)
         self.sidecar = sidecar_harness.Sidecar(self.home, env=extra)
-        self.agents: list[Agent] = []
+        self.agents: list[sidecar_harness.AgentProcess] = []
 
     def start(self) -> Fleet:
         self.sidecar.start()
@@ -107,8 +86,8 @@ class Fleet:
     def call(self, method: str, path: str, body: Any = None) -> Any:
         return self.sidecar.client.request(method, path, body)
 
-    def add_agent(self, name: str, simulate: str) -> Agent:
-        agent = Agent(self.home, self.env, name, simulate)
+    def add_agent(self, name: str, simulate: str) -> sidecar_harness.AgentProcess:
+        agent = sidecar_harness.AgentProcess(self.sidecar, name, None, "--simulate", simulate)
         self.agents.append(agent)
         self.wait_worker(name, "Online")
         return agent
@@ -249,6 +228,21 @@ def open_comfy(context: Any, url: str, log: ConsoleLog | None = None, plugin: bo
     if plugin:
         page.wait_for_function(PLUGIN_READY, timeout=WAIT_S * 1000)
     return page
+
+
+@contextlib.contextmanager
+def comfy_page(browser: Any, host: Any, settings: dict[str, Any], height: int = 950, plugin: bool = True,
+               **context_options: Any) -> Iterator[tuple[Any, ConsoleLog]]:
+    """ComfyUI's page (with the plugin unless ``plugin`` is False: a bare ComfyUI's baseline), in a fresh
+    context, after ``settings`` (comfy_settings); yields (page, its console recorded from the first
+    request); the context is closed after, also when a test fails."""
+    comfy_settings(host, settings)
+    context = browser.new_context(viewport={"width": 1500, "height": height}, **context_options)
+    try:
+        log = ConsoleLog()
+        yield open_comfy(context, host.url, log, plugin=plugin), log
+    finally:
+        context.close()
 
 
 def load_api_graph(page: Any, graph: dict[str, Any], name: str) -> None:

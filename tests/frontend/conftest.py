@@ -68,13 +68,18 @@ def playwright_browser():
             browser.close()
 
 
-@pytest.fixture(scope="session")
-def comfy_host(tmp_path_factory):
-    """The real ComfyUI with the plugin, two model files in its checkpoints folder."""
+def configured_comfyui() -> tuple[Path, Path]:
+    """COMFYUI_DIR and COMFYUI_PYTHON (comfy_harness.configured); the browser test skips, saying so, without."""
     found = bh.comfy_harness.configured()
     if found is None:
         pytest.skip(bh.comfy_harness.SKIP_REASON)
-    comfy_dir, python = found
+    return found
+
+
+@pytest.fixture(scope="session")
+def comfy_host(tmp_path_factory):
+    """The real ComfyUI with the plugin, two model files in its checkpoints folder."""
+    comfy_dir, python = configured_comfyui()
     work = tmp_path_factory.mktemp("comfyui-frontend")
     bh.comfy_harness.install_plugin_deps(python, work)
     host = bh.comfy_harness.ComfyUI(comfy_dir, python, work / "base", work / "xpufleet-home")
@@ -96,10 +101,7 @@ class BareComfyUI(bh.comfy_harness.ComfyUI):
 
 @pytest.fixture(scope="session")
 def bare_comfy(tmp_path_factory):
-    found = bh.comfy_harness.configured()
-    if found is None:
-        pytest.skip(bh.comfy_harness.SKIP_REASON)
-    comfy_dir, python = found
+    comfy_dir, python = configured_comfyui()
     work = tmp_path_factory.mktemp("comfyui-bare")
     host = BareComfyUI(comfy_dir, python, work / "base", work / "home").start()
     try:

@@ -27,15 +27,11 @@ WAIT_MS = int(bh.WAIT_S * 1000)
 @pytest.fixture(scope="module")
 def session(playwright_browser, comfy_host, comfy_fleet):
     """One ComfyUI page for the module with mlp_digits on the canvas, its console recorded."""
-    bh.comfy_settings(comfy_host, SETTINGS)
-    context = playwright_browser.new_context(viewport={"width": 1500, "height": 950})
-    log = bh.ConsoleLog()
-    page = bh.open_comfy(context, comfy_host.url, log)
-    bh.load_api_graph(page, GRAPH, "mlp_digits")
     try:
-        yield page, log
+        with bh.comfy_page(playwright_browser, comfy_host, SETTINGS) as (page, log):
+            bh.load_api_graph(page, GRAPH, "mlp_digits")
+            yield page, log
     finally:
-        context.close()
         # ComfyUI keeps settings on its server: the next module starts in English and the dark palette
         bh.comfy_settings(comfy_host, {"Comfy.Locale": "en", "Comfy.ColorPalette": "dark"})
 
@@ -250,14 +246,8 @@ def test_no_console_error_or_failed_request_from_the_plugin(session, playwright_
     """Every flow above on one page: no console error beyond the same ComfyUI's without the plugin (one
     page load, the same graph, measured here) and no failed request to the plugin's routes."""
     _, log = session
-    bh.comfy_settings(bare_comfy, {"Comfy.TutorialCompleted": True})
-    context = playwright_browser.new_context(viewport={"width": 1500, "height": 950})
-    baseline = bh.ConsoleLog()
-    try:
-        page = bh.open_comfy(context, bare_comfy.url, baseline, plugin=False)
+    with bh.comfy_page(playwright_browser, bare_comfy, {"Comfy.TutorialCompleted": True}, plugin=False) as (page, baseline):
         page.wait_for_timeout(3000)  # the same seconds of idle page as the capsule's refreshes
-    finally:
-        context.close()
     # the graph's node types are unknown without the plugin, so the baseline loads no graph
     assert log.beyond(baseline) == [], (log.errors, baseline.errors)
     assert [f for f in log.failed if "/xpufleet" in f] == [], log.failed

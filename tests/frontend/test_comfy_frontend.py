@@ -25,14 +25,8 @@ WAIT_MS = int(bh.WAIT_S * 1000)
 @pytest.fixture(scope="module")
 def session(playwright_browser, comfy_host, comfy_fleet):
     """One ComfyUI page for the module, its console recorded from the first request."""
-    bh.comfy_settings(comfy_host, SETTINGS)
-    context = playwright_browser.new_context(viewport={"width": 1500, "height": 950})
-    log = bh.ConsoleLog()
-    page = bh.open_comfy(context, comfy_host.url, log)
-    try:
+    with bh.comfy_page(playwright_browser, comfy_host, SETTINGS) as (page, log):
         yield page, log
-    finally:
-        context.close()
 
 
 def wait_capsule(page, condition: str) -> dict:
@@ -223,13 +217,7 @@ def test_the_settings_panel_holds_the_plugins_settings(session, comfy_fleet, scr
 def test_no_console_error_beyond_comfyuis_own_baseline(session, playwright_browser, bare_comfy, comfy_fleet):
     """Measured in this test: the same ComfyUI without the plugin, the same settings, one page load."""
     _, log = session
-    bh.comfy_settings(bare_comfy, {"Comfy.TutorialCompleted": True})
-    context = playwright_browser.new_context(viewport={"width": 1500, "height": 950})
-    baseline = bh.ConsoleLog()
-    try:
-        page = bh.open_comfy(context, bare_comfy.url, baseline, plugin=False)
+    with bh.comfy_page(playwright_browser, bare_comfy, {"Comfy.TutorialCompleted": True}, plugin=False) as (page, baseline):
         bh.load_api_graph(page, MODEL_GRAPH, "models")
         page.wait_for_timeout(3000)  # the same seconds of idle page as the plugin's capsule refresh
-    finally:
-        context.close()
     assert log.beyond(baseline) == [], (log.errors, baseline.errors)

@@ -35,11 +35,7 @@ def switch_to(page, name: str) -> None:
 
 def test_queue_on_opens_on_the_last_target_of_the_same_workflow_only(playwright_browser, comfy_host, comfy_fleet,
                                                                      screenshots):
-    bh.comfy_settings(comfy_host, SETTINGS)
-    context = playwright_browser.new_context(viewport={"width": 1500, "height": 950})
-    log = bh.ConsoleLog()
-    try:
-        page = bh.open_comfy(context, comfy_host.url, log)
+    with bh.comfy_page(playwright_browser, comfy_host, SETTINGS) as (page, log):
         bh.load_api_graph(page, bh.sidecar_harness.iris_graph(epochs=1), "iris-a")
         dialog = open_queue_on(page)
         assert dialog.locator("[data-target=local]").is_checked()  # never queued from: this server
@@ -68,5 +64,3 @@ def test_queue_on_opens_on_the_last_target_of_the_same_workflow_only(playwright_
         remembered = page.evaluate("() => Object.keys(localStorage).filter((k) => k.startsWith('XPUFleet.QueueOn.'))")
         assert len(remembered) == 1 and "iris-a" in remembered[0]
         assert [f for f in log.failed if "xpufleet" in f] == []
-    finally:
-        context.close()

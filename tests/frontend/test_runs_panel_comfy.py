@@ -19,14 +19,8 @@ SETTINGS = {"Comfy.TutorialCompleted": True, "XPUFleet.Language": "en"}
 
 @pytest.fixture(scope="module")
 def session(playwright_browser, comfy_host, comfy_fleet):
-    bh.comfy_settings(comfy_host, SETTINGS)
-    context = playwright_browser.new_context(viewport={"width": 1500, "height": 1000}, accept_downloads=True)
-    log = bh.ConsoleLog()
-    page = bh.open_comfy(context, comfy_host.url, log)
-    try:
+    with bh.comfy_page(playwright_browser, comfy_host, SETTINGS, height=1000, accept_downloads=True) as (page, log):
         yield page, log
-    finally:
-        context.close()
 
 
 def open_runs_tab(page):

@@ -109,13 +109,9 @@ def test_a_running_trials_progress_and_cancel(page, standalone_fleet, console, s
 
 def test_the_studies_tab_inside_comfyui(playwright_browser, comfy_host, comfy_fleet, screenshots):
     """The Studies bottom-panel tab, opened from ComfyUI's panel tabs, through ComfyUI's proxy."""
-    bh.comfy_settings(comfy_host, {"Comfy.TutorialCompleted": True, "XPUFleet.Language": "en"})
     created = comfy_fleet.call("POST", "/api/studies", study_body("comfy-study", 2, 2, "cuda:0"))
     server = wait_study(comfy_fleet, created["study_id"], "finished")
-    context = playwright_browser.new_context(viewport={"width": 1500, "height": 1000})
-    log = bh.ConsoleLog()
-    try:
-        page = bh.open_comfy(context, comfy_host.url, log)
+    with bh.comfy_page(playwright_browser, comfy_host, {"Comfy.TutorialCompleted": True, "XPUFleet.Language": "en"}, height=1000) as (page, log):
         page.evaluate("() => app.extensionManager.command.execute('XPUFleet.ShowSweeps')")
         page.locator("[data-xpufleet=sweeps-panel]").wait_for(timeout=WAIT_MS)
         page.get_by_role("tab", name="Studies").click(timeout=WAIT_MS)  # the bottom panel's own tab
@@ -125,5 +121,3 @@ def test_the_studies_tab_inside_comfyui(playwright_browser, comfy_host, comfy_fl
         page.screenshot(path=str(screenshots / "comfy-study.png"))
         assert [f for f in log.failed if "xpufleet" in f] == [], log.failed
         assert [e for e in log.errors if "xpufleet" in e.lower()] == [], log.errors
-    finally:
-        context.close()

@@ -259,11 +259,7 @@ def test_new_sweep_and_the_sweeps_tab_inside_comfyui(playwright_browser, comfy_h
     """The same dialog on ComfyUI's canvas graph (its own graph-to-prompt), through ComfyUI's proxy to the
     sidecar: the menu command, opened on the optimizer's lr with no failed request, the picker by node
     title, the dry-run count, the Sweeps bottom-panel tab until the sweep finished, the axis toggle."""
-    bh.comfy_settings(comfy_host, {"Comfy.TutorialCompleted": True, "XPUFleet.Language": "en"})
-    context = playwright_browser.new_context(viewport={"width": 1500, "height": 1000})
-    log = bh.ConsoleLog()
-    try:
-        page = bh.open_comfy(context, comfy_host.url, log)
+    with bh.comfy_page(playwright_browser, comfy_host, {"Comfy.TutorialCompleted": True, "XPUFleet.Language": "en"}, height=1000) as (page, log):
         bh.load_api_graph(page, bh.sidecar_harness.iris_graph(epochs=2), "iris-sweep")
         prompt = page.evaluate("async () => (await app.graphToPrompt()).output")
         lr = next(f"{nid}.lr" for nid, n in prompt.items() if n["class_type"] == "XPUOptimizer")
@@ -299,5 +295,3 @@ def test_new_sweep_and_the_sweeps_tab_inside_comfyui(playwright_browser, comfy_h
         page.evaluate("() => app.extensionManager.command.execute('XPUFleet.ShowRuns')")
         page.locator("[data-xpufleet=runs-panel] [data-xpufleet=open-sweeps]").click(timeout=WAIT_MS)
         panel.wait_for(timeout=WAIT_MS)
-    finally:
-        context.close()

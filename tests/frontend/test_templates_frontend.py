@@ -30,15 +30,9 @@ GRAPHS = sample_graphs(bh.REPO / SAMPLES_DIR)
 
 @pytest.fixture(scope="module")
 def page(playwright_browser, comfy_host):
-    bh.comfy_settings(comfy_host, SETTINGS)
-    context = playwright_browser.new_context(viewport={"width": 1500, "height": 950})
-    log = bh.ConsoleLog()
-    page = bh.open_comfy(context, comfy_host.url, log)
-    page.wait_for_timeout(1000)  # the page's own start-up requests settle before the flow is recorded
-    try:
+    with bh.comfy_page(playwright_browser, comfy_host, SETTINGS) as (page, log):
+        page.wait_for_timeout(1000)  # the page's own start-up requests settle before the flow is recorded
         yield page, log
-    finally:
-        context.close()
 
 
 def open_xpufleet_templates(page) -> object:

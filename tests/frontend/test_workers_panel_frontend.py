@@ -257,11 +257,7 @@ def test_the_star_after_a_simulated_card_is_explained_in_queue_on(page_and_log, 
 
 def test_in_comfyui_the_workers_tab_lists_this_server_and_a_finished_run(playwright_browser, comfy_host, comfy_fleet,
                                                                          screenshots):
-    bh.comfy_settings(comfy_host, {"Comfy.TutorialCompleted": True, "XPUFleet.Language": "en"})
-    context = playwright_browser.new_context(viewport={"width": 1500, "height": 950})
-    log = bh.ConsoleLog()
-    try:
-        page = bh.open_comfy(context, comfy_host.url, log)
+    with bh.comfy_page(playwright_browser, comfy_host, {"Comfy.TutorialCompleted": True, "XPUFleet.Language": "en"}) as (page, log):
         mark_errors, mark_failed = len(log.errors), len(log.failed)  # ComfyUI's own start-up is not this test's
         rid = comfy_fleet.sidecar.submit(bh.sidecar_harness.iris_graph(1), name="comfy-local", target={"worker": "local"})
         assert comfy_fleet.sidecar.finish(rid, timeout=bh.WAIT_S)["status"] == "succeeded"
@@ -275,8 +271,6 @@ def test_in_comfyui_the_workers_tab_lists_this_server_and_a_finished_run(playwri
         page.screenshot(path=str(screenshots / "comfy-workers-this-server.png"))
         assert log.errors[mark_errors:] == [] and log.failed[mark_failed:] == []
         assert [f for f in log.failed if "xpufleet" in f] == []
-    finally:
-        context.close()
 
 
 def test_in_chinese_and_the_light_theme_the_new_parts_are_translated_and_styled(playwright_browser, standalone_fleet,

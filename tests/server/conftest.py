@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,3 +23,20 @@ def fleet(tmp_path):
     f = sys.modules["fleet_harness"].Fleet(tmp_path)
     yield f
     f.close()
+
+
+CPU_ONLY = [{"name": "cpu", "kind": "cpu", "uuid": None, "total_gib": None}]
+
+
+@pytest.fixture
+def sidecar_client(aiohttp_client, tmp_path):
+    """Starts the sidecar's app in this process on loopback (pytest-aiohttp's ``aiohttp_client``, so its
+    cleanup runs even when the test fails): ``client, config = await sidecar_client(**SidecarConfig
+    fields)``; the home is ``tmp_path/home``, the devices this CPU only unless ``local_devices`` says."""
+    from xpufleet.server.sidecar.app import SidecarConfig, create_app
+
+    async def start(**fields: Any) -> tuple[Any, Any]:
+        config = SidecarConfig(**{"home": tmp_path / "home", "port": 0, "local_devices": CPU_ONLY, **fields})
+        return await aiohttp_client(create_app(config)), config
+
+    return start

@@ -23,7 +23,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import graph_parts as gp  # registered by tests/conftest.py
 import pytest
+from processes import stop_process  # registered by tests/conftest.py
 
 from xpufleet.server.sidecar import tls
 
@@ -32,19 +34,10 @@ HEARTBEAT_S = "1"
 
 # iris, a small MLP, one epoch, then an Evaluate (an output node): a real run of a few seconds
 IRIS: dict[str, Any] = {
-    "1": {"class_type": "XPUDataset", "inputs": {"name": "iris", "val_split": 0.2, "seed": 0, "normalize": "standard"}},
-    "2": {"class_type": "XPUDataLoader", "inputs": {"dataset": ["1", 0], "batch_size": 32, "shuffle": True,
-                                                    "num_workers": 0, "drop_last": False}},
-    "4": {"class_type": "XPUMLP", "inputs": {"hidden": "16", "activation": "relu", "dropout": 0.0, "seed": 0,
-                                             "dataset_info": ["1", 2]}},
-    "5": {"class_type": "XPUOptimizer", "inputs": {"name": "adam", "lr": 0.01, "weight_decay": 0.0, "momentum": 0.9}},
-    "6": {"class_type": "XPULoss", "inputs": {"name": "cross_entropy"}},
-    "8": {"class_type": "XPUTrainingLoop", "inputs": {
-        "model": ["4", 0], "dataloader": ["2", 0], "optimizer": ["5", 0], "loss": ["6", 0], "epochs": 1,
-        "max_steps": 0, "device": "auto", "precision": "fp32", "accumulate_steps": 1, "grad_clip_norm": 0.0,
-        "checkpoint_every": 0, "checkpoint_every_steps": 0, "seed": 0, "tensorboard": False, "strategy": "single"}},
-    "9": {"class_type": "XPUEvaluate", "inputs": {"model": ["8", 0], "dataloader": ["2", 0], "device": "auto",
-                                                  "precision": "fp32"}},
+    "1": gp.dataset(), "2": gp.loader("1", batch_size=32), "4": gp.mlp("1"), "5": gp.optimizer(), "6": gp.loss(),
+    "8": gp.training_loop("4", "2", "5", "6", accumulate_steps=1, grad_clip_norm=0.0, checkpoint_every=0,
+                          checkpoint_every_steps=0, seed=0, strategy="single"),
+    "9": gp.evaluate("8", "2"),
 }
 
 
@@ -149,13 +142,8 @@ class SidecarProc:
         return int(self.url.rsplit(":", 1)[1])
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        if self.proc is not None:
+            stop_process(self.proc)
 
     def call(self, method: str, path: str, body: Any = None, raw: bool = False) -> tuple[int, Any]:
         data = None if body is None else json.dumps(body).encode()
@@ -235,13 +223,7 @@ class AgentProc:
         return self.proc.wait(timeout=timeout)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_process(self.proc)
 
 
 def websocket_plaintext(stream: bytes) -> bytes:
@@ -465,11 +447,5 @@ class SshServer:
                               capture_output=True, text=True, timeout=60)
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_process(self.proc, grace_s=20)
         self.log.close()

@@ -20,7 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import graph_parts as gp  # registered by tests/conftest.py
 import psutil
+from processes import stop_process  # registered by tests/conftest.py
 
 from xpufleet.server.cli.client import Client
 from xpufleet.server.sidecar.runtime_file import read_runtime
@@ -29,21 +31,10 @@ CLI = [sys.executable, "-m", "xpufleet.server"]
 
 # A trivial but real graph: iris, a small MLP, a TrainingLoop and an Evaluate (output node).
 IRIS_GRAPH: dict[str, Any] = {
-    "1": {"class_type": "XPUDataset", "inputs": {"name": "iris", "val_split": 0.2, "seed": 0, "normalize": "standard"}},
-    "2": {"class_type": "XPUDataLoader", "inputs": {"dataset": ["1", 0], "batch_size": 16, "shuffle": True,
-                                                    "num_workers": 0, "drop_last": False}},
-    "3": {"class_type": "XPUDataLoader", "inputs": {"dataset": ["1", 1], "batch_size": 64, "shuffle": False,
-                                                    "num_workers": 0, "drop_last": False}},
-    "4": {"class_type": "XPUMLP", "inputs": {"hidden": "16", "activation": "relu", "dropout": 0.0, "seed": 0,
-                                             "dataset_info": ["1", 2]}},
-    "5": {"class_type": "XPUOptimizer", "inputs": {"name": "adam", "lr": 0.01, "weight_decay": 0.0, "momentum": 0.9}},
-    "6": {"class_type": "XPULoss", "inputs": {"name": "cross_entropy"}},
-    "7": {"class_type": "XPUTrainingLoop", "inputs": {
-        "model": ["4", 0], "dataloader": ["2", 0], "optimizer": ["5", 0], "loss": ["6", 0], "epochs": 1,
-        "max_steps": 0, "device": "auto", "precision": "fp32", "val_dataloader": ["3", 0], "tensorboard": False,
-        "strategy": "single"}},
-    "8": {"class_type": "XPUEvaluate", "inputs": {"model": ["7", 0], "dataloader": ["3", 0], "device": "auto",
-                                                  "precision": "fp32"}},
+    "1": gp.dataset(), "2": gp.loader("1"), "3": gp.loader("1", 1, batch_size=64, shuffle=False), "4": gp.mlp("1"),
+    "5": gp.optimizer(), "6": gp.loss(),
+    "7": gp.training_loop("4", "2", "5", "6", val_dataloader=["3", 0], strategy="single"),
+    "8": gp.evaluate("7", "3"),
 }
 
 
@@ -152,13 +143,7 @@ class AgentProcess:
             return {}
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(self.proc)
 
 
 def wait_until(check, what: str, timeout: float = 60.0, every: float = 0.1) -> Any:

@@ -6,11 +6,11 @@
 import { h, replace, saveBlob, sleep } from "./dom.mjs";
 import { shortId, when } from "./format.mjs";
 import { t } from "./i18n.mjs";
+import { ItemList } from "./item_list.mjs";
 import { HistoryChart, ParamScatter } from "./sweep_charts.mjs";
 import { label, progressCell } from "./sweep_view.mjs";
 
 const ACTIVE = new Set(["running", "cancelling"]);
-const LIST_REFRESH_MS = 2000;
 const LONG_POLL_S = 20;
 const PROGRESS_POLL_S = 1;
 const RETRY_MS = 2000;
@@ -49,8 +49,16 @@ export class StudiesPanel {
     this.fleet = fleet;
     this.openRun = openRun;
     this.selected = null;
-    this.studies = [];
     this.container = null;
+    this.list = new ItemList({
+      kind: "study",
+      none: () => t("study.none"),
+      open: (name) => t("study.open", { name }),
+      load: async (signal) => (await this.fleet.api("GET", "/studies?limit=100", undefined, { signal })).studies || [],
+      row: (s) => ({ status: t(`study.status.${s.status}`), counts: countsText(s.counts),
+        hint: `${t("study.n_trials", { done: finished(s.counts), n: s.n_trials })} · ${s.objective?.metric || ""}` }),
+      onSelect: (id) => this.select(id),
+    });
   }
 
   mount(container) {
@@ -58,7 +66,6 @@ export class StudiesPanel {
     this.unmount();
     this.container = container;
     this.abort = new AbortController();
-    this.list = h("div", { class: "xf-run-list", role: "list", dataset: { xpufleet: "study-list" } });
     this.detail = h("section", { class: "xf-run-detail", "aria-live": "polite", dataset: { xpufleet: "study-detail" } },
       h("div", { class: "xf-hint" }, t("study.pick")));
     this.root = h("div", { class: "xf-panel xf-sweeps xf-studies xf-root", dataset: { xpufleet: "studies-panel" } },
@@ -66,9 +73,9 @@ export class StudiesPanel {
         h("h2", {}, t("study.title")),
         h("span", { class: "xf-grow" }),
         h("button", { type: "button", onclick: () => this.refresh() }, t("common.refresh"))),
-      h("div", { class: "xf-panel-body" }, this.list, this.detail));
+      h("div", { class: "xf-panel-body" }, this.list.el, this.detail));
     replace(container, this.root);
-    this.loop();
+    this.list.start(this.abort.signal);
     if (this.selected) this.select(this.selected);
   }
 
@@ -91,44 +98,14 @@ export class StudiesPanel {
     if (this.container) { this.refresh(); this.select(studyId); }
   }
 
-  async loop() {
-    const signal = this.abort.signal;
-    while (!signal.aborted) {
-      await this.refresh();
-      await sleep(LIST_REFRESH_MS, signal);
-    }
-  }
-
-  async refresh() {
-    try {
-      const page = await this.fleet.api("GET", "/studies?limit=100", undefined, { signal: this.abort?.signal });
-      this.studies = page.studies || [];
-      this.listError = null;
-    } catch (err) {
-      if (err?.name === "AbortError") return;
-      this.listError = err;
-    }
-    this.renderList();
-  }
-
-  renderList() {
-    if (!this.root) return;
-    if (this.listError) { replace(this.list, h("div", { class: "xf-error", role: "alert" }, this.listError.message)); return; }
-    if (!this.studies.length) { replace(this.list, h("div", { class: "xf-hint" }, t("study.none"))); return; }
-    replace(this.list, this.studies.map((s) => h("div", { role: "listitem", class: `xf-run-row${this.selected === s.id ? " xf-selected" : ""}`,
-      dataset: { studyId: s.id, status: s.status } },
-    h("button", { type: "button", class: "xf-run-pick", "aria-label": t("study.open", { name: s.name || shortId(s.id) }),
-      "aria-current": this.selected === s.id ? "true" : "false", onclick: () => this.select(s.id) },
-    h("span", { class: `xf-status xf-sweep-${s.status}` }, t(`study.status.${s.status}`)),
-    h("span", { class: "xf-run-name" }, s.name || shortId(s.id)),
-    h("span", { class: "xf-hint" }, ` ${shortId(s.id)} · ${t("study.n_trials", { done: finished(s.counts), n: s.n_trials })} · ${s.objective?.metric || ""}`),
-    h("span", { class: "xf-budget-col" }, countsText(s.counts))))));
+  refresh() {
+    return this.list.refresh();
   }
 
   // --- one study ---
   async select(studyId) {
     this.selected = studyId;
-    this.renderList();
+    this.list.select(studyId);
     this.detailAbort?.abort();
     this.detailAbort = new AbortController();
     const signal = this.detailAbort.signal;
@@ -186,6 +163,7 @@ export class StudiesPanel {
         onclick: async () => {
           if (await this.act(() => this.fleet.api("DELETE", `/studies/${enc(s.id)}`))) {
             this.selected = null;
+            this.list.select(null);
             this.detailAbort?.abort();
             this.destroyCharts();
             replace(this.detail, h("div", { class: "xf-hint" }, t("study.deleted")));

@@ -8,9 +8,9 @@ import { ParamScatter } from "./sweep_charts.mjs";
 import { h, replace, saveBlob, sleep } from "./dom.mjs";
 import { shortId, when } from "./format.mjs";
 import { t } from "./i18n.mjs";
+import { ItemList } from "./item_list.mjs";
 
 const ENDED = new Set(["finished", "cancelled"]);
-const LIST_REFRESH_MS = 2000;
 const LONG_POLL_S = 20;
 const PROGRESS_POLL_S = 1; // while a variant runs: its progress does not move the sweep's version
 const RETRY_MS = 2000;
@@ -57,9 +57,17 @@ export class SweepsPanel {
     this.openRuns = openRuns;
     this.newSweep = newSweep;
     this.selected = null;
-    this.sweeps = [];
     this.xParam = null;
     this.container = null;
+    this.list = new ItemList({
+      kind: "sweep",
+      none: () => t("sweep.none"),
+      open: (name) => t("sweep.open", { name }),
+      load: async (signal) => (await this.fleet.sweeps({ limit: 100 }, { signal })).sweeps || [],
+      row: (s) => ({ status: t(`sweep.status.${s.status}`), counts: countsText(s.counts),
+        hint: `${t("sweep.n_runs", { n: s.n_runs })} · ${s.objective?.metric || ""}` }),
+      onSelect: (id) => this.select(id),
+    });
   }
 
   mount(container) {
@@ -67,7 +75,6 @@ export class SweepsPanel {
     this.unmount();
     this.container = container;
     this.abort = new AbortController();
-    this.list = h("div", { class: "xf-run-list", role: "list", dataset: { xpufleet: "sweep-list" } });
     this.detail = h("section", { class: "xf-run-detail", "aria-live": "polite", dataset: { xpufleet: "sweep-detail" } },
       h("div", { class: "xf-hint" }, t("sweep.pick")));
     this.root = h("div", { class: "xf-panel xf-sweeps xf-root", dataset: { xpufleet: "sweeps-panel" } },
@@ -77,9 +84,9 @@ export class SweepsPanel {
         h("button", { type: "button", class: "xf-primary", dataset: { xpufleet: "new-sweep" }, onclick: () => this.newSweep() }, t("sweep.new")),
         h("button", { type: "button", onclick: () => this.refresh() }, t("common.refresh")),
         h("button", { type: "button", dataset: { xpufleet: "open-runs" }, onclick: () => this.openRuns() }, t("runs.title"))),
-      h("div", { class: "xf-panel-body" }, this.list, this.detail));
+      h("div", { class: "xf-panel-body" }, this.list.el, this.detail));
     replace(container, this.root);
-    this.loop();
+    this.list.start(this.abort.signal);
     if (this.selected) this.select(this.selected);
   }
 
@@ -96,44 +103,14 @@ export class SweepsPanel {
     if (this.container) { this.refresh(); this.select(sweepId); }
   }
 
-  async loop() {
-    const signal = this.abort.signal;
-    while (!signal.aborted) {
-      await this.refresh();
-      await sleep(LIST_REFRESH_MS, signal);
-    }
-  }
-
-  async refresh() {
-    try {
-      const page = await this.fleet.sweeps({ limit: 100 }, { signal: this.abort?.signal });
-      this.sweeps = page.sweeps || [];
-      this.listError = null;
-    } catch (err) {
-      if (err?.name === "AbortError") return;
-      this.listError = err;
-    }
-    this.renderList();
-  }
-
-  renderList() {
-    if (!this.root) return;
-    if (this.listError) { replace(this.list, h("div", { class: "xf-error", role: "alert" }, this.listError.message)); return; }
-    if (!this.sweeps.length) { replace(this.list, h("div", { class: "xf-hint" }, t("sweep.none"))); return; }
-    replace(this.list, this.sweeps.map((s) => h("div", { role: "listitem", class: `xf-run-row${this.selected === s.id ? " xf-selected" : ""}`,
-      dataset: { sweepId: s.id, status: s.status } },
-    h("button", { type: "button", class: "xf-run-pick", "aria-label": t("sweep.open", { name: s.name || shortId(s.id) }),
-      "aria-current": this.selected === s.id ? "true" : "false", onclick: () => this.select(s.id) },
-    h("span", { class: `xf-status xf-sweep-${s.status}` }, t(`sweep.status.${s.status}`)),
-    h("span", { class: "xf-run-name" }, s.name || shortId(s.id)),
-    h("span", { class: "xf-hint" }, ` ${shortId(s.id)} · ${t("sweep.n_runs", { n: s.n_runs })} · ${s.objective?.metric || ""}`),
-    h("span", { class: "xf-budget-col" }, countsText(s.counts))))));
+  refresh() {
+    return this.list.refresh();
   }
 
   // --- one sweep ---
   async select(sweepId) {
     this.selected = sweepId;
-    this.renderList();
+    this.list.select(sweepId);
     this.detailAbort?.abort();
     this.detailAbort = new AbortController();
     const signal = this.detailAbort.signal;
@@ -186,6 +163,7 @@ export class SweepsPanel {
         onclick: async () => {
           if (await this.act(() => this.fleet.deleteSweep(s.id))) {
             this.selected = null;
+            this.list.select(null);
             replace(this.detail, h("div", { class: "xf-hint" }, t("sweep.deleted")));
             this.refresh();
           }

@@ -12,14 +12,11 @@ from typing import Any
 
 import pytest
 import sidecar_harness as harness  # registered by tests/server/conftest.py
-from aiohttp.test_utils import TestClient, TestServer
 
 from xpufleet.server.cli.client import Client
 from xpufleet.server.comfy import canvas_runs
 from xpufleet.server.comfy.canvas_runs import CanvasRecorder, prompt_end
-from xpufleet.server.sidecar.app import SidecarConfig, create_app
 
-CPU = [{"name": "cpu", "kind": "cpu", "uuid": None, "total_gib": None}]
 WAIT_S = 60.0
 
 
@@ -67,21 +64,19 @@ def until(check, timeout: float = WAIT_S) -> Any:
     raise AssertionError("not within the bound")
 
 
-def with_sidecar(tmp_path, body):
-    """``body(recorder, server, client)`` in a thread while an in-process sidecar serves."""
-    async def main() -> Any:
-        config = SidecarConfig(home=tmp_path / "home", port=0, local_devices=CPU)
-        async with TestClient(TestServer(create_app(config), host="127.0.0.1")) as http:
-            client = Client(str(http.make_url("")), config.token)
-            server = Server()
-            recorder = CanvasRecorder(server, flush_s=0.05)
-            recorder._client = lambda: client  # the sidecar this test serves (not a runtime file's)
-            return await asyncio.to_thread(body, recorder, server, client)
-
-    return asyncio.run(main())
+@pytest.fixture
+async def at_sidecar(sidecar_client) -> tuple[CanvasRecorder, Server, Client]:
+    """A recorder on a stand-in ComfyUI whose sidecar is one serving in this process (tests/server/conftest.py):
+    a test runs its checks in a thread (``asyncio.to_thread``) while the loop serves."""
+    http, config = await sidecar_client()
+    client = Client(str(http.make_url("")), config.token)
+    server = Server()
+    recorder = CanvasRecorder(server, flush_s=0.05)
+    recorder._client = lambda: client  # the sidecar this test serves (not a runtime file's)
+    return recorder, server, client
 
 
-def test_what_hosted_nodes_report_is_one_canvas_run_ended_as_comfyui_says(tmp_path):
+async def test_what_hosted_nodes_report_is_one_canvas_run_ended_as_comfyui_says(at_sidecar):
     graph = harness.iris_graph(2)
 
     def body(recorder, server, client):
@@ -104,10 +99,10 @@ def test_what_hosted_nodes_report_is_one_canvas_run_ended_as_comfyui_says(tmp_pa
         assert [e["payload"]["path"] for e in events if e["type"] == "artifact"] == ["/out/m.safetensors"]
         until(lambda: recorder._thread is None)  # nothing open: the sender thread is gone
 
-    with_sidecar(tmp_path, body)
+    await asyncio.to_thread(body, *at_sidecar)
 
 
-def test_a_cancel_on_the_sidecar_interrupts_comfyuis_prompt(tmp_path, monkeypatch):
+async def test_a_cancel_on_the_sidecar_interrupts_comfyuis_prompt(at_sidecar, monkeypatch):
     interrupted = threading.Event()
     mm = type("mm", (), {"interrupt_current_processing": staticmethod(lambda value=True: interrupted.set())})
     monkeypatch.setitem(canvas_runs.sys.modules, "comfy.model_management", mm)
@@ -128,7 +123,7 @@ def test_a_cancel_on_the_sidecar_interrupts_comfyuis_prompt(tmp_path, monkeypatc
         ended = until(lambda: client.run(run["id"])["status"] == "cancelled" and client.run(run["id"]))
         assert ended["error"] == "cancelled in ComfyUI"
 
-    with_sidecar(tmp_path, body)
+    await asyncio.to_thread(body, *at_sidecar)
 
 
 def test_with_no_sidecar_nothing_is_sent_and_the_record_is_dropped(tmp_path, monkeypatch):
@@ -160,7 +155,7 @@ def test_the_end_is_comfyuis_history_entry(status_str, messages, expected):
     assert prompt_end(server, "cleared")[0] == "interrupted"
 
 
-def test_a_prompt_that_ends_before_the_first_send_is_still_recorded_whole(tmp_path):
+async def test_a_prompt_that_ends_before_the_first_send_is_still_recorded_whole(at_sidecar):
     graph = harness.iris_graph(1)
 
     def body(recorder, server, client):
@@ -173,10 +168,10 @@ def test_a_prompt_that_ends_before_the_first_send_is_still_recorded_whole(tmp_pa
         ended = until(lambda: client.run(run["id"])["status"] == "succeeded" and client.run(run["id"]))
         assert (ended["name"], ended["graph"], ended["final_metrics"]) == ("ComfyUI prompt 3", graph, {"val_accuracy": 0.9})
 
-    with_sidecar(tmp_path, body)
+    await asyncio.to_thread(body, *at_sidecar)
 
 
-def test_the_workflow_name_the_page_says_names_the_run_before_or_after_it_is_made(tmp_path):
+async def test_the_workflow_name_the_page_says_names_the_run_before_or_after_it_is_made(at_sidecar):
     def body(recorder, server, client):
         server.prompt_queue.start(4, "p-4", harness.iris_graph(1))
         server.last_prompt_id = "p-4"
@@ -192,7 +187,7 @@ def test_the_workflow_name_the_page_says_names_the_run_before_or_after_it_is_mad
         recorder.name_prompt("p-5", "cnn_digits")  # said after the run was made: a rename
         until(lambda: client.run(second["id"])["name"] == "cnn_digits")
 
-    with_sidecar(tmp_path, body)
+    await asyncio.to_thread(body, *at_sidecar)
 
 
 @pytest.mark.parametrize(("body", "message"), [

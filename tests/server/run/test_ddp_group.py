@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import graph_parts as gp  # registered by tests/conftest.py
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -34,26 +35,13 @@ def graph(batch: int = 32, schedule: str | None = None, **loop: Any) -> dict[str
     """Synthetic data: 516 training samples (8 batches of 64 + 4) and 129 validation samples (odd)."""
     if schedule:
         loop["lr_scheduler"] = ["10", 0]
-    inputs = {"model": ["4", 0], "dataloader": ["2", 0], "optimizer": ["5", 0], "loss": ["6", 0], "epochs": 3,
-              "max_steps": 0, "device": "auto", "precision": "fp32", "val_dataloader": ["3", 0],
-              "tensorboard": False, "strategy": "ddp", "accumulate_steps": 1, "grad_clip_norm": 0.0}
-    inputs.update(loop)
+    inputs = {"epochs": 3, "val_dataloader": ["3", 0], "strategy": "ddp", "accumulate_steps": 1,
+              "grad_clip_norm": 0.0, **loop}
     return {
-        "1": {"class_type": "XPUDataset", "inputs": {"name": "synthetic_classification", "val_split": 0.2, "seed": 0,
-                                                     "normalize": "standard", "n_samples": 645, "n_features": 16,
-                                                     "num_classes": 3}},
-        "2": {"class_type": "XPUDataLoader", "inputs": {"dataset": ["1", 0], "batch_size": batch, "shuffle": True,
-                                                        "num_workers": 0, "drop_last": False}},
-        "3": {"class_type": "XPUDataLoader", "inputs": {"dataset": ["1", 1], "batch_size": 50, "shuffle": False,
-                                                        "num_workers": 0, "drop_last": False}},
-        "4": {"class_type": "XPUMLP", "inputs": {"hidden": "32", "activation": "relu", "dropout": 0.0, "seed": 0,
-                                                 "dataset_info": ["1", 2]}},
-        "5": {"class_type": "XPUOptimizer", "inputs": {"name": "adam", "lr": 0.01, "weight_decay": 0.0,
-                                                       "momentum": 0.9}},
-        "6": {"class_type": "XPULoss", "inputs": {"name": "cross_entropy"}},
-        "7": {"class_type": "XPUTrainingLoop", "inputs": inputs},
-        "8": {"class_type": "XPUEvaluate", "inputs": {"model": ["7", 0], "dataloader": ["3", 0], "device": "auto",
-                                                      "precision": "fp32"}},
+        "1": gp.dataset("synthetic_classification", n_samples=645, n_features=16, num_classes=3),
+        "2": gp.loader("1", batch_size=batch), "3": gp.loader("1", 1, batch_size=50, shuffle=False),
+        "4": gp.mlp("1", hidden="32"), "5": gp.optimizer(), "6": gp.loss(),
+        "7": gp.training_loop("4", "2", "5", "6", **inputs), "8": gp.evaluate("7", "3"),
         "9": {"class_type": "XPUModelSaver", "inputs": {"model": ["7", 0], "filename": "model.safetensors",
                                                         "format": "safetensors", "location": "run_dir"}},
         **({"10": {"class_type": "XPULRScheduler", "inputs": {"name": schedule, "interval": "step"}}}
@@ -74,7 +62,9 @@ class Run:
         self.result: GroupResult | None = None
         self.finish: dict[str, Any] | None = None
 
-    async def _go(self) -> None:
+    async def go(self) -> Run:
+        """Launch it and wait for the group's end; a group still running when this fails is killed and
+        waited for, so no rank outlives the test."""
         self.spec.write(self.run_dir)
         env = member_env(None, ddp.rank_env(self.graph, self.spec.world_size, os.environ))
 
@@ -85,12 +75,14 @@ class Run:
 
         group = ProcessGroup(single(self.run_dir.name, self.run_dir, env), on_events)
         followers = ddp.Followers(group, self.run_dir, self.spec.world_size, env)
-        await group.start()
-        self.result = await asyncio.wait_for(group.wait(), 300)
+        try:
+            await group.start()
+            self.result = await asyncio.wait_for(group.wait(), 300)
+        finally:
+            if self.result is None:
+                group.kill()
+                await asyncio.wait_for(group.wait(), 60)
         self.finish = ddp.group_finish(self.result)
-
-    def go(self) -> Run:
-        asyncio.run(self._go())
         return self
 
     def of(self, type_: str) -> list[dict[str, Any]]:
@@ -131,9 +123,9 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 @pytest.mark.parametrize("loop", [{}, {"accumulate_steps": 2}, {"grad_clip_norm": 0.05},
                                   {"schedule": "onecycle", "max_steps": 19}],
                          ids=["plain", "accumulate_steps_2", "grad_clip_norm", "onecycle_max_steps"])
-def test_two_ranks_of_batch_32_equal_one_process_of_batch_64(tmp_path, loop):
+async def test_two_ranks_of_batch_32_equal_one_process_of_batch_64(tmp_path, loop):
     g = graph(32, **loop)
-    run = Run(tmp_path / "ddp", g).go()
+    run = await Run(tmp_path / "ddp", g).go()
     assert run.finish["status"] == "succeeded", run.finish
     ref_model, ref = reference(g, tmp_path)
     assert max_diff(run.weights(), ref_model.state_dict()) <= 1e-5
@@ -166,9 +158,9 @@ def test_two_ranks_of_batch_32_equal_one_process_of_batch_64(tmp_path, loop):
         assert max_diff(run.weights(), unclipped.state_dict()) > 1e-3
 
 
-def test_rank_0_alone_reports_and_writes_files(tmp_path):
+async def test_rank_0_alone_reports_and_writes_files(tmp_path):
     g = graph(32, epochs=2, checkpoint_every=1, tensorboard=True)
-    run = Run(tmp_path / "ddp", g).go()
+    run = await Run(tmp_path / "ddp", g).go()
     assert run.finish["status"] == "succeeded", run.finish
     rd = run.run_dir
     assert sorted(p.name for p in (rd / "checkpoints").iterdir()) == ["epoch_0001.pt", "epoch_0002.pt"]
@@ -193,39 +185,39 @@ def test_rank_0_alone_reports_and_writes_files(tmp_path):
     assert [r["card"] for r in started["ranks"]] == CARDS and started["backend"] == "gloo"
 
 
-def test_unseeded_ranks_share_rank_0s_order(tmp_path):
+async def test_unseeded_ranks_share_rank_0s_order(tmp_path):
     """Without a seed, rank 0 draws the sampler seed and sends it: both ranks still see one order (the
     run still equals one process of batch 64 with that seed)."""
     g = graph(32, epochs=1, seed=-1)
     g["4"]["inputs"]["seed"] = 3
-    run = Run(tmp_path / "ddp", g, seed=None).go()
+    run = await Run(tmp_path / "ddp", g, seed=None).go()
     assert run.finish["status"] == "succeeded", run.finish
     assert run.finish["final_metrics"]["val_accuracy"] > 0.5
 
 
-def test_two_ddp_loops_in_sequence_train_and_parallel_ones_fail_before_start(tmp_path):
+async def test_two_ddp_loops_in_sequence_train_and_parallel_ones_fail_before_start(tmp_path):
     g = graph(32, epochs=1)
     g["10"] = {"class_type": "XPUTrainingLoop", "inputs": {**g["7"]["inputs"], "model": ["7", 0]}}
     g["8"]["inputs"]["model"] = ["10", 0]
-    run = Run(tmp_path / "seq", g).go()
+    run = await Run(tmp_path / "seq", g).go()
     assert run.finish["status"] == "succeeded", run.finish
     assert len(run.of("ddp_ready")) == 1  # the ranks met once, for both loops
     assert run.finish["final_metrics"]["eval_accuracy"] > 0.5
     par = copy.deepcopy(g)
     par["10"]["inputs"]["model"] = ["4", 0]  # both loops now train the builder's model: parallel branches
-    run = Run(tmp_path / "par", par).go()
+    run = await Run(tmp_path / "par", par).go()
     assert run.finish["status"] == "failed" and "parallel branches" in run.finish["error"]
     assert set(run.finish["validation"]["node_errors"]) == {"7", "10"}
     assert not run.of("node_started") and len(run.result.exits) == 1  # nothing ran, no follower started
 
 
-def test_a_run_on_the_server_with_a_device_set_falls_back(tmp_path):
+async def test_a_run_on_the_server_with_a_device_set_falls_back(tmp_path):
     g = graph(32, epochs=1)
     run = Run(tmp_path / "local", g)
     run.spec = build_spec({"id": "local", "graph": g, "options": {"seed": SEED}}, placement="local",
                           slot_devices=CARDS, run_devices=CARDS, aliases={d: d for d in CARDS}, visible_devices=CARDS,
                           simulated=True)
-    run.go()
+    await run.go()
     assert run.spec.world_size == 1 and run.finish["status"] == "succeeded"
     (w,) = [p for p in run.of("run_warning") if p["kind"] == "ddp_not_available"]
     assert "runs on this server (target local) train in one process, even with a device set" in w["message"]

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import graph_parts as gp  # registered by tests/conftest.py
 import psutil
 import pytest
 
@@ -31,16 +32,8 @@ pytestmark = pytest.mark.e2e
 
 # Trains for as long as nobody stops it (many epochs of iris); reports progress as it goes.
 LONG_GRAPH = {
-    "1": {"class_type": "XPUDataset", "inputs": {"name": "iris", "val_split": 0.2, "seed": 0, "normalize": "standard"}},
-    "2": {"class_type": "XPUDataLoader", "inputs": {"dataset": ["1", 0], "batch_size": 4, "shuffle": True,
-                                                    "num_workers": 0, "drop_last": False}},
-    "3": {"class_type": "XPUMLP", "inputs": {"hidden": "16", "activation": "relu", "dropout": 0.0, "seed": 0,
-                                             "dataset_info": ["1", 2]}},
-    "4": {"class_type": "XPUOptimizer", "inputs": {"name": "sgd", "lr": 0.01, "weight_decay": 0.0, "momentum": 0.0}},
-    "5": {"class_type": "XPULoss", "inputs": {"name": "cross_entropy"}},
-    "6": {"class_type": "XPUTrainingLoop", "inputs": {
-        "model": ["3", 0], "dataloader": ["2", 0], "optimizer": ["4", 0], "loss": ["5", 0], "epochs": 100000,
-        "max_steps": 0, "device": "cpu", "precision": "fp32", "tensorboard": False, "strategy": "single"}},
+    "1": gp.dataset(), "2": gp.loader("1", batch_size=4), "3": gp.mlp("1"), "4": gp.optimizer("sgd", momentum=0.0),
+    "5": gp.loss(), "6": gp.training_loop("3", "2", "4", "5", epochs=100000, device="cpu", strategy="single"),
 }
 
 STARTERS = {"warm": WarmStarter, "cold": ColdStarter}
@@ -72,20 +65,32 @@ async def _all_training(seen: Seen) -> None:
     await asyncio.wait_for(asyncio.gather(*(e.wait() for e in seen.training.values())), 120)
 
 
-@pytest.mark.parametrize("mode", sorted(STARTERS))
-def test_sigkill_of_one_member_ends_the_group_and_names_it(tmp_path, mode):
-    async def scenario():
-        seen = Seen(3)
-        group = ProcessGroup(make_group(tmp_path, 3), seen, STARTERS[mode]())
-        await group.start()
-        pids = group.pids
-        assert len(set(pids)) == 3
-        await _all_training(seen)
-        os.kill(pids[1], signal.SIGKILL)
-        result = await asyncio.wait_for(group.wait(), 60)
-        return pids, result, seen
+@pytest.fixture
+async def groups():
+    """Makes ProcessGroups like ``ProcessGroup(...)``; at the end every member still running is killed and
+    waited for, so a failed assert leaves no process behind."""
+    made: list[ProcessGroup] = []
 
-    pids, result, seen = asyncio.run(scenario())
+    def make(spec: GroupSpec, on_events: Any, starter: Any) -> ProcessGroup:
+        made.append(ProcessGroup(spec, on_events, starter))
+        return made[-1]
+
+    yield make
+    for group in made:
+        group.kill()
+        await asyncio.wait_for(group.wait(), 60)
+
+
+@pytest.mark.parametrize("mode", sorted(STARTERS))
+async def test_sigkill_of_one_member_ends_the_group_and_names_it(groups, tmp_path, mode):
+    seen = Seen(3)
+    group = groups(make_group(tmp_path, 3), seen, STARTERS[mode]())
+    await group.start()
+    pids = group.pids
+    assert len(set(pids)) == 3
+    await _all_training(seen)
+    os.kill(pids[1], signal.SIGKILL)
+    result = await asyncio.wait_for(group.wait(), 60)
     # wait() returned only after all three are gone
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert result.first_failure is not None and result.first_failure.rank == 1
@@ -97,16 +102,13 @@ def test_sigkill_of_one_member_ends_the_group_and_names_it(tmp_path, mode):
 
 
 @pytest.mark.parametrize("mode", sorted(STARTERS))
-def test_stop_reaches_every_member(tmp_path, mode):
-    async def scenario():
-        seen = Seen(3)
-        group = ProcessGroup(make_group(tmp_path, 3), seen, STARTERS[mode]())
-        await group.start()
-        await _all_training(seen)
-        group.stop("cancel")
-        return await asyncio.wait_for(group.wait(), 90)
-
-    result = asyncio.run(scenario())
+async def test_stop_reaches_every_member(groups, tmp_path, mode):
+    seen = Seen(3)
+    group = groups(make_group(tmp_path, 3), seen, STARTERS[mode]())
+    await group.start()
+    await _all_training(seen)
+    group.stop("cancel")
+    result = await asyncio.wait_for(group.wait(), 90)
     assert result.stop_reason == "cancel" and result.first_failure is None
     assert [e.finished["status"] for e in result.exits] == ["cancelled"] * 3
     # rank 0's run_finished was held back until the group had ended, and is handed over then
@@ -115,38 +117,32 @@ def test_stop_reaches_every_member(tmp_path, mode):
         assert (tmp_path / f"member{rank}" / "checkpoints" / "interrupt.pt").is_file()
 
 
-def test_a_stop_before_the_processes_exist_is_not_lost(tmp_path):
-    async def scenario():
-        seen = Seen(2)
-        group = ProcessGroup(make_group(tmp_path, 2), seen, WarmStarter())
-        group.stop("interrupt")
-        await group.start()
-        return await asyncio.wait_for(group.wait(), 90)
-
-    result = asyncio.run(scenario())
+async def test_a_stop_before_the_processes_exist_is_not_lost(groups, tmp_path):
+    seen = Seen(2)
+    group = groups(make_group(tmp_path, 2), seen, WarmStarter())
+    group.stop("interrupt")
+    await group.start()
+    result = await asyncio.wait_for(group.wait(), 90)
     assert result.stop_reason == "interrupt"
     assert [e.finished["status"] for e in result.exits] == ["interrupted"] * 2
 
 
-def test_warm_members_get_their_own_environment_and_random_state(tmp_path):
+async def test_warm_members_get_their_own_environment_and_random_state(groups, tmp_path):
     """Forked children: the environment the launcher gives (not the warm parent's), and random state
     of their own: two unseeded runs of the same graph do not train the same model."""
     graph = {k: {**v, "inputs": dict(v["inputs"])} for k, v in LONG_GRAPH.items()}
     graph["3"]["inputs"]["seed"] = -1
     graph["6"]["inputs"].update(epochs=1, max_steps=3)
 
-    async def scenario():
-        members = []
-        for rank in range(2):
-            run_dir = tmp_path / f"m{rank}"
-            RunSpec(run_id=f"env-{rank}", graph=graph).write(run_dir)
-            env = member_env(None, {"CUDA_VISIBLE_DEVICES": str(7 - rank), "XPUFLEET_TEST_MARK": f"m{rank}"})
-            members.append(MemberSpec(rank, run_dir, env, run_dir / "output.log"))
-        group = ProcessGroup(GroupSpec("env", members), lambda rank, evs: None, WarmStarter())
-        await group.start()
-        return await asyncio.wait_for(group.wait(), 90)
-
-    result = asyncio.run(scenario())
+    members = []
+    for rank in range(2):
+        run_dir = tmp_path / f"m{rank}"
+        RunSpec(run_id=f"env-{rank}", graph=graph).write(run_dir)
+        env = member_env(None, {"CUDA_VISIBLE_DEVICES": str(7 - rank), "XPUFLEET_TEST_MARK": f"m{rank}"})
+        members.append(MemberSpec(rank, run_dir, env, run_dir / "output.log"))
+    group = groups(GroupSpec("env", members), lambda rank, evs: None, WarmStarter())
+    await group.start()
+    result = await asyncio.wait_for(group.wait(), 90)
     facts = [e.finished["execution_facts"] for e in result.exits]
     assert [f["env"]["CUDA_VISIBLE_DEVICES"] for f in facts] == ["7", "6"]
     assert [f["pid"] for f in facts] == [e.pid for e in result.exits]
@@ -158,7 +154,7 @@ def test_warm_members_get_their_own_environment_and_random_state(tmp_path):
     assert losses[0] != losses[1]
 
 
-def test_wait_group_gone_waits_for_the_leaders_children(tmp_path):
+async def test_wait_group_gone_waits_for_the_leaders_children(tmp_path):
     """A leader that exits while a child of its session still runs: the group is not gone yet."""
     marker = tmp_path / "child-done"
     child = tmp_path / "child.py"
@@ -168,15 +164,15 @@ def test_wait_group_gone_waits_for_the_leaders_children(tmp_path):
     assert leader.wait(timeout=30) == 0
     assert group_alive(leader.pid) and not marker.exists()
     t0 = time.monotonic()
-    asyncio.run(wait_group_gone(leader.pid, timeout=30))
+    await wait_group_gone(leader.pid, timeout=30)
     assert not group_alive(leader.pid) and marker.exists() and time.monotonic() - t0 < 30
 
 
-def test_wait_group_gone_kills_what_outlives_the_bound(tmp_path):
+async def test_wait_group_gone_kills_what_outlives_the_bound(tmp_path):
     code = "import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])"
     leader = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
     assert leader.wait(timeout=30) == 0
-    asyncio.run(wait_group_gone(leader.pid, timeout=0.5))
+    await wait_group_gone(leader.pid, timeout=0.5)
     assert not group_alive(leader.pid)
 
 
@@ -203,33 +199,27 @@ def _member(tmp_path: Path, rank: int, graph: dict[str, Any]) -> MemberSpec:
     return MemberSpec(rank, run_dir, member_env(None, {"OMP_NUM_THREADS": "1"}), run_dir / "output.log")
 
 
-def test_an_added_member_that_cannot_start_fails_the_group_naming_it(tmp_path):
-    async def scenario():
-        seen = Seen(1)
-        group = ProcessGroup(GroupSpec("add", [_member(tmp_path, 0, LONG_GRAPH)]), seen, _NoRank1())
-        await group.start()
-        await _all_training(seen)
-        group.add_members([_member(tmp_path, 1, LONG_GRAPH)])
-        return await asyncio.wait_for(group.wait(), 90)
-
-    result = asyncio.run(scenario())
+async def test_an_added_member_that_cannot_start_fails_the_group_naming_it(groups, tmp_path):
+    seen = Seen(1)
+    group = groups(GroupSpec("add", [_member(tmp_path, 0, LONG_GRAPH)]), seen, _NoRank1())
+    await group.start()
+    await _all_training(seen)
+    group.add_members([_member(tmp_path, 1, LONG_GRAPH)])
+    result = await asyncio.wait_for(group.wait(), 90)
     assert result.world_size == 2 and result.stop_reason == "member_failed"
     assert result.first_failure.rank == 1
     assert result.first_failure.cause == "could not be started: OSError: no more processes"
     assert result.exits[0].ended_by_group and result.exits[0].returncode == -signal.SIGTERM
 
 
-def test_members_still_running_after_rank_0_ended_are_ended(tmp_path):
+async def test_members_still_running_after_rank_0_ended_are_ended(groups, tmp_path):
     short = {k: {**v, "inputs": dict(v["inputs"])} for k, v in LONG_GRAPH.items()}
     short["6"]["inputs"].update(epochs=1, max_steps=2)
 
-    async def scenario():
-        group = ProcessGroup(GroupSpec("leader", [_member(tmp_path, 0, short)]), lambda r, e: None, ColdStarter())
-        await group.start()
-        group.add_members([_member(tmp_path, 1, LONG_GRAPH)])  # wait() covers members added after start
-        return await asyncio.wait_for(group.wait(), 120)
-
-    result = asyncio.run(scenario())
+    group = groups(GroupSpec("leader", [_member(tmp_path, 0, short)]), lambda r, e: None, ColdStarter())
+    await group.start()
+    group.add_members([_member(tmp_path, 1, LONG_GRAPH)])  # wait() covers members added after start
+    result = await asyncio.wait_for(group.wait(), 120)
     assert [e.rank for e in result.exits] == [0, 1]
     assert result.exits[0].returncode == 0 and result.finished_event["payload"]["status"] == "succeeded"
     assert result.exits[1].ended_by_group and result.first_failure is None and result.stop_reason is None

@@ -9,33 +9,27 @@ from pathlib import Path
 from typing import Any
 
 import sidecar_harness as harness  # registered by tests/server/conftest.py
-from aiohttp.test_utils import TestClient, TestServer
 
-from xpufleet.server.sidecar.app import SidecarConfig, create_app
 from xpufleet.server.sidecar.local import LocalProvider
 
 CPU_AND_MPS = [{"name": "cpu", "kind": "cpu", "uuid": None, "total_gib": None},
                {"name": "mps", "kind": "mps", "uuid": None, "total_gib": None}]
 
 
-def test_a_device_set_this_server_lacks_gets_the_exact_400_wording(tmp_path):
-    async def scenario() -> None:
-        config = SidecarConfig(home=tmp_path / "home", port=0, local_devices=CPU_AND_MPS)
-        async with TestClient(TestServer(create_app(config), host="127.0.0.1")) as client:
-            auth = {"Authorization": f"Bearer {config.token}"}
-            body = {"graph": harness.iris_graph(1), "options": {"target": {"devices": ["cuda:0"]}}}
-            resp = await client.post("/api/runs", json=body, headers=auth)
-            assert resp.status == 400
-            assert await resp.json() == {"error": "this server does not offer cuda:0 (it offers cpu, mps:0)"}
-            body["options"] = {"target": {"worker": "local", "devices": ["cuda:1", "cuda:0"]}}
-            resp = await client.post("/api/runs", json=body, headers=auth)
-            assert (await resp.json())["error"] == "this server does not offer cuda:1, cuda:0 (it offers cpu, mps:0)"
-            listing = await (await client.get("/api/runs", headers=auth)).json()
-            assert listing["total"] == 0  # nothing was queued
-            status = await (await client.get("/api/status", headers=auth)).json()
-            assert sorted(s["label"] for s in status["slots"]) == ["cpu on this server", "mps:0 on this server"]
-
-    asyncio.run(scenario())
+async def test_a_device_set_this_server_lacks_gets_the_exact_400_wording(sidecar_client):
+    client, config = await sidecar_client(local_devices=CPU_AND_MPS)
+    auth = {"Authorization": f"Bearer {config.token}"}
+    body = {"graph": harness.iris_graph(1), "options": {"target": {"devices": ["cuda:0"]}}}
+    resp = await client.post("/api/runs", json=body, headers=auth)
+    assert resp.status == 400
+    assert await resp.json() == {"error": "this server does not offer cuda:0 (it offers cpu, mps:0)"}
+    body["options"] = {"target": {"worker": "local", "devices": ["cuda:1", "cuda:0"]}}
+    resp = await client.post("/api/runs", json=body, headers=auth)
+    assert (await resp.json())["error"] == "this server does not offer cuda:1, cuda:0 (it offers cpu, mps:0)"
+    listing = await (await client.get("/api/runs", headers=auth)).json()
+    assert listing["total"] == 0  # nothing was queued
+    status = await (await client.get("/api/status", headers=auth)).json()
+    assert sorted(s["label"] for s in status["slots"]) == ["cpu on this server", "mps:0 on this server"]
 
 
 class RecordingHost:
@@ -65,29 +59,25 @@ class RecordingHost:
         pass
 
 
-def test_a_cancel_while_the_child_is_being_spawned_is_not_lost(tmp_path: Path):
+async def test_a_cancel_while_the_child_is_being_spawned_is_not_lost(tmp_path: Path):
     """The run is registered but its process does not exist yet: the stop must still reach it."""
-
-    async def scenario() -> dict[str, Any]:
-        host = RecordingHost()
-        provider = LocalProvider(tmp_path, host, [CPU_AND_MPS[0]], stop_grace_s=20)
-        run = {"id": "spawnrace", "graph": harness.iris_graph(10**6), "options": {}}
-        start = asyncio.create_task(provider.start_run(run, ["cpu"]))
-        for _ in range(100):  # bounded: until start_run is inside the spawn (registered, no process)
-            await asyncio.sleep(0)
-            if "spawnrace" in provider.runs:
-                break
-        group = provider.runs["spawnrace"]
-        assert group.pids == [], "the cancel must land before the process exists"
-        await provider.cancel("spawnrace")
-        await start
-        watch = provider._tasks["spawnrace"]
-        await asyncio.wait_for(host.done.wait(), 90)
-        await asyncio.wait_for(watch, 30)  # the child is reaped before the loop closes
-        finished = [e for e in host.events if e["type"] == "run_finished"]
-        assert finished, host.ended
-        return finished[-1]["payload"]
-
-    payload = asyncio.run(scenario())
+    host = RecordingHost()
+    provider = LocalProvider(tmp_path, host, [CPU_AND_MPS[0]], stop_grace_s=20)
+    run = {"id": "spawnrace", "graph": harness.iris_graph(10**6), "options": {}}
+    start = asyncio.create_task(provider.start_run(run, ["cpu"]))
+    for _ in range(100):  # bounded: until start_run is inside the spawn (registered, no process)
+        await asyncio.sleep(0)
+        if "spawnrace" in provider.runs:
+            break
+    group = provider.runs["spawnrace"]
+    assert group.pids == [], "the cancel must land before the process exists"
+    await provider.cancel("spawnrace")
+    await start
+    watch = provider._tasks["spawnrace"]
+    await asyncio.wait_for(host.done.wait(), 90)
+    await asyncio.wait_for(watch, 30)  # the child is reaped before the loop closes
+    finished = [e for e in host.events if e["type"] == "run_finished"]
+    assert finished, host.ended
+    payload = finished[-1]["payload"]
     assert payload["status"] == "cancelled" and payload["error"] == "cancelled by request"
 

@@ -4,7 +4,6 @@ every bad body a clear 400; a cancel recorded for the plugin; a stale run ended;
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sqlite3
 import subprocess
@@ -13,14 +12,10 @@ from typing import Any
 
 import pytest
 import sidecar_harness as harness  # registered by tests/server/conftest.py
-from aiohttp.test_utils import TestClient, TestServer
 
 from xpufleet.constants import CANVAS_EVENTS_MAX
-from xpufleet.server.sidecar.app import SidecarConfig, create_app
 from xpufleet.server.sidecar.openapi import document
 from xpufleet.server.sidecar.store import Store
-
-CPU = [{"name": "cpu", "kind": "cpu", "uuid": None, "total_gib": None}]
 
 
 def _metric(seq: int, name: str, value: float, step: int) -> dict[str, Any]:
@@ -28,57 +23,50 @@ def _metric(seq: int, name: str, value: float, step: int) -> dict[str, Any]:
             "seq": seq}
 
 
-def scenario(tmp_path, body):
-    """Run ``body(client, auth, app)`` against an in-process sidecar."""
-    async def main() -> Any:
-        config = SidecarConfig(home=tmp_path / "home", port=0, local_devices=CPU)
-        app = create_app(config)
-        async with TestClient(TestServer(app, host="127.0.0.1")) as client:
-            return await body(client, {"Authorization": f"Bearer {config.token}"}, app)
-
-    return asyncio.run(main())
+async def started(sidecar_client: Any) -> tuple[Any, dict[str, str]]:
+    """The in-process sidecar's client (tests/server/conftest.py) and its bearer header."""
+    client, config = await sidecar_client()
+    return client, {"Authorization": f"Bearer {config.token}"}
 
 
 def new_run(pid: int | None = None) -> dict[str, Any]:
     return {"prompt_id": "p-1", "name": "ComfyUI prompt 3", "graph": harness.iris_graph(1), "comfy_pid": pid or os.getpid()}
 
 
-def test_a_canvas_run_is_listed_with_source_canvas_its_series_and_its_end(tmp_path):
-    async def body(client, auth, app):
-        resp = await client.post("/api/canvas/runs", json=new_run(), headers=auth)
-        assert resp.status == 201, await resp.text()
-        run = await resp.json()
-        assert (run["status"], run["source"], run["placement"], run["devices"]) == ("running", "canvas", "canvas", [])
-        assert run["execution_facts"] == {"comfy_pid": os.getpid(), "comfy_prompt_id": "p-1"}
-        events = [_metric(i + 1, "train_loss_batch", 2.0 - i / 10, i) for i in range(5)]
-        events.append({"type": "progress", "payload": {"node": "8", "value": 5, "max": 5, "text": ""}, "ts": 9.0, "seq": 6})
-        resp = await client.post(f"/api/canvas/runs/{run['id']}/events", json={"events": events}, headers=auth)
-        assert await resp.json() == {"stored": 6, "status": "running", "cancel_requested": False}
-        # a resent batch (the plugin's retry) is stored once
-        resp = await client.post(f"/api/canvas/runs/{run['id']}/events", json={"events": events[:2]}, headers=auth)
-        assert (await resp.json())["stored"] == 0
-        end = {"status": "succeeded", "error": None, "final_metrics": {"train_loss_batch": 1.6, "val_accuracy": 0.97}}
-        resp = await client.post(f"/api/canvas/runs/{run['id']}/events",
-                                 json={"events": [_metric(7, "val_accuracy", 0.97, 5)], "finished": end}, headers=auth)
-        assert (await resp.json())["status"] == "succeeded"
-        listing = await (await client.get("/api/runs", headers=auth)).json()
-        assert [(r["id"], r["source"], r["status"]) for r in listing["runs"]] == [(run["id"], "canvas", "succeeded")]
-        only = await (await client.get("/api/runs?source=canvas", headers=auth)).json()
-        assert only["total"] == 1 and (await (await client.get("/api/runs?source=api", headers=auth)).json())["total"] == 0
-        bad = await client.get("/api/runs?source=notebook", headers=auth)
-        assert bad.status == 400 and "source: unknown 'notebook'; use api or canvas" in (await bad.json())["error"]
-        one = await (await client.get(f"/api/runs/{run['id']}", headers=auth)).json()
-        assert one["final_metrics"] == end["final_metrics"] and one["finished_at"] >= one["started_at"]
-        assert one["graph"] == harness.iris_graph(1)
-        metrics = await (await client.get(f"/api/runs/{run['id']}/metrics", headers=auth)).json()
-        assert [(p["value"], p["step"], p["node"]) for p in metrics["metrics"]["train_loss_batch"]][:2] == \
-            [(2.0, 0, "8"), (1.9, 1, "8")]
-        assert metrics["latest"]["val_accuracy"] == 0.97
-        # an ended run takes no more events
-        late = await client.post(f"/api/canvas/runs/{run['id']}/events", json={"events": []}, headers=auth)
-        assert late.status == 409 and "already ended (succeeded)" in (await late.json())["error"]
-
-    scenario(tmp_path, body)
+async def test_a_canvas_run_is_listed_with_source_canvas_its_series_and_its_end(sidecar_client):
+    client, auth = await started(sidecar_client)
+    resp = await client.post("/api/canvas/runs", json=new_run(), headers=auth)
+    assert resp.status == 201, await resp.text()
+    run = await resp.json()
+    assert (run["status"], run["source"], run["placement"], run["devices"]) == ("running", "canvas", "canvas", [])
+    assert run["execution_facts"] == {"comfy_pid": os.getpid(), "comfy_prompt_id": "p-1"}
+    events = [_metric(i + 1, "train_loss_batch", 2.0 - i / 10, i) for i in range(5)]
+    events.append({"type": "progress", "payload": {"node": "8", "value": 5, "max": 5, "text": ""}, "ts": 9.0, "seq": 6})
+    resp = await client.post(f"/api/canvas/runs/{run['id']}/events", json={"events": events}, headers=auth)
+    assert await resp.json() == {"stored": 6, "status": "running", "cancel_requested": False}
+    # a resent batch (the plugin's retry) is stored once
+    resp = await client.post(f"/api/canvas/runs/{run['id']}/events", json={"events": events[:2]}, headers=auth)
+    assert (await resp.json())["stored"] == 0
+    end = {"status": "succeeded", "error": None, "final_metrics": {"train_loss_batch": 1.6, "val_accuracy": 0.97}}
+    resp = await client.post(f"/api/canvas/runs/{run['id']}/events",
+                             json={"events": [_metric(7, "val_accuracy", 0.97, 5)], "finished": end}, headers=auth)
+    assert (await resp.json())["status"] == "succeeded"
+    listing = await (await client.get("/api/runs", headers=auth)).json()
+    assert [(r["id"], r["source"], r["status"]) for r in listing["runs"]] == [(run["id"], "canvas", "succeeded")]
+    only = await (await client.get("/api/runs?source=canvas", headers=auth)).json()
+    assert only["total"] == 1 and (await (await client.get("/api/runs?source=api", headers=auth)).json())["total"] == 0
+    bad = await client.get("/api/runs?source=notebook", headers=auth)
+    assert bad.status == 400 and "source: unknown 'notebook'; use api or canvas" in (await bad.json())["error"]
+    one = await (await client.get(f"/api/runs/{run['id']}", headers=auth)).json()
+    assert one["final_metrics"] == end["final_metrics"] and one["finished_at"] >= one["started_at"]
+    assert one["graph"] == harness.iris_graph(1)
+    metrics = await (await client.get(f"/api/runs/{run['id']}/metrics", headers=auth)).json()
+    assert [(p["value"], p["step"], p["node"]) for p in metrics["metrics"]["train_loss_batch"]][:2] == \
+        [(2.0, 0, "8"), (1.9, 1, "8")]
+    assert metrics["latest"]["val_accuracy"] == 0.97
+    # an ended run takes no more events
+    late = await client.post(f"/api/canvas/runs/{run['id']}/events", json={"events": []}, headers=auth)
+    assert late.status == 409 and "already ended (succeeded)" in (await late.json())["error"]
 
 
 @pytest.mark.parametrize(("body", "message"), [
@@ -90,14 +78,12 @@ def test_a_canvas_run_is_listed_with_source_canvas_its_series_and_its_end(tmp_pa
     ({"prompt_id": "p", "graph": {"1": {"class_type": "XPULoss", "inputs": {}}}, "comfy_pid": 0}, "comfy_pid: must be an integer >= 1"),
     ({"prompt_id": "p", "graph": {"1": {"class_type": "XPULoss", "inputs": {}}}, "comfy_pid": 1, "name": 5}, "name: must be a string"),
 ])
-def test_a_bad_new_canvas_run_is_a_400_naming_the_field(tmp_path, body, message):
-    async def run(client, auth, app):
-        resp = await client.post("/api/canvas/runs", json=body, headers=auth)
-        assert resp.status == 400
-        assert message in (await resp.json())["error"]
-        assert (await (await client.get("/api/runs", headers=auth)).json())["total"] == 0
-
-    scenario(tmp_path, run)
+async def test_a_bad_new_canvas_run_is_a_400_naming_the_field(sidecar_client, body, message):
+    client, auth = await started(sidecar_client)
+    resp = await client.post("/api/canvas/runs", json=body, headers=auth)
+    assert resp.status == 400
+    assert message in (await resp.json())["error"]
+    assert (await (await client.get("/api/runs", headers=auth)).json())["total"] == 0
 
 
 @pytest.mark.parametrize(("body", "message"), [
@@ -116,70 +102,60 @@ def test_a_bad_new_canvas_run_is_a_400_naming_the_field(tmp_path, body, message)
     ({"events": [], "finished": {"status": "failed", "final_metrics": {"a": "high"}}}, "finished.final_metrics"),
     ({"events": [], "name": 7}, "name: must be a string"),
 ])
-def test_bad_canvas_events_are_a_400_naming_the_field_and_store_nothing(tmp_path, body, message):
-    async def run(client, auth, app):
-        created = await (await client.post("/api/canvas/runs", json=new_run(), headers=auth)).json()
-        resp = await client.post(f"/api/canvas/runs/{created['id']}/events", json=body, headers=auth)
-        assert resp.status == 400
-        assert message in (await resp.json())["error"]
-        after = await (await client.get(f"/api/runs/{created['id']}", headers=auth)).json()
-        assert (after["status"], after["cursor"]) == ("running", 1)  # only the status event of its creation
-
-    scenario(tmp_path, run)
+async def test_bad_canvas_events_are_a_400_naming_the_field_and_store_nothing(sidecar_client, body, message):
+    client, auth = await started(sidecar_client)
+    created = await (await client.post("/api/canvas/runs", json=new_run(), headers=auth)).json()
+    resp = await client.post(f"/api/canvas/runs/{created['id']}/events", json=body, headers=auth)
+    assert resp.status == 400
+    assert message in (await resp.json())["error"]
+    after = await (await client.get(f"/api/runs/{created['id']}", headers=auth)).json()
+    assert (after["status"], after["cursor"]) == ("running", 1)  # only the status event of its creation
 
 
-def test_canvas_events_need_the_token_and_a_canvas_run(tmp_path):
-    async def run(client, auth, app):
-        assert (await client.post("/api/canvas/runs", json=new_run())).status == 401
-        queued = await (await client.post("/api/runs", json={"graph": harness.iris_graph(1)}, headers=auth)).json()
-        resp = await client.post(f"/api/canvas/runs/{queued['run_id']}/events", json={"events": []}, headers=auth)
-        assert resp.status == 409 and "came from POST /api/runs" in (await resp.json())["error"]
-        assert (await client.post("/api/canvas/runs/nope/events", json={"events": []}, headers=auth)).status == 404
-        listing = await (await client.get("/api/runs", headers=auth)).json()
-        assert {r["source"] for r in listing["runs"]} == {"api"}
-
-    scenario(tmp_path, run)
+async def test_canvas_events_need_the_token_and_a_canvas_run(sidecar_client):
+    client, auth = await started(sidecar_client)
+    assert (await client.post("/api/canvas/runs", json=new_run())).status == 401
+    queued = await (await client.post("/api/runs", json={"graph": harness.iris_graph(1)}, headers=auth)).json()
+    resp = await client.post(f"/api/canvas/runs/{queued['run_id']}/events", json={"events": []}, headers=auth)
+    assert resp.status == 409 and "came from POST /api/runs" in (await resp.json())["error"]
+    assert (await client.post("/api/canvas/runs/nope/events", json={"events": []}, headers=auth)).status == 404
+    listing = await (await client.get("/api/runs", headers=auth)).json()
+    assert {r["source"] for r in listing["runs"]} == {"api"}
 
 
-def test_a_cancel_is_recorded_for_the_plugin_to_interrupt_comfyui(tmp_path):
-    async def run(client, auth, app):
-        created = await (await client.post("/api/canvas/runs", json=new_run(), headers=auth)).json()
-        resp = await client.post(f"/api/runs/{created['id']}/cancel", json={"reason": "enough"}, headers=auth)
-        assert resp.status == 200 and (await resp.json())["status"] == "running"  # ComfyUI stops it
-        answer = await (await client.post(f"/api/canvas/runs/{created['id']}/events", json={
-            "events": [], "finished": {"status": "cancelled", "error": "cancelled in ComfyUI"}}, headers=auth)).json()
-        assert answer == {"stored": 1, "status": "cancelled", "cancel_requested": True}
-        events = await (await client.get(f"/api/runs/{created['id']}/events", headers=auth)).json()
-        assert [e["type"] for e in events["events"]] == ["status", "cancel_requested", "run_finished"]
-
-    scenario(tmp_path, run)
+async def test_a_cancel_is_recorded_for_the_plugin_to_interrupt_comfyui(sidecar_client):
+    client, auth = await started(sidecar_client)
+    created = await (await client.post("/api/canvas/runs", json=new_run(), headers=auth)).json()
+    resp = await client.post(f"/api/runs/{created['id']}/cancel", json={"reason": "enough"}, headers=auth)
+    assert resp.status == 200 and (await resp.json())["status"] == "running"  # ComfyUI stops it
+    answer = await (await client.post(f"/api/canvas/runs/{created['id']}/events", json={
+        "events": [], "finished": {"status": "cancelled", "error": "cancelled in ComfyUI"}}, headers=auth)).json()
+    assert answer == {"stored": 1, "status": "cancelled", "cancel_requested": True}
+    events = await (await client.get(f"/api/runs/{created['id']}/events", headers=auth)).json()
+    assert [e["type"] for e in events["events"]] == ["status", "cancel_requested", "run_finished"]
 
 
-def test_a_new_canvas_run_ends_the_stale_ones(tmp_path):
+async def test_a_new_canvas_run_ends_the_stale_ones(sidecar_client):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
 
-    async def run(client, auth, app):
-        gone = await (await client.post("/api/canvas/runs", json=new_run(dead.pid), headers=auth)).json()
-        mine = await (await client.post("/api/canvas/runs", json=new_run(), headers=auth)).json()
-        again = await (await client.post("/api/canvas/runs", json=new_run(), headers=auth)).json()
-        states = {r["id"]: (r["status"], r["error"]) for r in (await (await client.get("/api/runs", headers=auth)).json())["runs"]}
-        assert states[gone["id"]] == ("interrupted", f"ComfyUI (pid {dead.pid}) is gone; the run's end never reached the server")
-        assert states[mine["id"]] == ("interrupted", "ComfyUI started another prompt before this run's end reached the server")
-        assert states[again["id"]] == ("running", None)
-
-    scenario(tmp_path, run)
+    client, auth = await started(sidecar_client)
+    gone = await (await client.post("/api/canvas/runs", json=new_run(dead.pid), headers=auth)).json()
+    mine = await (await client.post("/api/canvas/runs", json=new_run(), headers=auth)).json()
+    again = await (await client.post("/api/canvas/runs", json=new_run(), headers=auth)).json()
+    states = {r["id"]: (r["status"], r["error"]) for r in (await (await client.get("/api/runs", headers=auth)).json())["runs"]}
+    assert states[gone["id"]] == ("interrupted", f"ComfyUI (pid {dead.pid}) is gone; the run's end never reached the server")
+    assert states[mine["id"]] == ("interrupted", "ComfyUI started another prompt before this run's end reached the server")
+    assert states[again["id"]] == ("running", None)
 
 
-def test_the_openapi_document_lists_the_canvas_routes_and_the_source(tmp_path):
-    async def run(client, auth, app):
-        doc = document(app)
-        assert {"/api/canvas/runs", "/api/canvas/runs/{run_id}/events"} <= set(doc["paths"])
-        assert doc["components"]["schemas"]["Run"]["properties"]["source"]["enum"] == ["api", "canvas"]
-        params = {p["name"]: p for p in doc["paths"]["/api/runs"]["get"]["parameters"]}
-        assert params["source"]["schema"]["enum"] == ["api", "canvas"]
-
-    scenario(tmp_path, run)
+async def test_the_openapi_document_lists_the_canvas_routes_and_the_source(sidecar_client):
+    client, auth = await started(sidecar_client)
+    doc = document(client.app)
+    assert {"/api/canvas/runs", "/api/canvas/runs/{run_id}/events"} <= set(doc["paths"])
+    assert doc["components"]["schemas"]["Run"]["properties"]["source"]["enum"] == ["api", "canvas"]
+    params = {p["name"]: p for p in doc["paths"]["/api/runs"]["get"]["parameters"]}
+    assert params["source"]["schema"]["enum"] == ["api", "canvas"]
 
 
 def test_a_state_db_from_before_sources_gets_the_column_and_its_runs_are_api(tmp_path):
@@ -205,7 +181,7 @@ def test_a_state_db_from_before_sources_gets_the_column_and_its_runs_are_api(tmp
         store.close()
 
 
-def test_a_restarted_sidecar_ends_the_canvas_runs_whose_comfyui_is_gone_and_keeps_the_others(tmp_path):
+async def test_a_restarted_sidecar_ends_the_canvas_runs_whose_comfyui_is_gone_and_keeps_the_others(sidecar_client, tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     store = Store(tmp_path / "home" / "state.db")
@@ -213,12 +189,10 @@ def test_a_restarted_sidecar_ends_the_canvas_runs_whose_comfyui_is_gone_and_keep
     alive = store.create_canvas_run(graph=harness.iris_graph(1), name="b", facts={"comfy_pid": os.getpid()})
     store.close()
 
-    async def run(client, auth, app):
-        states = {r["id"]: r["status"] for r in (await (await client.get("/api/runs", headers=auth)).json())["runs"]}
-        assert states == {gone: "interrupted", alive: "running"}
-        # the live ComfyUI goes on reporting to the new sidecar
-        resp = await client.post(f"/api/canvas/runs/{alive}/events", json={
-            "events": [_metric(1, "val_accuracy", 0.9, 1)], "finished": {"status": "succeeded"}}, headers=auth)
-        assert (await resp.json())["status"] == "succeeded"
-
-    scenario(tmp_path, run)
+    client, auth = await started(sidecar_client)
+    states = {r["id"]: r["status"] for r in (await (await client.get("/api/runs", headers=auth)).json())["runs"]}
+    assert states == {gone: "interrupted", alive: "running"}
+    # the live ComfyUI goes on reporting to the new sidecar
+    resp = await client.post(f"/api/canvas/runs/{alive}/events", json={
+        "events": [_metric(1, "val_accuracy", 0.9, 1)], "finished": {"status": "succeeded"}}, headers=auth)
+    assert (await resp.json())["status"] == "succeeded"

@@ -5,19 +5,14 @@ The connected worker's side runs end to end in tests/server/workers/test_run_fil
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
 from xpufleet.server.agent.files import LISTING_MAX, OutputsUnavailable, read_output_chunk, run_listing
-from xpufleet.server.sidecar.app import SidecarConfig, create_app
 from xpufleet.server.sidecar.keys import STORE_KEY
 from xpufleet.server.workers import protocol
-
-CPU = [{"name": "cpu", "kind": "cpu", "uuid": None, "total_gib": None}]
 
 
 def _worker_run(app, worker: str, run_dir: str | None = None, placement: str = "worker") -> str:
@@ -28,72 +23,64 @@ def _worker_run(app, worker: str, run_dir: str | None = None, placement: str = "
     return rid
 
 
-def test_a_worker_runs_log_and_files_say_plainly_that_its_worker_is_not_connected(tmp_path):
-    async def scenario() -> None:
-        config = SidecarConfig(home=tmp_path / "home", port=0, local_devices=CPU, validate_local_graphs=False)
-        app = create_app(config)
-        async with TestClient(TestServer(app, host="127.0.0.1")) as client:
-            auth = {"Authorization": f"Bearer {config.token}"}
-            rid = _worker_run(app, "gpu-box")
-            resp = await client.get(f"/api/runs/{rid}/logs?tail=1000", headers=auth)
-            log = await resp.json()
-            assert resp.status == 200, log
-            assert log["where"] == "worker" and log["worker"] == "gpu-box" and log["connected"] is False
-            assert log["text"] == "" and "worker gpu-box is not connected now" in log["message"]
-            resp = await client.get(f"/api/runs/{rid}/logs?format=text", headers=auth)
-            assert resp.status == 409 and "gpu-box" in (await resp.json())["error"]
-            resp = await client.get(f"/api/runs/{rid}/artifacts", headers=auth)
-            arts = await resp.json()
-            assert resp.status == 200 and arts["connected"] is False and arts["where"] == "worker"
-            assert arts["location"] == "on worker gpu-box" and "is not connected now" in arts["message"]
-            resp = await client.get(f"/api/runs/{rid}/artifacts/output.log", headers=auth)
-            body = await resp.json()
-            assert resp.status == 409 and "worker gpu-box is not connected now" in body["error"]
-            # a path that leads out is refused before any worker is asked
-            for bad, fragment in (("..%2Fsecret", ".."), ("a//b", "empty name"), ("%2Fetc%2Fpasswd", "")):
-                resp = await client.get(f"/api/runs/{rid}/artifacts/{bad}", headers=auth)
-                body = await resp.json()
-                assert resp.status == 400 and fragment in body["error"], (bad, body)
-            # without the token: 401, like every other route
-            resp = await client.get(f"/api/runs/{rid}/logs")
-            assert resp.status == 401
-            resp = await client.get(f"/api/runs/{rid}/artifacts/output.log")
-            assert resp.status == 401
-
-    asyncio.run(scenario())
+async def test_a_worker_runs_log_and_files_say_plainly_that_its_worker_is_not_connected(sidecar_client):
+    client, config = await sidecar_client(validate_local_graphs=False)
+    app = client.app
+    auth = {"Authorization": f"Bearer {config.token}"}
+    rid = _worker_run(app, "gpu-box")
+    resp = await client.get(f"/api/runs/{rid}/logs?tail=1000", headers=auth)
+    log = await resp.json()
+    assert resp.status == 200, log
+    assert log["where"] == "worker" and log["worker"] == "gpu-box" and log["connected"] is False
+    assert log["text"] == "" and "worker gpu-box is not connected now" in log["message"]
+    resp = await client.get(f"/api/runs/{rid}/logs?format=text", headers=auth)
+    assert resp.status == 409 and "gpu-box" in (await resp.json())["error"]
+    resp = await client.get(f"/api/runs/{rid}/artifacts", headers=auth)
+    arts = await resp.json()
+    assert resp.status == 200 and arts["connected"] is False and arts["where"] == "worker"
+    assert arts["location"] == "on worker gpu-box" and "is not connected now" in arts["message"]
+    resp = await client.get(f"/api/runs/{rid}/artifacts/output.log", headers=auth)
+    body = await resp.json()
+    assert resp.status == 409 and "worker gpu-box is not connected now" in body["error"]
+    # a path that leads out is refused before any worker is asked
+    for bad, fragment in (("..%2Fsecret", ".."), ("a//b", "empty name"), ("%2Fetc%2Fpasswd", "")):
+        resp = await client.get(f"/api/runs/{rid}/artifacts/{bad}", headers=auth)
+        body = await resp.json()
+        assert resp.status == 400 and fragment in body["error"], (bad, body)
+    # without the token: 401, like every other route
+    resp = await client.get(f"/api/runs/{rid}/logs")
+    assert resp.status == 401
+    resp = await client.get(f"/api/runs/{rid}/artifacts/output.log")
+    assert resp.status == 401
 
 
-def test_a_local_runs_files_are_served_and_paths_out_of_its_folder_refused(tmp_path):
-    async def scenario() -> None:
-        config = SidecarConfig(home=tmp_path / "home", port=0, local_devices=CPU, validate_local_graphs=False)
-        app = create_app(config)
-        async with TestClient(TestServer(app, host="127.0.0.1")) as client:
-            auth = {"Authorization": f"Bearer {config.token}"}
-            run_dir = config.home / "runs" / "r-local"
-            rid = _worker_run(app, "local", str(run_dir), placement="local")
-            (run_dir / "outputs" / "models").mkdir(parents=True)
-            (run_dir / "output.log").write_text("epoch 1 loss 0.5\nepoch 2 loss 0.25\n")
-            (run_dir / "outputs" / "models" / "m.safetensors").write_bytes(b"\x00weights")
-            (tmp_path / "secret").write_text("not the run's")
-            os.symlink(tmp_path / "secret", run_dir / "link")
-            resp = await client.get(f"/api/runs/{rid}/logs?tail=18", headers=auth)
-            log = await resp.json()
-            assert log["text"] == "epoch 2 loss 0.25\n" and log["where"] == "sidecar" and log["connected"] is True
-            arts = await (await client.get(f"/api/runs/{rid}/artifacts", headers=auth)).json()
-            paths = {a["path"]: a for a in arts["artifacts"]}
-            assert set(paths) == {"output.log", "outputs/models/m.safetensors"}  # never the link
-            assert all(a["downloadable"] for a in paths.values())
-            resp = await client.get(f"/api/runs/{rid}/artifacts/outputs/models/m.safetensors", headers=auth)
-            assert resp.status == 200 and await resp.read() == b"\x00weights"
-            assert 'filename="m.safetensors"' in resp.headers["Content-Disposition"]
-            resp = await client.get(f"/api/runs/{rid}/artifacts/link", headers=auth)
-            assert resp.status == 400 and "leads outside" in (await resp.json())["error"]
-            resp = await client.get(f"/api/runs/{rid}/artifacts/..%2F..%2Fsecret", headers=auth)
-            assert resp.status == 400
-            resp = await client.get(f"/api/runs/{rid}/artifacts/outputs/models/m.safetensors")
-            assert resp.status == 401
-
-    asyncio.run(scenario())
+async def test_a_local_runs_files_are_served_and_paths_out_of_its_folder_refused(sidecar_client, tmp_path):
+    client, config = await sidecar_client(validate_local_graphs=False)
+    app = client.app
+    auth = {"Authorization": f"Bearer {config.token}"}
+    run_dir = config.home / "runs" / "r-local"
+    rid = _worker_run(app, "local", str(run_dir), placement="local")
+    (run_dir / "outputs" / "models").mkdir(parents=True)
+    (run_dir / "output.log").write_text("epoch 1 loss 0.5\nepoch 2 loss 0.25\n")
+    (run_dir / "outputs" / "models" / "m.safetensors").write_bytes(b"\x00weights")
+    (tmp_path / "secret").write_text("not the run's")
+    os.symlink(tmp_path / "secret", run_dir / "link")
+    resp = await client.get(f"/api/runs/{rid}/logs?tail=18", headers=auth)
+    log = await resp.json()
+    assert log["text"] == "epoch 2 loss 0.25\n" and log["where"] == "sidecar" and log["connected"] is True
+    arts = await (await client.get(f"/api/runs/{rid}/artifacts", headers=auth)).json()
+    paths = {a["path"]: a for a in arts["artifacts"]}
+    assert set(paths) == {"output.log", "outputs/models/m.safetensors"}  # never the link
+    assert all(a["downloadable"] for a in paths.values())
+    resp = await client.get(f"/api/runs/{rid}/artifacts/outputs/models/m.safetensors", headers=auth)
+    assert resp.status == 200 and await resp.read() == b"\x00weights"
+    assert 'filename="m.safetensors"' in resp.headers["Content-Disposition"]
+    resp = await client.get(f"/api/runs/{rid}/artifacts/link", headers=auth)
+    assert resp.status == 400 and "leads outside" in (await resp.json())["error"]
+    resp = await client.get(f"/api/runs/{rid}/artifacts/..%2F..%2Fsecret", headers=auth)
+    assert resp.status == 400
+    resp = await client.get(f"/api/runs/{rid}/artifacts/outputs/models/m.safetensors")
+    assert resp.status == 401
 
 
 def test_the_agent_reads_only_inside_the_run_folder(tmp_path):

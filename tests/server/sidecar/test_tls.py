@@ -3,7 +3,6 @@ against a real HTTPS server on 127.0.0.1."""
 
 from __future__ import annotations
 
-import asyncio
 import http.server
 import ssl
 import threading
@@ -85,18 +84,18 @@ def test_urllib_pins_the_certificate(https_server):
     assert isinstance(exc.value.reason, tls.PinMismatch) and fp in str(exc.value.reason)
 
 
-def test_aiohttp_pins_the_certificate(https_server):
+async def test_aiohttp_pins_the_certificate(https_server):
     url, fp = https_server
 
     async def get(pin: str | None) -> int:
         async with aiohttp.ClientSession() as session, session.get(url + "/x", ssl=tls.aiohttp_ssl(pin)) as resp:
             return resp.status
 
-    assert asyncio.run(get(fp)) == 200
+    assert await get(fp) == 200
     with pytest.raises(aiohttp.ServerFingerprintMismatch):
-        asyncio.run(get("sha256:" + ":".join(["AB"] * 32)))
+        await get("sha256:" + ":".join(["AB"] * 32))
     with pytest.raises(aiohttp.ClientConnectorCertificateError):
-        asyncio.run(get(None))
+        await get(None)
     assert tls.aiohttp_ssl(None) is True
 
 

@@ -4,17 +4,12 @@ bearer token and can be ended. The app runs in this process on loopback (aiohttp
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
-from xpufleet.server.sidecar.app import SidecarConfig, create_app
 from xpufleet.server.sidecar.errors import ApiError
 from xpufleet.server.sidecar.routes import ui
-
-CPU = [{"name": "cpu", "kind": "cpu", "uuid": None, "total_gib": None}]
 
 
 def test_secrets_are_kept_as_digests_and_spent_once():
@@ -61,104 +56,85 @@ def test_static_path_refuses_a_link_out_of_the_folder(tmp_path: Path):
         ui.static_path(root, "link.js")
 
 
-def run(scenario, tmp_path: Path) -> None:
-    async def main() -> None:
-        config = SidecarConfig(home=tmp_path / "home", port=0, local_devices=CPU)
-        async with TestClient(TestServer(create_app(config), host="127.0.0.1")) as client:
-            await scenario(client, config)
-
-    asyncio.run(main())
-
-
-def test_the_page_and_its_files_carry_a_strict_policy_and_need_no_token(tmp_path):
-    async def scenario(client, config):
-        resp = await client.get("/")
-        assert resp.status == 200 and resp.content_type == "text/html"
-        text = await resp.text()
-        assert "/ui/standalone/main.mjs" in text and config.token not in text
-        csp = resp.headers["Content-Security-Policy"]
-        assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp and "unsafe-inline" not in csp
-        assert resp.headers["X-Content-Type-Options"] == "nosniff"
-        assert resp.headers["Referrer-Policy"] == "no-referrer"
-        js = await client.get("/ui/lib/capsule.mjs")
-        assert js.status == 200 and js.content_type == "text/javascript"
-        assert (await client.get("/ui/vendor/uplot/uPlot.min.css")).content_type == "text/css"
-        assert (await client.get("/favicon.ico")).content_type == "image/svg+xml"
-        for bad in ("/ui/../server/sidecar/auth.py", "/ui/%2e%2e/pyproject.toml", "/ui/vendor/uplot/LICENSE"):
-            r = await client.get(bad)
-            assert r.status == 404 and "error" in await r.json(), bad
-        # the Host check holds for the page too (DNS rebinding)
-        r = await client.get("/", headers={"Host": "evil.example.com"})
-        assert r.status == 403
-
-    run(scenario, tmp_path)
+async def test_the_page_and_its_files_carry_a_strict_policy_and_need_no_token(sidecar_client):
+    client, config = await sidecar_client()
+    resp = await client.get("/")
+    assert resp.status == 200 and resp.content_type == "text/html"
+    text = await resp.text()
+    assert "/ui/standalone/main.mjs" in text and config.token not in text
+    csp = resp.headers["Content-Security-Policy"]
+    assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp and "unsafe-inline" not in csp
+    assert resp.headers["X-Content-Type-Options"] == "nosniff"
+    assert resp.headers["Referrer-Policy"] == "no-referrer"
+    js = await client.get("/ui/lib/capsule.mjs")
+    assert js.status == 200 and js.content_type == "text/javascript"
+    assert (await client.get("/ui/vendor/uplot/uPlot.min.css")).content_type == "text/css"
+    assert (await client.get("/favicon.ico")).content_type == "image/svg+xml"
+    for bad in ("/ui/../server/sidecar/auth.py", "/ui/%2e%2e/pyproject.toml", "/ui/vendor/uplot/LICENSE"):
+        r = await client.get(bad)
+        assert r.status == 404 and "error" in await r.json(), bad
+    # the Host check holds for the page too (DNS rebinding)
+    r = await client.get("/", headers={"Host": "evil.example.com"})
+    assert r.status == 403
 
 
-def test_login_link_session_and_logout(tmp_path):
-    async def scenario(client, config):
-        server_auth = {"Authorization": f"Bearer {config.token}"}
-        r = await client.post("/api/ui/login-links", json={})
-        assert r.status == 401  # no token: the middleware
-        r = await client.post("/api/ui/login-links", json={}, headers=server_auth)
-        assert r.status == 201
-        link = await r.json()
-        key = link["login"]
-        assert link["url"].endswith(f"/#login={key}") and link["url"].startswith("http://127.0.0.1:")
-        r = await client.post("/api/ui/session", json={"login": "xfl_not-a-key"})
-        assert r.status == 403 and "xpufleet ui" in (await r.json())["error"]
-        r = await client.post("/api/ui/session", json={"login": key})
-        assert r.status == 201
-        session = (await r.json())["session"]
-        assert session.startswith("xfu_") and session != config.token
-        assert "Set-Cookie" not in r.headers  # no cookie: it would reach every port of 127.0.0.1
-        r = await client.post("/api/ui/session", json={"login": key})
-        assert r.status == 403  # a link works once
-        ui_auth = {"Authorization": f"Bearer {session}"}
-        r = await client.get("/api/runs", headers=ui_auth)
-        assert r.status == 200 and (await r.json())["total"] == 0
-        # a browser session cannot mint more login links
-        r = await client.post("/api/ui/login-links", json={}, headers=ui_auth)
-        assert r.status == 403 and "session token" in (await r.json())["error"]
-        r = await client.delete("/api/ui/session", headers=ui_auth)
-        assert r.status == 200
-        r = await client.get("/api/runs", headers=ui_auth)
-        assert r.status == 403  # ended
-        r = await client.delete("/api/ui/session", headers=ui_auth)
-        assert r.status == 401
-
-    run(scenario, tmp_path)
+async def test_login_link_session_and_logout(sidecar_client):
+    client, config = await sidecar_client()
+    server_auth = {"Authorization": f"Bearer {config.token}"}
+    r = await client.post("/api/ui/login-links", json={})
+    assert r.status == 401  # no token: the middleware
+    r = await client.post("/api/ui/login-links", json={}, headers=server_auth)
+    assert r.status == 201
+    link = await r.json()
+    key = link["login"]
+    assert link["url"].endswith(f"/#login={key}") and link["url"].startswith("http://127.0.0.1:")
+    r = await client.post("/api/ui/session", json={"login": "xfl_not-a-key"})
+    assert r.status == 403 and "xpufleet ui" in (await r.json())["error"]
+    r = await client.post("/api/ui/session", json={"login": key})
+    assert r.status == 201
+    session = (await r.json())["session"]
+    assert session.startswith("xfu_") and session != config.token
+    assert "Set-Cookie" not in r.headers  # no cookie: it would reach every port of 127.0.0.1
+    r = await client.post("/api/ui/session", json={"login": key})
+    assert r.status == 403  # a link works once
+    ui_auth = {"Authorization": f"Bearer {session}"}
+    r = await client.get("/api/runs", headers=ui_auth)
+    assert r.status == 200 and (await r.json())["total"] == 0
+    # a browser session cannot mint more login links
+    r = await client.post("/api/ui/login-links", json={}, headers=ui_auth)
+    assert r.status == 403 and "session token" in (await r.json())["error"]
+    r = await client.delete("/api/ui/session", headers=ui_auth)
+    assert r.status == 200
+    r = await client.get("/api/runs", headers=ui_auth)
+    assert r.status == 403  # ended
+    r = await client.delete("/api/ui/session", headers=ui_auth)
+    assert r.status == 401
 
 
 @pytest.mark.parametrize(("body", "fragment"), [
     ({}, "send {\"login\""), ({"login": 5}, "send {\"login\""), ({"login": "k", "x": 1}, "unknown field"),
     ([], "JSON object"),
 ])
-def test_bad_session_bodies_say_what_to_send(tmp_path, body, fragment):
-    async def scenario(client, config):
-        r = await client.post("/api/ui/session", json=body)
-        assert r.status == 400 and fragment in (await r.json())["error"]
-        r = await client.post("/api/ui/login-links", json={"ttl": 5}, headers={"Authorization": f"Bearer {config.token}"})
-        assert r.status == 400 and "unknown field" in (await r.json())["error"]
-
-    run(scenario, tmp_path)
+async def test_bad_session_bodies_say_what_to_send(sidecar_client, body, fragment):
+    client, config = await sidecar_client()
+    r = await client.post("/api/ui/session", json=body)
+    assert r.status == 400 and fragment in (await r.json())["error"]
+    r = await client.post("/api/ui/login-links", json={"ttl": 5}, headers={"Authorization": f"Bearer {config.token}"})
+    assert r.status == 400 and "unknown field" in (await r.json())["error"]
 
 
-def test_an_expired_link_does_not_log_in(tmp_path, monkeypatch):
-    async def scenario(client, config):
-        r = await client.post("/api/ui/login-links", headers={"Authorization": f"Bearer {config.token}"})
-        key = (await r.json())["login"]
-        real = ui.time.time
-        monkeypatch.setattr(ui.time, "time", lambda: real() + ui.LOGIN_TTL_S + 1)
-        r = await client.post("/api/ui/session", json={"login": key})
-        assert r.status == 403 and "expired" in (await r.json())["error"]
-
-    run(scenario, tmp_path)
+async def test_an_expired_link_does_not_log_in(sidecar_client, monkeypatch):
+    client, config = await sidecar_client()
+    r = await client.post("/api/ui/login-links", headers={"Authorization": f"Bearer {config.token}"})
+    key = (await r.json())["login"]
+    real = ui.time.time
+    monkeypatch.setattr(ui.time, "time", lambda: real() + ui.LOGIN_TTL_S + 1)
+    r = await client.post("/api/ui/session", json={"login": key})
+    assert r.status == 403 and "expired" in (await r.json())["error"]
 
 
-def test_the_openapi_document_describes_the_ui_routes(tmp_path):
-    async def scenario(client, config):
-        doc = await (await client.get("/api/openapi.json")).json()
-        assert {"post"} <= set(doc["paths"]["/api/ui/login-links"])
-        assert {"post", "delete"} <= set(doc["paths"]["/api/ui/session"])
-
-    run(scenario, tmp_path)
+async def test_the_openapi_document_describes_the_ui_routes(sidecar_client):
+    client, config = await sidecar_client()
+    doc = await (await client.get("/api/openapi.json")).json()
+    assert {"post"} <= set(doc["paths"]["/api/ui/login-links"])
+    assert {"post", "delete"} <= set(doc["paths"]["/api/ui/session"])

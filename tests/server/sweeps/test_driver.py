@@ -191,70 +191,64 @@ def test_the_table_ranks_finished_children_and_reports_where_they_ran(dispatcher
     assert listing["sweeps"][0]["status"] == "running"
 
 
-def test_cancel_ends_queued_children_and_stops_running_ones_then_delete(dispatcher):
+async def test_cancel_ends_queued_children_and_stops_running_ones_then_delete(dispatcher):
     box = Box("box", ["cpu", "cuda:0"])
     svc = service(dispatcher, box)
     sweep = svc.create(body(parameters={"5.lr": [0.001, 0.01, 0.1]}, options={"target": "box", "device": "cuda"}))
     ids = sweep["run_ids"]
 
-    async def scenario():
-        dispatcher._wake = asyncio.Event()
-        dispatcher.schedule()  # the first child takes the card; the others wait
-        for _ in range(3000):  # the start task runs (it reads the graph in a worker thread first)
-            if box.started:
-                break
-            await asyncio.sleep(0.01)
-        assert box.started == [ids[0]]
-        dispatcher.run_process_started(ids[0], pid=1)
-        with pytest.raises(ApiError) as busy:
-            svc.delete(sweep["sweep_id"])
-        assert busy.value.status == 409
-        got = await svc.cancel(sweep["sweep_id"], "enough")
-        assert box.cancelled == [ids[0]]  # the running one is asked to stop
-        assert [dispatcher.store.get_run(i)["status"] for i in ids] == ["running", "cancelled", "cancelled"]
-        assert got["status"] == "cancelling" and got["cancel_requested"]
-        assert dispatcher.store.get_run(ids[1])["error"] == "cancelled: sweep lr cancelled: enough"
-        dispatcher.run_ended(ids[0], "cancelled", "cancelled by request")  # what the worker reports
-        got = svc.get(sweep["sweep_id"])
-        assert got["status"] == "cancelled" and got["counts"] == {"cancelled": 3}
-        with pytest.raises(StoreError):
-            await dispatcher.cancel(ids[1])  # nothing left to cancel
-        await svc.cancel(sweep["sweep_id"])  # a second cancel is harmless
-        gone = svc.delete(sweep["sweep_id"])
-        assert gone == {"deleted": sweep["sweep_id"], "runs_deleted": 3}
-        assert dispatcher.store.list_runs()[1] == 0
-        with pytest.raises(ApiError) as missing:
-            svc.get(sweep["sweep_id"])
-        assert missing.value.status == 404
-
-    asyncio.run(scenario())
+    dispatcher._wake = asyncio.Event()
+    dispatcher.schedule()  # the first child takes the card; the others wait
+    for _ in range(3000):  # the start task runs (it reads the graph in a worker thread first)
+        if box.started:
+            break
+        await asyncio.sleep(0.01)
+    assert box.started == [ids[0]]
+    dispatcher.run_process_started(ids[0], pid=1)
+    with pytest.raises(ApiError) as busy:
+        svc.delete(sweep["sweep_id"])
+    assert busy.value.status == 409
+    got = await svc.cancel(sweep["sweep_id"], "enough")
+    assert box.cancelled == [ids[0]]  # the running one is asked to stop
+    assert [dispatcher.store.get_run(i)["status"] for i in ids] == ["running", "cancelled", "cancelled"]
+    assert got["status"] == "cancelling" and got["cancel_requested"]
+    assert dispatcher.store.get_run(ids[1])["error"] == "cancelled: sweep lr cancelled: enough"
+    dispatcher.run_ended(ids[0], "cancelled", "cancelled by request")  # what the worker reports
+    got = svc.get(sweep["sweep_id"])
+    assert got["status"] == "cancelled" and got["counts"] == {"cancelled": 3}
+    with pytest.raises(StoreError):
+        await dispatcher.cancel(ids[1])  # nothing left to cancel
+    await svc.cancel(sweep["sweep_id"])  # a second cancel is harmless
+    gone = svc.delete(sweep["sweep_id"])
+    assert gone == {"deleted": sweep["sweep_id"], "runs_deleted": 3}
+    assert dispatcher.store.list_runs()[1] == 0
+    with pytest.raises(ApiError) as missing:
+        svc.get(sweep["sweep_id"])
+    assert missing.value.status == 404
 
 
-def test_wait_change_returns_at_a_childs_news_or_the_timeout(dispatcher):
+async def test_wait_change_returns_at_a_childs_news_or_the_timeout(dispatcher):
     svc = service(dispatcher)
     sweep = svc.create(body())
     version = svc.get(sweep["sweep_id"])["version"]
 
-    async def scenario():
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-        await svc.wait_change(sweep["sweep_id"], version, 0.2)  # nothing happens: the timeout
-        assert loop.time() - t0 >= 0.19
-        waiting = asyncio.ensure_future(svc.wait_change(sweep["sweep_id"], version, 30))
-        await asyncio.sleep(0)
-        assert not waiting.done()
-        await dispatcher.cancel(sweep["run_ids"][0])  # news: the hub wakes the long-poll
-        await asyncio.wait_for(waiting, 5)
-        assert svc.get(sweep["sweep_id"])["version"] != version
-        await svc.wait_change(sweep["sweep_id"], version, 30)  # an old version returns at once
-
-    asyncio.run(scenario())
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    await svc.wait_change(sweep["sweep_id"], version, 0.2)  # nothing happens: the timeout
+    assert loop.time() - t0 >= 0.19
+    waiting = asyncio.ensure_future(svc.wait_change(sweep["sweep_id"], version, 30))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    await dispatcher.cancel(sweep["run_ids"][0])  # news: the hub wakes the long-poll
+    await asyncio.wait_for(waiting, 5)
+    assert svc.get(sweep["sweep_id"])["version"] != version
+    await svc.wait_change(sweep["sweep_id"], version, 30)  # an old version returns at once
 
 
-def test_a_deleted_child_shows_as_deleted(dispatcher):
+async def test_a_deleted_child_shows_as_deleted(dispatcher):
     svc = service(dispatcher)
     sweep = svc.create(body())
-    asyncio.run(dispatcher.cancel(sweep["run_ids"][0]))
+    await dispatcher.cancel(sweep["run_ids"][0])
     dispatcher.delete(sweep["run_ids"][0])
     got = svc.get(sweep["sweep_id"])
     assert [r["status"] for r in got["table"]] == ["queued", "deleted"] or \

@@ -35,25 +35,58 @@ def study_body(**kw: Any) -> dict[str, Any]:
             **kw}
 
 
-async def fleet(home: Path, tick: float = 0.02, script: Any = None):
-    store = Store(home / "state.db")
-    d = Dispatcher(store, home)
-    boxes = [ScriptedBox(n, d, tick=tick, devices=["cpu", "cuda:0"], **({"script": script} if script else {}))
-             for n in ("box-a", "box-b")]
-    for b in boxes:
-        d.register_provider(b)
-    await d.start()
-    svc = StudyService(store, d, home / "state.db")
-    await svc.start()
-    return store, d, boxes, svc
+class StudyFleet:
+    """A Store, a Dispatcher with two ScriptedBoxes (one card each) and the StudyServices a test starts on one
+    state.db; ``close`` stops them all (the fixture's teardown: it runs when an assert fails)."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.store = Store(home / "state.db")
+        self.dispatcher = Dispatcher(self.store, home)
+        self.boxes: list[ScriptedBox] = []
+        self.services: list[StudyService] = []
+
+    async def start(self, tick: float = 0.02, script: Any = None) -> StudyService:
+        """The boxes, the dispatcher and a first service."""
+        self.boxes = [ScriptedBox(n, self.dispatcher, tick=tick, devices=["cpu", "cuda:0"],
+                                  **({"script": script} if script else {})) for n in ("box-a", "box-b")]
+        for b in self.boxes:
+            self.dispatcher.register_provider(b)
+        await self.dispatcher.start()
+        return await self.service()
+
+    async def service(self) -> StudyService:
+        """Another StudyService on the same store and dispatcher (a restarted sidecar's)."""
+        svc = StudyService(self.store, self.dispatcher, self.home / "state.db")
+        self.services.append(svc)
+        await svc.start()
+        return svc
+
+    async def close(self) -> None:
+        for svc in self.services:
+            if not svc.closing:  # a test may have closed one (the sidecar's stop)
+                await svc.close()
+        for b in self.boxes:
+            for t in b.tasks:
+                t.cancel()
+        await self.dispatcher.shutdown()  # the store stays open for the test's checks (closed with tmp_path)
 
 
-async def teardown(store: Store, d: Dispatcher, boxes: list[ScriptedBox], svc: StudyService) -> None:
-    await svc.close()
-    for b in boxes:
-        for t in b.tasks:
-            t.cancel()
-    await d.shutdown()  # the store stays open for the test's checks (closed with the test's tmp_path)
+@pytest.fixture
+async def studies(tmp_path):
+    f = StudyFleet(tmp_path)
+    yield f
+    await f.close()
+
+
+async def until_trials(svc: StudyService, sid: str, done: Any) -> dict[str, Any]:
+    """The study once ``done(study)`` holds: each wait is for its next change, 400 at the most."""
+    for _ in range(400):
+        got = svc.get(sid)
+        if done(got):
+            return got
+        await svc.wait_change(sid, got["version"], 5)
+    raise AssertionError(f"study {sid} never got there: {svc.get(sid)['trials']}")
 
 
 def optuna_trials(home: Path, name: str) -> list[Any]:
@@ -67,18 +100,12 @@ def test_reported_values_follow_the_studys_direction():
     assert reported_value(same, 0.4) == 0.4
 
 
-def test_a_study_asks_prunes_completes_and_fails_trials_and_knows_the_best(tmp_path):
-    async def scenario():
-        store, d, boxes, svc = await fleet(tmp_path)
-        try:
-            created = await svc.create(study_body())
-            assert created["n_trials"] == 10 and created["parallel"] == 2
-            await asyncio.wait_for(svc.wait_idle(created["study_id"]), 150)
-            return svc.get(created["study_id"]), store, boxes
-        finally:
-            await teardown(store, d, boxes, svc)
-
-    got, store, boxes = asyncio.run(scenario())
+async def test_a_study_asks_prunes_completes_and_fails_trials_and_knows_the_best(tmp_path, studies):
+    svc = await studies.start()
+    created = await svc.create(study_body())
+    assert created["n_trials"] == 10 and created["parallel"] == 2
+    await asyncio.wait_for(svc.wait_idle(created["study_id"]), 150)
+    got, store, boxes = svc.get(created["study_id"]), studies.store, studies.boxes
     trials = got["trials"]
     assert got["status"] == "finished" and got["error"] is None and len(trials) == 10
     assert sum(got["counts"].values()) == 10 and got["counts"].get("pruned", 0) >= 1, got["counts"]
@@ -118,56 +145,37 @@ def test_a_study_asks_prunes_completes_and_fails_trials_and_knows_the_best(tmp_p
     assert max(sum(1 for s, e in spans if s <= start < e) for start, _ in spans) <= 2
 
 
-def test_a_probe_point_one_run_would_reject_rejects_the_study_before_anything_is_queued(tmp_path):
-    async def scenario():
-        store = Store(tmp_path / "state.db")
-        d = Dispatcher(store, tmp_path)
-        d.register_provider(Box("local", ["cpu"], is_local=True))
-        svc = StudyService(store, d, tmp_path / "state.db")
-        try:
-            with pytest.raises(RequestError) as exc:
-                await svc.create(study_body(options={}, parameters={"5.name": ["adam", "nope"]}))
-            assert exc.value.message.startswith("the study's runs (5.name=nope): graph: Prompt outputs failed")
-            with pytest.raises(RequestError) as exc:
-                await svc.create(study_body(options={"target": "nobody"}))
-            assert "unknown worker 'nobody'" in exc.value.message
-            assert store.list_runs()[1] == 0 and svc.list(50, 0)["total"] == 0
-        finally:
-            await svc.close()
-            store.close()
-
-    asyncio.run(scenario())
+async def test_a_probe_point_one_run_would_reject_rejects_the_study_before_anything_is_queued(tmp_path, studies):
+    studies.dispatcher.register_provider(Box("local", ["cpu"], is_local=True))
+    svc = StudyService(studies.store, studies.dispatcher, tmp_path / "state.db")
+    studies.services.append(svc)  # never started: closed by the fixture all the same
+    with pytest.raises(RequestError) as exc:
+        await svc.create(study_body(options={}, parameters={"5.name": ["adam", "nope"]}))
+    assert exc.value.message.startswith("the study's runs (5.name=nope): graph: Prompt outputs failed")
+    with pytest.raises(RequestError) as exc:
+        await svc.create(study_body(options={"target": "nobody"}))
+    assert "unknown worker 'nobody'" in exc.value.message
+    assert studies.store.list_runs()[1] == 0 and svc.list(50, 0)["total"] == 0
     db = sqlite3.connect(tmp_path / "state.db")
     tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert "studies" not in tables or db.execute("SELECT COUNT(*) FROM studies").fetchone()[0] == 0
 
 
-def test_cancel_stops_every_trial_and_asks_no_more(tmp_path):
+async def test_cancel_stops_every_trial_and_asks_no_more(tmp_path, studies):
     def slow(graph):
         return [(10 * k, 1.0) for k in range(1, 2000)], {"val_accuracy": 0.5}, "succeeded"
 
-    async def scenario():
-        store, d, boxes, svc = await fleet(tmp_path, tick=0.05, script=slow)
-        try:
-            created = await svc.create(study_body(pruner="none"))
-            sid = created["study_id"]
-            for _ in range(400):  # until both trials run (bounded; each wait is for the study's next change)
-                got = svc.get(sid)
-                if sum(1 for t in got["trials"] if t["run_status"] == "running") == 2:
-                    break
-                await svc.wait_change(sid, got["version"], 5)
-            got = await svc.cancel(sid, "enough")
-            assert got["status"] == "cancelling"
-            await asyncio.wait_for(svc.wait_idle(sid), 60)
-            got = svc.get(sid)
-            with pytest.raises(ApiError) as again:
-                await svc.cancel(sid)
-            assert again.value.status == 409
-            return got
-        finally:
-            await teardown(store, d, boxes, svc)
-
-    got = asyncio.run(scenario())
+    svc = await studies.start(tick=0.05, script=slow)
+    created = await svc.create(study_body(pruner="none"))
+    sid = created["study_id"]
+    got = await until_trials(svc, sid, lambda got: sum(1 for t in got["trials"] if t["run_status"] == "running") == 2)
+    got = await svc.cancel(sid, "enough")
+    assert got["status"] == "cancelling"
+    await asyncio.wait_for(svc.wait_idle(sid), 60)
+    got = svc.get(sid)
+    with pytest.raises(ApiError) as again:
+        await svc.cancel(sid)
+    assert again.value.status == 409
     assert got["status"] == "cancelled" and len(got["trials"]) == 2  # no trial asked after the cancel
     assert all(t["state"] == "failed" and t["run_status"] == "cancelled" for t in got["trials"])
     assert all("study lr cancelled: enough" in t["reason"] for t in got["trials"])
@@ -175,52 +183,31 @@ def test_cancel_stops_every_trial_and_asks_no_more(tmp_path):
     assert states == {"FAIL"}
 
 
-def test_a_study_resumes_after_its_service_restarts(tmp_path):
-    async def scenario():
-        store, d, boxes, svc = await fleet(tmp_path, tick=0.03)
-        try:
-            created = await svc.create(study_body(n_trials=6, pruner="none"))
-            sid = created["study_id"]
-            for _ in range(400):
-                got = svc.get(sid)
-                if len(got["trials"]) >= 3:
-                    break
-                await svc.wait_change(sid, got["version"], 5)
-            await svc.close()  # the sidecar stops: the study stays running in the database
-            assert svc.records.get(sid)["status"] == "running"
-            again = StudyService(store, d, tmp_path / "state.db")
-            await again.start()
-            await asyncio.wait_for(again.wait_idle(sid), 120)
-            return again.get(sid), again
-        finally:
-            for b in boxes:
-                for t in b.tasks:
-                    t.cancel()
-            await d.shutdown()
-
-    got, again = asyncio.run(scenario())
+async def test_a_study_resumes_after_its_service_restarts(tmp_path, studies):
+    svc = await studies.start(tick=0.03)
+    created = await svc.create(study_body(n_trials=6, pruner="none"))
+    sid = created["study_id"]
+    await until_trials(svc, sid, lambda got: len(got["trials"]) >= 3)
+    await svc.close()  # the sidecar stops: the study stays running in the database
+    assert svc.records.get(sid)["status"] == "running"
+    again = await studies.service()
+    await asyncio.wait_for(again.wait_idle(sid), 120)
+    got = again.get(sid)
     assert got["status"] == "finished" and len(got["trials"]) == 6
     assert all(t["state"] == "complete" for t in got["trials"]), [(t["state"], t["reason"]) for t in got["trials"]]
     record = optuna_trials(tmp_path, f"xpufleet-{got['id']}")
     assert sorted(t.number for t in record) == list(range(6)) and {t.state.name for t in record} == {"COMPLETE"}
 
 
-def test_delete_removes_an_ended_study_with_its_runs_and_its_optuna_study(tmp_path):
-    async def scenario():
-        store, d, boxes, svc = await fleet(tmp_path, tick=0.005)
-        try:
-            created = await svc.create(study_body(n_trials=2, pruner="none"))
-            sid = created["study_id"]
-            with pytest.raises(ApiError) as busy:
-                await svc.delete(sid)
-            assert busy.value.status == 409
-            await asyncio.wait_for(svc.wait_idle(sid), 60)
-            assert await svc.delete(sid) == {"deleted": sid, "runs_deleted": 2}
-            assert store.list_runs()[1] == 0 and svc.list(50, 0)["total"] == 0
-            return sid
-        finally:
-            await teardown(store, d, boxes, svc)
-
-    sid = asyncio.run(scenario())
+async def test_delete_removes_an_ended_study_with_its_runs_and_its_optuna_study(tmp_path, studies):
+    svc = await studies.start(tick=0.005)
+    created = await svc.create(study_body(n_trials=2, pruner="none"))
+    sid = created["study_id"]
+    with pytest.raises(ApiError) as busy:
+        await svc.delete(sid)
+    assert busy.value.status == 409
+    await asyncio.wait_for(svc.wait_idle(sid), 60)
+    assert await svc.delete(sid) == {"deleted": sid, "runs_deleted": 2}
+    assert studies.store.list_runs()[1] == 0 and svc.list(50, 0)["total"] == 0
     names = [s.study_name for s in optuna.get_all_study_summaries(f"sqlite:///{tmp_path / 'state.db'}")]
     assert f"xpufleet-{sid}" not in names

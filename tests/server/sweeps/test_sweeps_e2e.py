@@ -38,26 +38,6 @@ DIGITS = json.loads((REPO / "samples" / "mlp_digits.json").read_text())
 CLI = [sys.executable, "-m", "xpufleet.server"]
 
 
-class Agent:
-    """``xpufleet agent start --foreground`` simulating cards, its output in a log file."""
-
-    def __init__(self, home: Path, env: dict[str, str], name: str, simulate: str) -> None:
-        self.name = name
-        self.log = home / f"test-agent-{name}.log"
-        self.proc = subprocess.Popen([*CLI, "agent", "start", "--foreground", "--name", name, "--simulate", simulate],
-                                     env=env, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
-                                     stdin=subprocess.DEVNULL)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-
-
 class Fleet:
     """One sidecar (the real CLI, in the background) and the agents a test starts; all stopped at the end."""
 
@@ -68,10 +48,10 @@ class Fleet:
         self.sidecar.env.pop("XPUFLEET_RUN_QUEUE_MAX_CONCURRENT", None)
         self.sidecar.start()
         self.client = self.sidecar.client
-        self.agents: list[Agent] = []
+        self.agents: list[harness.AgentProcess] = []
 
-    def agent(self, name: str, simulate: str = "cuda:0=24") -> Agent:
-        a = Agent(self.home, self.sidecar.env, name, simulate)
+    def agent(self, name: str, simulate: str = "cuda:0=24") -> harness.AgentProcess:
+        a = harness.AgentProcess(self.sidecar, name, None, "--simulate", simulate)
         self.agents.append(a)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:  # the Workers list has no push channel: a bounded poll
@@ -92,7 +72,7 @@ class Fleet:
             assert self.sidecar.finish(rid, timeout=300)["status"] == "succeeded"
 
     @staticmethod
-    def agent_log(a: Agent) -> str:
+    def agent_log(a: harness.AgentProcess) -> str:
         return a.log.read_text(errors="replace")[-3000:] if a.log.exists() else ""
 
     def call(self, method: str, path: str, body: Any = None, **params: Any) -> tuple[int, Any]:
