@@ -34,7 +34,7 @@ from ..constants import (
 from . import paths, runtime
 from .evaluation import accuracy_counts, batch_xy, evaluate, iter_inputs, predict_outputs
 from .hostmode import autograd, trainable
-from .lib.modelfile import CHECKPOINT_FORMAT
+from .lib.modelfile import CHECKPOINT_FORMAT, checkpoint_state
 from .lib.optim import optimizer_step, optimizer_steps
 from .models import spec_of
 from .precision import Precision, autocast, resolve_precision
@@ -48,7 +48,6 @@ __all__ = [
     "stop_checker", "train",
 ]
 
-CHECKPOINT_VERSION = 1
 
 
 def _never() -> bool:
@@ -236,23 +235,10 @@ class Trainer:
     # -- checkpoints --
 
     def _checkpoint_state(self, reason: str, epoch_complete: bool) -> dict[str, Any]:
-        model = self.strategy.unwrap_model(self.model)
-        return {
-            "format": CHECKPOINT_FORMAT,
-            "version": CHECKPOINT_VERSION,
-            "reason": reason,
-            "epoch": self.epoch,
-            "epoch_complete": epoch_complete,
-            "step": self.step,
-            "xpu_spec": self.spec,
-            "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-            "scaler": self.precision.scaler.state_dict() if self.precision.scaler is not None else None,
-            "train_loss": list(self.history.train_loss),
-            "val_loss": list(self.history.val_loss),
-            "val_accuracy": list(self.history.val_accuracy),
-        }
+        h = self.history
+        return checkpoint_state(self.strategy.unwrap_model(self.model), self.optimizer, self.scheduler,
+                                self.precision.scaler, self.spec, self.epoch, self.step, reason, epoch_complete,
+                                {"train_loss": h.train_loss, "val_loss": h.val_loss, "val_accuracy": h.val_accuracy})
 
     def checkpoint(self, name: str, reason: str, epoch_complete: bool = True) -> Path | None:
         if not self.strategy.is_main:

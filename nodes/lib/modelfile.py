@@ -11,6 +11,21 @@ import json
 MODEL_FORMAT = "xpufleet-model"
 MODEL_VERSION = 1
 CHECKPOINT_FORMAT = "xpufleet-checkpoint"
+CHECKPOINT_VERSION = 1
+
+
+def checkpoint_state(model, optimizer, scheduler, scaler, spec, epoch, step, reason, epoch_complete, history):
+    """What a TrainingLoop checkpoint holds (ModelLoader reads its model; ``resume_from`` all of it);
+    ``history`` maps train_loss, val_loss and val_accuracy to their lists so far."""
+    return {
+        "format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "reason": reason, "epoch": epoch,
+        "epoch_complete": epoch_complete, "step": step, "xpu_spec": spec,
+        "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "scaler": scaler.state_dict() if scaler is not None else None,
+        **{name: list(history[name]) for name in ("train_loss", "val_loss", "val_accuracy")},
+    }
 
 
 def write_model_file(model, spec, path, fmt, write_atomic):

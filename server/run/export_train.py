@@ -9,7 +9,7 @@ from __future__ import annotations
 # In a script these precede this code in one namespace; imported as a module (tests), from here.
 from ...nodes.lib.evaluation import evaluate, summarise_predictions
 from ...nodes.lib.losses import LossFn
-from ...nodes.lib.modelfile import CHECKPOINT_FORMAT, read_model_file, write_model_file
+from ...nodes.lib.modelfile import checkpoint_state, read_model_file, write_model_file
 from ...nodes.lib.optim import optimizer_step, optimizer_steps
 from ...nodes.lib.precision import autocast, autocast_dtype, choose_precision
 from .export_data import OUTPUTS, RUN_DIR, build_model, device_for, output_path, seed_for, warn, write_atomic
@@ -47,11 +47,8 @@ def precision_for(requested, device, label=""):
 
 
 def save_checkpoint(model, optimizer, scheduler, scaler, epoch, step, reason, history, epoch_complete, name):
-    state = {"format": CHECKPOINT_FORMAT, "version": 1, "reason": reason, "epoch": epoch,
-             "epoch_complete": epoch_complete, "step": step, "xpu_spec": getattr(model, "xpu_spec", None),
-             "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict() if scheduler else None,
-             "scaler": scaler.state_dict() if scaler is not None else None, **history}
+    state = checkpoint_state(model, optimizer, scheduler, scaler, getattr(model, "xpu_spec", None), epoch, step,
+                             reason, epoch_complete, history)
     return write_atomic(RUN_DIR / "checkpoints" / name, lambda tmp: torch.save(state, tmp))
 
 
