@@ -11,92 +11,24 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import runtime
+from .lib.evaluation import accuracy_counts, batch_xy
+from .lib.evaluation import evaluate as lib_evaluate
 from .precision import Precision, autocast
 
-
-def batch_xy(batch: Any) -> tuple[Any, Any]:
-    """(inputs, targets) of one DataLoader batch."""
-    if isinstance(batch, (list, tuple)) and len(batch) >= 2:
-        return batch[0], batch[1]
-    if isinstance(batch, dict) and "x" in batch and "y" in batch:
-        return batch["x"], batch["y"]
-    raise ValueError(f"a batch must be (inputs, targets); the DataLoader gave {type(batch).__name__}")
-
-
-def accuracy_counts(out: Any, target: Any, loss_name: str) -> tuple[Any, int] | None:
-    """(correct as a device tensor, number of predictions) for classification losses, else None."""
-    if loss_name == "cross_entropy":
-        pred = out.argmax(dim=1)
-        if target.is_floating_point() and target.shape == out.shape:  # soft / one-hot labels
-            target = target.argmax(dim=1)
-        return (pred == target).sum(), int(target.numel())
-    if loss_name == "bce_with_logits":
-        t = target
-        if not t.is_floating_point() and out.dim() == 2 and out.shape[1] > 1 and t.dim() == 1:
-            return (out.argmax(dim=1) == t).sum(), int(t.numel())
-        if t.dim() == 1 and out.dim() == 2 and out.shape[1] == 1:
-            t = t.unsqueeze(1)
-        return ((out > 0) == (t > 0.5)).sum(), int(t.numel())
-    return None
+__all__ = ["accuracy_counts", "batch_xy", "evaluate", "iter_inputs", "predict_outputs"]
 
 
 def evaluate(model: Any, loader: Any, loss_fn: Any, device: Any, precision: Precision,
              strategy: Any = None) -> dict[str, Any]:
-    """Mean loss (per sample) and accuracy of ``model`` on ``loader``; one device sync at the end.
+    """Mean loss (per sample) and accuracy of ``model`` on ``loader`` (nodes/lib/evaluation.py).
 
     With a ddp ``strategy`` the loader is this rank's shard: only its first ``real_samples`` samples
-    are counted (DistributedSampler pads the last shard with repeats), and the sums are added over
-    every rank, so the figures equal a single-process validation of the whole set.
+    are counted and the sums are added over every rank.
     """
-    import torch
-
-    was_training = model.training
-    model.eval()
-    move = device.type != "cpu"
-    limit = strategy.real_samples(loader) if strategy is not None else None
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    correct = torch.zeros((), dtype=torch.float64, device=device)
-    n = 0
-    n_pred = 0
-    has_acc = True
-    try:
-        with torch.no_grad():
-            for batch in loader:
-                x, y = batch_xy(batch)
-                if limit is not None:
-                    room = limit - n
-                    if room <= 0:
-                        break  # only padding is left in this shard
-                    if int(y.shape[0]) > room:
-                        x, y = x[:room], y[:room]
-                if move:
-                    x = x.to(device, non_blocking=True)
-                    y = y.to(device, non_blocking=True)
-                with autocast(device, precision):
-                    out = model(x)
-                    loss = loss_fn(out, y)
-                bs = int(y.shape[0])
-                loss_sum += loss.detach().double() * bs
-                n += bs
-                if has_acc:
-                    got = accuracy_counts(out.float(), y, loss_fn.name)
-                    if got is None:
-                        has_acc = False
-                    else:
-                        correct += got[0]
-                        n_pred += got[1]
-    finally:
-        model.train(was_training)
-    totals = torch.stack([loss_sum, correct, torch.tensor(float(n), dtype=torch.float64, device=device),
-                          torch.tensor(float(n_pred), dtype=torch.float64, device=device)])
-    if strategy is not None:
-        totals = strategy.all_sum(totals)
-    loss_total, correct_total, n_total, pred_total = (float(v) for v in totals.tolist())
-    return {
-        "loss": loss_total / n_total if n_total else float("nan"),
-        "accuracy": (correct_total / pred_total) if has_acc and pred_total else None,
-        "n_samples": int(n_total),
-    }
+    if strategy is None:
+        return lib_evaluate(model, loader, loss_fn, device, precision.dtype)
+    return lib_evaluate(model, loader, loss_fn, device, precision.dtype, strategy.real_samples(loader),
+                        strategy.all_sum)
 
 
 # --- prediction ---------------------------------------------------------------------------------------

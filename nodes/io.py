@@ -9,7 +9,6 @@ did. safetensors keeps the spec as JSON in the header metadata; the PyTorch form
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +16,14 @@ from ..common import atomic
 from . import device as devmod
 from . import hostmode, mounts, paths, runtime
 from . import types as T
+from .lib.evaluation import summarise_predictions
+from .lib.modelfile import MODEL_FORMAT, MODEL_VERSION, read_model_file, write_model_file
 from .models import build_model, spec_of
+
+__all__ = ["MODEL_FORMAT", "MODEL_VERSION", "XPUModelLoader", "XPUModelSaver", "XPUPredict", "load_model",
+           "read_model_file", "save_model"]
 from .training import node_label
 
-MODEL_FORMAT = "xpufleet-model"
-MODEL_VERSION = 1
 _EXTENSIONS = {"safetensors": (".safetensors",), "pytorch": (".pt", ".pth")}
 
 
@@ -42,46 +44,7 @@ def _target_path(filename: str, fmt: str, location: str) -> Path:
 
 def save_model(model: Any, path: Path, fmt: str) -> Path:
     """Write ``model``'s weights and spec to ``path`` atomically in ``fmt``."""
-    import torch
-
-    spec = spec_of(model)
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    if fmt == "safetensors":
-        from safetensors.torch import save_file
-
-        metadata = {"format": MODEL_FORMAT, "version": str(MODEL_VERSION), "xpu_spec": json.dumps(spec)}
-        return atomic.write_atomic(path, lambda tmp: save_file(state, str(tmp), metadata=metadata))
-    payload = {"format": MODEL_FORMAT, "version": MODEL_VERSION, "xpu_spec": spec, "state_dict": state}
-    return atomic.write_atomic(path, lambda tmp: torch.save(payload, tmp))
-
-
-def read_model_file(path: Path) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-    """(spec, state_dict) from a saved model (either format) or a TrainingLoop checkpoint."""
-    import torch
-
-    if path.suffix.lower() == ".safetensors":
-        from safetensors import safe_open
-        from safetensors.torch import load_file
-
-        try:
-            with safe_open(str(path), framework="pt") as fh:
-                meta = fh.metadata() or {}
-            state = load_file(str(path))
-        except Exception as exc:
-            raise ValueError(f"cannot read safetensors file {path}: {exc}") from None
-        raw = meta.get("xpu_spec")
-        return (json.loads(raw) if raw and raw != "null" else None), state
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise ValueError(f"cannot read {path} as a PyTorch model file: {str(exc).splitlines()[0]}") from None
-    if isinstance(payload, dict) and payload.get("format") == MODEL_FORMAT:
-        return payload.get("xpu_spec"), payload["state_dict"]
-    if isinstance(payload, dict) and payload.get("format") == "xpufleet-checkpoint":
-        return payload.get("xpu_spec"), payload["model"]
-    if isinstance(payload, dict) and all(isinstance(v, torch.Tensor) for v in payload.values()):
-        return None, payload  # a bare state_dict: weights without an architecture
-    raise ValueError(f"{path} is not a model saved by XPU Fleet (ModelSaver or a TrainingLoop checkpoint)")
+    return write_model_file(model, spec_of(model), path, fmt, atomic.write_atomic)
 
 
 def load_model(path: Path) -> Any:
@@ -232,8 +195,6 @@ class XPUPredict:
     def predict(self, model: Any, output: str = "auto", device: str = "auto", batch_size: int = 256,
                 dataset: Any = None, dataloader: Any = None, precision: str = "fp32",
                 show: int = 20) -> dict[str, Any]:
-        import torch
-
         from .trainer import predict_outputs, resolve_precision, stop_checker
 
         if output not in T.PREDICT_OUTPUTS:
@@ -247,27 +208,9 @@ class XPUPredict:
         model = model.to(dev)
         with hostmode.inference():
             raw, targets = predict_outputs(model, source, dev, prec, int(batch_size), stop_checker())
-        spec = spec_of(model) or {}
-        classifier = spec.get("task") == "classification" or (
-            spec.get("task") is None and targets is not None and not targets.is_floating_point())
-        mode = output if output != "auto" else ("classes" if classifier else "raw")
-        if mode == "classes":
-            preds = (raw > 0).long().squeeze(1) if raw.dim() == 2 and raw.shape[1] == 1 else raw.argmax(dim=1)
-        elif mode == "probabilities":
-            preds = torch.sigmoid(raw) if raw.dim() == 2 and raw.shape[1] == 1 else torch.softmax(raw, dim=1)
-        else:
-            preds = raw
-        lines = [f"{preds.shape[0]} predictions ({mode}), shape {list(preds.shape)}"]
-        if mode == "classes" and targets is not None and not targets.is_floating_point():
-            acc = (preds == targets.view(-1)).double().mean().item()
-            lines.append(f"accuracy vs labels {acc:.4f}")
+        preds, _, acc, lines = summarise_predictions(raw, targets, output, spec_of(model), show)
+        if acc is not None:
             runtime.metric("predict_accuracy", acc)
-        classes = spec.get("classes")
-        head = preds[: int(show)].tolist()
-        if mode == "classes" and classes:
-            head = [classes[i] if 0 <= i < len(classes) else i for i in head]
-        if show:
-            lines.append(f"first {len(head)}: {head}")
         summary = "\n".join(lines)
         runtime.info(f"{label}: " + lines[0] + (f"; {lines[1]}" if len(lines) > 1 and "accuracy" in lines[1] else ""))
         return {"ui": {"text": [summary]}, "result": (preds, summary)}

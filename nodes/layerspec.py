@@ -269,17 +269,19 @@ def output_shape(resolved: list[dict[str, Any]], input_shape: list[int]) -> list
     return [int(d) for d in y.shape[1:]]
 
 
-def build_sequential(resolved: list[dict[str, Any]]) -> Any:
-    """``nn.Sequential`` from a resolved spec (every size concrete)."""
-    from torch import nn
-
-    modules = []
+def check_resolved(resolved: list[dict[str, Any]]) -> None:
+    """Refuse a layer list that is not a resolved spec: an unknown type or an ``"auto"`` size left."""
     for i, entry in enumerate(resolved, start=1):
-        args = {k: v for k, v in entry.items() if k != "type"}
         name = entry["type"]
         if name not in LAYERS:
             raise LayerSpecError(f"layer {i}: unknown type {name!r}")
-        if any(v == AUTO for v in args.values()):
+        if any(v == AUTO for k, v in entry.items() if k != "type"):
             raise LayerSpecError(f"layer {i} ({name}): unresolved 'auto' size")
-        modules.append(getattr(nn, name)(**args))
-    return nn.Sequential(*modules)
+
+
+def build_sequential(resolved: list[dict[str, Any]]) -> Any:
+    """``nn.Sequential`` from a resolved spec (every size concrete)."""
+    from .lib.layers import build_layers
+
+    check_resolved(resolved)
+    return build_layers(resolved)

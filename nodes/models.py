@@ -8,25 +8,17 @@ memory estimator can build it on the meta device. Sizes left at 0/"auto" come fr
 
 from __future__ import annotations
 
-import copy
 import re
 from typing import Any
 
 from . import hostmode, runtime
 from . import types as T
-from .layerspec import LayerSpecError, build_sequential, output_shape, resolve_layers
+from .layerspec import LayerSpecError, check_resolved, output_shape, resolve_layers
+from .lib import layers
+from .lib.layers import SPEC_ATTR, SPEC_FORMAT, cnn_layers, layers_of, make_spec, mlp_layers
 
-SPEC_FORMAT = 1
-SPEC_ATTR = "xpu_spec"
-
-_ACTIVATIONS = {"relu": "ReLU", "gelu": "GELU", "tanh": "Tanh", "sigmoid": "Sigmoid",
-                "leaky_relu": "LeakyReLU", "silu": "SiLU", "elu": "ELU"}
-
-
-def _activation(name: str) -> dict[str, Any]:
-    if name not in _ACTIVATIONS:
-        raise ValueError(f"unknown activation {name!r}; choose one of: {', '.join(_ACTIVATIONS)}")
-    return {"type": _ACTIVATIONS[name]}
+__all__ = ["SPEC_ATTR", "SPEC_FORMAT", "XPUCNN", "XPUMLP", "XPUSequential", "build_model", "cnn_layers", "layers_of",
+           "make_spec", "mlp_layers", "parse_sizes", "resolve_seed", "spec_of"]
 
 
 def parse_sizes(text: str | list[int], what: str = "hidden") -> list[int]:
@@ -46,91 +38,12 @@ def parse_sizes(text: str | list[int], what: str = "hidden") -> list[int]:
     return list(items)
 
 
-# --- layer lists of the builders (pure; resolved sizes in, resolved spec out) ------------------------
-
-
-def mlp_layers(in_features: int, out_features: int, hidden: list[int], activation: str = "relu",
-               dropout: float = 0.0, batch_norm: bool = False) -> list[dict[str, Any]]:
-    """Flatten -> [Linear -> (BatchNorm1d) -> activation -> (Dropout)] * len(hidden) -> Linear."""
-    if not 0.0 <= float(dropout) < 1.0:
-        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
-    layers: list[dict[str, Any]] = [{"type": "Flatten"}]
-    prev = int(in_features)
-    for h in hidden:
-        layers.append({"type": "Linear", "in_features": prev, "out_features": int(h)})
-        if batch_norm:
-            layers.append({"type": "BatchNorm1d", "num_features": int(h)})
-        layers.append(_activation(activation))
-        if dropout > 0:
-            layers.append({"type": "Dropout", "p": float(dropout)})
-        prev = int(h)
-    layers.append({"type": "Linear", "in_features": prev, "out_features": int(out_features)})
-    return layers
-
-
-def cnn_layers(in_channels: int, image_size: list[int], out_features: int, channels: list[int],
-               kernel_size: int = 3, activation: str = "relu", dropout: float = 0.0, batch_norm: bool = True,
-               fc_hidden: int = 0) -> list[dict[str, Any]]:
-    """[Conv2d -> (BatchNorm2d) -> activation -> MaxPool2d(2) while the image is >= 2 px] -> Flatten -> head."""
-    if kernel_size < 1 or kernel_size % 2 == 0:
-        raise ValueError(f"kernel_size must be an odd positive integer (so 'same' padding keeps the size), "
-                         f"got {kernel_size}")
-    if not channels:
-        raise ValueError("channels: give at least one convolution, e.g. '16,32'")
-    if not 0.0 <= float(dropout) < 1.0:
-        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
-    h, w = int(image_size[0]), int(image_size[1])
-    layers: list[dict[str, Any]] = []
-    prev = int(in_channels)
-    for c in channels:
-        layers.append({"type": "Conv2d", "in_channels": prev, "out_channels": int(c),
-                       "kernel_size": int(kernel_size), "padding": int(kernel_size) // 2})
-        if batch_norm:
-            layers.append({"type": "BatchNorm2d", "num_features": int(c)})
-        layers.append(_activation(activation))
-        if h >= 2 and w >= 2:
-            layers.append({"type": "MaxPool2d", "kernel_size": 2})
-            h, w = h // 2, w // 2
-        prev = int(c)
-    layers.append({"type": "Flatten"})
-    if dropout > 0:
-        layers.append({"type": "Dropout", "p": float(dropout)})
-    flat = prev * h * w
-    if fc_hidden:
-        layers += [{"type": "Linear", "in_features": flat, "out_features": int(fc_hidden)}, _activation(activation)]
-        if dropout > 0:
-            layers.append({"type": "Dropout", "p": float(dropout)})
-        flat = int(fc_hidden)
-    layers.append({"type": "Linear", "in_features": flat, "out_features": int(out_features)})
-    return layers
-
-
-BUILDERS = {"mlp": mlp_layers, "cnn": cnn_layers, "sequential": lambda layers: layers}
-
-
-def layers_of(spec: dict[str, Any]) -> list[dict[str, Any]]:
-    """The resolved layer list a spec describes."""
-    builder = spec.get("builder")
-    if builder not in BUILDERS:
-        raise ValueError(f"model spec has unknown builder {builder!r}; known: {', '.join(BUILDERS)}")
-    return BUILDERS[builder](**spec.get("kwargs", {}))
-
-
 def build_model(spec: dict[str, Any], seed: int | None = None) -> Any:
-    """Rebuild a model from its ``xpu_spec`` (weights freshly initialised; seeded when ``seed`` is given)."""
-    import torch
-
-    if not isinstance(spec, dict) or spec.get("format", SPEC_FORMAT) > SPEC_FORMAT:
-        raise ValueError(f"unsupported model spec {spec!r:.200}")
-    layers = layers_of(spec)
-    if seed is None:
-        model = build_sequential(layers)
-    else:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(int(seed))
-            model = build_sequential(layers)
-    setattr(model, SPEC_ATTR, copy.deepcopy(spec))
-    return model
+    """Rebuild a model from its ``xpu_spec`` (weights freshly initialised; seeded when ``seed`` is given);
+    a layer list that is not a resolved spec (unknown type, an "auto" size left) is refused first."""
+    if isinstance(spec, dict) and spec.get("builder") in layers.BUILDERS and spec.get("format", SPEC_FORMAT) <= SPEC_FORMAT:
+        check_resolved(layers.layers_of(spec))
+    return layers.build_model(spec, seed)
 
 
 def spec_of(model: Any) -> dict[str, Any] | None:
@@ -140,21 +53,6 @@ def spec_of(model: Any) -> dict[str, Any] | None:
         if isinstance(spec, dict):
             return spec
     return None
-
-
-def make_spec(builder: str, kwargs: dict[str, Any], info: dict[str, Any] | None,
-              input_shape: list[int] | None) -> dict[str, Any]:
-    """The ``xpu_spec`` dict a builder node attaches (JSON-serialisable)."""
-    info = info or {}
-    return {
-        "format": SPEC_FORMAT,
-        "builder": builder,
-        "kwargs": kwargs,
-        "input_shape": list(input_shape) if input_shape else None,
-        "task": info.get("task"),
-        "num_classes": int(info.get("num_classes") or 0),
-        "classes": info.get("classes"),
-    }
 
 
 def resolve_seed(node_seed: int | None) -> int | None:

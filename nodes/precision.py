@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Any
 
 from . import runtime
 from . import types as T
+from .lib.precision import autocast as lib_autocast
+from .lib.precision import autocast_dtype, choose_precision
 
 
 @dataclass
@@ -25,31 +26,20 @@ def resolve_precision(requested: str, device: Any, node_label: str = "") -> Prec
         raise ValueError(f"precision must be one of {', '.join(T.PRECISION_CHOICES)}, got {requested!r}")
     kind = device.type
     who = f"{node_label}: " if node_label else ""
-    if requested == "fp32":
-        return Precision("fp32", None, None)
-    if requested == "fp16" and kind == "cpu":
-        runtime.warn("precision_fallback", f"{who}fp16 autocast is not supported on the CPU; training in bf16 "
-                     f"instead.", requested="fp16", precision="bf16")
-        requested = "bf16"
-    if requested == "bf16" and kind == "cuda" and not torch.cuda.is_bf16_supported():
-        runtime.warn("precision_fallback", f"{who}this card does not support bf16; training in fp16 with loss "
-                     f"scaling instead.", requested="bf16", precision="fp16")
-        requested = "fp16"
-    if requested == "bf16":
-        return Precision("bf16", torch.bfloat16, None)
+    name, why = choose_precision(requested, device)
+    if why is not None:
+        runtime.warn("precision_fallback", f"{who}{why}", requested=requested, precision=name)
+    if name != "fp16":
+        return Precision(name, autocast_dtype(name), None)
     scaler = None
     try:
         scaler = torch.amp.GradScaler(kind)
     except Exception as exc:  # a backend without a scaler still runs fp16 autocast
         runtime.warn("precision_fallback", f"{who}no gradient scaler for {kind} ({exc}); fp16 without loss scaling.",
                      requested="fp16", precision="fp16")
-    return Precision("fp16", torch.float16, scaler)
+    return Precision("fp16", autocast_dtype(name), scaler)
 
 
 def autocast(device: Any, precision: Precision) -> Any:
     """An autocast context for ``precision`` (a no-op context for fp32)."""
-    import torch
-
-    if precision.dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=precision.dtype)
+    return lib_autocast(device, precision.dtype)

@@ -13,6 +13,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from . import types as T
+from .lib.losses import LossFn
+from .lib.optim import make_optimizer, make_scheduler, steps_per_interval
+
+__all__ = ["LossFn", "LossSpec", "OptimizerSpec", "SchedulerSpec"]
 
 
 @dataclass(frozen=True)
@@ -43,21 +47,7 @@ class OptimizerSpec:
 
     def build(self, params: Any) -> Any:
         """The torch optimizer over ``params``."""
-        import torch
-
-        if self.name == "adam":
-            return torch.optim.Adam(params, lr=self.lr, betas=(self.beta1, self.beta2), eps=self.eps,
-                                    weight_decay=self.weight_decay)
-        if self.name == "adamw":
-            return torch.optim.AdamW(params, lr=self.lr, betas=(self.beta1, self.beta2), eps=self.eps,
-                                     weight_decay=self.weight_decay)
-        if self.name == "sgd":
-            return torch.optim.SGD(params, lr=self.lr, weight_decay=self.weight_decay)
-        if self.name == "sgd_momentum":
-            return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, nesterov=self.nesterov,
-                                   weight_decay=self.weight_decay)
-        return torch.optim.RMSprop(params, lr=self.lr, momentum=self.momentum, eps=self.eps,
-                                   weight_decay=self.weight_decay)
+        return make_optimizer(params, **asdict(self))
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,25 +81,11 @@ class SchedulerSpec:
     @property
     def per_step(self) -> bool:
         """One-cycle is defined per optimizer step whatever ``interval`` says."""
-        return self.name == "onecycle" or self.interval == "step"
+        return steps_per_interval(self.name, self.interval)
 
     def build(self, optimizer: Any, epochs: int, total_steps: int) -> Any | None:
         """The torch scheduler (None for ``none``); ``total_steps`` = optimizer steps in the whole run."""
-        import torch
-
-        sched = torch.optim.lr_scheduler
-        if self.name == "none":
-            return None
-        if self.name == "step":
-            return sched.StepLR(optimizer, step_size=self.step_size, gamma=self.gamma)
-        if self.name == "exponential":
-            return sched.ExponentialLR(optimizer, gamma=self.gamma)
-        span = max(1, total_steps if self.per_step else epochs)
-        if self.name == "cosine":
-            return sched.CosineAnnealingLR(optimizer, T_max=self.t_max or span, eta_min=self.eta_min)
-        base = optimizer.param_groups[0]["lr"]
-        return sched.OneCycleLR(optimizer, max_lr=self.max_lr or base * 10, total_steps=max(1, total_steps),
-                                pct_start=self.pct_start)
+        return make_scheduler(optimizer, epochs, total_steps, **asdict(self))
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -133,57 +109,7 @@ class LossSpec:
         return self.name in T.CLASSIFICATION_LOSSES
 
     def build(self) -> LossFn:
-        return LossFn(self)
+        return LossFn(self.name, self.label_smoothing)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-class LossFn:
-    """Callable ``loss(outputs, targets)`` (mean over the batch) with the target adapted to the outputs.
-
-    A plain object rather than an ``nn.Module``: no hooks to run on every batch. Adaptations: integer
-    class labels become one-hot floats for bce/mse/l1 against multi-column outputs, and a 1-D target
-    gains a column against (N, 1) outputs. A mismatch torch rejects is re-raised naming both shapes.
-    """
-
-    def __init__(self, spec: LossSpec) -> None:
-        import torch.nn.functional as F
-
-        self.spec = spec
-        self.name = spec.name
-        self._F = F
-        fn = {"cross_entropy": None, "mse": F.mse_loss, "l1": F.l1_loss, "smooth_l1": F.smooth_l1_loss,
-              "bce_with_logits": F.binary_cross_entropy_with_logits}[spec.name]
-        self._fn = fn
-
-    def target_for(self, out: Any, y: Any) -> Any:
-        """The target tensor the loss compares ``out`` against."""
-        if self.name == "cross_entropy":
-            return y
-        if not y.is_floating_point():
-            if out.dim() == 2 and out.shape[1] > 1 and y.dim() == 1:
-                return self._F.one_hot(y, out.shape[1]).to(out.dtype)
-            y = y.to(out.dtype)
-        if y.dim() == 1 and out.dim() == 2 and out.shape[1] == 1:
-            y = y.unsqueeze(1)
-        return y
-
-    def __call__(self, out: Any, y: Any) -> Any:
-        try:
-            if self._fn is None:
-                return self._F.cross_entropy(out, y, label_smoothing=self.spec.label_smoothing)
-            t = self.target_for(out, y)
-            if t.dtype != out.dtype:
-                t = t.to(out.dtype)
-            return self._fn(out, t)
-        except (RuntimeError, ValueError, IndexError) as exc:
-            first = str(exc).splitlines()[0]
-            hint = ""
-            if self.name == "cross_entropy" and y.is_floating_point() and y.shape != out.shape:
-                hint = " (cross_entropy needs class labels; for a regression target use mse or l1)"
-            elif self.name == "cross_entropy" and out.dim() == 2 and not y.is_floating_point() and y.numel() and \
-                    int(y.max()) >= out.shape[1]:
-                hint = f" (labels go up to {int(y.max())} but the model has {out.shape[1]} outputs)"
-            raise ValueError(f"loss {self.name}: model outputs {list(out.shape)} vs targets {list(y.shape)} "
-                             f"({str(y.dtype).removeprefix('torch.')}): {first}{hint}") from None

@@ -34,6 +34,8 @@ from ..constants import (
 from . import paths, runtime
 from .evaluation import accuracy_counts, batch_xy, evaluate, iter_inputs, predict_outputs
 from .hostmode import autograd, trainable
+from .lib.modelfile import CHECKPOINT_FORMAT, checkpoint_state
+from .lib.optim import optimizer_step, optimizer_steps
 from .models import spec_of
 from .precision import Precision, autocast, resolve_precision
 from .specs import LossSpec, OptimizerSpec, SchedulerSpec
@@ -46,8 +48,6 @@ __all__ = [
     "stop_checker", "train",
 ]
 
-CHECKPOINT_FORMAT = "xpufleet-checkpoint"
-CHECKPOINT_VERSION = 1
 
 
 def _never() -> bool:
@@ -217,10 +217,8 @@ class Trainer:
         self.loss_spec = loss
         self.train_model = self.strategy.wrap_model(self.model)
         self.optimizer = optimizer.build(self.model.parameters())
-        accum = int(cfg.accumulate_steps)
-        self.steps_per_epoch = math.ceil(self.n_batches / accum)
-        total = self.steps_per_epoch * int(cfg.epochs)
-        self.total_steps = min(total, int(cfg.max_steps)) if cfg.max_steps else total
+        self.steps_per_epoch = optimizer_steps(self.n_batches, cfg.accumulate_steps, 1)
+        self.total_steps = optimizer_steps(self.n_batches, cfg.accumulate_steps, cfg.epochs, cfg.max_steps)
         self.scheduler_spec = scheduler
         self.scheduler = scheduler.build(self.optimizer, int(cfg.epochs), self.total_steps) if scheduler else None
         self.sched_per_step = bool(scheduler and scheduler.per_step and self.scheduler is not None)
@@ -237,23 +235,10 @@ class Trainer:
     # -- checkpoints --
 
     def _checkpoint_state(self, reason: str, epoch_complete: bool) -> dict[str, Any]:
-        model = self.strategy.unwrap_model(self.model)
-        return {
-            "format": CHECKPOINT_FORMAT,
-            "version": CHECKPOINT_VERSION,
-            "reason": reason,
-            "epoch": self.epoch,
-            "epoch_complete": epoch_complete,
-            "step": self.step,
-            "xpu_spec": self.spec,
-            "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-            "scaler": self.precision.scaler.state_dict() if self.precision.scaler is not None else None,
-            "train_loss": list(self.history.train_loss),
-            "val_loss": list(self.history.val_loss),
-            "val_accuracy": list(self.history.val_accuracy),
-        }
+        h = self.history
+        return checkpoint_state(self.strategy.unwrap_model(self.model), self.optimizer, self.scheduler,
+                                self.precision.scaler, self.spec, self.epoch, self.step, reason, epoch_complete,
+                                {"train_loss": h.train_loss, "val_loss": h.val_loss, "val_accuracy": h.val_accuracy})
 
     def checkpoint(self, name: str, reason: str, epoch_complete: bool = True) -> Path | None:
         if not self.strategy.is_main:
@@ -470,17 +455,7 @@ class Trainer:
                 batches += 1
                 samples += int(y.shape[0])
                 if is_step:
-                    if scaler is not None:
-                        if clip:
-                            scaler.unscale_(opt)
-                            torch.nn.utils.clip_grad_norm_(params, clip)
-                        scaler.step(opt)
-                        scaler.update()
-                    else:
-                        if clip:
-                            torch.nn.utils.clip_grad_norm_(params, clip)
-                        opt.step()
-                    opt.zero_grad(set_to_none=True)
+                    optimizer_step(opt, scaler, params, clip)
                     self.step += 1
                     if sched_per_step:
                         sched.step()

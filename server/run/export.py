@@ -1,10 +1,11 @@
 """``xpufleet export GRAPH.json``: a graph as a standalone PyTorch script (docs/nodes.md, docs/workers.md's "export
 as Python").
 
-The script is the library part of export_data.py and export_train.py (one function per node, doing
-what the node does) followed by a ``main()`` that calls them in the graph's execution order, one block per node, with the
-node's literal inputs written out and its links as variables (``n8_model``). It needs torch, numpy,
-scikit-learn and safetensors, not xpufleet, and with the same seed it reaches the graph's metrics
+The script is the node library (``nodes/lib/``: the code the nodes run, inlined), then the script's own
+half from export_data.py and export_train.py (one function per node, calling that library), then a
+``main()`` that calls them in the graph's execution order, one block per node, with the node's literal
+inputs written out and its links as variables (``n8_model``). It needs torch, numpy, scikit-learn and
+safetensors, not xpufleet, and with the same seed it reaches the graph's metrics
 (``--seed`` plays the run's seed). A TrainingLoop set to ddp exports as single-process training: the
 ``ddp_not_available`` warning is printed by the exporter, written in the script and printed by it.
 Node types the script cannot reproduce, and inputs it would have to ignore, are refused by name.
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ...constants import VERSION
+from ...nodes import lib as node_lib
 from ...nodes import types as T
 from ...nodes.strategy import EXPORT_REASON
 from .executor import check_graph, default_node_classes, is_link, output_nodes, topological_order
@@ -31,15 +33,29 @@ class ExportError(ValueError):
     """A graph the exporter cannot write as a script; the text names the node and what to change."""
 
 
+def library_modules() -> list[tuple[str, Path, str]]:
+    """(title, file, marker) of every file whose code after the marker line a script holds, in order: the
+    node library (what the nodes compute), then the script's own half (export_data.py, export_train.py)."""
+    lib_dir = Path(node_lib.__file__).parent
+    return ([(f"nodes/lib/{name}.py", lib_dir / f"{name}.py", node_lib.SCRIPT_MARKER) for name in node_lib.SCRIPT_MODULES]
+            + [(f"server/run/{name}", Path(__file__).with_name(name), LIB_MARKER)
+               for name in ("export_data.py", "export_train.py")])
+
+
+def code_after_marker(path: Path, marker: str) -> str:
+    """The code of ``path`` after its ``marker`` line (what a script copies)."""
+    text = path.read_text(encoding="utf-8")
+    start = text.index(marker)
+    return text[text.index("\n", start) + 1:].strip("\n") + "\n"
+
+
 @functools.lru_cache(maxsize=1)
 def _lib_source() -> str:
-    """The library part of a script: the code after the marker line of export_data.py, then of export_train.py
-    (read and compiled once: the part of a script that holds nothing from the graph)."""
+    """The library part of a script: the node library's modules, then the script's own half, each the code
+    after its marker line (read and compiled once: the part of a script that holds nothing from the graph)."""
     parts = ["from __future__ import annotations\n"]
-    for name in ("export_data.py", "export_train.py"):
-        text = (Path(__file__).with_name(name)).read_text(encoding="utf-8")
-        start = text.index(LIB_MARKER)
-        parts.append(text[text.index("\n", start) + 1:].rstrip("\n") + "\n\n")
+    for title, path, marker in library_modules():
+        parts.append(f"# --- {title} (xpufleet {VERSION})\n\n" + code_after_marker(path, marker) + "\n")
     text = "\n".join(parts)
     compile(text, "<xpufleet export library>", "exec")
     return text
@@ -109,18 +125,7 @@ def _optimizer_code(n: _Node) -> list[str]:
     spec = OptimizerSpec(name=n.v("name"), lr=float(n.v("lr")), weight_decay=float(n.v("weight_decay")),
                          momentum=float(n.v("momentum")), nesterov=bool(n.v("nesterov")), beta1=float(n.v("beta1")),
                          beta2=float(n.v("beta2")), eps=float(n.v("eps")))
-    if spec.name in ("adam", "adamw"):
-        call = (f"torch.optim.{'Adam' if spec.name == 'adam' else 'AdamW'}(params, lr={py_literal(spec.lr)}, "
-                f"betas=({py_literal(spec.beta1)}, {py_literal(spec.beta2)}), eps={py_literal(spec.eps)}, weight_decay={py_literal(spec.weight_decay)})")
-    elif spec.name == "sgd":
-        call = f"torch.optim.SGD(params, lr={py_literal(spec.lr)}, weight_decay={py_literal(spec.weight_decay)})"
-    elif spec.name == "sgd_momentum":
-        call = (f"torch.optim.SGD(params, lr={py_literal(spec.lr)}, momentum={py_literal(spec.momentum)}, "
-                f"nesterov={py_literal(spec.nesterov)}, weight_decay={py_literal(spec.weight_decay)})")
-    else:
-        call = (f"torch.optim.RMSprop(params, lr={py_literal(spec.lr)}, momentum={py_literal(spec.momentum)}, eps={py_literal(spec.eps)}, "
-                f"weight_decay={py_literal(spec.weight_decay)})")
-    return [f"def {n.out()}(params):", f"    return {call}"]
+    return [f"def {n.out()}(params):", f"    return make_optimizer(params, {_kw(**spec.as_dict())})"]
 
 
 def _scheduler_code(n: _Node) -> list[str]:
@@ -129,19 +134,9 @@ def _scheduler_code(n: _Node) -> list[str]:
     s = SchedulerSpec(name=n.v("name"), interval=n.v("interval"), step_size=int(n.v("step_size")),
                       gamma=float(n.v("gamma")), t_max=int(n.v("t_max")), eta_min=float(n.v("eta_min")),
                       max_lr=float(n.v("max_lr")), pct_start=float(n.v("pct_start")))
-    if s.name == "none":
-        return [f"{n.out()} = (None, False)  # no schedule: constant lr"]
-    sched = "torch.optim.lr_scheduler"
-    span = "max(1, total_steps)" if s.per_step else "max(1, epochs)"
-    body = {
-        "step": f"{sched}.StepLR(optimizer, step_size={py_literal(s.step_size)}, gamma={py_literal(s.gamma)})",
-        "exponential": f"{sched}.ExponentialLR(optimizer, gamma={py_literal(s.gamma)})",
-        "cosine": f"{sched}.CosineAnnealingLR(optimizer, T_max={s.t_max or span}, eta_min={py_literal(s.eta_min)})",
-        "onecycle": (f"{sched}.OneCycleLR(optimizer, max_lr={py_literal(s.max_lr)} or optimizer.param_groups[0]['lr'] * 10, "
-                     f"total_steps=max(1, total_steps), pct_start={py_literal(s.pct_start)})"),
-    }[s.name]
     fn = f"{n.out()}_make"
-    return [f"def {fn}(optimizer, epochs, total_steps):", f"    return {body}",
+    return [f"def {fn}(optimizer, epochs, total_steps):",
+            f"    return make_scheduler(optimizer, epochs, total_steps, {_kw(**s.as_dict())})",
             f"{n.out()} = ({fn}, {py_literal(s.per_step)})  # (factory, steps per optimizer step)"]
 
 
@@ -185,7 +180,7 @@ def _node_code(n: _Node, warnings: list[str]) -> list[str]:
     if ct == T.LR_SCHEDULER_NODE:
         return _scheduler_code(n)
     if ct == T.LOSS_NODE:
-        return [f"{n.out()} = Loss({py_literal(v('name'))}, label_smoothing={py_literal(v('label_smoothing'))})"]
+        return [f"{n.out()} = LossFn({py_literal(v('name'))}, label_smoothing={py_literal(v('label_smoothing'))})"]
     if ct == T.TRAINING_LOOP_NODE:
         for name in ("resume_from", "checkpoint_dir"):
             if str(v(name) or "").strip():
@@ -204,7 +199,7 @@ def _node_code(n: _Node, warnings: list[str]) -> list[str]:
                  grad_clip_norm=v("grad_clip_norm"), checkpoint_every=v("checkpoint_every"),
                  checkpoint_every_steps=v("checkpoint_every_steps"), val_every_steps=v("val_every_steps"),
                  seed=v("seed"), tensorboard=v("tensorboard"))
-        scheduler = (f", make_scheduler={sched}[0], scheduler_per_step={sched}[1]" if sched != "None" else "")
+        scheduler = (f", scheduler_factory={sched}[0], scheduler_per_step={sched}[1]" if sched != "None" else "")
         lines.append(f"{n.out(0)}, {n.out(1)} = train({link('model')}, {link('dataloader')}, {link('optimizer')}, "
                      f"{link('loss')}, val_loader={link('val_dataloader')}{scheduler}, {kw})")
         return [*lines, f"results[{py_literal(n.id)}] = {n.out(1)}"]
