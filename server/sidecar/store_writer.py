@@ -51,8 +51,6 @@ class DiskWriter:
         self._closing = False
         self._abandoned = False  # close() gave up waiting: the retrying batch and the queue are dropped
         self._backoff = Backoff(retry_first_s, retry_max_s)
-        self.applied = 0  # batches written
-        self.failed = 0  # batches dropped on an error a retry cannot mend (logged)
         self._thread = threading.Thread(target=self._run, name="xpufleet-store-writer", daemon=True)
 
     def copy_to(self, target: sqlite3.Connection) -> None:
@@ -92,7 +90,7 @@ class DiskWriter:
             self._closing = True
             if not drained:
                 self._abandoned = True
-                log.error("state.db: %d transactions not written at shutdown (the file stayed locked)",
+                log.error("state.db: %d transactions not written at shutdown (the file stayed locked or full)",
                           len(self._queue))
             self._cond.notify_all()
         if self._thread.is_alive():
@@ -128,19 +126,17 @@ class DiskWriter:
                     if self._db.in_transaction:
                         self._db.execute("ROLLBACK")
                     raise
-            except sqlite3.Error as exc:
-                if retried(exc):
+            except Exception as exc:  # the thread must live on: a dead writer would hold every later batch
+                if isinstance(exc, sqlite3.Error) and retried(exc):
                     with self._cond:
                         if self._abandoned:
                             return
                         self._cond.wait(self._backoff.next())  # close() wakes it
                     continue
-                self.failed += 1
                 log.error("state.db: a transaction could not be written and was dropped: %s (%s)", exc,
                           "; ".join(sql.split("(")[0].strip() for sql, _, _ in batch))
                 return
             self._backoff.reset()
-            self.applied += 1
             return
 
 
