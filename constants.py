@@ -106,6 +106,8 @@ ENV_WARM_START = "XPUFLEET_WARM_START"  # "0": run processes start as new interp
 RUN_STOP_GRACE_S = 30.0  # after `stop`, a run child gets this long to write its checkpoint and exit
 SIDECAR_START_TIMEOUT_S = 60.0  # `xpufleet start` waits this long for /api/health
 SIDECAR_STOP_TIMEOUT_S = RUN_STOP_GRACE_S + 15.0  # `xpufleet stop` waits this long, then SIGKILL
+STORE_FLUSH_ON_CLOSE_S = 10.0  # at shutdown the store's writer gets this long to write its queue to state.db
+STORE_BUSY_TIMEOUT_S = 1.0  # the writer's wait on another connection's write lock before it retries (backoff)
 EVENTS_LONG_POLL_MAX_S = 60.0  # GET /api/runs/{id}/events?wait= is capped at this
 EVENTS_PAGE_MAX = 1000  # events per GET /api/runs/{id}/events answer
 RUNS_PAGE_MAX = 1000  # runs per GET /api/runs answer

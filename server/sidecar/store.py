@@ -1,8 +1,10 @@
-"""Durable state of the sidecar: runs and their event logs in SQLite (docs/sidecar.md).
+"""Durable state of the sidecar: runs and their event logs in SQLite (docs/sidecar.md, "State on disk").
 
-One connection, owned by the sidecar's event-loop thread, is the only writer (WAL journal, so readers
-in other processes never block it). Every change is one transaction: a failure rolls back and leaves
-nothing half written. Each run's events get a gapless ``cursor`` (1, 2, 3, ...) allocated in the same
+Calls are answered from an in-memory copy of ``state.db`` (loaded at start, always ahead of the file),
+so no call on the event loop waits on the file's write lock, which Optuna's thread or another process
+may hold; each committed transaction goes to the one writer thread (``store_writer.py``), which applies
+it to the file in commit order. Every change is one transaction: a failure rolls back and leaves nothing
+half written. Each run's events get a gapless ``cursor`` (1, 2, 3, ...) allocated in the same
 transaction as the insert; events relayed from a run child carry the child's ``seq`` (``source_seq``)
 so a replay (a worker reconnecting) is stored once.
 
@@ -11,6 +13,7 @@ Other modules add their own tables with :meth:`Store.ensure_schema` (workers, me
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import sqlite3
@@ -22,8 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...constants import RUN_STATUSES, TERMINAL_STATUSES
+from ...constants import RUN_STATUSES, STORE_FLUSH_ON_CLOSE_S, TERMINAL_STATUSES
 from .errors import ApiError
+from .store_writer import DiskWriter, Recorder, writes
 
 SCHEMA_VERSION = 1
 
@@ -137,14 +141,14 @@ class Store:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._writer = DiskWriter(self.path)
         # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT) below.
-        self._db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+        self._db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        self._writer.copy_to(self._db)
+        self._writer.start()
         self._db.row_factory = sqlite3.Row
         self._lock = threading.RLock()
-        self._depth = 0
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("PRAGMA busy_timeout=5000")
+        self._writes: Recorder | None = None  # the open transaction's statements (nested calls join it)
         with self.transaction() as db:
             for stmt in _statements(_SCHEMA):
                 db.execute(stmt)
@@ -155,34 +159,48 @@ class Store:
 
     # --- plumbing ---------------------------------------------------------------------------------
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = STORE_FLUSH_ON_CLOSE_S) -> bool:
+        """Write the queued transactions to the file (up to ``timeout`` s) and close; False when some
+        could not be written in time (the file stayed locked; logged)."""
         with self._lock:
+            written = self._writer.close(timeout)
             self._db.close()
+            return written
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every committed transaction is in the file (blocking; False on timeout)."""
+        return self._writer.flush(timeout)
+
+    async def flushed(self, timeout: float | None = None) -> bool:
+        """:meth:`flush` without blocking the event loop."""
+        return await asyncio.to_thread(self._writer.flush, timeout)
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        """One atomic write (nested calls join the outer transaction)."""
+        """One atomic write (nested calls join the outer transaction); once committed, its statements
+        are queued for the file in the same order."""
         with self._lock:
-            if self._depth:
-                self._depth += 1
-                try:
-                    yield self._db
-                finally:
-                    self._depth -= 1
+            if self._writes is not None:
+                yield self._writes  # type: ignore[misc]  # records like a connection
                 return
             self._db.execute("BEGIN IMMEDIATE")
-            self._depth = 1
+            self._writes = Recorder(self._db)
             try:
-                yield self._db
+                yield self._writes  # type: ignore[misc]
             except BaseException:
-                self._depth = 0
+                self._writes = None
                 self._db.execute("ROLLBACK")
                 raise
             else:
-                self._depth = 0
+                done, self._writes = self._writes, None
                 self._db.execute("COMMIT")
+                self._writer.submit(done.statements)
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        """Rows of one statement (a write among them runs as its own transaction)."""
+        if writes(sql):
+            with self.transaction() as db:
+                return db.execute(sql, params).fetchall()
         with self._lock:
             return self._db.execute(sql, params).fetchall()
 
