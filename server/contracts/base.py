@@ -89,6 +89,15 @@ def component_schemas(models: list[type[BaseModel]], ref_template: str = "#/comp
     for model in models:
         schema = model.model_json_schema(ref_template=ref_template, mode="validation")
         for name, sub in schema.pop("$defs", {}).items():
-            out.setdefault(name, sub)
-        out[model.__name__] = schema
+            out.setdefault(name, _untitled(sub))
+        out[model.__name__] = _untitled(schema)
     return out
+
+
+def _untitled(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` without the titles pydantic derives from field names (noise in a document)."""
+    schema = {k: v for k, v in schema.items() if k != "title"}
+    props = schema.get("properties")
+    if isinstance(props, dict):
+        schema["properties"] = {name: {k: v for k, v in prop.items() if k != "title"} for name, prop in props.items()}
+    return schema

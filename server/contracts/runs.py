@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, PrivateAttr, WithJsonSchema, field_validator, model_validator
+from pydantic import Field, PlainValidator, PrivateAttr, field_validator, model_validator
 
 from ...constants import (
     MAX_DEVICE_SET,
@@ -46,23 +46,20 @@ class Node(Contract):
     inputs: dict[str, Any] = Field(default_factory=dict, description="literal values, or links [node_id, output_index]")
 
 
-GRAPH_SCHEMA: dict[str, Any] = {
-    "type": "object", "minProperties": 1, "maxProperties": MAX_GRAPH_NODES,
-    "propertyNames": {"maxLength": MAX_NODE_ID_CHARS},
-    "description": f"ComfyUI API-format graph: at most {MAX_GRAPH_NODES} nodes (413 beyond), ids of at most "
-                   f"{MAX_NODE_ID_CHARS} characters, names of at most {MAX_FIELD_NAME_CHARS}, strings of at most "
-                   f"{MAX_GRAPH_STRING_CHARS}; every body nests at most 64 levels",
-    "additionalProperties": {"$ref": "#/components/schemas/Node"},
-}
+GRAPH_LIMITS = (f"ComfyUI API-format graph: at most {MAX_GRAPH_NODES} nodes (413 beyond), ids of at most "
+                f"{MAX_NODE_ID_CHARS} characters, names of at most {MAX_FIELD_NAME_CHARS}, strings of at most "
+                f"{MAX_GRAPH_STRING_CHARS}; every body nests at most 64 levels")
 
 
-def _graph(value: Any) -> Any:
+def _graph(value: Any) -> dict[str, Any]:
     check_graph_shape(value)  # one linear pass (a 10,000-node graph is not validated node by node)
-    return value
+    return dict(value)
 
 
 # The graph: its shape checked by the rule function, documented as nodes (the Node model's schema).
-Graph = Annotated[dict[str, Any], BeforeValidator(_graph), WithJsonSchema(GRAPH_SCHEMA)]
+Graph = Annotated[dict[str, Any], PlainValidator(
+    _graph, json_schema_input_type=dict[Annotated[str, Field(max_length=MAX_NODE_ID_CHARS)], Node]), Field(
+    description=GRAPH_LIMITS, json_schema_extra={"minProperties": 1, "maxProperties": MAX_GRAPH_NODES})]
 
 
 class SpreadEntry(Contract):
@@ -95,6 +92,12 @@ class Target(Contract):
 assert tuple(Target.model_fields) == TARGET_FIELDS  # the rule function's "known" list is the model's fields
 
 
+def _ruled(documented: Any) -> PlainValidator:
+    """A field the model's ``after`` validator checks with a rule function (its texts, its cross-field
+    rules), documented as ``documented``."""
+    return PlainValidator(lambda value: value, json_schema_input_type=documented)
+
+
 class RunOptions(Contract):
     """``options`` of a run."""
 
@@ -109,10 +112,8 @@ class RunOptions(Contract):
         "the run ends) or false")] = Field(
         None, description="record each node's outputs (docs/workers.md): true = kept where the run runs, "
                           "\"upload\" = also copied to this server at the end; refused for a pool target")
-    device: Annotated[Any, WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "null"}]})] = Field(
-        None, description="auto, cpu, cuda, cuda:N, xpu:N, mps (no set)")
-    target: Annotated[Any, WithJsonSchema({"anyOf": [{"type": "string"}, {"$ref": "#/components/schemas/Target"},
-                                                     {"type": "null"}]})] = None
+    device: Annotated[Any, _ruled(str | None)] = Field(None, description="auto, cpu, cuda, cuda:N, xpu:N, mps (no set)")
+    target: Annotated[Any, _ruled(str | Target | None)] = Field(None, description="a worker name, or an object")
     _target: RunTarget = PrivateAttr(default_factory=RunTarget)
 
     @model_validator(mode="before")
