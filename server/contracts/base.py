@@ -30,6 +30,11 @@ class ContractError(ValueError):
         self.extra = dict(extra or {})
 
 
+def not_available(option: str, feature: str, instead: str = "leave it out") -> str:
+    """The 400 text for an option whose feature is not built yet (docs/limits.md: refused, never ignored)."""
+    return f"{option} is not available yet: {feature} is not built in this version; {instead}"
+
+
 class Contract(BaseModel):
     """A JSON body: unknown fields are refused, nothing is coerced (``"1"`` is not an integer)."""
 

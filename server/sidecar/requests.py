@@ -15,18 +15,13 @@ from typing import Any
 from ...constants import LOCAL_PROVIDER
 from ...nodes import mounts
 from ..contracts import graph_shape
-from ..contracts.base import ContractError, validate
+from ..contracts.base import ContractError, not_available, validate  # noqa: F401 (not_available re-exported)
 from ..contracts.run_target import parse_devices, parse_memory, parse_spread, parse_target  # noqa: F401 (re-exported)
 from ..contracts.runs import RECORD_MODES, RunOptions, RunSubmit  # noqa: F401 (re-exported)
 from ..scheduling.routing import RunTarget
 from .errors import ApiError
 
 LOCAL = LOCAL_PROVIDER
-
-
-def not_available(option: str, feature: str, instead: str = "leave it out") -> str:
-    """The 400 text for an option whose feature is not built yet (docs/limits.md: refused, never ignored)."""
-    return f"{option} is not available yet: {feature} is not built in this version; {instead}"
 
 
 # --- the request (pure) ---------------------------------------------------------------------------

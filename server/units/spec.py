@@ -23,14 +23,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ...constants import WORKER_NAME_RE
+from ..contracts.base import not_available
+from ..contracts.services import MAX_REPLICAS, MAX_UNIT_SIZE, SERVICE_NAME_PATTERN
+from ..contracts.services import ServiceSpec as ServiceSpecBody
 from ..devices.names import DeviceSpecError, normalize_device
 from ..sidecar.errors import ApiError
-from ..sidecar.requests import not_available
 
 # A DNS-1123 label, so the same name works as a Kubernetes object name (``services export --format lws``).
-SERVICE_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?$")
-MAX_UNIT_SIZE = 64
-MAX_REPLICAS = 64
+SERVICE_NAME_RE = re.compile(SERVICE_NAME_PATTERN)
 MAX_BATCH_LIMIT = 4096
 SPLITS = ("pipeline",)  # tensor-parallel splitting is not built yet (refused by name)
 PLACEHOLDERS = ("{port}", "{host}", "{rank}", "{size}", "{master_addr}", "{master_port}")
@@ -47,8 +47,7 @@ DEFAULT_READY_TIMEOUT_S = 300.0
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
 DEFAULT_COLLECTIVE_TIMEOUT_S = 60.0
 
-TOP_FIELDS = ("name", "program", "unit", "replicas", "target", "restart", "routing", "ready_timeout_s",
-              "drain_timeout_s")
+TOP_FIELDS = tuple(ServiceSpecBody.model_fields)  # the contract model's (it gives the OpenAPI schema)
 
 
 class SpecError(ApiError):
