@@ -192,9 +192,20 @@ class RunSubmit(Contract):
 
 
 class Cancel(Contract):
-    """The optional body of a cancel."""
+    """The optional body of a cancel (a run's, a sweep's, a study's)."""
 
-    reason: str | None = Field(None, max_length=500)
+    reason: Annotated[str | None, Field(max_length=500),
+                      refuse("reason: must be a string of at most 500 characters")] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shape(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            raise ContractError("the body must be a JSON object like {\"reason\": \"...\"} (or empty)")
+        unknown = sorted(set(data) - set(cls.model_fields))
+        if unknown:
+            raise ContractError(f"unknown field(s) {', '.join(unknown)}: the body may have \"reason\"")
+        return data
 
 
 class RunQueued(Contract):
@@ -233,8 +244,8 @@ class Run(Contract):
     started_at: float | None = None
     finished_at: float | None = None
     graph: dict[str, Any] | None = None
-    source: RunSource | None = Field(None, description="api: POST /api/runs (CLI, Queue on..., sweeps, "  # type: ignore[valid-type]
-                                     "studies); canvas: ComfyUI's own Run, recorded by the plugin")
+    source: RunSource = Field("api", description="api: POST /api/runs (CLI, Queue on..., sweeps, "  # type: ignore[valid-type]
+                              "studies); canvas: ComfyUI's own Run, recorded by the plugin")
     budget: dict[str, Any] | None = Field(None, description="memory budget per card: gib, source "
                                           "(user|measured|estimate), from_run (the run whose peak it is), peak_gib, "
                                           "peak_source, declared_gib and reason (a raise), label (the Runs panel's "

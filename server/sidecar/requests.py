@@ -10,7 +10,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from ...constants import LOCAL_PROVIDER
 from ...nodes import mounts
@@ -22,6 +24,7 @@ from ..scheduling.routing import RunTarget
 from .errors import ApiError
 
 LOCAL = LOCAL_PROVIDER
+M = TypeVar("M", bound=BaseModel)
 
 
 # --- the request (pure) ---------------------------------------------------------------------------
@@ -66,6 +69,14 @@ def parse_run_request(body: Any) -> RunRequest:
         clean["name"] = opts.name
     graph_clean = {str(k): dict(v) for k, v in graph.items()}
     return RunRequest(graph=graph_clean, options=clean, target=target, name=opts.name, seed=opts.seed)
+
+
+def parse_body(model: type[M], body: Any) -> M:
+    """``body`` validated by its contract ``model``; raise RequestError (the field's own text)."""
+    try:
+        return validate(model, body)
+    except ContractError as exc:
+        raise RequestError(exc.message, exc.extra, exc.status) from None
 
 
 def check_graph_shape(graph: Any) -> None:

@@ -10,11 +10,13 @@ from typing import Any
 from aiohttp import web
 
 from ....constants import EVENTS_LONG_POLL_MAX_S, RUNS_PAGE_MAX
+from ...contracts.runs import Cancel
 from ...sweeps.driver import SweepService
 from .. import openapi
 from ..errors import ApiError
 from ..http import float_param, int_param, read_json, read_object
 from ..keys import DISPATCHER_KEY, STORE_KEY
+from ..requests import parse_body
 
 SWEEPS_KEY = web.AppKey("xpufleet_sweeps", SweepService)
 
@@ -33,10 +35,7 @@ def bool_param(request: web.Request, name: str, default: bool = False) -> bool:
 async def cancel_reason(request: web.Request) -> str | None:
     """The optional ``{"reason"}`` body of a cancel."""
     body = await read_object(request, {"reason"}, optional=True)
-    reason = body.get("reason")
-    if reason is not None and (not isinstance(reason, str) or len(reason) > 500):
-        raise ApiError(400, "reason: must be a string of at most 500 characters")
-    return reason
+    return parse_body(Cancel, body).reason
 
 
 def service(request: web.Request) -> SweepService:

@@ -47,7 +47,7 @@ def test_enums_come_from_the_constants(tmp_path):
     schemas = openapi.document(_app(tmp_path))["components"]["schemas"]
     assert tuple(schemas["Run"]["properties"]["status"]["enum"]) == RUN_STATUSES
     assert tuple(schemas["RunQueued"]["properties"]["status"]["enum"]) == RUN_STATUSES
-    assert tuple(schemas["Run"]["properties"]["source"]["anyOf"][0]["enum"]) == RUN_SOURCES
+    assert tuple(schemas["Run"]["properties"]["source"]["enum"]) == RUN_SOURCES
     assert set(schemas["CanvasFinished"]["properties"]["status"]["enum"]) == TERMINAL_STATUSES
     assert tuple(schemas["CanvasEvent"]["properties"]["type"]["enum"]) == CANVAS_EVENT_TYPES
 

@@ -58,11 +58,14 @@ def test_accepted_values_come_back_typed():
                          "target": {"worker": "any", "memory_gib": 4}}
 
 
-def test_a_field_without_its_own_text_names_its_path():
+def test_the_cancel_texts_and_a_field_without_its_own_text():
     with pytest.raises(ContractError) as info:
         validate(runs.Cancel, {"reason": "r" * 501})
-    assert info.value.message == "reason: String should have at most 500 characters"
+    assert info.value.message == "reason: must be a string of at most 500 characters"
     with pytest.raises(ContractError) as info:
         validate(runs.Cancel, {"why": "x"})
-    assert info.value.message == "why: unknown field"
+    assert info.value.message == "unknown field(s) why: the body may have \"reason\""
     assert validate(runs.Cancel, {}).reason is None
+    with pytest.raises(ContractError) as info:  # a model whose field declares no text: pydantic's, with the path
+        validate(runs.SpreadEntry, {"worker": "a", "devices": []})
+    assert info.value.message == "devices: List should have at least 1 item after validation, not 0"
