@@ -33,7 +33,6 @@ class ServiceTarget(Contract):
 class Restart(Contract):
     """The restart budget of an instance."""
 
-    model_config = ConfigDict(extra="allow")
     max_restarts: int | None = Field(None, ge=0)
     window_s: float | None = None
     backoff_s: float | None = None
@@ -43,7 +42,6 @@ class Restart(Contract):
 class Routing(Contract):
     """How long a request waits for a ready unit, and for its answer."""
 
-    model_config = ConfigDict(extra="allow")
     wait_s: float | None = None
     request_timeout_s: float | None = None
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ...contracts.workers import PoolCreate, PoolExport
 from ...workers.state import WorkerError
 from .. import openapi
 from ..http import read_object
@@ -23,7 +24,7 @@ async def list_pools(request: web.Request) -> web.Response:
 
 
 async def create_pool(request: web.Request) -> web.Response:
-    body = await read_object(request, {"name", "slurm"})
+    body = await read_object(request, PoolCreate.model_fields)
     if "slurm" in body and body["slurm"] is None:
         raise WorkerError("slurm must be an object of settings (or true for the defaults), not null")
     out = request.app[REGISTRY_KEY].create_pool(body.get("name"), server_url(request), body.get("slurm"))
@@ -46,8 +47,7 @@ async def reissue_pool(request: web.Request) -> web.Response:
 
 
 async def export_pool(request: web.Request) -> web.Response:
-    body = await read_object(request, {"format", "image", "namespace", "gpus", "instances", "python", "node_selector",
-                                       "server_url", "credential"}, optional=True)
+    body = await read_object(request, PoolExport.model_fields, optional=True)
     reg = request.app[REGISTRY_KEY]
     return web.json_response(reg.export_pool(request.match_info["name"], body, server_url(request)))
 

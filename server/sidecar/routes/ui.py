@@ -33,6 +33,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from ...contracts.misc import Login
 from .. import auth, openapi
 from ..errors import ApiError
 from ..http import read_object
@@ -164,7 +165,7 @@ async def login_link(request: web.Request) -> web.Response:
 
 
 async def open_session(request: web.Request) -> web.Response:
-    body = await read_object(request, {"login"})
+    body = await read_object(request, Login.model_fields)
     key = body.get("login")
     if not isinstance(key, str) or not key:
         raise ApiError(400, "send {\"login\": \"<key>\"}: the key of the login link `xpufleet ui` printed")

@@ -22,6 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from ....constants import AGENT_WS_PATH, WORKER_NAME_RE
+from ...contracts.workers import DeviceMode, JoinTokenRequest
 from ...slurm.manager import SlurmPools
 from ...ssh.manager import FIELDS, SshWorkers
 from ...workers import protocol
@@ -94,7 +95,7 @@ async def reissue(request: web.Request) -> web.Response:
 
 
 async def join_tokens(request: web.Request) -> web.Response:
-    body = await read_object(request, {"name", "ttl_s"}, optional=True)
+    body = await read_object(request, JoinTokenRequest.model_fields, optional=True)
     name = body.get("name")
     if name is not None and not isinstance(name, str):
         raise WorkerError("name must be a string (the worker's name) or absent")
@@ -125,7 +126,7 @@ async def rejected(request: web.Request) -> web.Response:
 
 
 async def set_mode(request: web.Request) -> web.Response:
-    body = await read_object(request, {"mode"}, optional=True)
+    body = await read_object(request, DeviceMode.model_fields, optional=True)
     if "mode" not in body:
         raise WorkerError("send {\"mode\": \"exclusive\"} or {\"mode\": \"shared\"}")
     out = _registry(request).set_mode(request.match_info["name"], request.match_info["device"], body["mode"])
