@@ -114,14 +114,14 @@ class RunOptions(Contract):
                           "\"upload\" = also copied to this server at the end; refused for a pool target")
     device: Annotated[Any, _ruled(str | None)] = Field(None, description="auto, cpu, cuda, cuda:N, xpu:N, mps (no set)")
     target: Annotated[Any, _ruled(str | Target | None)] = Field(None, description="a worker name, or an object")
-    _target: RunTarget = PrivateAttr(default_factory=RunTarget)
+    _target: RunTarget | None = PrivateAttr(None)  # (a default_factory would cost an inspect() per body)
 
     @model_validator(mode="before")
     @classmethod
     def _known(cls, data: Any) -> Any:
         if not isinstance(data, Mapping):
             raise ContractError("options: must be an object")
-        unknown = sorted(set(data) - set(cls.model_fields))
+        unknown = sorted(set(data) - _OPTION_NAMES)
         if unknown:
             raise ContractError(f"options: unknown field(s) {', '.join(unknown)}; known: {', '.join(cls.model_fields)}")
         return data
@@ -152,8 +152,11 @@ class RunOptions(Contract):
     @property
     def run_target(self) -> RunTarget:
         """The validated target (``parse_target``'s answer)."""
+        assert self._target is not None  # set by the after validator of every instance
         return self._target
 
+
+_OPTION_NAMES = frozenset(RunOptions.model_fields)  # (read per body: the class attribute is slower)
 
 EXAMPLE_GRAPH: dict[str, Any] = {  # a small real graph (iris, an MLP, one epoch, an evaluation)
     "1": {"class_type": "XPUDataset", "inputs": {"name": "iris", "val_split": 0.2, "seed": 0, "normalize": "standard"}},
@@ -183,12 +186,15 @@ class RunSubmit(Contract):
     def _shape(cls, data: Any) -> Any:
         if not isinstance(data, Mapping):
             raise ContractError("the body must be a JSON object {\"graph\": {...}, \"options\": {...}}")
-        unknown = sorted(set(data) - set(cls.model_fields))
+        unknown = sorted(set(data) - {"graph", "options"})
         if unknown:
             raise ContractError(f"unknown field(s) {', '.join(unknown)}: the body has \"graph\" and \"options\"")
         if "graph" not in data:
             raise ContractError("graph: missing; send the graph in ComfyUI's API format as \"graph\"")
         return data
+
+
+assert set(RunSubmit.model_fields) == {"graph", "options"}  # the unknown-field text names them
 
 
 class Cancel(Contract):

@@ -5,6 +5,7 @@ to them here, so the OpenAPI document cannot list a field the handler refuses, o
 from __future__ import annotations
 
 from xpufleet.predictor.routes import PREDICT_FIELDS
+from xpufleet.predictor.service import OPTION_NAMES as PREDICT_OPTIONS
 from xpufleet.server.contracts import misc, services, sweeps, workers
 from xpufleet.server.slurm import spec as slurm_spec
 from xpufleet.server.ssh.manager import FIELDS as SSH_FIELDS
@@ -16,6 +17,7 @@ def test_hand_checked_bodies_have_the_models_fields():
     assert set(workers.SshWorker.model_fields) == SSH_FIELDS
     assert tuple(workers.SlurmPool.model_fields) == slurm_spec.FIELDS
     assert set(misc.PredictRequest.model_fields) == set(PREDICT_FIELDS)
+    assert tuple(misc.PredictOptions.model_fields) == PREDICT_OPTIONS
     assert unit_spec.TOP_FIELDS == tuple(services.ServiceSpec.model_fields)
     assert sweep_spec.SWEEP_FIELDS == tuple(sweeps.SweepSubmit.model_fields)
     assert sweep_spec.STUDY_FIELDS == tuple(sweeps.StudySubmit.model_fields)
