@@ -40,10 +40,11 @@ WorkerName = Annotated[str, Field(min_length=1, max_length=64)]
 class Node(Contract):
     """One node of a graph in ComfyUI's API format."""
 
-    model_config = {"extra": "allow"}
+    model_config = {"extra": "allow", "json_schema_extra": {"propertyNames": {"maxLength": MAX_FIELD_NAME_CHARS}}}
     class_type: str = Field(min_length=1, max_length=MAX_FIELD_NAME_CHARS,
                             description="a node type this server (or the target worker) knows")
-    inputs: dict[str, Any] = Field(default_factory=dict, description="literal values, or links [node_id, output_index]")
+    inputs: dict[Annotated[str, Field(max_length=MAX_FIELD_NAME_CHARS)], Any] = Field(
+        default_factory=dict, description="literal values, or links [node_id, output_index]")
 
 
 GRAPH_LIMITS = (f"ComfyUI API-format graph: at most {MAX_GRAPH_NODES} nodes (413 beyond), ids of at most "
