@@ -12,12 +12,14 @@ from .base import Contract
 from .runs import Graph
 
 Seq = Annotated[int, Field(ge=1, le=2**63 - 1)]
+PROMPT_ID_CHARS = 100  # ComfyUI's prompt ids are UUIDs; this bounds what a canvas run records
+ERROR_CHARS = 20_000  # a canvas run's error text
 
 
 class CanvasRun(Contract):
     """``POST /api/canvas/runs``: ComfyUI's own Run, recorded by the plugin."""
 
-    prompt_id: str = Field(min_length=1, max_length=100)
+    prompt_id: str = Field(min_length=1, max_length=PROMPT_ID_CHARS)
     name: str | None = Field(None, max_length=MAX_RUN_NAME_CHARS)
     graph: Graph
     comfy_pid: int = Field(ge=1, le=2**63 - 1)
@@ -36,7 +38,7 @@ class CanvasFinished(Contract):
     """How a canvas run ended."""
 
     status: Literal[tuple(sorted(TERMINAL_STATUSES))]  # type: ignore[misc]
-    error: str | None = Field(None, max_length=20000)
+    error: str | None = Field(None, max_length=ERROR_CHARS)
     final_metrics: dict[str, float | None] | None = None
 
 
