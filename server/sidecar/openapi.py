@@ -120,7 +120,7 @@ RUN_OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "responses": {"200": {"description": "OpenAPI 3.1", **_json({"type": "object"})}},
     },
     ("post", "/api/runs"): {
-        "summary": "Queue a run", "requestBody": {"required": True, **_json({"$ref": "#/components/schemas/RunSubmit"})},
+        "summary": "Queue a run",
         "responses": {"201": {"description": "queued", **_json({"$ref": "#/components/schemas/RunQueued"})},
                       **_errors(400, 401, 403, 413, 503)},
     },
@@ -152,7 +152,6 @@ RUN_OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("post", "/api/runs/{run_id}/cancel"): {
         "summary": "Cancel: a queued run ends now; a started run stops cooperatively (interrupt checkpoint)",
         "parameters": [RUN_ID],
-        "requestBody": {"required": False, **_json({"$ref": "#/components/schemas/Cancel"})},
         "responses": {"200": {"description": "the run", **_json({"$ref": "#/components/schemas/Run"})},
                       **_errors(400, 401, 403, 404, 409)},
     },
@@ -211,14 +210,12 @@ RUN_OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
 }
 
 SERVICE = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
-_SERVICE_BODY = {"required": True, **_json({"$ref": "#/components/schemas/ServiceSpec"})}
 _SERVICE_ANSWER = _json({"$ref": "#/components/schemas/Service"})
 
 # The service routes (server/sidecar/routes/services.py registers them).
 SERVICE_OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("post", "/api/services"): {
         "summary": "Create a service: replicas units of unit.size instances, one worker card each",
-        "requestBody": _SERVICE_BODY,
         "responses": {"201": {"description": "the service", **_SERVICE_ANSWER}, **_errors(400, 401, 403, 409, 413)},
     },
     ("get", "/api/services"): {
@@ -234,7 +231,7 @@ SERVICE_OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     },
     ("put", "/api/services/{name}"): {
         "summary": "Rolling update to a new spec: whole units, make-before-break, one at a time; rolled back when "
-                   "a new unit never becomes ready", "parameters": [SERVICE], "requestBody": _SERVICE_BODY,
+                   "a new unit never becomes ready", "parameters": [SERVICE],
         "responses": {"202": {"description": "the update started", **_SERVICE_ANSWER},
                       "200": {"description": "the spec is unchanged", **_SERVICE_ANSWER},
                       **_errors(400, 401, 403, 404, 409)},
@@ -246,9 +243,6 @@ SERVICE_OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("post", "/api/services/{name}/infer"): {
         "summary": "One request, sent to rank 0 of a ready unit (least outstanding requests); it waits at most "
                    "routing.wait_s for a ready unit", "parameters": [SERVICE],
-        "requestBody": {"required": True, **_json({
-            "type": "object", "description": "the program's request; the built-in model server takes "
-                                             "{\"inputs\": [sample, ...], \"output\": \"raw|classes|probabilities\"}"})},
         "responses": {"200": {"description": "rank 0's answer (headers X-Xpufleet-Unit, X-Xpufleet-Generation)"},
                       **_errors(400, 401, 403, 404, 503, 504)},
     },

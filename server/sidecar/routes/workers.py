@@ -258,9 +258,6 @@ def _describe(app: web.Application) -> None:
                                            "responses": resp("{\"rejected\": [...]}", 401, 403)},
         ("post", "/api/workers/join-tokens"): {
             "summary": "a one-time join token and the command a remote machine runs",
-            "requestBody": {"required": False, "content": {"application/json": {"schema": {
-                "type": "object", "additionalProperties": False,
-                "properties": {"name": {"type": "string"}, "ttl_s": {"type": "number"}}}}}},
             "responses": {"201": {"description": "{\"join_token\", \"command\", \"expires_at\"}"},
                           **{k: v for k, v in resp("", 400, 401, 403).items() if k != "200"}}},
         ("get", "/api/workers/{name}"): {"summary": "one worker", "parameters": [name],
@@ -278,15 +275,6 @@ def _describe(app: web.Application) -> None:
         ("post", "/api/workers/ssh"): {
             "summary": "add an SSH worker: the server reaches user@host through OpenSSH, installs xpufleet in a "
                        "folder of its own there, starts the agent and tunnels its connection back",
-            "requestBody": {"required": True, "content": {"application/json": {"schema": {
-                "type": "object", "required": ["name", "host"], "additionalProperties": False,
-                "properties": {
-                    "name": {"type": "string"}, "host": {"type": "string", "description": "user@host"},
-                    "port": {"type": "integer"}, "identity": {"type": "string", "description": "key file here"},
-                    "python": {"type": "string", "description": "the host's python (default python3)"},
-                    "remote_dir": {"type": "string", "description": "default .xpufleet-ssh/NAME in the home"},
-                    "devices": {"type": "string"}, "simulate": {"type": "string"},
-                    "mounts": {"type": "array", "items": {"type": "string"}, "description": "LABEL=/folder"}}}}}},
             "responses": {"201": {"description": "the worker"},
                           **{k: v for k, v in resp("", 400, 401, 403, 409).items() if k != "200"}}},
         ("post", "/api/workers/{name}/disable"): {
@@ -297,9 +285,6 @@ def _describe(app: web.Application) -> None:
         ("put", "/api/workers/{name}/devices/{device}/mode"): {
             "summary": "a card's mode: exclusive (default) or shared by memory (CUDA/MPS on workers)",
             "parameters": [name, device],
-            "requestBody": {"required": True, "content": {"application/json": {"schema": {
-                "type": "object", "required": ["mode"], "additionalProperties": False,
-                "properties": {"mode": {"type": "string", "enum": ["exclusive", "shared"]}}}}}},
             "responses": resp("the new mode", 400, 404)},
     }
     for (method, path), op in ops.items():
