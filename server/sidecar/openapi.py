@@ -1,8 +1,11 @@
 """The OpenAPI 3.1 description of the sidecar's HTTP API, served at ``GET /api/openapi.json`` (docs/limits.md).
 
-Routes describe themselves with :func:`describe` (other modules too: workers, predictor); any route of
-the app without a description still appears, with its path parameters, so the document lists every
-route the server answers. The tests read this document and fuzz every POST route with bad bodies.
+Generated: every request body's schema is its contract model's (``BODIES``, the models of
+``server/contracts/`` the handlers validate with), the run answers are models too, and the status and
+source enums come from ``constants.py``. Routes describe their summaries, parameters and answers with
+:func:`describe` (other modules too: workers, predictor); any route of the app without a description still
+appears, with its path parameters, so the document lists every route the server answers. The tests read
+this document and fuzz every route with bad bodies.
 """
 
 from __future__ import annotations
@@ -11,21 +14,12 @@ import re
 from typing import Any
 
 from aiohttp import web
+from pydantic import BaseModel
 
-from ...constants import (
-    EVENTS_PAGE_MAX,
-    MAX_DEVICE_SET,
-    MAX_FIELD_NAME_CHARS,
-    MAX_GRAPH_NODES,
-    MAX_GRAPH_STRING_CHARS,
-    MAX_NODE_ID_CHARS,
-    MAX_PATH_CHARS,
-    MAX_RUN_NAME_CHARS,
-    RUN_SOURCES,
-    RUN_STATUSES,
-    RUNS_PAGE_MAX,
-    VERSION,
-)
+from ...constants import EVENTS_PAGE_MAX, MAX_PATH_CHARS, RUN_SOURCES, RUN_STATUSES, RUNS_PAGE_MAX, VERSION
+from ..contracts import misc, runs, services, sweeps, workers
+from ..contracts.base import component_schemas
+from ..contracts.runs import EXAMPLE_GRAPH  # noqa: F401 (the documented example, named here since issue 9)
 
 OPENAPI_KEY = web.AppKey("xpufleet_openapi", dict)
 
@@ -43,21 +37,32 @@ def _errors(*codes: int) -> dict[str, Any]:
     return {str(c): {"description": text.get(c, "error"), **_json(ERROR)} for c in codes}
 
 
-# A small real graph (iris, an MLP, one epoch, an evaluation): the documented example of POST /api/runs.
-EXAMPLE_GRAPH: dict[str, Any] = {
-    "1": {"class_type": "XPUDataset", "inputs": {"name": "iris", "val_split": 0.2, "seed": 0, "normalize": "standard"}},
-    "2": {"class_type": "XPUDataLoader", "inputs": {"dataset": ["1", 0], "batch_size": 16, "shuffle": True,
-                                                    "num_workers": 0, "drop_last": False}},
-    "3": {"class_type": "XPUMLP", "inputs": {"hidden": "16", "activation": "relu", "dropout": 0.0, "seed": 0,
-                                             "dataset_info": ["1", 2]}},
-    "4": {"class_type": "XPUOptimizer", "inputs": {"name": "adam", "lr": 0.01, "weight_decay": 0.0, "momentum": 0.9}},
-    "5": {"class_type": "XPULoss", "inputs": {"name": "cross_entropy"}},
-    "6": {"class_type": "XPUTrainingLoop", "inputs": {"model": ["3", 0], "dataloader": ["2", 0], "optimizer": ["4", 0],
-                                                      "loss": ["5", 0], "epochs": 1, "max_steps": 0, "device": "auto",
-                                                      "precision": "fp32", "tensorboard": False, "strategy": "single"}},
-    "7": {"class_type": "XPUEvaluate", "inputs": {"model": ["6", 0], "dataloader": ["2", 0], "device": "auto",
-                                                  "precision": "fp32"}},
+# The models of every request body, by route: the handlers validate with them and the document's
+# requestBody is their schema (the route modules' descriptions give summaries and answers).
+BODIES: dict[tuple[str, str], tuple[type[BaseModel], bool]] = {
+    ("post", "/api/runs"): (runs.RunSubmit, True),
+    ("post", "/api/estimates"): (runs.RunSubmit, True),
+    ("post", "/api/runs/{run_id}/cancel"): (runs.Cancel, False),
+    ("post", "/api/sweeps"): (sweeps.SweepSubmit, True),
+    ("post", "/api/sweeps/{sweep_id}/cancel"): (runs.Cancel, False),
+    ("post", "/api/studies"): (sweeps.StudySubmit, True),
+    ("post", "/api/studies/{study_id}/cancel"): (runs.Cancel, False),
+    ("post", "/api/services"): (services.ServiceSpec, True),
+    ("put", "/api/services/{name}"): (services.ServiceSpec, True),
+    ("post", "/api/services/{name}/infer"): (services.InferRequest, True),
+    ("post", "/api/workers/join-tokens"): (workers.JoinTokenRequest, False),
+    ("post", "/api/workers/ssh"): (workers.SshWorker, True),
+    ("put", "/api/workers/{name}/devices/{device}/mode"): (workers.DeviceMode, True),
+    ("post", "/api/pools"): (workers.PoolCreate, True),
+    ("post", "/api/pools/{name}/export"): (workers.PoolExport, False),
+    ("post", "/api/canvas/runs"): (misc.CanvasRun, True),
+    ("post", "/api/canvas/runs/{run_id}/events"): (misc.CanvasEvents, True),
+    ("post", "/api/predict"): (misc.PredictRequest, True),
+    ("post", "/api/ui/session"): (misc.Login, True),
+    ("post", "/api/ui/login-links"): (misc.LoginLinks, False),
 }
+# The answers described by a model (the run routes'); the other answers are described by their routes.
+ANSWERS: list[type[BaseModel]] = [runs.Run, runs.RunQueued, runs.Event, runs.Node]
 
 SCHEMAS: dict[str, Any] = {
     "Error": {
@@ -65,131 +70,7 @@ SCHEMAS: dict[str, Any] = {
         "properties": {"error": {"type": "string", "description": "what is wrong and what to fix"},
                        "node_errors": {"type": "object", "description": "ComfyUI-shaped, for graph errors"}},
     },
-    "Target": {
-        "type": "object", "additionalProperties": False,
-        "properties": {
-            "worker": {"type": "string", "minLength": 1, "maxLength": 64,
-                       "description": "\"local\" (default), \"any\" or a worker name"},
-            "devices": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": MAX_DEVICE_SET,
-                        "description": "a device set: the run takes every slot at once"},
-            "memory_gib": {"type": "number", "exclusiveMinimum": 0, "maximum": 1e6,
-                           "description": "budget per card (GiB) on cards shared by memory"},
-            "memory_source": {"type": "string", "enum": ["user", "estimate", "measured"],
-                              "description": "estimate: the dialog's unmodified static estimate (raised to a "
-                                             "larger measured peak + 20%); user (default): typed, never changed"},
-            "wait": {"type": "boolean", "description": "when the budget does not fit now: true waits, false "
-                                                       "rejects (default: a named worker rejects, any waits)"},
-            "pool": {"type": "string", "description": "a one-shot worker pool: an idle instance takes the run "
-                                                      "(it waits while none is idle)"},
-            "spread": {"type": "array", "minItems": 2, "maxItems": MAX_DEVICE_SET,
-                       "description": "ddp across workers (alone: no other target field): one entry per worker, "
-                                      "ranks numbered in entry order; the graph trains with strategy ddp",
-                       "items": {"type": "object", "additionalProperties": False, "required": ["worker", "devices"],
-                                 "properties": {"worker": {"type": "string", "minLength": 1, "maxLength": 64},
-                                                "devices": {"type": "array", "items": {"type": "string"},
-                                                            "minItems": 1, "maxItems": MAX_DEVICE_SET}}}},
-        },
-    },
-    "RunOptions": {
-        "type": "object", "additionalProperties": False,
-        "properties": {
-            "name": {"type": "string", "maxLength": MAX_RUN_NAME_CHARS,
-                     "description": f"at most {MAX_RUN_NAME_CHARS} characters (a longer name is refused)"},
-            "seed": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1,
-                     "description": "overrides every node's seed"},
-            "deterministic": {"type": "boolean"},
-            "record_outputs": {"oneOf": [{"type": "boolean"}, {"type": "string", "enum": ["upload"]}],
-                               "description": "record each node's outputs (docs/workers.md): true = kept where the run "
-                                              "runs, \"upload\" = also copied to this server at the end; "
-                                              "refused for a pool target"},
-            "device": {"type": "string", "description": "auto, cpu, cuda, cuda:N, xpu:N, mps (no set)"},
-            "target": {"oneOf": [{"type": "string"}, {"$ref": "#/components/schemas/Target"}]},
-        },
-    },
-    "RunSubmit": {
-        "type": "object", "required": ["graph"], "additionalProperties": False,
-        "properties": {
-            "graph": {"type": "object", "minProperties": 1, "maxProperties": MAX_GRAPH_NODES,
-                      "propertyNames": {"maxLength": MAX_NODE_ID_CHARS},
-                      "description": f"ComfyUI API-format graph: at most {MAX_GRAPH_NODES} nodes (413 beyond), "
-                                     f"ids of at most {MAX_NODE_ID_CHARS} characters, names of at most "
-                                     f"{MAX_FIELD_NAME_CHARS}, strings of at most {MAX_GRAPH_STRING_CHARS}; "
-                                     f"every body nests at most 64 levels",
-                      "additionalProperties": {"$ref": "#/components/schemas/Node"}},
-            "options": {"$ref": "#/components/schemas/RunOptions"},
-        },
-        "example": {"graph": EXAMPLE_GRAPH, "options": {"name": "iris", "seed": 1}},
-    },
-    "Node": {
-        "type": "object", "required": ["class_type"],
-        "propertyNames": {"maxLength": MAX_FIELD_NAME_CHARS},
-        "properties": {
-            "class_type": {"type": "string", "minLength": 1, "maxLength": MAX_FIELD_NAME_CHARS,
-                           "description": "a node type this server (or the target worker) knows"},
-            "inputs": {"type": "object", "propertyNames": {"maxLength": MAX_FIELD_NAME_CHARS},
-                       "description": "literal values, or links [node_id, output_index]"},
-        },
-    },
-    "Run": {
-        "type": "object",
-        "required": ["id", "status", "error", "worker_id", "devices", "queue_key", "budget_gib", "budget_source",
-                     "execution_facts", "peak_memory", "warnings", "waiting_reason", "final_metrics"],
-        "properties": {
-            "id": {"type": "string"}, "name": {"type": ["string", "null"]},
-            "status": {"type": "string", "enum": ["queued", "assigned", "running", "succeeded", "failed",
-                                                  "cancelled", "interrupted"]},
-            "target": {"type": "string"}, "placement": {"type": ["string", "null"]},
-            "worker_id": {"type": ["string", "null"]}, "devices": {"type": "array", "items": {"type": "string"}},
-            "requested": {"type": "array", "items": {"type": "string"}},
-            "queue_key": {"type": ["string", "null"]}, "budget_gib": {"type": ["number", "null"]},
-            "budget_source": {"type": ["string", "null"]}, "error": {"type": ["string", "null"]},
-            "waiting_reason": {"type": ["string", "null"]}, "warnings": {"type": "array"},
-            "execution_facts": {"type": "object"}, "peak_memory": {"type": ["object", "null"]},
-            "final_metrics": {"type": ["object", "null"]}, "cursor": {"type": "integer"},
-            "objective": {"type": ["object", "null"], "description": "the row's headline: metric, value, "
-                          "direction (val_accuracy first, then other accuracies, then losses; "
-                          "server/sidecar/objective.py)"},
-            "created_at": {"type": "number"}, "started_at": {"type": ["number", "null"]},
-            "finished_at": {"type": ["number", "null"]}, "graph": {"type": "object"},
-            "source": {"type": "string", "enum": list(RUN_SOURCES), "description": "api: POST /api/runs (CLI, "
-                       "Queue on..., sweeps, studies); canvas: ComfyUI's own Run, recorded by the plugin"},
-            "budget": {"type": ["object", "null"], "description": "memory budget per card: gib, source "
-                       "(user|measured|estimate), from_run (the run whose peak it is), peak_gib, peak_source, "
-                       "declared_gib and reason (a raise), label (the Runs panel's budget column)"},
-            "graph_key": {"type": ["string", "null"], "description": "the runtime-graph key peaks are filed under"},
-            "n_cards": {"type": ["integer", "null"]},
-            "memory_peak": {"type": ["object", "null"], "description": "a finished run's per-card figure: gib, "
-                            "source (cuda peak | mps driver-held at the end | simulated tensor bytes), label"},
-        },
-    },
-    "Event": {
-        "type": "object", "required": ["cursor", "type", "payload", "ts"],
-        "properties": {"cursor": {"type": "integer", "minimum": 1}, "type": {"type": "string"},
-                       "payload": {"type": "object"}, "ts": {"type": "number"}},
-    },
-    "Cancel": {"type": "object", "additionalProperties": False,
-               "properties": {"reason": {"type": "string", "maxLength": 500}}},
-    "ServiceSpec": {
-        "type": "object", "required": ["name", "program"], "additionalProperties": False,
-        "properties": {
-            "name": {"type": "string", "pattern": "^[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?$"},
-            "program": {"type": "object", "description": "{\"model\": {\"path\", \"split\", \"max_batch\", "
-                                                         "\"collective_timeout_s\"}} or {\"command\": [...], "
-                                                         "\"health_path\", \"infer_path\", \"env\"}"},
-            "unit": {"type": "object", "additionalProperties": False,
-                     "properties": {"size": {"type": "integer", "minimum": 1, "maximum": 64},
-                                    "guard": {"type": "boolean"}}},
-            "replicas": {"type": "integer", "minimum": 1, "maximum": 64},
-            "target": {"oneOf": [{"type": "string"}, {"type": "object", "properties": {
-                "worker": {"type": "string"}, "device": {"type": "string"}}}]},
-            "restart": {"type": "object", "properties": {
-                "max_restarts": {"type": "integer", "minimum": 0}, "window_s": {"type": "number"},
-                "backoff_s": {"type": "number"}, "backoff_max_s": {"type": "number"}}},
-            "routing": {"type": "object", "properties": {"wait_s": {"type": "number"},
-                                                         "request_timeout_s": {"type": "number"}}},
-            "ready_timeout_s": {"type": "number"}, "drain_timeout_s": {"type": "number"},
-        },
-    },
+    **component_schemas([model for model, _ in BODIES.values()] + ANSWERS),
     "Service": {
         "type": "object", "required": ["name", "state", "version", "spec", "units", "update"],
         "properties": {
@@ -208,6 +89,13 @@ SCHEMAS: dict[str, Any] = {
         },
     },
 }
+
+
+def body_model(method: str, path: str) -> type[BaseModel] | None:
+    """The model that validates the body of ``method path`` (``path`` in OpenAPI form), if it has one."""
+    entry = BODIES.get((method.lower(), path))
+    return entry[0] if entry is not None else None
+
 
 RUN_ID = {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string", "minLength": 1},
           "description": "a run id (GET /api/runs lists them)"}
@@ -232,9 +120,9 @@ RUN_OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "responses": {"200": {"description": "OpenAPI 3.1", **_json({"type": "object"})}},
     },
     ("post", "/api/runs"): {
-        "summary": "Queue a run", "requestBody": {"required": True, **_json({"$ref": "#/components/schemas/RunSubmit"})},
-        "responses": {"201": {"description": "queued", **_json({"type": "object", "properties": {
-            "run_id": {"type": "string"}, "status": {"type": "string"}}})}, **_errors(400, 401, 403, 413, 503)},
+        "summary": "Queue a run",
+        "responses": {"201": {"description": "queued", **_json({"$ref": "#/components/schemas/RunQueued"})},
+                      **_errors(400, 401, 403, 413, 503)},
     },
     ("get", "/api/runs"): {
         "summary": "List runs, newest first",
@@ -264,7 +152,6 @@ RUN_OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("post", "/api/runs/{run_id}/cancel"): {
         "summary": "Cancel: a queued run ends now; a started run stops cooperatively (interrupt checkpoint)",
         "parameters": [RUN_ID],
-        "requestBody": {"required": False, **_json({"$ref": "#/components/schemas/Cancel"})},
         "responses": {"200": {"description": "the run", **_json({"$ref": "#/components/schemas/Run"})},
                       **_errors(400, 401, 403, 404, 409)},
     },
@@ -323,14 +210,12 @@ RUN_OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
 }
 
 SERVICE = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
-_SERVICE_BODY = {"required": True, **_json({"$ref": "#/components/schemas/ServiceSpec"})}
 _SERVICE_ANSWER = _json({"$ref": "#/components/schemas/Service"})
 
 # The service routes (server/sidecar/routes/services.py registers them).
 SERVICE_OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("post", "/api/services"): {
         "summary": "Create a service: replicas units of unit.size instances, one worker card each",
-        "requestBody": _SERVICE_BODY,
         "responses": {"201": {"description": "the service", **_SERVICE_ANSWER}, **_errors(400, 401, 403, 409, 413)},
     },
     ("get", "/api/services"): {
@@ -346,7 +231,7 @@ SERVICE_OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     },
     ("put", "/api/services/{name}"): {
         "summary": "Rolling update to a new spec: whole units, make-before-break, one at a time; rolled back when "
-                   "a new unit never becomes ready", "parameters": [SERVICE], "requestBody": _SERVICE_BODY,
+                   "a new unit never becomes ready", "parameters": [SERVICE],
         "responses": {"202": {"description": "the update started", **_SERVICE_ANSWER},
                       "200": {"description": "the spec is unchanged", **_SERVICE_ANSWER},
                       **_errors(400, 401, 403, 404, 409)},
@@ -358,9 +243,6 @@ SERVICE_OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("post", "/api/services/{name}/infer"): {
         "summary": "One request, sent to rank 0 of a ready unit (least outstanding requests); it waits at most "
                    "routing.wait_s for a ready unit", "parameters": [SERVICE],
-        "requestBody": {"required": True, **_json({
-            "type": "object", "description": "the program's request; the built-in model server takes "
-                                             "{\"inputs\": [sample, ...], \"output\": \"raw|classes|probabilities\"}"})},
         "responses": {"200": {"description": "rank 0's answer (headers X-Xpufleet-Unit, X-Xpufleet-Generation)"},
                       **_errors(400, 401, 403, 404, 503, 504)},
     },
@@ -400,7 +282,7 @@ def document(app: web.Application) -> dict[str, Any]:
             continue
         path = _PARAM_RE.sub(lambda m: "{" + m.group(1) + "}", raw)
         if (method, path) in described:
-            continue
+            continue  # (its body, if any, is set below from BODIES)
         params = [{"name": n, "in": "path", "required": True, "schema": {"type": "string"}}
                   for n in _PARAM_RE.findall(raw)]
         op: dict[str, Any] = {"summary": f"{method.upper()} {path}", "responses": {"200": {"description": "ok"}}}
@@ -409,6 +291,10 @@ def document(app: web.Application) -> dict[str, Any]:
         if method in ("post", "put", "patch"):
             op["requestBody"] = {"required": False, **_json({"type": "object"})}
         described[(method, path)] = op
+    for key, (model, required) in BODIES.items():
+        if key in described:
+            described[key] = {**described[key], "requestBody": {
+                "required": required, **_json({"$ref": f"#/components/schemas/{model.__name__}"})}}
     paths: dict[str, dict[str, Any]] = {}
     for (method, path), op in sorted(described.items()):
         paths.setdefault(path, {})[method] = op

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...constants import STUDY_MAX_PARALLEL, SWEEP_DEFAULT_MAX_RUNS, SWEEP_MAX_RUNS
+from ..contracts.sweeps import DIRECTIONS, PRUNERS, SAMPLERS, StudySubmit, SweepSubmit
 from .params import (
     KnownInputs,
     Param,
@@ -49,9 +50,6 @@ METRIC_DIRECTIONS: dict[str, str] = {
     "val_loss_step": "minimize", "val_accuracy": "maximize", "eval_loss": "minimize",
     "eval_accuracy": "maximize",
 }
-DIRECTIONS = ("maximize", "minimize")
-PRUNERS = ("median", "none")
-SAMPLERS = ("tpe", "random")
 
 
 @dataclass(frozen=True)
@@ -122,10 +120,9 @@ class StudySpec:
     fixed: dict[str, Any]
 
 
-SWEEP_FIELDS = ("name", "graph", "mode", "parameters", "samples", "random_seed", "seeds", "set", "objective",
-                "options", "max_runs")
-STUDY_FIELDS = ("name", "graph", "parameters", "n_trials", "parallel", "objective", "pruner", "sampler", "set",
-                "options", "max_runs")
+# The fields of each body: its contract model's (the same model gives the OpenAPI schema).
+SWEEP_FIELDS = tuple(SweepSubmit.model_fields)
+STUDY_FIELDS = tuple(StudySubmit.model_fields)
 
 
 def _int(raw: Any, field: str, lo: int, hi: int) -> int:

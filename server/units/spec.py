@@ -23,14 +23,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ...constants import WORKER_NAME_RE
+from ..contracts.base import not_available
+from ..contracts.services import MAX_REPLICAS, MAX_UNIT_SIZE, SERVICE_NAME_PATTERN, Restart, Routing, Unit
+from ..contracts.services import ServiceSpec as ServiceSpecBody
 from ..devices.names import DeviceSpecError, normalize_device
 from ..sidecar.errors import ApiError
-from ..sidecar.requests import not_available
 
 # A DNS-1123 label, so the same name works as a Kubernetes object name (``services export --format lws``).
-SERVICE_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?$")
-MAX_UNIT_SIZE = 64
-MAX_REPLICAS = 64
+SERVICE_NAME_RE = re.compile(SERVICE_NAME_PATTERN)
 MAX_BATCH_LIMIT = 4096
 SPLITS = ("pipeline",)  # tensor-parallel splitting is not built yet (refused by name)
 PLACEHOLDERS = ("{port}", "{host}", "{rank}", "{size}", "{master_addr}", "{master_port}")
@@ -47,8 +47,7 @@ DEFAULT_READY_TIMEOUT_S = 300.0
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
 DEFAULT_COLLECTIVE_TIMEOUT_S = 60.0
 
-TOP_FIELDS = ("name", "program", "unit", "replicas", "target", "restart", "routing", "ready_timeout_s",
-              "drain_timeout_s")
+TOP_FIELDS = tuple(ServiceSpecBody.model_fields)  # the contract model's (it gives the OpenAPI schema)
 
 
 class SpecError(ApiError):
@@ -284,14 +283,14 @@ def parse_service(body: Any, name: str | None = None) -> ServiceSpec:
     if "program" not in body:
         raise SpecError("program: missing; give {\"model\": {\"path\": ...}} or {\"command\": [...]}")
     program = _program(body["program"])
-    unit = _object(body.get("unit"), "unit", ("size", "guard"))
+    unit = _object(body.get("unit"), "unit", tuple(Unit.model_fields))
     size = _int(unit, "size", "unit", 1, 1, MAX_UNIT_SIZE)
     guard = _bool(unit, "guard", "unit", False)
     replicas = body.get("replicas", 1)
     if isinstance(replicas, bool) or not isinstance(replicas, int) or not 1 <= replicas <= MAX_REPLICAS:
         raise SpecError(f"replicas: the number of units, an integer from 1 to {MAX_REPLICAS}, got {replicas!r}")
     worker, device = _target(body.get("target"))
-    r = _object(body.get("restart"), "restart", ("max_restarts", "window_s", "backoff_s", "backoff_max_s"))
+    r = _object(body.get("restart"), "restart", tuple(Restart.model_fields))
     restart = RestartPolicy(
         max_restarts=_int(r, "max_restarts", "restart", DEFAULT_MAX_RESTARTS, 0, 1000),
         window_s=_num(r, "window_s", "restart", DEFAULT_RESTART_WINDOW_S, 1, 7 * 86400),
@@ -300,7 +299,7 @@ def parse_service(body: Any, name: str | None = None) -> ServiceSpec:
     )
     if restart.backoff_max_s < restart.backoff_s:
         raise SpecError("restart.backoff_max_s: must be at least restart.backoff_s")
-    rt = _object(body.get("routing"), "routing", ("wait_s", "request_timeout_s"))
+    rt = _object(body.get("routing"), "routing", tuple(Routing.model_fields))
     return ServiceSpec(
         name=svc_name, program=program, size=size, guard=guard, replicas=replicas, worker=worker, device=device,
         restart=restart,

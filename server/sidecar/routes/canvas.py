@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from ....constants import CANVAS_EVENT_TYPES, CANVAS_EVENTS_MAX, MAX_RUN_NAME_CHARS, TERMINAL_STATUSES
+from ...contracts.misc import ERROR_CHARS, PROMPT_ID_CHARS
 from .. import openapi
 from ..errors import ApiError
 from ..http import read_json
@@ -29,8 +30,8 @@ from ..runtime_file import pid_alive
 from ..store import NewEvent
 from .common import dispatcher_of, public_run
 
-_PROMPT_ID_CHARS = 100
-_ERROR_CHARS = 20_000
+_PROMPT_ID_CHARS = PROMPT_ID_CHARS  # the contract's (server/contracts/misc.py)
+_ERROR_CHARS = ERROR_CHARS
 
 
 def _object(body: Any, fields: set[str], required: set[str], what: str) -> Mapping[str, Any]:
@@ -170,41 +171,18 @@ def cancel(request: web.Request, run: dict[str, Any], reason: str | None) -> dic
     return store.get_run(run["id"]) or run
 
 
-_CANVAS_RUN = {"type": "object", "required": ["prompt_id", "graph", "comfy_pid"], "additionalProperties": False,
-               "properties": {"prompt_id": {"type": "string", "minLength": 1, "maxLength": _PROMPT_ID_CHARS},
-                              "name": {"type": ["string", "null"], "maxLength": MAX_RUN_NAME_CHARS},
-                              "graph": openapi.SCHEMAS["RunSubmit"]["properties"]["graph"],
-                              "comfy_pid": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1}}}
-_CANVAS_EVENTS = {
-    "type": "object", "required": ["events"], "additionalProperties": False,
-    "properties": {
-        "name": {"type": ["string", "null"], "maxLength": MAX_RUN_NAME_CHARS},
-        "events": {"type": "array", "maxItems": CANVAS_EVENTS_MAX, "items": {
-            "type": "object", "required": ["type", "payload", "ts", "seq"], "additionalProperties": False,
-            "properties": {"type": {"type": "string", "enum": list(CANVAS_EVENT_TYPES)}, "payload": {"type": "object"},
-                           "ts": {"type": "number"}, "seq": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1}}}},
-        "finished": {"type": "object", "required": ["status"], "additionalProperties": False, "properties": {
-            "status": {"type": "string", "enum": sorted(TERMINAL_STATUSES)},
-            "error": {"type": ["string", "null"], "maxLength": _ERROR_CHARS},
-            "final_metrics": {"type": "object", "additionalProperties": {"type": ["number", "null"]}}}},
-    },
-}
-
-
 def setup(app: web.Application) -> None:
     app.router.add_post("/api/canvas/runs", create)
     app.router.add_post("/api/canvas/runs/{run_id}/events", add_events)
     errors = openapi._errors  # the document's one table of error answers
     openapi.describe(app, "post", "/api/canvas/runs", {
         "summary": "Record a run ComfyUI's own Run is executing (the plugin calls this; source canvas)",
-        "requestBody": {"required": True, "content": {"application/json": {"schema": _CANVAS_RUN}}},
         "responses": {"201": {"description": "the run, running",
                               "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Run"}}}},
                       **errors(400, 401, 403, 413)}})
     openapi.describe(app, "post", "/api/canvas/runs/{run_id}/events", {
         "summary": "Append what a canvas run's nodes reported; finished ends it",
         "parameters": [openapi.RUN_ID],
-        "requestBody": {"required": True, "content": {"application/json": {"schema": _CANVAS_EVENTS}}},
         "responses": {"200": {"description": "stored; cancel_requested: stop ComfyUI's prompt",
                               "content": {"application/json": {"schema": {"type": "object", "properties": {
                                   "stored": {"type": "integer"}, "status": {"type": "string"},

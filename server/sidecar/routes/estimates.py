@@ -99,8 +99,6 @@ def setup(app: web.Application) -> None:
     openapi.describe(app, "post", "/api/estimates", {
         "summary": "The memory budget the Queue on... dialog suggests: the measured default, or the static "
                    "estimate item by item (never applied by the server)",
-        "requestBody": {"required": True, "content": {"application/json": {"schema": {
-            "$ref": "#/components/schemas/RunSubmit"}}}},
         "responses": {"200": {"description": "the suggestion", "content": {"application/json": {
             "schema": SUGGESTION}}},
             **{str(c): {"description": "error", "content": {"application/json": {"schema": openapi.ERROR}}}

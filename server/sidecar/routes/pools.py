@@ -12,6 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ...contracts.workers import PoolCreate, PoolExport
 from ...workers.state import WorkerError
 from .. import openapi
 from ..http import read_object
@@ -23,7 +24,7 @@ async def list_pools(request: web.Request) -> web.Response:
 
 
 async def create_pool(request: web.Request) -> web.Response:
-    body = await read_object(request, {"name", "slurm"})
+    body = await read_object(request, PoolCreate.model_fields)
     if "slurm" in body and body["slurm"] is None:
         raise WorkerError("slurm must be an object of settings (or true for the defaults), not null")
     out = request.app[REGISTRY_KEY].create_pool(body.get("name"), server_url(request), body.get("slurm"))
@@ -46,23 +47,13 @@ async def reissue_pool(request: web.Request) -> web.Response:
 
 
 async def export_pool(request: web.Request) -> web.Response:
-    body = await read_object(request, {"format", "image", "namespace", "gpus", "instances", "python", "node_selector",
-                                       "server_url", "credential"}, optional=True)
+    body = await read_object(request, PoolExport.model_fields, optional=True)
     reg = request.app[REGISTRY_KEY]
     return web.json_response(reg.export_pool(request.match_info["name"], body, server_url(request)))
 
 
 async def remove_pool(request: web.Request) -> web.Response:
     return web.json_response(await request.app[REGISTRY_KEY].remove_pool(request.match_info["name"]))
-
-
-_STR, _INT, _NUM = {"type": "string"}, {"type": "integer"}, {"type": "number"}
-SLURM_SCHEMA = {"description": "a Slurm pool (docs/slurm-and-k8s.md); true: the defaults", "oneOf": [
-    {"type": "boolean", "enum": [True]},
-    {"type": "object", "additionalProperties": False, "properties": {
-        "partition": _STR, "gres": _STR, "time_limit": _STR, "account": _STR,
-        "sbatch_args": {"type": "array", "items": _STR}, "python": _STR, "max_jobs": _INT, "idle_exit_s": _NUM,
-        "retries": _INT, "simulate_gib": _NUM, "server_url": _STR, "workdir": _STR}}]}
 
 
 def setup(app: web.Application) -> None:
@@ -85,9 +76,6 @@ def setup(app: web.Application) -> None:
                                 "responses": resp("{\"pools\": [...]}", 401, 403)},
         ("post", "/api/pools"): {
             "summary": "a new pool and its shared credential (shown once) with the command instances run",
-            "requestBody": {"required": True, "content": {"application/json": {"schema": {
-                "type": "object", "required": ["name"], "additionalProperties": False,
-                "properties": {"name": {"type": "string"}, "slurm": SLURM_SCHEMA}}}}},
             "responses": resp("{\"name\", \"credential\", \"command\"}", 400, 401, 403, 409, ok="201")},
         ("get", "/api/pools/{name}"): {"summary": "one pool", "parameters": [name], "responses": resp("the pool", 404)},
         ("delete", "/api/pools/{name}"): {"summary": "delete the pool; runs waiting for it fail", "parameters": [name],
@@ -99,12 +87,7 @@ def setup(app: web.Application) -> None:
         ("post", "/api/pools/{name}/export"): {
             "summary": "Kubernetes manifests (a Secret and an Indexed Job) whose pods join the pool "
                        "(docs/slurm-and-k8s.md); without credential a manual pool's credential is reissued",
-            "parameters": [name], "requestBody": {"required": False, "content": {"application/json": {"schema": {
-                "type": "object", "additionalProperties": False, "properties": {
-                    "format": {"type": "string", "enum": ["k8s"]}, "image": {"type": "string"},
-                    "namespace": {"type": "string"}, "gpus": {"type": "integer"}, "instances": {"type": "integer"},
-                    "python": {"type": "string"}, "server_url": {"type": "string"}, "credential": {"type": "string"},
-                    "node_selector": {"type": "object", "additionalProperties": {"type": "string"}}}}}}}, "responses": resp("{\"name\", \"format\", \"reissued\", \"manifests\"}", 400, 404)},
+            "parameters": [name], "responses": resp("{\"name\", \"format\", \"reissued\", \"manifests\"}", 400, 404)},
     }
     for (method, path), op in ops.items():
         openapi.describe(app, method, path, op)

@@ -16,11 +16,12 @@ from ....constants import (
     RUNS_PAGE_MAX,
     TERMINAL_STATUSES,
 )
+from ...contracts.runs import Cancel
 from ...memory.views import run_fields
 from ..errors import ApiError
 from ..http import INT_PARAM_MAX, NO_BODY, float_param, int_param, read_json
 from ..keys import STORE_KEY
-from ..requests import parse_run_request
+from ..requests import parse_body, parse_run_request
 from . import canvas
 from .common import dispatcher_of, public_run, run_or_404
 
@@ -66,16 +67,7 @@ async def get_run(request: web.Request) -> web.Response:
 
 async def cancel_run(request: web.Request) -> web.Response:
     body = await read_json(request, optional=True)
-    reason = None
-    if body is not NO_BODY:
-        if not isinstance(body, dict):
-            raise ApiError(400, "the body must be a JSON object like {\"reason\": \"...\"} (or empty)")
-        unknown = sorted(set(body) - {"reason"})
-        if unknown:
-            raise ApiError(400, f"unknown field(s) {', '.join(unknown)}: the body may have \"reason\"")
-        reason = body.get("reason")
-        if reason is not None and (not isinstance(reason, str) or len(reason) > 500):
-            raise ApiError(400, "reason: must be a string of at most 500 characters")
+    reason = None if body is NO_BODY else parse_body(Cancel, body).reason
     d = dispatcher_of(request)
     run = run_or_404(request)
     if run["source"] == "canvas" and run["status"] not in TERMINAL_STATUSES:  # ComfyUI runs it, not a provider

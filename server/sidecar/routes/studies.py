@@ -12,12 +12,7 @@ from .. import openapi
 from ..http import float_param, int_param, read_json
 from ..keys import CONFIG_KEY, DISPATCHER_KEY, STORE_KEY
 from .sweeps import (
-    CANCEL,
-    GRAPH,
     OBJECTIVE,
-    PARAMETERS,
-    SET,
-    TARGET_OPTIONS,
     cancel_reason,
     errors,
     json_body,
@@ -94,29 +89,6 @@ def setup(app: web.Application) -> None:
 
 # --- OpenAPI -----------------------------------------------------------------------------------------------
 
-STUDY_SUBMIT = {
-    "type": "object", "required": ["graph", "parameters", "n_trials", "objective"], "additionalProperties": False,
-    "properties": {
-        "name": {"type": "string"}, "graph": GRAPH, "parameters": PARAMETERS,
-        "n_trials": {"type": "integer", "minimum": 1, "description": "the trial budget: runs the study may queue"},
-        "parallel": {"type": "integer", "minimum": 1, "default": 1, "description": "trials in flight at once"},
-        "objective": OBJECTIVE,
-        "pruner": {"oneOf": [{"type": "string", "enum": ["median", "none"]}, {
-            "type": "object", "additionalProperties": False, "properties": {
-                "type": {"type": "string", "enum": ["median", "none"]},
-                "metric": {"type": "string", "description": "reported while training, e.g. val_loss_step"},
-                "direction": {"type": "string", "enum": ["maximize", "minimize"]},
-                "n_startup_trials": {"type": "integer", "minimum": 0, "default": 5},
-                "n_warmup_steps": {"type": "integer", "minimum": 0, "default": 0},
-                "interval_steps": {"type": "integer", "minimum": 1, "default": 1}}}]},
-        "sampler": {"oneOf": [{"type": "string", "enum": ["tpe", "random"]}, {
-            "type": "object", "additionalProperties": False, "properties": {
-                "type": {"type": "string", "enum": ["tpe", "random"]}, "seed": {"type": "integer", "minimum": 0}}}]},
-        "set": SET,
-        "options": {**TARGET_OPTIONS, "description": "POST /api/runs options given to every trial (no name)"},
-        "max_runs": {"type": "integer", "minimum": 1, "maximum": 10000, "description": "n_trials above it is a 400"},
-    },
-}
 TRIAL = {"type": "object", "properties": {
     "number": {"type": "integer"}, "state": {"type": "string", "enum": ["running", "complete", "pruned", "failed"]},
     "value": {"type": ["number", "null"]}, "parameters": {"type": "object"}, "run_id": {"type": ["string", "null"]},
@@ -141,7 +113,6 @@ def describe(app: web.Application) -> None:
         ("post", "/api/studies"): {
             "summary": "Start an Optuna study: its options and probe points (each parameter's range ends and "
                        "listed values) are checked as POST /api/runs checks a run, before anything is queued",
-            "requestBody": {"required": True, **json_body(STUDY_SUBMIT)},
             "responses": {"201": {"description": "started", **json_body({"type": "object", "properties": {
                 "study_id": {"type": "string"}, "status": {"type": "string"}, "n_trials": {"type": "integer"}}})},
                 **errors(400, 401, 403, 413, 500, 503)}},
@@ -162,7 +133,7 @@ def describe(app: web.Application) -> None:
             "responses": {"200": {"description": "text/csv"}, **errors(401, 403, 404)}},
         ("post", "/api/studies/{study_id}/cancel"): {
             "summary": "Cancel: no new trial; queued and running trials' runs are cancelled (they fail)",
-            "parameters": [STUDY_ID], "requestBody": {"required": False, **json_body(CANCEL)},
+            "parameters": [STUDY_ID],
             "responses": {"200": {"description": "the study", **json_body(STUDY)}, **errors(400, 401, 403, 404, 409)}},
         ("delete", "/api/studies/{study_id}"): {
             "summary": "Delete an ended study: its trials, its Optuna study and its runs", "parameters": [STUDY_ID],

@@ -10,11 +10,13 @@ from typing import Any
 from aiohttp import web
 
 from ....constants import EVENTS_LONG_POLL_MAX_S, RUNS_PAGE_MAX
+from ...contracts.runs import Cancel
 from ...sweeps.driver import SweepService
 from .. import openapi
 from ..errors import ApiError
 from ..http import float_param, int_param, read_json, read_object
 from ..keys import DISPATCHER_KEY, STORE_KEY
+from ..requests import parse_body
 
 SWEEPS_KEY = web.AppKey("xpufleet_sweeps", SweepService)
 
@@ -33,10 +35,7 @@ def bool_param(request: web.Request, name: str, default: bool = False) -> bool:
 async def cancel_reason(request: web.Request) -> str | None:
     """The optional ``{"reason"}`` body of a cancel."""
     body = await read_object(request, {"reason"}, optional=True)
-    reason = body.get("reason")
-    if reason is not None and (not isinstance(reason, str) or len(reason) > 500):
-        raise ApiError(400, "reason: must be a string of at most 500 characters")
-    return reason
+    return parse_body(Cancel, body).reason
 
 
 def service(request: web.Request) -> SweepService:
@@ -110,7 +109,6 @@ def setup(app: web.Application) -> None:
 # --- OpenAPI -----------------------------------------------------------------------------------------------
 
 ERR = {"$ref": "#/components/schemas/Error"}
-TARGET_OPTIONS = {"$ref": "#/components/schemas/RunOptions"}
 
 
 def json_body(schema: dict[str, Any]) -> dict[str, Any]:
@@ -121,44 +119,8 @@ def errors(*codes: int) -> dict[str, Any]:
     return {str(c): {"description": "error (the message says what to fix)", **json_body(ERR)} for c in codes}
 
 
-PARAMETER = {
-    "description": "a parameter's values: a list, {values}, or a range {low, high, log, type, steps|step} "
-                   "(a grid range needs steps or step; type defaults to the type of the graph's value)",
-    "oneOf": [
-        {"type": "array", "minItems": 1, "items": {"type": ["number", "string", "boolean"]}},
-        {"type": "object", "additionalProperties": False, "properties": {
-            "values": {"type": "array", "minItems": 1, "items": {"type": ["number", "string", "boolean"]}},
-            "low": {"type": "number"}, "high": {"type": "number"}, "log": {"type": "boolean"},
-            "type": {"type": "string", "enum": ["int", "float"]},
-            "steps": {"type": "integer", "minimum": 2}, "step": {"type": "number", "exclusiveMinimum": 0}}},
-    ],
-}
-PARAMETERS = {"type": "object", "description": "\"<node id>.<input>\" (e.g. \"5.lr\") -> values or a range",
-              "additionalProperties": PARAMETER}
-OBJECTIVE = {"type": "object", "required": ["metric"], "additionalProperties": False, "properties": {
-    "metric": {"type": "string", "description": "a metric the runs report (its last value counts), e.g. val_accuracy"},
-    "direction": {"type": "string", "enum": ["maximize", "minimize"],
-                  "description": "may be left out for the TrainingLoop's and Evaluate's own metrics"}}}
-GRAPH = {"type": "object", "minProperties": 1, "description": "the base graph, ComfyUI API format"}
-SET = {"type": "object", "description": "\"<node id>.<input>\" -> one value set on every child",
-       "additionalProperties": {"type": ["number", "string", "boolean"]}}
-
-SWEEP_SUBMIT = {
-    "type": "object", "required": ["graph", "objective"], "additionalProperties": False,
-    "properties": {
-        "name": {"type": "string"}, "graph": GRAPH,
-        "mode": {"type": "string", "enum": ["grid", "random"], "default": "grid"},
-        "parameters": PARAMETERS,
-        "samples": {"type": "integer", "minimum": 1, "description": "random mode: points to draw"},
-        "random_seed": {"type": "integer", "minimum": 0, "description": "random mode: reproducible draws"},
-        "seeds": {"oneOf": [{"type": "integer", "minimum": 1}, {"type": "array", "items": {"type": "integer"}}],
-                  "description": "seed variants: N (seeds 0..N-1) or a list; each point once per seed"},
-        "set": SET, "objective": OBJECTIVE,
-        "options": {**TARGET_OPTIONS, "description": "POST /api/runs options given to every child (no name)"},
-        "max_runs": {"type": "integer", "minimum": 1, "maximum": 10000,
-                     "description": "a larger expansion is rejected (never truncated); default 1000"},
-    },
-}
+# A body's schema is its contract model's (openapi.BODIES); the answers refer to the objective's.
+OBJECTIVE = {"$ref": "#/components/schemas/Objective"}
 SWEEP_ROW = {"type": "object", "properties": {
     "rank": {"type": ["integer", "null"], "description": "1 = best; null: not succeeded or no metric"},
     "variant": {"type": "integer"}, "point": {"type": "integer"}, "parameters": {"type": "object"},
@@ -182,7 +144,6 @@ SWEEP = {"type": "object", "properties": {
     "spec": {"type": "object", "description": "what was submitted, without the graph"},
     "cancel_requested": {"type": "boolean"}, "created_at": {"type": "number"}}}
 SWEEP_ID = {"name": "sweep_id", "in": "path", "required": True, "schema": {"type": "string"}}
-CANCEL = {"type": "object", "additionalProperties": False, "properties": {"reason": {"type": "string", "maxLength": 500}}}
 
 
 def query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
@@ -195,7 +156,6 @@ def describe(app: web.Application) -> None:
             "summary": "Queue a sweep: every child is checked as POST /api/runs checks a run, before anything is "
                        "written; one rejection rejects the sweep (400 naming the variant, nothing queued)",
             "parameters": [query("dry_run", {"type": "boolean"}, "check and expand only: the variants, nothing queued")],
-            "requestBody": {"required": True, **json_body(SWEEP_SUBMIT)},
             "responses": {"201": {"description": "queued", **json_body({"type": "object", "properties": {
                 "sweep_id": {"type": "string"}, "status": {"type": "string"}, "n_runs": {"type": "integer"},
                 "run_ids": {"type": "array", "items": {"type": "string"}}}})},
@@ -218,7 +178,6 @@ def describe(app: web.Application) -> None:
             "responses": {"200": {"description": "text/csv"}, **errors(401, 403, 404)}},
         ("post", "/api/sweeps/{sweep_id}/cancel"): {
             "summary": "Cancel: queued children end now, running ones are stopped", "parameters": [SWEEP_ID],
-            "requestBody": {"required": False, **json_body(CANCEL)},
             "responses": {"200": {"description": "the sweep", **json_body(SWEEP)}, **errors(400, 401, 403, 404)}},
         ("delete", "/api/sweeps/{sweep_id}"): {
             "summary": "Delete a sweep whose children have all ended, with its children's runs",

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from ...contracts.misc import Login
 from .. import auth, openapi
 from ..errors import ApiError
 from ..http import read_object
@@ -164,7 +165,7 @@ async def login_link(request: web.Request) -> web.Response:
 
 
 async def open_session(request: web.Request) -> web.Response:
-    body = await read_object(request, {"login"})
+    body = await read_object(request, Login.model_fields)
     key = body.get("login")
     if not isinstance(key, str) or not key:
         raise ApiError(400, "send {\"login\": \"<key>\"}: the key of the login link `xpufleet ui` printed")
@@ -215,15 +216,10 @@ def _describe(app: web.Application) -> None:
             "responses": {"200": {"description": "application/json"}, "404": {"description": "no such language", **err}}},
         ("post", LOGIN_PATH): {
             "summary": "a one-time login link for the standalone page (needs the session token)",
-            "requestBody": {"required": False, "content": {"application/json": {"schema": {
-                "type": "object", "additionalProperties": False, "properties": {}}}}},
             "responses": {"201": {"description": "{url, login, expires_at}"},
                           "400": {"description": "bad body", **err}, "403": {"description": "not the session token", **err}}},
         ("post", SESSION_PATH): {
             "summary": "trade a login key (once) for a browser session token",
-            "requestBody": {"required": True, "content": {"application/json": {"schema": {
-                "type": "object", "required": ["login"], "additionalProperties": False,
-                "properties": {"login": {"type": "string"}}}}}},
             "responses": {"201": {"description": "{session, expires_at}"}, "400": {"description": "bad body", **err},
                           "403": {"description": "used or expired key", **err}}},
         ("delete", SESSION_PATH): {"summary": "end this browser session",

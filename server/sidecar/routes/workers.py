@@ -22,6 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from ....constants import AGENT_WS_PATH, WORKER_NAME_RE
+from ...contracts.workers import DeviceMode, JoinTokenRequest
 from ...slurm.manager import SlurmPools
 from ...ssh.manager import FIELDS, SshWorkers
 from ...workers import protocol
@@ -94,7 +95,7 @@ async def reissue(request: web.Request) -> web.Response:
 
 
 async def join_tokens(request: web.Request) -> web.Response:
-    body = await read_object(request, {"name", "ttl_s"}, optional=True)
+    body = await read_object(request, JoinTokenRequest.model_fields, optional=True)
     name = body.get("name")
     if name is not None and not isinstance(name, str):
         raise WorkerError("name must be a string (the worker's name) or absent")
@@ -125,7 +126,7 @@ async def rejected(request: web.Request) -> web.Response:
 
 
 async def set_mode(request: web.Request) -> web.Response:
-    body = await read_object(request, {"mode"}, optional=True)
+    body = await read_object(request, DeviceMode.model_fields, optional=True)
     if "mode" not in body:
         raise WorkerError("send {\"mode\": \"exclusive\"} or {\"mode\": \"shared\"}")
     out = _registry(request).set_mode(request.match_info["name"], request.match_info["device"], body["mode"])
@@ -257,9 +258,6 @@ def _describe(app: web.Application) -> None:
                                            "responses": resp("{\"rejected\": [...]}", 401, 403)},
         ("post", "/api/workers/join-tokens"): {
             "summary": "a one-time join token and the command a remote machine runs",
-            "requestBody": {"required": False, "content": {"application/json": {"schema": {
-                "type": "object", "additionalProperties": False,
-                "properties": {"name": {"type": "string"}, "ttl_s": {"type": "number"}}}}}},
             "responses": {"201": {"description": "{\"join_token\", \"command\", \"expires_at\"}"},
                           **{k: v for k, v in resp("", 400, 401, 403).items() if k != "200"}}},
         ("get", "/api/workers/{name}"): {"summary": "one worker", "parameters": [name],
@@ -277,15 +275,6 @@ def _describe(app: web.Application) -> None:
         ("post", "/api/workers/ssh"): {
             "summary": "add an SSH worker: the server reaches user@host through OpenSSH, installs xpufleet in a "
                        "folder of its own there, starts the agent and tunnels its connection back",
-            "requestBody": {"required": True, "content": {"application/json": {"schema": {
-                "type": "object", "required": ["name", "host"], "additionalProperties": False,
-                "properties": {
-                    "name": {"type": "string"}, "host": {"type": "string", "description": "user@host"},
-                    "port": {"type": "integer"}, "identity": {"type": "string", "description": "key file here"},
-                    "python": {"type": "string", "description": "the host's python (default python3)"},
-                    "remote_dir": {"type": "string", "description": "default .xpufleet-ssh/NAME in the home"},
-                    "devices": {"type": "string"}, "simulate": {"type": "string"},
-                    "mounts": {"type": "array", "items": {"type": "string"}, "description": "LABEL=/folder"}}}}}},
             "responses": {"201": {"description": "the worker"},
                           **{k: v for k, v in resp("", 400, 401, 403, 409).items() if k != "200"}}},
         ("post", "/api/workers/{name}/disable"): {
@@ -296,9 +285,6 @@ def _describe(app: web.Application) -> None:
         ("put", "/api/workers/{name}/devices/{device}/mode"): {
             "summary": "a card's mode: exclusive (default) or shared by memory (CUDA/MPS on workers)",
             "parameters": [name, device],
-            "requestBody": {"required": True, "content": {"application/json": {"schema": {
-                "type": "object", "required": ["mode"], "additionalProperties": False,
-                "properties": {"mode": {"type": "string", "enum": ["exclusive", "shared"]}}}}}},
             "responses": resp("the new mode", 400, 404)},
     }
     for (method, path), op in ops.items():

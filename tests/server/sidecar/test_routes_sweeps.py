@@ -111,11 +111,15 @@ async def test_study_routes_and_the_openapi_document(sidecar_client):
                           "/api/studies/{study_id}/cancel": {"post"}}.items():
         assert methods <= set(doc["paths"][path]), path
     submit = doc["paths"]["/api/sweeps"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert submit == {"$ref": "#/components/schemas/SweepSubmit"}
+    schemas = doc["components"]["schemas"]  # a body's schema is its contract model's (server/contracts/)
+    submit = schemas["SweepSubmit"]
     assert submit["additionalProperties"] is False and {"graph", "objective"} <= set(submit["required"])
     row = doc["paths"]["/api/sweeps/{sweep_id}"]["get"]["responses"]["200"]["content"]["application/json"]
     row = row["schema"]["properties"]["table"]["items"]["properties"]
     assert {"parameters", "metric", "status", "worker_id", "devices", "queue_key"} <= set(row)
     study = doc["paths"]["/api/studies"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    study = schemas[study["$ref"].rsplit("/", 1)[1]]
     assert {"n_trials", "parallel", "pruner", "sampler"} <= set(study["properties"])
     body = {"name": "s", "graph": GRAPH, "objective": {"metric": "val_accuracy"}, "n_trials": 1,
             "parameters": {"5.lr": {"low": 0.001, "high": 0.1, "log": True}}, "set": {"8.epochs": 1}}
