@@ -4,6 +4,7 @@ reaches every member, a process group that outlives its leader, warm and cold st
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -68,24 +69,37 @@ class Seen:
             self.training[rank].set()
 
 
+@pytest.fixture
+async def groups():
+    """Makes process groups and ends them at teardown, also when a test fails (no run process outlives it)."""
+    made: list[ProcessGroup] = []
+
+    def make(*args: Any, **kwargs: Any) -> ProcessGroup:
+        group = ProcessGroup(*args, **kwargs)
+        made.append(group)
+        return group
+
+    yield make
+    for group in made:
+        group.kill()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(group.wait(), 30)
+
+
 async def _all_training(seen: Seen) -> None:
     await asyncio.wait_for(asyncio.gather(*(e.wait() for e in seen.training.values())), 120)
 
 
 @pytest.mark.parametrize("mode", sorted(STARTERS))
-def test_sigkill_of_one_member_ends_the_group_and_names_it(tmp_path, mode):
-    async def scenario():
-        seen = Seen(3)
-        group = ProcessGroup(make_group(tmp_path, 3), seen, STARTERS[mode]())
-        await group.start()
-        pids = group.pids
-        assert len(set(pids)) == 3
-        await _all_training(seen)
-        os.kill(pids[1], signal.SIGKILL)
-        result = await asyncio.wait_for(group.wait(), 60)
-        return pids, result, seen
-
-    pids, result, seen = asyncio.run(scenario())
+async def test_sigkill_of_one_member_ends_the_group_and_names_it(tmp_path, mode, groups):
+    seen = Seen(3)
+    group = groups(make_group(tmp_path, 3), seen, STARTERS[mode]())
+    await group.start()
+    pids = group.pids
+    assert len(set(pids)) == 3
+    await _all_training(seen)
+    os.kill(pids[1], signal.SIGKILL)
+    result = await asyncio.wait_for(group.wait(), 60)
     # wait() returned only after all three are gone
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert result.first_failure is not None and result.first_failure.rank == 1
@@ -97,16 +111,13 @@ def test_sigkill_of_one_member_ends_the_group_and_names_it(tmp_path, mode):
 
 
 @pytest.mark.parametrize("mode", sorted(STARTERS))
-def test_stop_reaches_every_member(tmp_path, mode):
-    async def scenario():
-        seen = Seen(3)
-        group = ProcessGroup(make_group(tmp_path, 3), seen, STARTERS[mode]())
-        await group.start()
-        await _all_training(seen)
-        group.stop("cancel")
-        return await asyncio.wait_for(group.wait(), 90)
-
-    result = asyncio.run(scenario())
+async def test_stop_reaches_every_member(tmp_path, mode, groups):
+    seen = Seen(3)
+    group = groups(make_group(tmp_path, 3), seen, STARTERS[mode]())
+    await group.start()
+    await _all_training(seen)
+    group.stop("cancel")
+    result = await asyncio.wait_for(group.wait(), 90)
     assert result.stop_reason == "cancel" and result.first_failure is None
     assert [e.finished["status"] for e in result.exits] == ["cancelled"] * 3
     # rank 0's run_finished was held back until the group had ended, and is handed over then
@@ -115,38 +126,32 @@ def test_stop_reaches_every_member(tmp_path, mode):
         assert (tmp_path / f"member{rank}" / "checkpoints" / "interrupt.pt").is_file()
 
 
-def test_a_stop_before_the_processes_exist_is_not_lost(tmp_path):
-    async def scenario():
-        seen = Seen(2)
-        group = ProcessGroup(make_group(tmp_path, 2), seen, WarmStarter())
-        group.stop("interrupt")
-        await group.start()
-        return await asyncio.wait_for(group.wait(), 90)
-
-    result = asyncio.run(scenario())
+async def test_a_stop_before_the_processes_exist_is_not_lost(tmp_path, groups):
+    seen = Seen(2)
+    group = groups(make_group(tmp_path, 2), seen, WarmStarter())
+    group.stop("interrupt")
+    await group.start()
+    result = await asyncio.wait_for(group.wait(), 90)
     assert result.stop_reason == "interrupt"
     assert [e.finished["status"] for e in result.exits] == ["interrupted"] * 2
 
 
-def test_warm_members_get_their_own_environment_and_random_state(tmp_path):
+async def test_warm_members_get_their_own_environment_and_random_state(tmp_path, groups):
     """Forked children: the environment the launcher gives (not the warm parent's), and random state
     of their own: two unseeded runs of the same graph do not train the same model."""
     graph = {k: {**v, "inputs": dict(v["inputs"])} for k, v in LONG_GRAPH.items()}
     graph["3"]["inputs"]["seed"] = -1
     graph["6"]["inputs"].update(epochs=1, max_steps=3)
 
-    async def scenario():
-        members = []
-        for rank in range(2):
-            run_dir = tmp_path / f"m{rank}"
-            RunSpec(run_id=f"env-{rank}", graph=graph).write(run_dir)
-            env = member_env(None, {"CUDA_VISIBLE_DEVICES": str(7 - rank), "XPUFLEET_TEST_MARK": f"m{rank}"})
-            members.append(MemberSpec(rank, run_dir, env, run_dir / "output.log"))
-        group = ProcessGroup(GroupSpec("env", members), lambda rank, evs: None, WarmStarter())
-        await group.start()
-        return await asyncio.wait_for(group.wait(), 90)
-
-    result = asyncio.run(scenario())
+    members = []
+    for rank in range(2):
+        run_dir = tmp_path / f"m{rank}"
+        RunSpec(run_id=f"env-{rank}", graph=graph).write(run_dir)
+        env = member_env(None, {"CUDA_VISIBLE_DEVICES": str(7 - rank), "XPUFLEET_TEST_MARK": f"m{rank}"})
+        members.append(MemberSpec(rank, run_dir, env, run_dir / "output.log"))
+    group = groups(GroupSpec("env", members), lambda rank, evs: None, WarmStarter())
+    await group.start()
+    result = await asyncio.wait_for(group.wait(), 90)
     facts = [e.finished["execution_facts"] for e in result.exits]
     assert [f["env"]["CUDA_VISIBLE_DEVICES"] for f in facts] == ["7", "6"]
     assert [f["pid"] for f in facts] == [e.pid for e in result.exits]
@@ -158,7 +163,7 @@ def test_warm_members_get_their_own_environment_and_random_state(tmp_path):
     assert losses[0] != losses[1]
 
 
-def test_wait_group_gone_waits_for_the_leaders_children(tmp_path):
+async def test_wait_group_gone_waits_for_the_leaders_children(tmp_path):
     """A leader that exits while a child of its session still runs: the group is not gone yet."""
     marker = tmp_path / "child-done"
     child = tmp_path / "child.py"
@@ -168,15 +173,15 @@ def test_wait_group_gone_waits_for_the_leaders_children(tmp_path):
     assert leader.wait(timeout=30) == 0
     assert group_alive(leader.pid) and not marker.exists()
     t0 = time.monotonic()
-    asyncio.run(wait_group_gone(leader.pid, timeout=30))
+    await wait_group_gone(leader.pid, timeout=30)
     assert not group_alive(leader.pid) and marker.exists() and time.monotonic() - t0 < 30
 
 
-def test_wait_group_gone_kills_what_outlives_the_bound(tmp_path):
+async def test_wait_group_gone_kills_what_outlives_the_bound(tmp_path):
     code = "import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])"
     leader = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
     assert leader.wait(timeout=30) == 0
-    asyncio.run(wait_group_gone(leader.pid, timeout=0.5))
+    await wait_group_gone(leader.pid, timeout=0.5)
     assert not group_alive(leader.pid)
 
 
@@ -203,33 +208,27 @@ def _member(tmp_path: Path, rank: int, graph: dict[str, Any]) -> MemberSpec:
     return MemberSpec(rank, run_dir, member_env(None, {"OMP_NUM_THREADS": "1"}), run_dir / "output.log")
 
 
-def test_an_added_member_that_cannot_start_fails_the_group_naming_it(tmp_path):
-    async def scenario():
-        seen = Seen(1)
-        group = ProcessGroup(GroupSpec("add", [_member(tmp_path, 0, LONG_GRAPH)]), seen, _NoRank1())
-        await group.start()
-        await _all_training(seen)
-        group.add_members([_member(tmp_path, 1, LONG_GRAPH)])
-        return await asyncio.wait_for(group.wait(), 90)
-
-    result = asyncio.run(scenario())
+async def test_an_added_member_that_cannot_start_fails_the_group_naming_it(tmp_path, groups):
+    seen = Seen(1)
+    group = groups(GroupSpec("add", [_member(tmp_path, 0, LONG_GRAPH)]), seen, _NoRank1())
+    await group.start()
+    await _all_training(seen)
+    group.add_members([_member(tmp_path, 1, LONG_GRAPH)])
+    result = await asyncio.wait_for(group.wait(), 90)
     assert result.world_size == 2 and result.stop_reason == "member_failed"
     assert result.first_failure.rank == 1
     assert result.first_failure.cause == "could not be started: OSError: no more processes"
     assert result.exits[0].ended_by_group and result.exits[0].returncode == -signal.SIGTERM
 
 
-def test_members_still_running_after_rank_0_ended_are_ended(tmp_path):
+async def test_members_still_running_after_rank_0_ended_are_ended(tmp_path, groups):
     short = {k: {**v, "inputs": dict(v["inputs"])} for k, v in LONG_GRAPH.items()}
     short["6"]["inputs"].update(epochs=1, max_steps=2)
 
-    async def scenario():
-        group = ProcessGroup(GroupSpec("leader", [_member(tmp_path, 0, short)]), lambda r, e: None, ColdStarter())
-        await group.start()
-        group.add_members([_member(tmp_path, 1, LONG_GRAPH)])  # wait() covers members added after start
-        return await asyncio.wait_for(group.wait(), 120)
-
-    result = asyncio.run(scenario())
+    group = groups(GroupSpec("leader", [_member(tmp_path, 0, short)]), lambda r, e: None, ColdStarter())
+    await group.start()
+    group.add_members([_member(tmp_path, 1, LONG_GRAPH)])  # wait() covers members added after start
+    result = await asyncio.wait_for(group.wait(), 120)
     assert [e.rank for e in result.exits] == [0, 1]
     assert result.exits[0].returncode == 0 and result.finished_event["payload"]["status"] == "succeeded"
     assert result.exits[1].ended_by_group and result.first_failure is None and result.stop_reason is None
