@@ -20,8 +20,6 @@ import os
 import signal
 import time
 import uuid
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ...common.backoff import Backoff
@@ -35,20 +33,13 @@ from ...constants import (
     VERSION,
 )
 from ..devices import inventory as devinv
-from ..devices import names as devnames
-from ..devices import renumbering as devren
-from ..run import ddp, spread
-from ..run.events import describe_exit
-from ..run.launcher import LaunchError, ProcessGroup, member_env, single
-from ..run.spec import RunSpec, build_spec
-from ..run.warm import default_starter, warm_up
+from ..run.warm import warm_up
 from ..sidecar import tls
 from ..workers import protocol
 from .config import (  # noqa: F401 - default_name, one_shot_name: the CLI's agent.default_name()
     AgentConfig,
     AuthChoice,
     AuthError,
-    agents_dir,
     credential_file,
     default_name,
     one_shot_name,
@@ -60,54 +51,23 @@ from .config import (  # noqa: F401 - default_name, one_shot_name: the CLI's age
 )
 from .instances import InstanceHost
 from .parts import PartHost
-from .remote import RemoteFeatures
+from .remote import OutputsServer, RefusalReporter
+from .runs import AgentRuns
 from .usage import run_memory
 
 log = logging.getLogger("xpufleet.agent")
 
-_STOP_COMMAND = {"cancel": "cancel", "forget": "cancel", "grace": "interrupt", "shutdown": "interrupt"}
-MAX_BUFFERED_EVENTS = 200_000  # per run; beyond this the oldest progress events are dropped
-
-
-# --- runs ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class RunState:
-    """One run on this agent: its process, and its events not yet acked by the sidecar."""
-
-    run_id: str
-    run_dir: Path
-    machine_devices: list[str]
-    group: ProcessGroup | None = None
-    pending: asyncio.Queue[dict[str, Any] | None] = field(default_factory=asyncio.Queue)
-    events: list[dict[str, Any]] = field(default_factory=list)
-    last_seq: int = 0
-    acked_seq: int = 0
-    finished_seq: int | None = None  # seq of run_finished once it exists
-    stop_reason: str | None = None  # "cancel" | "grace" | "forget" | "shutdown"
-    forgotten: bool = False
-    task: asyncio.Task | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.finished_seq is not None
-
-    def status(self) -> str:
-        return "finished" if self.finished else "running"
-
-
-class Agent(RemoteFeatures):
-    """The agent process's state and loops (one asyncio event loop)."""
+class Agent:
+    """The agent process: its connection to the sidecar, heartbeats and the state file (one asyncio event
+    loop), composed of parts that own their state: the runs (runs.py), unit instances (instances.py), spread
+    parts (parts.py), the outputs server and the refusal reporter (remote.py)."""
 
     def __init__(self, cfg: AgentConfig) -> None:
         self.cfg = cfg
         self.inventory = devinv.Inventory(cfg.name, cfg.home, cfg.devices, cfg.simulate)
-        self.runs: dict[str, RunState] = {}
         self.ws: Any = None
         self.stopping = asyncio.Event()
         self.connected = asyncio.Event()
-        self.acked = asyncio.Event()  # set by each ack from the server (shutdown waits on them)
         self.disconnected_since: float = time.monotonic()
         self.state: dict[str, Any] = {"state": "starting"}
         self._send_lock = asyncio.Lock()
@@ -117,13 +77,38 @@ class Agent(RemoteFeatures):
         # The server's settings, from its last welcome: a remote agent does not share its environment.
         self.server_heartbeat_s: float | None = None
         self.server_grace_s: float | None = None
-        self.took_run: str | None = None  # a one-shot agent's one run
         self._pin: str | None = None  # the certificate pinned on the current connection
-        self._refusals_reported: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self.last_devices: list[dict[str, Any]] | None = None  # the last inventory snapshot sent
-        self.instances = InstanceHost(self)  # inference unit instances (instances.py)
-        self.parts = PartHost(self)
+        self.runs = AgentRuns(cfg, self.inventory, self._send, offered=self.offered_devices,
+                              resume_grace_s=self.resume_grace_s, on_change=self._runs_changed,
+                              on_all_done=self.stopping.set)
+        self.instances = InstanceHost(cfg, self._send, self.offered_devices, self._listen_host)
+        self.parts = PartHost(cfg, self._send, self.offered_devices, self.inventory.simulated)
+        self.outputs = OutputsServer(cfg.name, self.runs.run_dir, self._send)
+        self.refusals = RefusalReporter(cfg.name)
+
+    def offered_devices(self) -> list[dict[str, Any]]:
+        """The devices this agent offers: the last snapshot sent, else a fresh probe."""
+        return self.last_devices or self.inventory.snapshot()
+
+    def _listen_host(self) -> str:
+        """Where instances listen: the address this agent uses to reach the sidecar (so the sidecar, and
+        the unit's other machines, reach rank 0 there); loopback when that is loopback."""
+        ws = self.ws
+        with contextlib.suppress(Exception):
+            sock = ws.get_extra_info("sockname") if ws is not None else None
+            if sock:
+                return str(sock[0])
+        return "127.0.0.1"
+
+    def _runs_changed(self) -> None:
+        self._write_state("connected" if self.connected.is_set() else "disconnected")
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def heartbeat_s(self) -> float:
         """Heartbeat period: the server's (from welcome), else this process's own setting."""
@@ -142,7 +127,7 @@ class Agent(RemoteFeatures):
             "server": extra.pop("server", self.state.get("server")),
             "devices": None if self.last_devices is None else [d["name"] for d in self.last_devices],
             "simulated": self.inventory.simulated,
-            "runs": sorted(r for r, s in self.runs.items() if not s.finished),
+            "runs": self.runs.active_ids(),
             "started_at": self.state.get("started_at", time.time()),
             "updated_at": time.time(),
             **extra,
@@ -161,18 +146,6 @@ class Agent(RemoteFeatures):
             self._node_types = sorted(NODE_CLASS_MAPPINGS)
         return self._node_types
 
-    def _runs_summary(self, memory: dict[str, dict[str, float]] | None = None) -> list[dict[str, Any]]:
-        """The runs this agent holds; ``memory``: GiB per card each run's processes use (NVML)."""
-        out = []
-        for r in self.runs.values():
-            if r.forgotten:
-                continue
-            entry: dict[str, Any] = {"run_id": r.run_id, "last_seq": r.last_seq, "status": r.status()}
-            if memory and memory.get(r.run_id):
-                entry["memory"] = memory[r.run_id]
-            out.append(entry)
-        return out
-
     async def _send(self, text: str) -> bool:
         ws = self.ws
         if ws is None or ws.closed:
@@ -184,15 +157,6 @@ class Agent(RemoteFeatures):
         except (ConnectionError, RuntimeError, OSError) as exc:
             log.info("send failed (%s); events stay buffered until the next connection", exc)
             return False
-
-    @staticmethod
-    def _event_frame(rs: RunState, ev: dict[str, Any]) -> str:
-        return protocol.encode("event", run_id=rs.run_id, seq=ev["seq"], event_type=ev["type"],
-                               payload=ev.get("payload") or {}, ts=ev.get("ts", time.time()))
-
-    async def _send_event(self, rs: RunState, ev: dict[str, Any]) -> None:
-        if not rs.forgotten:
-            await self._send(self._event_frame(rs, ev))
 
     # --- connection -----------------------------------------------------------------------------
     async def connection_loop(self) -> None:
@@ -220,7 +184,7 @@ class Agent(RemoteFeatures):
                     reason = tls.fingerprint_mismatch_text(auth.fingerprint or "", exc.got)
                     self._write_state("rejected", reason, server=auth.url)
                     log.error("refusing the server at %s: %s", auth.url, reason)
-                    await self._report_refusal(auth, exc.got)
+                    await self.refusals.report(auth, exc.got)
                 except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
                     self._write_state("disconnected", f"cannot reach {auth.url}: {exc}", server=auth.url)
                     log.info("connection to %s failed: %s", auth.url, exc)
@@ -264,7 +228,7 @@ class Agent(RemoteFeatures):
                 "hello", name=self.cfg.name, version=VERSION, protocol=AGENT_PROTOCOL,
                 auth={"kind": auth.kind, "token": auth.token}, node_types=self.node_types(),
                 devices=self.last_devices, env=devinv.environment_summary(self.inventory),
-                runs=self._runs_summary(), pid=os.getpid(), instance=self.instance,
+                runs=self.runs.summary(), pid=os.getpid(), instance=self.instance,
                 mounts={label: str(path) for label, path in self.cfg.mounts.items()}, one_shot=self.cfg.one_shot,
                 capabilities=[AGENT_CAP_MEMORY],  # runs are capped to their budget (server/run/memory.py)
             )
@@ -319,46 +283,44 @@ class Agent(RemoteFeatures):
             except Exception as exc:
                 log.warning("device probe failed: %s", exc)
             try:
-                memory = await asyncio.to_thread(run_memory, self.inventory, self.runs.values())
+                memory = await asyncio.to_thread(run_memory, self.inventory, self.runs.table.values())
             except Exception as exc:  # per-run figures are extra: never stop the heartbeat
                 log.warning("per-run memory probe failed: %s", exc)
                 memory = {}
             ok = await self._send(protocol.encode(
-                "heartbeat", devices=self.last_devices, runs=self._runs_summary(memory), ts=time.time()))
+                "heartbeat", devices=self.last_devices, runs=self.runs.summary(memory), ts=time.time()))
             if not ok:
                 return
 
     async def _reconcile(self, known: dict[str, int]) -> None:
         """After welcome: replay what the sidecar lacks; stop runs it no longer expects."""
+        ws = self.ws
+
+        async def send_raw(text: str) -> bool:
+            await ws.send_str(text)
+            return True
         # Under the send lock: replays go out before any live event recorded meanwhile (in seq order).
         async with self._send_lock:
-            for run_id, rs in list(self.runs.items()):
-                if run_id not in known:
-                    await self._forget(rs, "the server no longer expects this run")
-                    continue
-                self._ack(rs, known[run_id])
-                for ev in list(rs.events):
-                    if ev["seq"] > known[run_id] and self.ws is not None:
-                        await self.ws.send_str(self._event_frame(rs, ev))
+            await self.runs.reconcile(known, send_raw)
 
     async def _handle(self, msg: dict[str, Any]) -> None:
         mtype = msg["type"]
         if mtype == "start_run":
-            await self.start_run(msg)
+            await self.runs.start(msg)
         elif mtype == "cancel_run":
-            rs = self.runs.get(msg["run_id"])
+            rs = self.runs.table.get(msg["run_id"])
             if rs is not None:
-                self.stop_run(rs, "cancel")
+                self.runs.stop(rs, "cancel")
         elif mtype == "ack":
-            rs = self.runs.get(msg["run_id"])
+            rs = self.runs.table.get(msg["run_id"])
             if rs is not None:
-                self._ack(rs, msg["seq"])
+                self.runs.ack(rs, msg["seq"])
         elif mtype == "forget_run":
-            rs = self.runs.get(msg["run_id"])
+            rs = self.runs.table.get(msg["run_id"])
             if rs is not None:
-                await self._forget(rs, msg.get("reason") or "forgotten by the server")
+                await self.runs.forget(rs, msg.get("reason") or "forgotten by the server")
         elif mtype == "read_outputs":
-            self._spawn(self._serve_outputs(msg))
+            self._spawn(self.outputs.serve(msg))
         elif mtype in ("start_instance", "stop_instance"):
             await self.instances.handle(msg)
         elif mtype in ("start_part", "stop_part"):  # ranks of a run spread over workers (parts.py)
@@ -376,185 +338,6 @@ class Agent(RemoteFeatures):
                 self.removed = True
                 self.stopping.set()
 
-    def _ack(self, rs: RunState, seq: int) -> None:
-        rs.acked_seq = max(rs.acked_seq, seq)
-        rs.events = [e for e in rs.events if e["seq"] > rs.acked_seq]
-        self.acked.set()
-        if rs.finished and rs.acked_seq >= (rs.finished_seq or 0):
-            self._done_with(rs)
-
-    async def _forget(self, rs: RunState, reason: str) -> None:
-        rs.forgotten = True
-        rs.events.clear()
-        if rs.finished:
-            self._done_with(rs)
-        else:
-            log.info("run %s: %s; stopping it", rs.run_id, reason)
-            self.stop_run(rs, "forget")
-
-    # --- runs ----------------------------------------------------------------------------------
-    def _run_dir(self, run_id: str) -> Path:
-        safe = "".join(c for c in run_id if c.isalnum() or c in "-_") or "run"
-        return agents_dir(self.cfg.home) / self.cfg.name / "runs" / safe
-
-    async def _record(self, rs: RunState, ev: dict[str, Any]) -> None:
-        """Keep one event (for replay) and send it when connected."""
-        if ev.get("type") == "run_finished":
-            rs.finished_seq = ev["seq"]
-        rs.last_seq = max(rs.last_seq, ev["seq"])
-        if not rs.forgotten:
-            rs.events.append(ev)
-            if len(rs.events) > MAX_BUFFERED_EVENTS:  # a very long disconnect: drop old progress
-                for i, old in enumerate(rs.events):
-                    if old["type"] == "progress":
-                        del rs.events[i]
-                        break
-            await self._send_event(rs, ev)
-        if rs.forgotten and rs.finished:
-            self._done_with(rs)
-
-    async def start_run(self, msg: dict[str, Any]) -> None:
-        """Start one run in its own subprocess (duplicates of a known run id are ignored)."""
-        run_id = msg["run_id"]
-        if run_id in self.runs:
-            return
-        rs = RunState(run_id, self._run_dir(run_id), list(msg["devices"]))
-        self.runs[run_id] = rs
-        if self.cfg.one_shot and self.took_run is not None:
-            await self._finish_without_child(rs, "failed", f"the one-shot agent on worker {self.cfg.name} already "
-                                                           f"took its one run ({self.took_run})")
-            return
-        self.took_run = run_id
-        offered = {d["name"] for d in (self.last_devices or self.inventory.snapshot())}
-        try:
-            machine = [devnames.normalize_device(d) for d in msg["devices"]]
-            missing = [d for d in machine if d not in offered]
-            if missing:
-                raise devnames.DeviceSpecError(
-                    f"worker {self.cfg.name} does not offer {', '.join(missing)} (it offers {', '.join(sorted(offered))})"
-                )
-            renum = devren.renumber(machine)
-        except devnames.DeviceSpecError as exc:
-            await self._finish_without_child(rs, "failed", str(exc))
-            return
-        rs.task = asyncio.create_task(self._guarded_child(rs, msg, machine, renum))
-
-    async def _guarded_child(self, rs: RunState, msg: dict[str, Any], machine: list[str],
-                             renum: devren.Renumbering) -> None:
-        try:
-            await self._run_child(rs, msg, machine, renum)
-        except Exception as exc:  # the run must still end with a result the server sees
-            log.exception("run %s: the agent failed to run it", rs.run_id)
-            if not rs.finished:
-                if rs.group is not None:
-                    rs.group.kill()
-                await self._finish_without_child(rs, "failed", f"the agent on worker {self.cfg.name} "
-                                                 f"failed to run it: {type(exc).__name__}: {exc}")
-
-    async def _finish_without_child(self, rs: RunState, status: str, error: str) -> None:
-        ev = {"seq": rs.last_seq + 1, "type": "run_finished", "ts": time.time(),
-              "payload": {"status": status, "error": error, "final_metrics": {}, "peak_memory": {},
-                          "execution_facts": {"worker": self.cfg.name}}}
-        await self._record(rs, ev)
-        self._write_state("connected" if self.connected.is_set() else "disconnected")
-
-    def _spec(self, rs: RunState, msg: dict[str, Any], renum: devren.Renumbering) -> RunSpec:
-        simulated = self.inventory.simulated and any(devnames.device_kind(d) == "cuda" for d in rs.machine_devices)
-        run = {"id": rs.run_id, "graph": msg["graph"], "options": msg.get("options") or {},
-               "budget_gib": msg.get("budget_gib")}
-        return build_spec(run, placement="worker", slot_devices=rs.machine_devices, run_devices=renum.run_devices,
-                          aliases=renum.aliases, visible_devices=renum.run_devices, env=renum.env,
-                          worker=self.cfg.name, simulated=simulated)
-
-    async def _run_child(self, rs: RunState, msg: dict[str, Any], machine: list[str],
-                         renum: devren.Renumbering) -> None:
-        layout = spread.leader_layout(msg, self.cfg.advertise_addr)  # None: not a run spread over workers
-        spec = spread.with_layout(self._spec(rs, msg, renum), layout)
-        spec.write(rs.run_dir)
-        extra = {**self.cfg.extra_env, **renum.env}
-        # A run with a ddp loop: every rank on loopback with one thread, unless this agent's env says otherwise.
-        extra.update({**ddp.rank_env(spec.graph, spec.world_size, {**os.environ, **extra}),
-                      **spread.leader_env(layout, {**os.environ, **extra})})  # its sockets: the advertised address
-        env = member_env(None, extra)
-
-        def on_events(rank: int, events: list[dict[str, Any]]) -> None:
-            followers.see(rank, events)  # ddp_ready from rank 0: ranks 1..N-1 join the group
-            self._relay(rs, rank, events)
-
-        rs.group = ProcessGroup(single(rs.run_id, rs.run_dir, env, stop_grace_s=RUN_STOP_GRACE_S),
-                                on_events=on_events, starter=default_starter())
-        followers = spread.followers(rs.group, rs.run_dir, spec.world_size, env, layout)
-        pump = asyncio.create_task(self._pump(rs))
-        try:
-            await rs.group.start()
-        except LaunchError as exc:
-            rs.pending.put_nowait(None)
-            await pump
-            await self._finish_without_child(rs, "failed", str(exc))
-            return
-        if rs.stop_reason is not None:  # stopped while it was starting
-            rs.group.stop(_STOP_COMMAND[rs.stop_reason])
-        self._write_state("connected" if self.connected.is_set() else "disconnected")
-        log.info("run %s started (pid %s) on %s", rs.run_id, rs.group.pids[0], ", ".join(machine))
-        result = await rs.group.wait()
-        rs.pending.put_nowait(None)
-        await pump
-        # Rank 0's report, for the whole group: a ddp follower's failure is the run's error (server/run/ddp.py).
-        payload = spread.leader_finish(result, layout)
-        if payload is not None:
-            ev = result.finished_event or {"seq": rs.last_seq + 1, "type": "run_finished", "ts": time.time()}
-            await self._record(rs, self._finish_payload(rs, {**ev, "payload": payload}, renum))
-        else:
-            rc = result.exits[0].returncode
-            await self._finish_without_child(rs, *self._death_status(rs, 255 if rc is None else rc))
-        log.info("run %s ended (exit code %s)", rs.run_id, result.exits[0].returncode)
-
-    def _relay(self, rs: RunState, rank: int, events: list[dict[str, Any]]) -> None:
-        """Events from the run's process (the launcher's callback, on the loop): recorded in order."""
-        if rank == 0:
-            for ev in events:
-                rs.pending.put_nowait(ev)
-
-    async def _pump(self, rs: RunState) -> None:
-        while (ev := await rs.pending.get()) is not None:
-            await self._record(rs, ev)
-
-    def _finish_payload(self, rs: RunState, ev: dict[str, Any], renum: devren.Renumbering) -> dict[str, Any]:
-        """Complete the child's run_finished: worker facts, and ``interrupted`` when the agent stopped it."""
-        payload = dict(ev.get("payload") or {})
-        facts = dict(payload.get("execution_facts") or {})
-        facts.setdefault("worker", self.cfg.name)
-        facts.setdefault("visible_devices", renum.run_devices)
-        facts.setdefault("device_aliases", renum.aliases)
-        payload["execution_facts"] = facts
-        if rs.stop_reason in ("grace", "shutdown") and payload.get("status") in ("cancelled", "interrupted"):
-            payload["status"] = "interrupted"
-            payload["error"] = self._interrupt_reason(rs.stop_reason)
-        return {**ev, "payload": payload}
-
-    def _interrupt_reason(self, why: str) -> str:
-        if why == "grace":
-            return (f"worker {self.cfg.name} lost its connection to the server for more than "
-                    f"{self.resume_grace_s():g} s (XPUFLEET_WORKER_RESUME_GRACE_S)")
-        return f"the agent on worker {self.cfg.name} was stopped"
-
-    def _death_status(self, rs: RunState, rc: int) -> tuple[str, str]:
-        if rs.stop_reason in ("grace", "shutdown"):
-            return "interrupted", self._interrupt_reason(rs.stop_reason)
-        if rs.stop_reason in ("cancel", "forget"):
-            return "cancelled", "cancelled"
-        verb = "was " if rc < 0 else ""
-        return "failed", f"the run's process on worker {self.cfg.name} {verb}{describe_exit(rc)} (see output.log)"
-
-    def stop_run(self, rs: RunState, reason: str) -> None:
-        """Ask the run's processes to stop (a line on their stdin), killed after the grace period."""
-        if rs.finished or rs.stop_reason is not None and reason != "shutdown":
-            return
-        rs.stop_reason = reason
-        if rs.group is not None:
-            # "interrupt": the run ends interrupted (grace, agent stopping); "cancel": cancelled
-            rs.group.stop(_STOP_COMMAND[reason])
-
     async def grace_loop(self) -> None:
         """While disconnected longer than the resume grace, stop the runs: they end interrupted."""
         while not self.stopping.is_set():
@@ -562,10 +345,7 @@ class Agent(RemoteFeatures):
             if self.connected.is_set():
                 continue
             if time.monotonic() - self.disconnected_since >= self.resume_grace_s():
-                for rs in list(self.runs.values()):
-                    if not rs.finished and rs.stop_reason is None:
-                        log.warning("run %s: disconnected longer than the grace; stopping it", rs.run_id)
-                        self.stop_run(rs, "grace")
+                self.runs.stop_all("grace")
                 self.instances.stop_all()
 
     async def main(self) -> int:
@@ -579,38 +359,24 @@ class Agent(RemoteFeatures):
         conn = asyncio.create_task(self.connection_loop())
         grace = asyncio.create_task(self.grace_loop())
         await self.stopping.wait()
-        active = [rs for rs in self.runs.values() if not rs.finished]
-        for rs in active:
-            self.stop_run(rs, "shutdown")
+        active = self.runs.stop_all("shutdown")
         self.instances.stop_all()
         self.parts.stop_all()
         tasks = [rs.task for rs in active if rs.task is not None] + self.instances.tasks() + self.parts.tasks()
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=RUN_STOP_GRACE_S + 5)
             for rs in active:
-                if rs.group is not None:
-                    rs.group.kill()
-        await self._await_acks(SHUTDOWN_ACK_WAIT_S)
+                if rs.process is not None:
+                    rs.process.kill()
+        await self.runs.await_acks(self.connected, SHUTDOWN_ACK_WAIT_S)
         grace.cancel()
         conn.cancel()
         warm.cancel()
         for t in (grace, conn, warm):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
-        self._write_state("removed" if self.removed else ("done" if self.took_run and self.cfg.one_shot else "stopped"))
+        self._write_state("removed" if self.removed else ("done" if self.runs.took_run and self.cfg.one_shot else "stopped"))
         return 0
-
-
-    async def _await_acks(self, bound_s: float) -> bool:
-        """Wait, while connected and at most ``bound_s``, for the acks of every event; True: all acked."""
-        deadline = time.monotonic() + bound_s
-        while any(rs.events for rs in self.runs.values() if not rs.forgotten):
-            if not self.connected.is_set() or time.monotonic() >= deadline:
-                return False
-            self.acked.clear()
-            with contextlib.suppress(asyncio.TimeoutError):  # at most 0.5 s: re-check the connection
-                await asyncio.wait_for(self.acked.wait(), min(deadline - time.monotonic(), 0.5))
-        return True
 
 
 def run_agent(cfg: AgentConfig) -> int:

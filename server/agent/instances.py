@@ -20,9 +20,10 @@ import logging
 import socket
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..devices import names as devnames
 from ..devices import renumbering as devren
@@ -32,10 +33,7 @@ from ..units.lifecycle import exit_cause
 from ..units.spec import fill_placeholders
 from ..units.starter import instance_starter
 from ..workers import protocol
-from .config import agents_dir
-
-if TYPE_CHECKING:
-    from .agent import Agent
+from .config import AgentConfig, agents_dir
 
 log = logging.getLogger("xpufleet.agent")
 
@@ -71,23 +69,28 @@ class HostedInstance:
 
 
 class InstanceHost:
-    """The instances one agent runs."""
+    """The instances one agent runs. Dependencies: the agent's config, a ``send`` callable (one frame to the
+    sidecar), the devices the agent offers, and where instances listen (``listen_host``)."""
 
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
+    def __init__(self, cfg: AgentConfig, send: Callable[[str], Awaitable[bool]],
+                 offered: Callable[[], list[dict[str, Any]]], listen_host: Callable[[], str]) -> None:
+        self.cfg = cfg
+        self.send = send
+        self.offered = offered
+        self.listen_host = listen_host
         self.instances: dict[tuple[str, int], HostedInstance] = {}
 
     # --- messages ------------------------------------------------------------------------------------
     async def _report(self, inst: HostedInstance, state: str, **fields: Any) -> None:
         inst.state = state if state != "starting" else inst.state
-        await self.agent._send(protocol.encode(
+        await self.send(protocol.encode(
             "instance_state", unit_id=inst.unit_id, rank=inst.rank, generation=inst.generation,
             attempt=inst.attempt, state=state, **{k: v for k, v in fields.items() if v is not None}))
 
     async def after_welcome(self) -> None:
         """Tell a (new) sidecar which instances run here; it takes them over or stops them."""
         live = [i.summary() for i in self.instances.values() if i.state != "exited"]
-        await self.agent._send(protocol.encode("instances", instances=live))
+        await self.send(protocol.encode("instances", instances=live))
 
     async def handle(self, msg: dict[str, Any]) -> None:
         if msg["type"] == "start_instance":
@@ -100,17 +103,7 @@ class InstanceHost:
     # --- starting --------------------------------------------------------------------------------------
     def _dir(self, unit_id: str, rank: int) -> Path:
         safe = "".join(c for c in unit_id if c.isalnum() or c in "-_") or "unit"
-        return agents_dir(self.agent.cfg.home) / self.agent.cfg.name / "instances" / f"{safe}-r{rank}"
-
-    def _listen_host(self) -> str:
-        """Where instances listen: the address this agent uses to reach the sidecar (so the sidecar, and
-        the unit's other machines, reach rank 0 there); loopback when that is loopback."""
-        ws = self.agent.ws
-        with contextlib.suppress(Exception):
-            sock = ws.get_extra_info("sockname") if ws is not None else None
-            if sock:
-                return str(sock[0])
-        return "127.0.0.1"
+        return agents_dir(self.cfg.home) / self.cfg.name / "instances" / f"{safe}-r{rank}"
 
     async def start(self, msg: dict[str, Any]) -> None:
         """Start one instance in the background (an older process of it is ended first)."""
@@ -134,24 +127,24 @@ class InstanceHost:
             log.exception("instance %s/%d: the agent failed to run it", inst.unit_id, inst.rank)
             if inst.group is not None:
                 inst.group.kill()
-            await self._report(inst, "exited", cause=f"the agent on worker {self.agent.cfg.name} failed to run it: "
+            await self._report(inst, "exited", cause=f"the agent on worker {self.cfg.name} failed to run it: "
                                                      f"{type(exc).__name__}: {exc}")
         finally:
             if self.instances.get((inst.unit_id, inst.rank)) is inst:
                 del self.instances[(inst.unit_id, inst.rank)]
 
     async def _run_instance(self, inst: HostedInstance, msg: dict[str, Any]) -> None:
-        offered = {d["name"] for d in (self.agent.last_devices or self.agent.inventory.snapshot())}
+        offered = {d["name"] for d in self.offered()}
         try:
             device = devnames.normalize_device(msg["device"])
             if device not in offered:
-                raise devnames.DeviceSpecError(f"worker {self.agent.cfg.name} does not offer {device} "
+                raise devnames.DeviceSpecError(f"worker {self.cfg.name} does not offer {device} "
                                                f"(it offers {', '.join(sorted(offered))})")
             renum = devren.renumber([device])
         except devnames.DeviceSpecError as exc:
             await self._report(inst, "exited", cause=str(exc))
             return
-        host = self._listen_host()
+        host = self.listen_host()
         inst.port = free_port(host)
         env = dict(msg["env"])
         if msg["pick_ports"]:
@@ -163,7 +156,7 @@ class InstanceHost:
         run_dir = self._dir(inst.unit_id, inst.rank)
         run_dir.mkdir(parents=True, exist_ok=True)
         program = msg["program"]
-        extra = {**self.agent.cfg.extra_env, **renum.env, **env, PORT_ENV: str(inst.port), HOST_ENV: host}
+        extra = {**self.cfg.extra_env, **renum.env, **env, PORT_ENV: str(inst.port), HOST_ENV: host}
         if "model" in program:
             extra[PROGRAM_ENV] = json.dumps({"model": program["model"]})
             argv = [sys.executable, "-m", MODEL_SERVER, str(run_dir)]

@@ -16,9 +16,10 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...constants import RUN_STOP_GRACE_S
 from ..devices import names as devnames
@@ -28,10 +29,7 @@ from ..run.launcher import GroupSpec, LaunchError, ProcessGroup, member_env
 from ..run.spec import build_spec
 from ..run.warm import default_starter
 from ..workers import protocol
-from .config import agents_dir
-
-if TYPE_CHECKING:
-    from .agent import Agent
+from .config import AgentConfig, agents_dir
 
 log = logging.getLogger("xpufleet.agent")
 
@@ -52,10 +50,15 @@ def part_dir(home: Path, worker: str, run_id: str, part: int) -> Path:
 
 
 class PartHost:
-    """The spread-run parts one agent runs."""
+    """The spread-run parts one agent runs. Dependencies: the agent's config, a ``send`` callable (one frame to
+    the sidecar), the devices the agent offers and whether its cards are simulated."""
 
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
+    def __init__(self, cfg: AgentConfig, send: Callable[[str], Awaitable[bool]],
+                 offered: Callable[[], list[dict[str, Any]]], simulated: bool) -> None:
+        self.cfg = cfg
+        self.send = send
+        self.offered = offered
+        self.simulated = simulated
         self.parts: dict[str, HostedPart] = {}
 
     async def handle(self, msg: dict[str, Any]) -> None:
@@ -85,13 +88,13 @@ class PartHost:
         try:
             layout = spread.Layout.from_json(msg["spread"])
         except spread.LayoutError as exc:
-            await self._report(run_id, -1, {"status": "failed", "error": f"worker {self.agent.cfg.name}: {exc}"})
+            await self._report(run_id, -1, {"status": "failed", "error": f"worker {self.cfg.name}: {exc}"})
             return
         hosted = self.parts[run_id] = HostedPart(run_id, layout)
         hosted.task = asyncio.create_task(self._run(hosted, msg))
 
     async def _run(self, hosted: HostedPart, msg: dict[str, Any]) -> None:
-        cfg, layout = self.agent.cfg, hosted.layout
+        cfg, layout = self.cfg, hosted.layout
         try:
             outcome = await self._run_group(hosted, msg)
         except (devnames.DeviceSpecError, spread.LayoutError, LaunchError) as exc:
@@ -109,15 +112,15 @@ class PartHost:
         await self._report(hosted.run_id, layout.part, outcome)
 
     async def _run_group(self, hosted: HostedPart, msg: dict[str, Any]) -> dict[str, Any]:
-        cfg, layout = self.agent.cfg, hosted.layout
-        offered = {d["name"] for d in (self.agent.last_devices or self.agent.inventory.snapshot())}
+        cfg, layout = self.cfg, hosted.layout
+        offered = {d["name"] for d in self.offered()}
         machine = [devnames.normalize_device(d) for d in layout.here.devices]
         missing = [d for d in machine if d not in offered]
         if missing:
             raise devnames.DeviceSpecError(f"worker {cfg.name} does not offer {', '.join(missing)}")
         renum = devren.renumber(machine)
         run_dir = part_dir(cfg.home, cfg.name, hosted.run_id, layout.part)
-        simulated = self.agent.inventory.simulated and any(devnames.device_kind(d) == "cuda" for d in machine)
+        simulated = self.simulated and any(devnames.device_kind(d) == "cuda" for d in machine)
         spec = build_spec({"id": hosted.run_id, "graph": msg["graph"], "options": msg.get("options") or {},
                            "budget_gib": msg.get("budget_gib")}, placement="worker", slot_devices=machine,
                           run_devices=renum.run_devices, aliases=renum.aliases, visible_devices=renum.run_devices,
@@ -144,4 +147,4 @@ class PartHost:
     async def _report(self, run_id: str, part: int, outcome: dict[str, Any]) -> None:
         log.info("run %s: part %d ended: %s", run_id, part, outcome.get("error") or outcome["status"])
         with contextlib.suppress(Exception):
-            await self.agent._send(protocol.encode("part_finished", run_id=run_id, part=part, **outcome))
+            await self.send(protocol.encode("part_finished", run_id=run_id, part=part, **outcome))

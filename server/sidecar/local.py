@@ -12,7 +12,8 @@ from typing import Any
 
 from ...constants import LOCAL_PROVIDER, RUN_STOP_GRACE_S, RUNS_DIR_NAME
 from ..devices.inventory import Inventory
-from ..run.launcher import GroupResult, ProcessGroup, member_env, single
+from ..run.host import RunProcess
+from ..run.launcher import member_env
 from ..run.spec import RunSpec, build_spec
 from ..run.warm import default_starter
 from ..scheduling import DeviceOffer
@@ -42,6 +43,7 @@ def offers_from(devices: Sequence[dict[str, Any]]) -> list[DeviceOffer]:
     return out
 
 
+INTERRUPTED = "the server was stopped while this run was executing"  # the runner's own text (run/runner.py)
 RUN_PACKAGES = ("torch", "numpy", "safetensors", "sklearn")  # what the nodes import: the `train` extra
 
 
@@ -72,7 +74,7 @@ class LocalProvider:
         self._details = [dict(d) for d in devices]
         self._devices = offers_from(devices)
         self.stop_grace_s = stop_grace_s
-        self.runs: dict[str, ProcessGroup] = {}
+        self.runs: dict[str, RunProcess] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._cancel_before_start: set[str] = set()
 
@@ -99,9 +101,9 @@ class LocalProvider:
         run_dir = self.run_dir(run_id)
         env = member_env(None, {})
         env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # cuda:N = NVML's N (UUIDs match)
-        group = ProcessGroup(single(run_id, run_dir, env, stop_grace_s=self.stop_grace_s),
-                             on_events=lambda rank, events: self.host.ingest(run_id, events) if rank == 0 else None,
-                             starter=default_starter())
+        group = RunProcess(run_id, run_dir, env,
+                           lambda rank, events: self.host.ingest(run_id, events) if rank == 0 else None,
+                           starter=default_starter(), stop_grace_s=self.stop_grace_s)
         self.runs[run_id] = group
         if run_id in self._cancel_before_start:
             self._cancel_before_start.discard(run_id)
@@ -113,10 +115,10 @@ class LocalProvider:
         except BaseException:
             self.runs.pop(run_id, None)
             raise
-        self.host.run_process_started(run_id, group.pids[0])
+        self.host.run_process_started(run_id, group.pid)
         self._tasks[run_id] = asyncio.create_task(self._watch(run_id, group))
 
-    async def _watch(self, run_id: str, group: ProcessGroup) -> None:
+    async def _watch(self, run_id: str, group: RunProcess) -> None:
         try:
             result = await group.wait()
         finally:
@@ -126,16 +128,8 @@ class LocalProvider:
         if result.finished_event is not None:
             self.host.ingest(run_id, [result.finished_event])
         if not self.host.is_finished(run_id):
-            self.host.run_ended(run_id, *self._death(result))
-
-    def _death(self, result: GroupResult) -> tuple[str, str]:
-        if result.stop_reason == "interrupt":
-            return "interrupted", "the server was stopped while this run was executing"
-        if result.stop_reason == "cancel":
-            return "cancelled", f"cancelled; the run did not stop within {self.stop_grace_s:g} s and was killed"
-        rc = result.exits[0].returncode
-        verb = "was " if rc is not None and rc < 0 else ""
-        return "failed", f"the run's process {verb}{result.exits[0].cause}; see its log"
+            ending = group.ending(result, interrupted=INTERRUPTED)
+            self.host.run_ended(run_id, ending.status, ending.error)
 
     async def cancel(self, run_id: str) -> bool:
         group = self.runs.get(run_id)

@@ -1,5 +1,7 @@
 """The life of one unit on the sidecar (docs/services.md): placement, generations, the barrier,
-readiness, guard restarts with the restart budget, and stopping. Mixed into :class:`~.manager.UnitManager`.
+readiness, guard restarts with the restart budget, and stopping. A component of
+:class:`~.manager.UnitManager` with explicit dependencies (the services table, the unit store, the slot
+system, the links to workers, the change signal and the rank 0 client).
 
 A generation starts all instances in parallel: rank 0's agent picks ``MASTER_PORT`` (and answers with
 it before it spawns), the other ranks are sent the moment it is known. Each generation has a fresh
@@ -15,13 +17,16 @@ import functools
 import logging
 import secrets
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from ...constants import LOCAL_PROVIDER
 from ..scheduling import Candidate, RunTarget, TargetError
 from ..workers import protocol
 from . import lifecycle as lc
 from .envcontract import instance_env
+from .links import Changes, RankClient, WorkerLinks
+from .persist import UnitStore
 from .records import Instance, Service, Unit
 from .spec import ServiceSpec
 
@@ -38,18 +43,47 @@ def holder_id(unit: Unit, rank: int) -> str:
     return f"unit:{unit.id}/{rank}"
 
 
+class Slots(Protocol):
+    """The dispatcher's slot system, as the units use it (instances hold cards like runs)."""
+
+    def resolve(self, target: RunTarget) -> Any: ...
+
+    def request_slots(self, holder: str, candidates: list[Candidate], on_placed: Callable[..., None],
+                      on_reason: Callable[..., None]) -> None: ...
+
+    def hold_slots(self, holder: str, provider: str, devices: list[str]) -> None: ...
+
+    def release_slots(self, holder: str) -> None: ...
+
+
 class UnitControl:
-    """Per-unit orchestration (see the module docstring); state lives on :class:`~.manager.UnitManager`."""
+    """Per-unit orchestration (see the module docstring)."""
 
-    services: dict[str, Service]
-    dispatcher: Any
-    registry: Any
+    def __init__(self, services: dict[str, Service], persist: UnitStore, slots: Slots, workers: WorkerLinks,
+                 changes: Changes, client: RankClient) -> None:
+        self.services = services  # shared with the manager, which adds and removes services
+        self.persist = persist
+        self.dispatcher = slots
+        self.workers = workers
+        self.changes = changes
+        self.client = client
+        self._timers: dict[str, asyncio.TimerHandle] = {}  # ready timeouts, per unit
+        self._lost_timers: dict[str, asyncio.TimerHandle] = {}  # resume grace, per worker
+        self._checking: set[str] = set()  # units whose rank 0 health is being polled
+        self._misses: dict[str, int] = {}  # consecutive failed health checks, per ready unit
 
-    # provided by the manager
-    def _spawn(self, coro: Any) -> None: ...
-    def _changed(self, unit: Unit | None = None) -> None: ...
-    async def _wait_for(self, pred: Any, timeout: float) -> bool: ...
-    async def _get(self, url: str, timeout: float) -> int | None: ...
+    def changed(self, unit: Unit | None = None) -> None:
+        """``unit`` (saved while it belongs to its service) or something else changed: wake the waiters."""
+        if unit is not None:
+            svc = self.services.get(unit.service)
+            if svc is not None and unit in svc.units:
+                self.persist.save_unit(unit)
+        self.changes.notify()
+
+    def cancel_timers(self) -> None:
+        """Server stopping: no timeout fires any more."""
+        for handle in [*self._timers.values(), *self._lost_timers.values()]:
+            handle.cancel()
 
     # --- lookups -----------------------------------------------------------------------------------
     def _find(self, unit_id: str) -> tuple[Service, Unit] | None:
@@ -61,18 +95,8 @@ class UnitControl:
     def spec_of(self, unit: Unit) -> ServiceSpec:
         return self.services[unit.service].specs[unit.version]
 
-    def _online(self, worker: str | None) -> bool:
-        st = self.registry.workers.get(worker) if worker else None
-        return st is not None and st.online
-
-    async def _send(self, worker: str | None, mtype: str, **fields: Any) -> bool:
-        st = self.registry.workers.get(worker) if worker else None
-        if st is None or st.conn is None:
-            return False
-        return await st.conn.send(mtype, **fields)
-
     def _stop(self, unit: Unit, inst: Instance, mode: str, grace_s: float = 0.0) -> None:
-        self._spawn(self._send(inst.worker, "stop_instance", unit_id=unit.id, rank=inst.rank, mode=mode,
+        self.changes.spawn(self.workers.send(inst.worker, "stop_instance", unit_id=unit.id, rank=inst.rank, mode=mode,
                                grace_s=grace_s))
 
     # --- placement -----------------------------------------------------------------------------------
@@ -87,7 +111,7 @@ class UnitControl:
                               f"on worker agents)")
         return cands
 
-    def _place(self, unit: Unit, ranks: list[int] | None = None) -> None:
+    def place(self, unit: Unit, ranks: list[int] | None = None) -> None:
         """Queue the instances without a card in the slot system (with the runs, in submission order)."""
         spec = self.spec_of(unit)
         try:
@@ -105,15 +129,15 @@ class UnitControl:
             self.dispatcher.request_slots(holder_id(unit, inst.rank), cands,
                                           on_placed=functools.partial(self._placed, unit.id, inst.rank),
                                           on_reason=functools.partial(self._waiting, unit.id, inst.rank))
-        self._changed(unit)
+        self.changed(unit)
 
     def _retry_placement_later(self, unit: Unit) -> None:
         async def retry() -> None:
             await asyncio.sleep(2.0)
             found = self._find(unit.id)
             if found and found[1].state == "placing" and all(i.worker is None for i in found[1].instances):
-                self._place(found[1])
-        self._spawn(retry())
+                self.place(found[1])
+        self.changes.spawn(retry())
 
     def _waiting(self, unit_id: str, rank: int, reason: str | None) -> None:
         found = self._find(unit_id)
@@ -132,7 +156,7 @@ class UnitControl:
         if all(i.worker is not None for i in unit.instances):
             self._start_generation(unit)
         else:
-            self._changed(unit)
+            self.changed(unit)
 
     def _release(self, unit: Unit) -> None:
         for inst in unit.instances:
@@ -141,11 +165,11 @@ class UnitControl:
     # --- generations ------------------------------------------------------------------------------------
     def _start_generation(self, unit: Unit) -> None:
         """Start every instance of a new generation (fresh rendezvous); rank 0 first picks MASTER_PORT."""
-        away = [i.rank for i in unit.instances if not self._online(i.worker)]
+        away = [i.rank for i in unit.instances if not self.workers.online(i.worker)]
         if away:  # their worker is gone: those instances go back to the slot queue
             for rank in away:
                 self.dispatcher.release_slots(holder_id(unit, rank))
-            self._place(unit, away)
+            self.place(unit, away)
             return
         unit.generation += 1
         unit.barrier_passed = unit.healthy = False
@@ -160,8 +184,8 @@ class UnitControl:
         unit.set_state("starting", f"generation {unit.generation}: starting {len(unit.instances)} instance(s)")
         unit.note("generation_started", workers=[f"{i.worker}/{i.device}" for i in unit.instances])
         self._arm_ready_timer(unit)
-        self._spawn(self._send_start(unit, unit.instances[0], pick_ports=True))
-        self._changed(unit)
+        self.changes.spawn(self._send_start(unit, unit.instances[0], pick_ports=True))
+        self.changed(unit)
 
     async def _send_start(self, unit: Unit, inst: Instance, pick_ports: bool) -> None:
         spec = self.spec_of(unit)
@@ -170,7 +194,7 @@ class UnitControl:
                            rendezvous=unit.rendezvous or "")
         gen, attempt = inst.generation, inst.attempt
         inst.sent_at = time.time()
-        ok = await self._send(inst.worker, "start_instance", unit_id=unit.id, service=unit.service, rank=inst.rank,
+        ok = await self.workers.send(inst.worker, "start_instance", unit_id=unit.id, service=unit.service, rank=inst.rank,
                               size=spec.size, generation=gen, attempt=attempt, device=inst.device,
                               program=spec.to_json()["program"], env=env, pick_ports=pick_ports)
         if not ok and (inst.generation, inst.attempt, inst.state) == (gen, attempt, "starting"):
@@ -207,14 +231,14 @@ class UnitControl:
         state = msg["state"]
         if found is None or msg["rank"] >= len(found[1].instances):
             if state != "exited":  # a process the server no longer wants
-                await self._send(worker, "stop_instance", unit_id=msg["unit_id"], rank=msg["rank"], mode="kill")
+                await self.workers.send(worker, "stop_instance", unit_id=msg["unit_id"], rank=msg["rank"], mode="kill")
             return
         unit = found[1]
         inst = unit.instances[msg["rank"]]
         current = (msg["generation"], msg["attempt"]) == (inst.generation, inst.attempt) and inst.worker == worker
         if not current or unit.state == "failed" and state != "exited":
             if state != "exited":
-                await self._send(worker, "stop_instance", unit_id=unit.id, rank=inst.rank, mode="kill")
+                await self.workers.send(worker, "stop_instance", unit_id=unit.id, rank=inst.rank, mode="kill")
             return
         if state == "starting":
             inst.port = msg.get("port") or inst.port
@@ -223,7 +247,7 @@ class UnitControl:
                 unit.master_addr = msg.get("address") or "127.0.0.1"
                 for other in unit.instances[1:]:
                     if other.state == "starting" and other.generation == unit.generation:
-                        self._spawn(self._send_start(unit, other, pick_ports=False))
+                        self.changes.spawn(self._send_start(unit, other, pick_ports=False))
         elif state == "running":
             inst.pid = msg.get("pid") or inst.pid
             inst.port = msg.get("port") or inst.port
@@ -242,12 +266,12 @@ class UnitControl:
             inst.last_exit = msg.get("cause") or lc.exit_cause(msg.get("returncode"))
             self._on_exit(unit, inst, inst.last_exit)
         self._check_ready(unit)
-        self._changed(unit)
+        self.changed(unit)
 
     def _on_exit(self, unit: Unit, inst: Instance, cause: str) -> None:
         """An instance of the current generation ended."""
         if unit.state in ("restarting", "draining", "stopping", "failed"):
-            self._changed(unit)
+            self.changed(unit)
             return  # expected: the unit is ending it
         unit.note("instance_failed", rank=inst.rank, cause=cause)
         log.warning("unit %s: rank %d %s", unit.id, inst.rank, cause)
@@ -281,16 +305,16 @@ class UnitControl:
         for inst in unit.instances:
             if inst.alive or inst.state == "starting":
                 self._stop(unit, inst, "kill")
-        self._spawn(self._restart_after(unit.id, unit.generation, delay))
-        self._changed(unit)
+        self.changes.spawn(self.restart_after(unit.id, unit.generation, delay))
+        self.changed(unit)
 
-    async def _restart_after(self, unit_id: str, generation: int, delay: float) -> None:
+    async def restart_after(self, unit_id: str, generation: int, delay: float) -> None:
         started = time.monotonic()
         found = self._find(unit_id)
         if found is None:
             return
         unit = found[1]
-        await self._wait_for(lambda: not any(i.alive or i.state == "starting" for i in unit.instances), STOP_WAIT_S)
+        await self.changes.wait_for(lambda: not any(i.alive or i.state == "starting" for i in unit.instances), STOP_WAIT_S)
         await asyncio.sleep(max(0.0, delay - (time.monotonic() - started)))
         if self._find(unit_id) and unit.state == "restarting" and unit.generation == generation:
             self._start_generation(unit)
@@ -303,8 +327,8 @@ class UnitControl:
         unit.healthy = False
         unit.set_state("recovering", f"rank {inst.rank} {cause}; restarting it alone in {delay:g} s (guard off)")
         unit.note("restarting_instance", rank=inst.rank, delay_s=delay)
-        self._spawn(self._restart_instance_after(unit.id, inst.rank, inst.generation, inst.attempt, delay))
-        self._changed(unit)
+        self.changes.spawn(self._restart_instance_after(unit.id, inst.rank, inst.generation, inst.attempt, delay))
+        self.changed(unit)
 
     async def _restart_instance_after(self, unit_id: str, rank: int, generation: int, attempt: int,
                                       delay: float) -> None:
@@ -319,8 +343,8 @@ class UnitControl:
         inst.attempt += 1
         inst.restarts += 1
         inst.state, inst.pid = "starting", None
-        self._spawn(self._send_start(unit, inst, pick_ports=False))
-        self._changed(unit)
+        self.changes.spawn(self._send_start(unit, inst, pick_ports=False))
+        self.changed(unit)
 
     def _fail(self, unit: Unit, reason: str) -> None:
         """The budget is spent: the unit stays visible as ``failed``; its processes end, its cards are freed."""
@@ -335,11 +359,11 @@ class UnitControl:
                 self._stop(unit, inst, "kill")
 
         async def free() -> None:
-            await self._wait_for(lambda: not any(i.alive or i.state == "starting" for i in unit.instances), STOP_WAIT_S)
+            await self.changes.wait_for(lambda: not any(i.alive or i.state == "starting" for i in unit.instances), STOP_WAIT_S)
             if unit.state == "failed":
                 self._release(unit)
-        self._spawn(free())
-        self._changed(unit)
+        self.changes.spawn(free())
+        self.changed(unit)
 
     # --- readiness ---------------------------------------------------------------------------------------------
     def rank0_url(self, unit: Unit, path: str) -> str:
@@ -350,7 +374,7 @@ class UnitControl:
         states = [i.state for i in unit.instances]
         if lc.may_become_ready(unit.state, states, unit.barrier_passed) and unit.id not in self._checking:
             self._checking.add(unit.id)
-            self._spawn(self._become_ready(unit, unit.generation))
+            self.changes.spawn(self._become_ready(unit, unit.generation))
 
     async def _become_ready(self, unit: Unit, generation: int) -> None:
         """Poll rank 0's health check until it answers; then the unit is ready (routable)."""
@@ -362,7 +386,7 @@ class UnitControl:
                 if unit.generation != generation or not lc.may_become_ready(
                         unit.state, [i.state for i in unit.instances], unit.barrier_passed):
                     return
-                if await self._get(self.rank0_url(unit, spec.health_path), HEALTH_TIMEOUT_S) == 200:
+                if await self.client.status(self.rank0_url(unit, spec.health_path), HEALTH_TIMEOUT_S) == 200:
                     if unit.generation == generation and unit.state in ("starting", "recovering"):
                         self._cancel_timer(unit)
                         unit.healthy = True
@@ -370,7 +394,7 @@ class UnitControl:
                         unit.set_state("ready")
                         unit.note("ready")
                         log.info("unit %s ready (generation %d)", unit.id, generation)
-                        self._changed(unit)
+                        self.changed(unit)
                     return
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 0.5)
@@ -387,15 +411,15 @@ class UnitControl:
         unit.set_state("recovering", f"rank 0 unreachable: {why}")
         unit.note("rank0_unreachable", reason=why)
         self._check_ready(unit)
-        self._changed(unit)
+        self.changed(unit)
 
-    async def _monitor_once(self) -> None:
+    async def monitor_once(self) -> None:
         """Check rank 0 of every ready unit; after HEALTH_FAILURES misses rank 0 counts as failed."""
         for svc in list(self.services.values()):
             for unit in list(svc.units):
                 if unit.state != "ready":
                     continue
-                status = await self._get(self.rank0_url(unit, self.spec_of(unit).health_path), HEALTH_TIMEOUT_S)
+                status = await self.client.status(self.rank0_url(unit, self.spec_of(unit).health_path), HEALTH_TIMEOUT_S)
                 misses = 0 if status == 200 else self._misses.get(unit.id, 0) + 1
                 self._misses[unit.id] = misses
                 if misses >= HEALTH_FAILURES and unit.state == "ready":
@@ -413,23 +437,23 @@ class UnitControl:
         for inst in unit.instances:
             if inst.alive or inst.state == "starting":
                 self._stop(unit, inst, "graceful" if graceful else "kill", grace)
-        self._changed(unit)
-        await self._wait_for(lambda: not any(i.alive or i.state == "starting" for i in unit.instances),
+        self.changed(unit)
+        await self.changes.wait_for(lambda: not any(i.alive or i.state == "starting" for i in unit.instances),
                              grace + STOP_WAIT_S)
         self._release(unit)
         svc = self.services.get(unit.service)
         if svc is not None and unit in svc.units:
             svc.units.remove(unit)
         self.persist.delete_unit(unit.id)
-        self._changed()
+        self.changed()
 
     async def retire(self, unit: Unit, reason: str) -> None:
         """Out of routing, let its in-flight requests finish (bounded), then stop it gracefully."""
         spec = self.spec_of(unit)
         unit.set_state("draining", reason)
         unit.note("draining", reason=reason, outstanding=unit.outstanding)
-        self._changed(unit)
-        await self._wait_for(lambda: unit.outstanding == 0, spec.drain_timeout_s)
+        self.changed(unit)
+        await self.changes.wait_for(lambda: unit.outstanding == 0, spec.drain_timeout_s)
         await self.stop_unit(unit, graceful=True, reason=reason)
 
     # --- workers coming and going ------------------------------------------------------------------------------
@@ -448,11 +472,11 @@ class UnitControl:
                 unit.healthy = False
                 unit.set_state("recovering", f"worker {worker} disconnected; waiting for its agent")
                 unit.note("worker_disconnected", worker=worker)
-            self._changed(unit)
+            self.changed(unit)
         if touched:
-            self._schedule_lost(worker)
+            self.schedule_lost(worker)
 
-    def _schedule_lost(self, worker: str) -> None:
+    def schedule_lost(self, worker: str) -> None:
         if worker in self._lost_timers:
             return
         loop = asyncio.get_running_loop()
@@ -460,7 +484,7 @@ class UnitControl:
 
     def _worker_lost(self, worker: str) -> None:
         self._lost_timers.pop(worker, None)
-        if self._online(worker):
+        if self.workers.online(worker):
             return
         grace = protocol.resume_grace_s()
         for unit in self._units_on(worker):
@@ -471,7 +495,7 @@ class UnitControl:
             if lost and unit.state not in ("failed", "stopping", "draining"):
                 unit.note("instances_lost", worker=worker, ranks=[i.rank for i in lost])
                 self._restart_unit(unit, lost[0].last_exit or "")
-            self._changed(unit)
+            self.changed(unit)
 
     def _units_on(self, worker: str) -> list[Unit]:
         return [u for svc in self.services.values() for u in svc.units
@@ -490,7 +514,7 @@ class UnitControl:
             if (found is None or inst is None or inst.worker != worker
                     or found[1].state in ("failed", "stopping", "restarting")
                     or (entry["generation"], entry["attempt"]) != (inst.generation, inst.attempt)):
-                await self._send(worker, "stop_instance", unit_id=entry["unit_id"], rank=entry["rank"], mode="kill")
+                await self.workers.send(worker, "stop_instance", unit_id=entry["unit_id"], rank=entry["rank"], mode="kill")
                 continue
             unit = found[1]
             seen.add((unit.id, inst.rank))
@@ -500,8 +524,7 @@ class UnitControl:
                 inst.state = entry["state"]
             if inst.rank == 0 and entry.get("master_port"):
                 unit.master_port = entry["master_port"]
-        st = self.registry.workers.get(worker)
-        opened = st.conn.opened if st is not None and st.conn is not None else time.time()
+        opened = self.workers.opened(worker)
         for unit in self._units_on(worker):
             for inst in unit.instances:
                 # sent before this connection opened and not listed: it ended while we were apart
@@ -514,4 +537,4 @@ class UnitControl:
                     [i.state for i in unit.instances]):
                 unit.barrier_passed = True
             self._check_ready(unit)
-            self._changed(unit)
+            self.changed(unit)

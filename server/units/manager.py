@@ -1,6 +1,9 @@
 """The sidecar's services (docs/services.md): create, describe, update (rolling), delete, and recovery after
-a restart. One :class:`UnitManager` per sidecar, on its event loop; the life of each unit is in
-control.py, the request path in router.py.
+a restart. One :class:`UnitManager` per sidecar, on its event loop, composed of parts with explicit
+dependencies: the life of each unit is :class:`~.control.UnitControl`, the request path
+:class:`~.router.Router`, the shared change signal and rank 0 client are in links.py. The registry
+delivers the agents' messages to :meth:`UnitManager.message_handlers` and connection changes to
+:meth:`UnitManager.on_connection` (wired where the manager is created: routes/services.py).
 
 Instances share cards with runs through the dispatcher's slot system: each instance is a slot holder
 queued with the runs in submission order (``Dispatcher.request_slots``), one card each.
@@ -12,96 +15,54 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..scheduling import TargetError
 from ..sidecar.errors import ApiError
 from . import lifecycle as lc
-from .control import HEALTH_INTERVAL_S, UnitControl, holder_id
+from .control import HEALTH_INTERVAL_S, Slots, UnitControl, holder_id
+from .links import Changes, RankClient, WorkerLinks
 from .persist import UnitStore
 from .records import Instance, Service, Unit, Update
 from .rollout import UnitView, next_step
 from .router import Router
-from .spec import SpecError, parse_service
+from .spec import ServiceSpec, SpecError, parse_service
 
 log = logging.getLogger("xpufleet.units")
 
 HISTORY_SHOWN = 30
 
 
-class UnitManager(UnitControl):
+class UnitManager:
     """Every service of this sidecar, their units and instances (see the module docstring)."""
 
-    def __init__(self, store: Any, dispatcher: Any, registry: Any) -> None:
+    def __init__(self, store: Any, dispatcher: Slots, workers: WorkerLinks) -> None:
         self.persist = UnitStore(store)
-        self.dispatcher = dispatcher
-        self.registry = registry
         self.services: dict[str, Service] = {}
-        self.router = Router(self)
-        self.session: Any = None
-        self._timers: dict[str, asyncio.TimerHandle] = {}
-        self._lost_timers: dict[str, asyncio.TimerHandle] = {}
-        self._checking: set[str] = set()
-        self._misses: dict[str, int] = {}
+        self.changes = Changes()
+        self.client = RankClient()
+        self.control = UnitControl(self.services, self.persist, dispatcher, workers, self.changes, self.client)
+        self.router = Router(self.get, self.control, self.changes, self.client)
         self._rollouts: dict[str, asyncio.Task[None]] = {}
-        self._bg: set[asyncio.Task[Any]] = set()
-        self._change: asyncio.Event | None = None
         self._monitor: asyncio.Task[None] | None = None
-        registry.message_handlers["instance_state"] = self.on_instance_state
-        registry.message_handlers["instances"] = self.on_instances
-        registry.connection_listeners.append(self.on_connection)
 
-    # --- plumbing -------------------------------------------------------------------------------------
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._bg.add(task)
-        task.add_done_callback(self._bg.discard)
+    def message_handlers(self) -> dict[str, Callable[[str, dict[str, Any]], Awaitable[None]]]:
+        """The agents' messages about instances, by type, for the registry to deliver."""
+        return {"instance_state": self.control.on_instance_state, "instances": self.control.on_instances}
 
-    def change_event(self) -> asyncio.Event:
-        """Set at the next change of any unit (the router and the waits here sleep on it)."""
-        if self._change is None:
-            self._change = asyncio.Event()
-        return self._change
+    def on_connection(self, worker: str, online: bool) -> None:
+        """A worker connected or disconnected (the registry's connection listener)."""
+        self.control.on_connection(worker, online)
 
-    def _changed(self, unit: Unit | None = None) -> None:
-        if unit is not None:
-            svc = self.services.get(unit.service)
-            if svc is not None and unit in svc.units:
-                self.persist.save_unit(unit)
-        ev = self.change_event()
-        self._change = asyncio.Event()
-        ev.set()
-
-    async def _wait_for(self, pred: Callable[[], bool], timeout: float) -> bool:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            ev = self.change_event()
-            if pred():
-                return True
-            left = deadline - loop.time()
-            if left <= 0:
-                return False
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(ev.wait(), left)
-
-    async def _get(self, url: str, timeout: float) -> int | None:
-        import aiohttp
-
-        try:
-            async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-                await resp.read()
-                return resp.status
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
-            return None
+    def spec_of(self, unit: Unit) -> ServiceSpec:
+        """The spec of ``unit``'s version."""
+        return self.control.spec_of(unit)
 
     # --- lifecycle -------------------------------------------------------------------------------------
     async def start(self) -> None:
         """Load the services and take their units over (instances on workers keep running)."""
-        import aiohttp
-
-        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60))
+        await self.client.open()
         for svc in self.persist.load():
             self.services[svc.name] = svc
             self._recover(svc)
@@ -113,18 +74,18 @@ class UnitManager(UnitControl):
                 continue
             for inst in unit.instances:
                 if inst.worker is not None:
-                    self.dispatcher.hold_slots(holder_id(unit, inst.rank), inst.worker, [inst.device])
+                    self.control.dispatcher.hold_slots(holder_id(unit, inst.rank), inst.worker, [inst.device])
                 if inst.alive or inst.state == "starting":
                     inst.state = "starting"  # unconfirmed until its agent lists it
-                    if not self._online(inst.worker):
-                        self._schedule_lost(inst.worker)
+                    if not self.control.workers.online(inst.worker):
+                        self.control.schedule_lost(inst.worker)
             if unit.state in ("draining", "stopping"):
-                self._spawn(self.stop_unit(unit, graceful=False, reason="it was being retired when the server stopped"))
+                self.changes.spawn(self.control.stop_unit(unit, graceful=False, reason="it was being retired when the server stopped"))
             elif unit.state == "placing":
-                self._place(unit, [i.rank for i in unit.instances if i.worker is None])
+                self.control.place(unit, [i.rank for i in unit.instances if i.worker is None])
             elif unit.state in ("starting", "restarting"):
                 unit.set_state("restarting", "the server restarted while this generation was starting")
-                self._spawn(self._restart_after(unit.id, unit.generation, 0.0))
+                self.changes.spawn(self.control.restart_after(unit.id, unit.generation, 0.0))
             else:
                 unit.healthy = False
                 unit.set_state("recovering", "the server restarted; waiting for the agents to report the instances")
@@ -136,23 +97,21 @@ class UnitManager(UnitControl):
         while True:
             await asyncio.sleep(HEALTH_INTERVAL_S)
             try:
-                await self._monitor_once()
+                await self.control.monitor_once()
             except Exception:  # noqa: BLE001 - the monitor must go on
                 log.exception("unit health monitor failed")
 
     async def close(self) -> None:
         """Server stopping: stop orchestrating. Instances keep running on their workers and are taken
         over by the next sidecar (like runs)."""
-        for handle in [*self._timers.values(), *self._lost_timers.values()]:
-            handle.cancel()
-        tasks = [*self._rollouts.values(), *self._bg, *([self._monitor] if self._monitor else [])]
+        self.control.cancel_timers()
+        tasks = [*self._rollouts.values(), *self.changes.tasks(), *([self._monitor] if self._monitor else [])]
         for t in tasks:
             t.cancel()
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
-        if self.session is not None:
-            await self.session.close()
+        await self.client.close()
 
     # --- the API -----------------------------------------------------------------------------------------
     def get(self, name: str) -> Service:
@@ -163,7 +122,7 @@ class UnitManager(UnitControl):
 
     def _check_target(self, spec: Any) -> None:
         try:
-            self.candidates(spec)
+            self.control.candidates(spec)
         except TargetError as exc:
             raise SpecError(f"target: {exc}") from None
 
@@ -190,7 +149,7 @@ class UnitManager(UnitControl):
         svc.units.append(unit)
         self.persist.save_service(svc, with_units=False)
         unit.note("created", version=version)
-        self._place(unit)
+        self.control.place(unit)
         return unit
 
     def update(self, name: str, body: Any) -> dict[str, Any]:
@@ -237,11 +196,11 @@ class UnitManager(UnitControl):
             elif step.action == "retire":
                 unit = svc.unit(step.unit_id or "")
                 if unit is not None:
-                    await self.retire(unit, f"replaced by version {svc.version} (rolling update)")
+                    await self.control.retire(unit, f"replaced by version {svc.version} (rolling update)")
             elif step.action == "abort":
                 unit = svc.unit(step.unit_id or "")
                 if unit is not None:
-                    await self.stop_unit(unit, graceful=False, reason=step.reason)
+                    await self.control.stop_unit(unit, graceful=False, reason=step.reason)
                 if upd.state == "rolling":
                     log.warning("service %s: update to version %d rolled back: %s", svc.name, upd.to_version,
                                 step.reason)
@@ -250,10 +209,10 @@ class UnitManager(UnitControl):
                     upd.state, upd.finished_at = "failed", time.time()
                     upd.reason = f"{upd.reason}; the rollback did not finish either: {step.reason}"
             else:
-                await self._wait_for(lambda: False, 1.0)  # until something changes (or 1 s for timeouts)
+                await self.changes.wait_for(lambda: False, 1.0)  # until something changes (or 1 s for timeouts)
                 continue
             self.persist.save_service(svc, with_units=False)
-            self._changed()
+            self.changes.notify()
 
     async def delete(self, name: str) -> dict[str, Any]:
         """``DELETE /api/services/{name}``: no new requests; every unit drains and stops; the records go."""
@@ -265,12 +224,12 @@ class UnitManager(UnitControl):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         units = list(svc.units)
-        await asyncio.gather(*(self.retire(u, "the service is being deleted") for u in units if u.state != "failed"),
-                             *(self.stop_unit(u, graceful=False, reason="the service is being deleted")
+        await asyncio.gather(*(self.control.retire(u, "the service is being deleted") for u in units if u.state != "failed"),
+                             *(self.control.stop_unit(u, graceful=False, reason="the service is being deleted")
                                for u in units if u.state == "failed"))
         self.services.pop(name, None)
         self.persist.delete_service(name)
-        self._changed()
+        self.changes.notify()
         log.info("service %s deleted", name)
         return {"deleted": name, "units": [u.id for u in units]}
 

@@ -19,35 +19,54 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
 from ..sidecar.errors import ApiError
 from .envcontract import BROKEN_HEADER
+from .links import Changes, RankClient
+from .records import Service, Unit
 from .routing import RouteView, choose_unit, no_unit_reason
-
-if TYPE_CHECKING:
-    from .manager import UnitManager
+from .spec import ServiceSpec
 
 log = logging.getLogger("xpufleet.units")
 
-class Router:
-    """The request path of the services of one :class:`~.manager.UnitManager`."""
+class RankZero(Protocol):
+    """What the router needs of the units' control (control.py): a unit's spec, its rank 0's address,
+    and how to take a unit whose rank 0 cannot be reached out of routing."""
 
-    def __init__(self, manager: UnitManager) -> None:
-        self.m = manager
+    def spec_of(self, unit: Unit) -> ServiceSpec: ...
+
+    def rank0_url(self, unit: Unit, path: str) -> str: ...
+
+    def rank0_unreachable(self, unit: Unit, why: str) -> None: ...
+
+    def changed(self, unit: Unit | None = None) -> None: ...
+
+
+class Router:
+    """The request path of the services. Dependencies: ``lookup`` (a service by name, 404 otherwise), the
+    units' control, their change signal and the rank 0 client."""
+
+    def __init__(self, lookup: Callable[[str], Service], units: RankZero, changes: Changes,
+                 client: RankClient) -> None:
+        self.lookup = lookup
+        self.units = units
+        self.changes = changes
+        self.client = client
 
     async def infer(self, name: str, body: bytes, content_type: str | None) -> tuple[int, bytes, dict[str, str]]:
         """Forward one request; ``(status, body, headers)`` of rank 0's answer. Raises ApiError 503/504."""
         import aiohttp
 
-        svc = self.m.get(name)
+        svc = self.lookup(name)
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = started + svc.spec.route_wait_s
         headers = {"Content-Type": content_type or "application/json"}
         last_error = ""
         while True:
-            ev = self.m.change_event()
+            ev = self.changes.event()
             if svc.deleting:
                 raise ApiError(503, f"service {name} is being deleted")
             if last_error and loop.time() >= deadline:
@@ -66,14 +85,13 @@ class Router:
                     await asyncio.wait_for(ev.wait(), left)
                 continue
             unit = next(u for u in units if u.id == chosen)
-            spec = self.m.spec_of(unit)
+            spec = self.units.spec_of(unit)
             generation = unit.generation
-            url = self.m.rank0_url(unit, spec.infer_path)
+            url = self.units.rank0_url(unit, spec.infer_path)
             unit.outstanding += 1
             unit.routed += 1
             try:
-                async with self.m.session.post(url, data=body, headers=headers,
-                                               timeout=aiohttp.ClientTimeout(total=spec.request_timeout_s)) as resp:
+                async with self.client.post(url, body, headers, spec.request_timeout_s) as resp:
                     payload = await resp.read()
                     status = resp.status
                     broken = BROKEN_HEADER in resp.headers
@@ -84,16 +102,16 @@ class Router:
             except (aiohttp.ClientError, OSError) as exc:
                 last_error = f"unit {unit.id}: {type(exc).__name__}: {exc}"
                 if unit.generation == generation:
-                    self.m.rank0_unreachable(unit, str(exc) or type(exc).__name__)
+                    self.units.rank0_unreachable(unit, str(exc) or type(exc).__name__)
                 continue
             finally:
                 unit.outstanding -= 1
                 if unit.state == "draining":
-                    self.m._changed()
+                    self.units.changed()
             if broken:
                 last_error = f"unit {unit.id}: " + payload.decode("utf-8", "replace")[:300]
                 if unit.generation == generation:
-                    self.m.rank0_unreachable(unit, "its process group broke")
+                    self.units.rank0_unreachable(unit, "its process group broke")
                 continue
             return status, payload, {"Content-Type": out_type, "X-Xpufleet-Unit": unit.id,
                                      "X-Xpufleet-Generation": str(generation)}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from ...units.links import RegistryLinks
 from ...units.lws import DEFAULT_IMAGE, lws_manifest, to_yaml
 from ...units.manager import UnitManager
 from .. import openapi
@@ -79,7 +80,10 @@ async def export_service(request: web.Request) -> web.Response:
 
 def setup(app: web.Application) -> None:
     """Create the unit manager and add the service routes to the sidecar ``app``."""
-    manager = UnitManager(app[STORE_KEY], app[DISPATCHER_KEY], app[REGISTRY_KEY])
+    registry = app[REGISTRY_KEY]
+    manager = UnitManager(app[STORE_KEY], app[DISPATCHER_KEY], RegistryLinks(registry.workers))
+    registry.message_handlers.update(manager.message_handlers())  # the agents' instance reports
+    registry.connection_listeners.append(manager.on_connection)
     app[UNITS_KEY] = manager
     r = app.router
     r.add_post("/api/services", create_service)

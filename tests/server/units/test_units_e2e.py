@@ -86,6 +86,16 @@ def delete(fleet: Fleet, name: str) -> list[int]:
     return pids
 
 
+def until(pred, timeout: float) -> bool:
+    """Poll ``pred`` (a client thread's results: no event to wait on) until it holds; bounded."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def gone(pids: list[int], timeout: float = 30.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -216,14 +226,11 @@ def test_guard_kill9_of_rank1_restarts_every_instance_behind_a_barrier(fleet):
     before = unit_of(fleet.service("pipe"))
     old_pids = [i["pid"] for i in before["instances"]]
     loop = Loop(fleet, "pipe").started()
-    time.sleep(1.0)
+    assert until(lambda: any(r[4] == "1" and r[2] == 200 for r in loop.results), 120)  # generation 1 answers
     os.kill(old_pids[1], signal.SIGKILL)
     after = fleet.wait_service("pipe", lambda s: unit_of(s)["generation"] >= 2 and unit_of(s)["state"] == "ready",
                                300, "generation 2 ready")
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not any(r[4] == "2" and r[2] == 200 for r in loop.results):
-        time.sleep(0.1)
-    time.sleep(0.5)
+    assert until(lambda: any(r[4] == "2" and r[2] == 200 for r in loop.results), 120)  # generation 2 answers
     loop.stop.set()
     loop.join(180)
     unit = unit_of(after)
