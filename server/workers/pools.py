@@ -121,6 +121,7 @@ class PoolManagement:
 
     @property
     def slurm(self) -> Any:
+        """The Slurm pools' manager (server/slurm/manager.py), or None; the directory holds it."""
         return self.directory.slurm
 
     def _pool_row(self, name: str) -> Any:
@@ -266,6 +267,7 @@ class PoolManagement:
 
     # --- instances --------------------------------------------------------------------------------------
     def joined(self, st: WorkerState, pool: str) -> None:
+        """An instance joined ``pool`` with its credential: remembered (and told to its Slurm pool)."""
         st.pool, st.one_shot = pool, True
         with self.store.transaction() as db:
             db.execute("INSERT INTO pool_instances(name, pool, joined_at) VALUES (?,?,?)"
@@ -286,6 +288,7 @@ class PoolManagement:
         return True
 
     def depart(self, st: WorkerState) -> None:
+        """Forget a worker that has left (its rows, its provider); its pool's live instances change."""
         if st.grace_handle is not None:
             st.grace_handle.cancel()
             st.grace_handle = None
@@ -302,6 +305,7 @@ class PoolManagement:
 
     # --- the Workers data ---------------------------------------------------------------------------------
     def describe_pool(self, name: str, state: Any = None) -> dict[str, Any]:
+        """One pool as ``GET /api/pools`` lists it (its instances with their states, its waiting runs)."""
         row = self._pool_row(name)
         instances = [self.describe(st.name, state) for st in self.table.instances(name)]
         for i in instances:
@@ -324,5 +328,6 @@ class PoolManagement:
         }
 
     def list_pools(self) -> list[dict[str, Any]]:
+        """Every pool, by name."""
         state = self.slot_state()
         return [self.describe_pool(r["name"], state) for r in self.directory.rows()]

@@ -1,4 +1,4 @@
-"""Objects are composed of parts, not mixins sharing ``self`` (docs/architecture.md, "Components"), read from the
+"""Objects are composed of parts, not mixins sharing ``self`` (docs/workers.md, "The registry's parts"), read from the
 source with ``ast`` (no module is imported):
 
 (a) no class of ``server/`` has two or more bases that are classes of the package;
