@@ -39,6 +39,11 @@ from ...constants import (
 from ...predictor.routes import add_sidecar_routes as add_predictor_routes
 from ..run.warm import warm_up
 from ..scheduling import parse_limits
+from ..ssh.manager import SshWorkers
+from ..workers.pools import PoolDirectory
+from ..workers.registry import WorkerRegistry
+from ..workers.state import ServerLinks
+from ..workers.table import WorkerTable
 from . import auth, openapi, tls
 from .config import SidecarConfig
 from .dispatcher import Dispatcher
@@ -56,6 +61,7 @@ from .routes import studies as studies_routes
 from .routes import sweeps as sweeps_routes
 from .routes import ui as ui_routes
 from .routes import workers as workers_routes
+from .routes.workers import REGISTRY_KEY, tunnel_target
 from .runtime_file import ensure_home, remove_runtime, url_for, write_runtime
 from .store import Store
 
@@ -85,13 +91,16 @@ def create_app(config: SidecarConfig) -> web.Application:
     for w in warnings:
         log.warning("%s: %s", ENV_RUN_QUEUE_MAX_CONCURRENT, w)
     store = Store(config.home / STATE_DB_NAME)
+    workers = WorkerTable(store)  # every worker; a card's mode decides whether it admits runs by memory
+    pools = PoolDirectory(workers)  # the one-shot pools as the dispatcher resolves pool targets
     dispatcher = Dispatcher(store, config.home, overrides, validate_local_graphs=config.validate_local_graphs,
-                            stop_grace_s=config.stop_grace_s)
+                            stop_grace_s=config.stop_grace_s, pools=pools, mode_of=workers.device_mode)
     dispatcher.memory.configure(config.local_shared, (lambda: probe_local_devices(config.home))
                                 if config.local_devices is None else None)
     app[STORE_KEY] = store
     app[DISPATCHER_KEY] = dispatcher
     app[CONFIG_KEY] = config
+    app[REGISTRY_KEY] = _worker_registry(config, dispatcher, workers, pools)
     app[STARTED_KEY] = time.time()
     openapi.setup(app)
     for routes in (status_routes, runs_routes, run_files_routes, workers_routes, pools_routes, outputs_routes,
@@ -102,6 +111,18 @@ def create_app(config: SidecarConfig) -> web.Application:
     app.cleanup_ctx.append(_store_ctx)
     app.cleanup_ctx.append(_dispatcher_ctx)
     return app
+
+
+def _worker_registry(config: SidecarConfig, dispatcher: Dispatcher, workers: WorkerTable,
+                     pools: PoolDirectory) -> WorkerRegistry:
+    """The worker registry and its SSH workers, wired once (docs/workers.md); the Slurm pools and inference
+    units attach their parts in their routes' setup."""
+    ssh = SshWorkers(workers, dispatcher.providers_changed, tunnel_target(config))
+    links = ServerLinks(session_token=lambda: config.token, tls_fingerprint=lambda: config.tls_fingerprint)
+    registry = WorkerRegistry(workers, dispatcher, links, pools, config.home, ssh, dispatcher.spread.part_holdings)
+    registry.register_handler("part_finished", dispatcher.spread.on_part_finished)  # runs spread over workers
+    registry.add_connection_listener(dispatcher.spread.on_connection)
+    return registry
 
 
 async def _store_ctx(app: web.Application) -> AsyncIterator[None]:

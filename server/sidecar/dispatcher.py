@@ -87,7 +87,8 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
     """Owns the queue, the slot holdings and the providers; see the module docstring."""
 
     def __init__(self, store: Store, home: Path, overrides: LimitOverrides | None = None,
-                 validate_local_graphs: bool = True, stop_grace_s: float = RUN_STOP_GRACE_S) -> None:
+                 validate_local_graphs: bool = True, stop_grace_s: float = RUN_STOP_GRACE_S,
+                 pools: Any = None, mode_of: Callable[[str, str], str] | None = None) -> None:
         self.store = store
         self.home = Path(home)
         self.overrides = overrides or LimitOverrides()
@@ -95,12 +96,11 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
         self.stop_grace_s = stop_grace_s
         self.hub = EventHub()
         self.providers: dict[str, Any] = {}
-        # One-shot worker pools: name -> its live instances (the registry fills it, docs/workers.md); a pool in
-        # ``closed_pools`` (name -> why) takes no new submission.
-        self.pools: dict[str, list[str]] = {}
-        self.closed_pools: dict[str, str] = {}
-        # Why a queued pool run waits, from the registry (pool name -> text, or None for the plan's own).
-        self.pool_reason: Callable[[str, str], str | None] | None = None
+        # One-shot worker pools (``pools``: workers/pools.py's PoolDirectory, docs/workers.md): name -> its live
+        # instances; a pool in ``closed_pools`` (name -> why) takes no new submission; why a queued pool run waits.
+        self.pools: dict[str, list[str]] = pools.live if pools is not None else {}
+        self.closed_pools: dict[str, str] = pools.closed if pools is not None else {}
+        self.pool_reason: Callable[[str, str], str | None] | None = pools.waiting_reason if pools is not None else None
         self.admit_hooks: list[AdmitFn] = []  # extra admission predicates (memory ledger)
         self.card_snapshot_sources: list[Callable[[], list[dict[str, Any]]]] = []
         self._queue = SlotQueue()
@@ -118,6 +118,7 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
         self._notes: dict[str, str] = {}
         self._reresolve = False
         self.memory = MemoryAdmission(self)
+        self.memory.mode_of = mode_of  # a worker card's mode (workers/table.py); s2: a MemoryAdmission argument
         self.spread = SpreadRuns(self)  # runs spread over workers (spread.py)
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None

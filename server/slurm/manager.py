@@ -342,7 +342,7 @@ class SlurmPools:
             since = self._idle_since.setdefault(st.name, now)
             if now - since >= spec.idle_exit_s:
                 self._idle_since.pop(st.name, None)
-                await self.registry._dismiss(st, f"idle for {spec.idle_exit_s:g} s (Slurm pool {pool}'s idle_exit_s)")
+                await self.registry.dismiss(st, f"idle for {spec.idle_exit_s:g} s (Slurm pool {pool}'s idle_exit_s)")
 
     def _explain(self, pools: dict[str, Any]) -> None:
         """Queued runs of a pool whose Slurm picture changed get their waiting texts again."""

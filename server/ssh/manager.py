@@ -28,6 +28,7 @@ from ..sidecar.auth import new_secret
 from ..workers import protocol
 from ..workers.records import hash_secret
 from ..workers.state import WorkerError, WorkerState
+from ..workers.table import WorkerTable
 from . import commands
 from .supervisor import STOP_TIMEOUT_S, SshStepError, SshSupervisor
 
@@ -97,13 +98,16 @@ def _agent_args(body: dict[str, Any], name: str) -> list[str]:
 class SshWorkers:
     """The SSH workers of one sidecar (lives on its event loop)."""
 
-    def __init__(self, registry: Any, tunnel_target: Callable[[], str | None]) -> None:
-        self.registry = registry
-        self.store = registry.store
+    def __init__(self, table: WorkerTable, providers_changed: Callable[[], None],
+                 tunnel_target: Callable[[], str | None]) -> None:
+        """``table``: the worker table (an SSH worker is a worker); ``providers_changed``: the dispatcher's
+        (a connection's state changes what it may place); ``tunnel_target``: where tunnels end here."""
+        self.table = table
+        self.store = table.store
+        self.providers_changed = providers_changed
         self.tunnel_target = tunnel_target
         self.supervisors: dict[str, SshSupervisor] = {}
         self.store.ensure_schema(SCHEMA_NAME, SCHEMA, SCHEMA_VERSION)
-        registry.ssh = self
 
     def _row(self, name: str) -> Any:
         rows = self.store.query("SELECT * FROM ssh_workers WHERE name=?", (name,))
@@ -124,7 +128,7 @@ class SshWorkers:
         if sup is None:
             sup = self.supervisors[row["name"]] = SshSupervisor(
                 row["name"], self._target(row), json.loads(row["agent_args"]), row["credential"], self.tunnel_target,
-                ssh_binary(), ssh_config_file(), on_change=self.registry.dispatcher.providers_changed)
+                ssh_binary(), ssh_config_file(), on_change=self.providers_changed)
         return sup
 
     # --- life cycle ---------------------------------------------------------------------------------------
@@ -140,14 +144,15 @@ class SshWorkers:
             await sup.stop()
 
     # --- management -----------------------------------------------------------------------------------------
-    def add(self, body: dict[str, Any]) -> dict[str, Any]:
+    def add(self, body: dict[str, Any]) -> str:
+        """Add the SSH worker ``body`` describes and start its connection; its name."""
         unknown = sorted(set(body) - FIELDS)
         if unknown:
             raise WorkerError(f"unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(FIELDS))}")
         name = body.get("name")
         if not isinstance(name, str) or protocol.worker_name_problem(name) or not WORKER_NAME_RE.match(name):
             raise WorkerError(protocol.worker_name_problem(str(name)) or "name must be a worker name")
-        if name in self.registry.workers or self.has(name):
+        if name in self.table.workers or self.has(name):
             raise WorkerError(f"a worker named {name!r} exists already (remove it first, or choose another name)", 409)
         try:
             target = commands.check_target(body.get("host", ""))
@@ -173,11 +178,12 @@ class SshWorkers:
                        (name, target, port, identity, python, remote_dir, json.dumps(args), credential, now))
             db.execute("INSERT INTO workers(name, auth, credential_hash, created_at) VALUES (?,?,?,?)",
                        (name, "ssh", hash_secret(credential), now))
-        self.registry.workers[name] = WorkerState(name=name, auth="ssh", created_at=now)
+        self.table.workers[name] = WorkerState(name=name, auth="ssh", created_at=now)
         self._supervisor(self._row(name)).start()
-        return self.registry.describe(name)
+        return name
 
-    async def disable(self, name: str) -> dict[str, Any]:
+    async def disable(self, name: str) -> None:
+        """Stop the worker's agent (its running runs end interrupted) and end its ssh connection."""
         row = self._ssh_row(name)
         if not row["disabled"]:
             with self.store.transaction() as db:
@@ -191,22 +197,21 @@ class SshWorkers:
                 log.warning("SSH worker %s: could not stop its agent: %s", name, exc)
             await sup.stop()
             sup.detail = f"agent stopped (pid {stopped['stopped']})" if stopped and stopped.get("stopped") else ""
-            self.registry.dispatcher.providers_changed()
-        return self.registry.describe(name)
+            self.providers_changed()
 
-    async def enable(self, name: str) -> dict[str, Any]:
+    async def enable(self, name: str) -> None:
+        """Connect a disabled SSH worker again."""
         row = self._ssh_row(name)
         if row["disabled"]:
             with self.store.transaction() as db:
                 db.execute("UPDATE ssh_workers SET disabled=0 WHERE name=?", (name,))
         self._supervisor(self._row(name)).start()
-        self.registry.dispatcher.providers_changed()
-        return self.registry.describe(name)
+        self.providers_changed()
 
     def _ssh_row(self, name: str) -> Any:
         row = self._row(name)
         if row is None:
-            if name in self.registry.workers:
+            if name in self.table.workers:
                 raise WorkerError(f"worker {name} is not an SSH worker (only SSH workers are disabled and enabled)",
                                   409)
             raise WorkerError(f"no worker named {name!r} (see GET /api/workers)", 404)

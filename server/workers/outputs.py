@@ -18,18 +18,15 @@ import logging
 import os
 import secrets
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...common import atomic
 from ...constants import RECORDED_OUTPUTS_DIRNAME, RUNS_DIR_NAME
 from ..run.outputs import INDEX_NAME, record_mode, safe_name
 from . import protocol
-from .state import WorkerError
-
-if TYPE_CHECKING:
-    from .session import Connection
-    from .state import WorkerState
+from .state import AgentLink, WorkerError, WorkerState
 
 log = logging.getLogger("xpufleet.workers")
 
@@ -50,14 +47,26 @@ class OutputsOffline(WorkerError):
 
 
 class OutputsAccess:
-    """The recorded-outputs part of :class:`~.registry.WorkerRegistry` (mixed in)."""
+    """Recorded outputs on workers: read through their connections, uploaded at a run's end."""
 
-    _uploading: set[str]  # runs whose outputs are being copied (run_finished waits for it)
-    _upload_tasks: set[asyncio.Task[Any]]
+    def __init__(self, workers: dict[str, WorkerState], home: Path,
+                 ingest: Callable[[str, list[dict[str, Any]]], Any]) -> None:
+        """``workers``: the shared worker table's dict; ``home``: XPUFLEET_HOME; ``ingest``: stores a run's
+        events (the dispatcher's)."""
+        self.workers = workers
+        self.home = home
+        self.ingest = ingest
+        self._uploading: set[str] = set()  # runs whose outputs are being copied (run_finished waits for it)
+        self._upload_tasks: set[asyncio.Task[Any]] = set()
+
+    def close(self) -> None:
+        """Server stopping: uploads in flight end (the agent replays the run's end to the next server)."""
+        for task in list(self._upload_tasks):
+            task.cancel()
 
     def uploaded_dir(self, run_id: str) -> Path:
         """Where the sidecar keeps a run's outputs (a local run's own, or an uploaded copy)."""
-        return self.dispatcher.home / RUNS_DIR_NAME / run_id / RECORDED_OUTPUTS_DIRNAME
+        return self.home / RUNS_DIR_NAME / run_id / RECORDED_OUTPUTS_DIRNAME
 
     async def fetch(self, worker: str, run_id: str, name: str, offset: int = 0,
                     length: int = protocol.OUTPUTS_CHUNK_BYTES, scope: str = "outputs") -> tuple[bytes, int, bool]:
@@ -100,7 +109,7 @@ class OutputsAccess:
     def wants_upload(self, run: dict[str, Any]) -> bool:
         return record_mode(run.get("options") or {}) == "upload"
 
-    def start_upload(self, st: WorkerState, conn: Connection, run: dict[str, Any], msg: dict[str, Any]) -> None:
+    def start_upload(self, st: WorkerState, conn: AgentLink, run: dict[str, Any], msg: dict[str, Any]) -> None:
         """Copy the run's outputs here, then store its ``run_finished`` (a replay meanwhile is ignored)."""
         if run["id"] in self._uploading:
             return
@@ -109,7 +118,7 @@ class OutputsAccess:
         self._upload_tasks.add(task)
         task.add_done_callback(self._upload_tasks.discard)
 
-    async def _upload_then_finish(self, st: WorkerState, conn: Connection, run: dict[str, Any],
+    async def _upload_then_finish(self, st: WorkerState, conn: AgentLink, run: dict[str, Any],
                                   msg: dict[str, Any]) -> None:
         run_id = run["id"]
         try:
@@ -120,7 +129,7 @@ class OutputsAccess:
                 facts = {"kept_on": st.name, "uploaded": False, "error": str(exc) or type(exc).__name__}
             payload = dict(msg["payload"])
             payload["execution_facts"] = {**(payload.get("execution_facts") or {}), "recorded_outputs": facts}
-            self.dispatcher.ingest(run_id, [{"seq": msg["seq"], "type": "run_finished", "payload": payload,
+            self.ingest(run_id, [{"seq": msg["seq"], "type": "run_finished", "payload": payload,
                                              "ts": msg.get("ts")}])
             await conn.send("ack", run_id=run_id, seq=msg["seq"])
         finally:

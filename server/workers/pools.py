@@ -6,7 +6,8 @@ is a one-shot agent that takes exactly one run and exits when it ends.
 * An instance joins under its own name (one-shot agents default to the hostname plus a random suffix);
   it is listed with its pool while it is connected or still has a run, and forgotten once it has left
   (departed instances are not listed).
-* ``target.pool`` routes a run to an idle instance (the dispatcher's ``pools``: pool -> live instances);
+* ``target.pool`` routes a run to an idle instance (the dispatcher reads :class:`PoolDirectory`: pool -> live
+  instances, the closed pools, why a pool run waits);
   a run waits while none is idle. An instance is never chosen for ``any`` or by name.
 * ``revoke`` makes the credential stop working (new instances are refused, with the reason shown under
   "Rejected connections"; runs already on instances go on); ``reissue`` gives a new credential;
@@ -17,14 +18,17 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..sidecar.auth import new_secret
 from ..slurm.spec import SpecError, parse_spec
 from . import k8s, protocol
 from .panel_view import instance_state, waiting_runs
+from .ports import RunsPort
 from .records import hash_secret
-from .state import WorkerError, WorkerState
+from .state import ServerLinks, WorkerError, WorkerState
+from .table import WorkerTable
 
 SCHEMA_NAME = "pools"
 SCHEMA_VERSION = 1
@@ -43,19 +47,82 @@ CREATE TABLE IF NOT EXISTS pool_instances (
 """
 
 
-class PoolManagement:
-    """The pool part of :class:`~.registry.WorkerRegistry` (mixed in)."""
+class PoolDirectory:
+    """What the dispatcher knows of pools (built before it, handed to it at construction in sidecar/app.py):
+    each pool's live instances (``live``), the pools that take no new run (``closed``: pool -> why) and why a
+    pool run waits (:meth:`waiting_reason`). :meth:`refresh` recomputes them in place from the table."""
 
-    def _init_pools(self) -> None:
+    def __init__(self, table: WorkerTable) -> None:
+        self.table = table
+        self.store = table.store
         self.store.ensure_schema(SCHEMA_NAME, SCHEMA, SCHEMA_VERSION)
         for row in self.store.query("SELECT name, pool FROM pool_instances"):
-            st = self.workers.get(row["name"])
+            st = table.workers.get(row["name"])
             if st is not None:
                 st.pool, st.one_shot = row["pool"], True
-        self._sync_pools()
+        self.live: dict[str, list[str]] = {}
+        self.closed: dict[str, str] = {}
+        self.slurm: Any = None  # SlurmPools (server/slurm/manager.py), once attached
+        self.refresh()
 
-    def _pool_rows(self) -> list[Any]:
+    def attach_slurm(self, slurm: Any) -> None:
+        """The Slurm pools' manager: it submits jobs whose agents join, and says why their runs wait."""
+        self.slurm = slurm
+
+    def rows(self) -> list[Any]:
+        """Every pool's row, by name."""
         return self.store.query("SELECT * FROM worker_pools ORDER BY name")
+
+    def refresh(self) -> None:
+        """Each pool's live instances, and which pools take no new run (the dicts keep their identity)."""
+        live: dict[str, list[str]] = {}
+        closed: dict[str, str] = {}
+        for row in self.rows():
+            live[row["name"]] = [st.name for st in self.table.instances(row["name"]) if st.online]
+            if row["revoked_at"] is not None:
+                closed[row["name"]] = (f"pool {row['name']!r}: its credential was revoked, so no instance can join; "
+                                       f"get a new one (xpufleet pools reissue {row['name']})")
+        self.live.clear()
+        self.live.update(live)
+        self.closed.clear()
+        self.closed.update(closed)
+
+    def waiting_reason(self, pool: str, run_id: str | None = None) -> str | None:
+        """Why a pool run waits (None: the plan's own text says it better)."""
+        live = [st for st in self.table.instances(pool) if st.online]
+        if any(st.taken is None for st in live):
+            return None
+        slurm = self.slurm.reason(pool, run_id) if self.slurm is not None else None
+        if slurm is not None:
+            return slurm
+        revoked = self.store.query("SELECT 1 FROM worker_pools WHERE name=? AND revoked_at IS NOT NULL", (pool,))
+        more = (f"; the pool's credential is revoked (xpufleet pools reissue {pool})" if revoked
+                else "; another instance joins with `xpufleet agent start --one-shot --join <the pool's credential>`")
+        if not live:
+            return f"waiting for an instance of pool {pool} to join{more}"
+        return f"waiting for an idle instance of pool {pool} ({len(live)} connected, each has taken its run){more}"
+
+
+class PoolManagement:
+    """One-shot pools: their credentials, instances joining and leaving, their Workers panel rows."""
+
+    def __init__(self, table: WorkerTable, directory: PoolDirectory, runs: RunsPort, links: ServerLinks,
+                 describe: Callable[[str, Any], dict[str, Any]], slot_state: Callable[[], Any]) -> None:
+        """``runs``: the dispatcher (runs failed, providers changed); ``describe``/``slot_state``: the Workers
+        panel's (status.py)."""
+        self.table = table
+        self.workers = table.workers
+        self.store = table.store
+        self.directory = directory
+        self.runs = runs
+        self.links = links
+        self.describe = describe
+        self.slot_state = slot_state
+
+    @property
+    def slurm(self) -> Any:
+        """The Slurm pools' manager (server/slurm/manager.py), or None; the directory holds it."""
+        return self.directory.slurm
 
     def _pool_row(self, name: str) -> Any:
         rows = self.store.query("SELECT * FROM worker_pools WHERE name=?", (name,))
@@ -63,27 +130,15 @@ class PoolManagement:
             raise WorkerError(f"no pool named {name!r} (see GET /api/pools)", 404)
         return rows[0]
 
-    def instances(self, pool: str) -> list[WorkerState]:
-        return [st for n, st in sorted(self.workers.items()) if st.pool == pool]
-
-    def _sync_pools(self) -> None:
-        """Tell the dispatcher each pool's live instances, and which pools take no new run."""
-        pools: dict[str, list[str]] = {}
-        closed: dict[str, str] = {}
-        for row in self._pool_rows():
-            pools[row["name"]] = [st.name for st in self.instances(row["name"]) if st.online]
-            if row["revoked_at"] is not None:
-                closed[row["name"]] = (f"pool {row['name']!r}: its credential was revoked, so no instance can join; "
-                                       f"get a new one (xpufleet pools reissue {row['name']})")
-        self.dispatcher.pools = pools
-        self.dispatcher.closed_pools = closed
-        self.dispatcher.pool_reason = self.pool_waiting_reason
-        self.dispatcher.providers_changed()
+    def sync(self) -> None:
+        """The pools changed: the directory is recomputed and the dispatcher resolves its runs again."""
+        self.directory.refresh()
+        self.runs.providers_changed()
 
     # --- credential -----------------------------------------------------------------------------------
     def _command(self, token: str, server_url: str | None) -> str:
-        url = server_url or self.server_url() or "http://SERVER:PORT"
-        fingerprint = self.tls_fingerprint()
+        url = server_url or self.links.server_url() or "http://SERVER:PORT"
+        fingerprint = self.links.tls_fingerprint()
         pin = f" --fingerprint {fingerprint}" if fingerprint and url.startswith("https://") else ""
         return f"xpufleet agent start --one-shot --server {url}{pin} --join {token}"
 
@@ -112,7 +167,7 @@ class PoolManagement:
                 self.slurm.insert(db, name, spec)
         if spec is not None:
             self.slurm.set_credential(name, spec, token)
-        self._sync_pools()
+        self.sync()
         return {"name": name, "credential": token, "command": self._command(token, server_url)}
 
     def reissue_pool(self, name: str, server_url: str | None = None) -> dict[str, Any]:
@@ -125,7 +180,7 @@ class PoolManagement:
         entry = self._slurm_pools().get(name)
         if entry is not None:  # its jobs read the credential from the pool's file
             self.slurm.set_credential(name, entry[0], token)
-        self._sync_pools()
+        self.sync()
         return {"name": name, "credential": token, "command": self._command(token, server_url)}
 
     def revoke_pool(self, name: str) -> dict[str, Any]:
@@ -133,7 +188,7 @@ class PoolManagement:
         self._pool_row(name)
         with self.store.transaction() as db:
             db.execute("UPDATE worker_pools SET credential_hash=NULL, revoked_at=? WHERE name=?", (time.time(), name))
-        self._sync_pools()
+        self.sync()
         return self.describe_pool(name)
 
     def export_pool(self, name: str, body: dict[str, Any], server_url: str | None = None) -> dict[str, Any]:
@@ -149,10 +204,10 @@ class PoolManagement:
         unknown = sorted(set(body) - known)
         if unknown:
             raise WorkerError(f"unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        url = body.get("server_url") or server_url or self.server_url() or ""
+        url = body.get("server_url") or server_url or self.links.server_url() or ""
         opts = {k: body[k] for k in ("image", "namespace", "gpus", "instances", "python", "node_selector") if k in body}
         try:
-            ex = k8s.K8sExport(pool=name, server_url=str(url), fingerprint=self.tls_fingerprint(), **opts)
+            ex = k8s.K8sExport(pool=name, server_url=str(url), fingerprint=self.links.tls_fingerprint(), **opts)
             k8s.check_export(ex)
         except (k8s.ExportError, TypeError, AttributeError) as exc:
             raise WorkerError(str(exc)) from None
@@ -173,22 +228,22 @@ class PoolManagement:
         failed = []
         for row in self.store.query("SELECT id FROM runs WHERE status='queued' AND target=? ORDER BY seq",
                                     (f"pool:{name}",)):
-            self.dispatcher.run_ended(row["id"], "failed", f"pool {name} was removed while this run waited for it")
+            self.runs.run_ended(row["id"], "failed", f"pool {name} was removed while this run waited for it")
             failed.append(row["id"])
         if self.slurm is not None:
             await self.slurm.remove(name)
         with self.store.transaction() as db:
             db.execute("DELETE FROM worker_pools WHERE name=?", (name,))
-        for st in self.instances(name):
-            if not self._active_runs(st.name):
-                await self._dismiss(st, f"pool {name} was removed from the server")
-        self._sync_pools()
+        for st in self.table.instances(name):
+            if not self.table.active_runs(st.name):
+                await self.dismiss(st, f"pool {name} was removed from the server")
+        self.sync()
         return {"removed": name, "failed_runs": failed}
 
-    async def _dismiss(self, st: WorkerState, reason: str) -> None:
+    async def dismiss(self, st: WorkerState, reason: str) -> None:
         """Tell an idle instance to leave (it stops) and forget it."""
         conn, st.conn = st.conn, None
-        self._depart(st)
+        self.depart(st)
         if conn is not None:
             await conn.send("reject", reason=reason, removed=True)
             with contextlib.suppress(Exception):
@@ -211,7 +266,8 @@ class PoolManagement:
         return pool, None
 
     # --- instances --------------------------------------------------------------------------------------
-    def _joined(self, st: WorkerState, pool: str) -> None:
+    def joined(self, st: WorkerState, pool: str) -> None:
+        """An instance joined ``pool`` with its credential: remembered (and told to its Slurm pool)."""
         st.pool, st.one_shot = pool, True
         with self.store.transaction() as db:
             db.execute("INSERT INTO pool_instances(name, pool, joined_at) VALUES (?,?,?)"
@@ -222,16 +278,17 @@ class PoolManagement:
     def _slurm_pools(self) -> dict[str, Any]:
         return self.slurm.pools() if self.slurm is not None else {}
 
-    def _maybe_depart(self, st: WorkerState) -> bool:
+    def maybe_depart(self, st: WorkerState) -> bool:
         """A one-shot worker that is gone and holds no run has left: forget it (True when it did)."""
-        if not st.one_shot or st.online or self._active_runs(st.name):
+        if not st.one_shot or st.online or self.table.active_runs(st.name):
             return False
         if st.pool is None and st.taken is None:
             return False  # a lone one-shot worker that never took its run may come back
-        self._depart(st)
+        self.depart(st)
         return True
 
-    def _depart(self, st: WorkerState) -> None:
+    def depart(self, st: WorkerState) -> None:
+        """Forget a worker that has left (its rows, its provider); its pool's live instances change."""
         if st.grace_handle is not None:
             st.grace_handle.cancel()
             st.grace_handle = None
@@ -242,29 +299,15 @@ class PoolManagement:
         if self.workers.get(st.name) is st:
             self.workers.pop(st.name, None)
             if st.provider is not None:
-                self.dispatcher.unregister_provider(st.name)
+                self.runs.unregister_provider(st.name)
         if st.pool is not None:
-            self._sync_pools()
+            self.sync()
 
     # --- the Workers data ---------------------------------------------------------------------------------
-    def pool_waiting_reason(self, pool: str, run_id: str | None = None) -> str | None:
-        """Why a pool run waits (None: the plan's own text says it better)."""
-        live = [st for st in self.instances(pool) if st.online]
-        if any(st.taken is None for st in live):
-            return None
-        slurm = self.slurm.reason(pool, run_id) if self.slurm is not None else None
-        if slurm is not None:
-            return slurm
-        revoked = self.store.query("SELECT 1 FROM worker_pools WHERE name=? AND revoked_at IS NOT NULL", (pool,))
-        more = (f"; the pool's credential is revoked (xpufleet pools reissue {pool})" if revoked
-                else "; another instance joins with `xpufleet agent start --one-shot --join <the pool's credential>`")
-        if not live:
-            return f"waiting for an instance of pool {pool} to join{more}"
-        return f"waiting for an idle instance of pool {pool} ({len(live)} connected, each has taken its run){more}"
-
     def describe_pool(self, name: str, state: Any = None) -> dict[str, Any]:
+        """One pool as ``GET /api/pools`` lists it (its instances with their states, its waiting runs)."""
         row = self._pool_row(name)
-        instances = [self.describe(st.name, state) for st in self.instances(name)]
+        instances = [self.describe(st.name, state) for st in self.table.instances(name)]
         for i in instances:
             i["instance_state"] = instance_state(i)
         queued = self.store.query("SELECT COUNT(*) AS n FROM runs WHERE status='queued' AND target=?",
@@ -285,5 +328,6 @@ class PoolManagement:
         }
 
     def list_pools(self) -> list[dict[str, Any]]:
-        state = self._slot_state()
-        return [self.describe_pool(r["name"], state) for r in self._pool_rows()]
+        """Every pool, by name."""
+        state = self.slot_state()
+        return [self.describe_pool(r["name"], state) for r in self.directory.rows()]

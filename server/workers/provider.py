@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from ..scheduling import DeviceOffer
+from .state import AgentLink, WorkerState
 
-if TYPE_CHECKING:
-    from .registry import WorkerRegistry, WorkerState
+SendStart = Callable[[AgentLink, dict[str, Any], list[str]], Awaitable[bool]]
 
 
 class WorkerProvider:
@@ -15,13 +16,18 @@ class WorkerProvider:
 
     is_local = False
 
-    def __init__(self, registry: WorkerRegistry, name: str) -> None:
-        self.registry = registry
+    def __init__(self, workers: dict[str, WorkerState], name: str, is_disabled: Callable[[str], bool],
+                 send_start: SendStart) -> None:
+        """``workers``: the shared worker table's dict; ``is_disabled``: an SSH worker the user disabled;
+        ``send_start``: sends ``start_run`` on a connection (session.py)."""
+        self.workers = workers
         self.name = name
+        self.is_disabled = is_disabled
+        self.send_start = send_start
 
     @property
     def _state(self) -> WorkerState | None:
-        return self.registry.workers.get(self.name)
+        return self.workers.get(self.name)
 
     @property
     def online(self) -> bool:
@@ -36,7 +42,7 @@ class WorkerProvider:
     @property
     def disabled(self) -> bool:
         """An SSH worker the user disabled: listed, never given a new run."""
-        return self.registry.is_disabled(self.name)
+        return self.is_disabled(self.name)
 
     @property
     def note(self) -> str:
@@ -95,7 +101,7 @@ class WorkerProvider:
 
             if not can_cap(self):
                 raise RuntimeError(cap_refusal(self.name))
-        if not await self.registry.send_start(st.conn, run, devices):
+        if not await self.send_start(st.conn, run, devices):
             raise RuntimeError(f"worker {self.name} disconnected before the run could be sent to it")
 
     @property
@@ -116,5 +122,3 @@ class WorkerProvider:
             return False
         return await st.conn.send("cancel_run", run_id=run_id, reason="cancelled by request")
 
-
-# --- the registry ------------------------------------------------------------------------------------

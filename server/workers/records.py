@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
+import time
+from typing import Any
+
+log = logging.getLogger("xpufleet.workers")
 
 SCHEMA_NAME = "workers"
 SCHEMA_VERSION = 1
@@ -63,3 +68,37 @@ def secret_matches(given: str, stored_hash: str | None) -> bool:
     if not stored_hash:
         return False
     return hmac.compare_digest(hash_secret(given), stored_hash)
+
+
+class Rejections:
+    """Refused agent connections, kept in ``worker_rejections`` (shown under "Rejected connections")."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def record(self, name: str | None, address: str | None, version: str | None, reason: str) -> None:
+        """Remember a refused connection."""
+        log.warning("refused agent %s from %s: %s", name or "?", address or "?", reason)
+        with self.store.transaction() as db:
+            # An agent that keeps retrying (every <= 10 s) shows once, at its latest attempt, and
+            # cannot push other refusals out of the kept list.
+            db.execute("DELETE FROM worker_rejections WHERE name IS ? AND address IS ? AND version IS ? AND reason=?",
+                       (name, address, version, reason))
+            db.execute("INSERT INTO worker_rejections(ts, name, address, version, reason) VALUES (?,?,?,?,?)",
+                       (time.time(), name, address, version, reason))
+            db.execute("DELETE FROM worker_rejections WHERE id <= (SELECT MAX(id) FROM worker_rejections) - ?",
+                       (REJECTIONS_KEPT,))
+
+    def latest(self, limit: int = 50) -> list[dict[str, Any]]:
+        """The newest refusals first, each with its age."""
+        rows = self.store.query(
+            "SELECT ts, name, address, version, reason FROM worker_rejections ORDER BY id DESC LIMIT ?", (limit,))
+        now = time.time()
+        return [{**dict(r), "age_s": round(now - r["ts"], 1)} for r in rows]
+
+    def last_for(self, name: str) -> dict[str, Any] | None:
+        """The worker's latest refusal, or None."""
+        rows = self.store.query(
+            "SELECT ts, address, version, reason FROM worker_rejections WHERE name=? ORDER BY id DESC LIMIT 1",
+            (name,))
+        return dict(rows[0]) if rows else None

@@ -19,165 +19,210 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import json
-import logging
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from . import protocol
+from .grace import ResumeGrace
 from .management import WorkerManagement
-from .outputs import OutputsAccess
-from .pools import PoolManagement
-from .records import SCHEMA, SCHEMA_NAME, SCHEMA_VERSION
-from .session import AgentSessions
-from .state import WorkerError, WorkerState
+from .outputs import MAX_READ_BYTES, OutputsAccess
+from .pools import PoolDirectory, PoolManagement
+from .ports import RunsPort, SshPort
+from .records import Rejections
+from .session import AgentSessions, ConnectionListener, MessageHandler
+from .state import ServerLinks, WorkerError, WorkerState
 from .status import WorkersPanel
+from .table import WorkerTable
 
-log = logging.getLogger("xpufleet.workers")
+__all__ = ["WorkerRegistry", "WorkerError", "WorkerState"]
 
 
-class WorkerRegistry(AgentSessions, WorkerManagement, PoolManagement, OutputsAccess, WorkersPanel):
-    """Workers, their connections and their runs (one per sidecar; lives on the event loop)."""
+class WorkerRegistry:
+    """Workers, their connections and their runs (one per sidecar; lives on the event loop).
 
-    def __init__(
-        self,
-        store: Any,
-        dispatcher: Any,
-        session_token: Callable[[], str | None] | str | None,
-        server_node_types: Callable[[], list[str]] | None = None,
-        server_url: Callable[[], str | None] | str | None = None,
-        tls_fingerprint: Callable[[], str | None] | None = None,
-    ) -> None:
-        self.store = store
-        self.dispatcher = dispatcher
-        self._session_token = session_token
-        self._server_node_types = server_node_types or _default_node_types
-        self._server_url = server_url
-        self._tls_fingerprint = tls_fingerprint
-        self.workers: dict[str, WorkerState] = {}
-        self.started_at = time.monotonic()
-        self._grace_started = False
-        self._announced_warnings: set[str] = set()
-        self._uploading: set[str] = set()
-        self._upload_tasks: set[asyncio.Task[Any]] = set()
-        self.ssh: Any = None  # SshWorkers (server/ssh/manager.py), attached by the routes' setup
-        self.slurm: Any = None  # SlurmPools (server/slurm/manager.py), attached by the routes' setup
-        # Other parts' agent messages (message type -> handler(worker, msg)) and connection changes
-        # (listener(worker, online)): inference unit instances (server/units).
-        self.message_handlers: dict[str, Callable[[str, dict[str, Any]], Awaitable[None]]] = {}
-        self.connection_listeners: list[Callable[[str, bool], None]] = []
-        store.ensure_schema(SCHEMA_NAME, SCHEMA, SCHEMA_VERSION)
-        spread = getattr(dispatcher, "spread", None)  # runs spread over workers (sidecar/spread.py)
-        if spread is not None:
-            self.message_handlers["part_finished"] = spread.on_part_finished
-            self.connection_listeners.append(spread.on_connection)
-        memory = getattr(dispatcher, "memory", None)
-        if memory is not None:  # a card's mode decides whether it admits runs by memory
-            memory.mode_of = self.device_mode
-        for row in store.query("SELECT * FROM workers ORDER BY name"):
-            self.workers[row["name"]] = WorkerState(
-                name=row["name"], auth=row["auth"], drained=bool(row["drained"]), version=row["version"],
-                env=json.loads(row["env"]), node_types=json.loads(row["node_types"]),
-                devices=json.loads(row["devices"]), created_at=row["created_at"], last_seen=row["last_seen"],
-            )
-        self._init_pools()
+    A facade over its parts, each owning its state and given its dependencies here: the shared
+    :class:`WorkerTable`, :class:`Rejections`, the Workers panel (:class:`WorkersPanel`), pools
+    (:class:`PoolManagement` over the :class:`PoolDirectory` the dispatcher reads), management, recorded
+    outputs, the resume grace and the agent sessions. The routes call the parts through it.
+    """
 
-    # --- small helpers ------------------------------------------------------------------------------
-    def session_token(self) -> str | None:
-        tok = self._session_token
-        return tok() if callable(tok) else tok
+    def __init__(self, table: WorkerTable, runs: RunsPort, links: ServerLinks, directory: PoolDirectory,
+                 home: Path, ssh: SshPort | None = None,
+                 part_holdings: Callable[[], dict[str, tuple[str, tuple[str, ...]]]] | None = None) -> None:
+        """``table``: the worker table (also the dispatcher's ``mode_of``); ``runs``: the dispatcher;
+        ``directory``: the pools as the dispatcher reads them; ``home``: XPUFLEET_HOME; ``ssh``: the SSH
+        workers; ``part_holdings``: the cards of runs spread over workers (sidecar/spread.py)."""
+        self.table = table
+        self.workers = table.workers
+        self.store = table.store
+        self.dispatcher = runs
+        self.links = links
+        self.ssh = ssh
+        self.rejection_log = Rejections(table.store)
+        self.panel = WorkersPanel(table, self.rejection_log, runs, links, ssh, part_holdings)
+        self.pools = PoolManagement(table, directory, runs, links, self.panel.describe, self.panel.slot_state)
+        self.management = WorkerManagement(table, runs, links, self.panel.describe, self.pools.depart, ssh)
+        self.outputs = OutputsAccess(table.workers, home, runs.ingest)
+        self.grace = ResumeGrace(table, runs, self.pools.maybe_depart)
+        self.sessions = AgentSessions(table, runs, links, self.rejection_log, self.pools, self.outputs, self.grace,
+                                      self.is_disabled, self.panel.limit_warnings)
 
-    def server_url(self) -> str | None:
-        url = self._server_url
-        return url() if callable(url) else url
+    # --- wiring (sidecar/app.py, once) ---------------------------------------------------------------------
+    @property
+    def slurm(self) -> Any:
+        """The Slurm pools' manager (server/slurm/manager.py), or None."""
+        return self.pools.slurm
 
-    def tls_fingerprint(self) -> str | None:
-        """The certificate fingerprint join commands carry (None without --tls)."""
-        return self._tls_fingerprint() if self._tls_fingerprint is not None else None
+    @slurm.setter
+    def slurm(self, slurm: Any) -> None:
+        self.pools.directory.attach_slurm(slurm)
 
+    def register_handler(self, mtype: str, handler: MessageHandler) -> None:
+        """Another part handles the agent messages of type ``mtype``."""
+        self.sessions.register_handler(mtype, handler)
+
+    def add_connection_listener(self, listener: ConnectionListener) -> None:
+        """``listener(worker, online)`` is called when a worker's agent disconnects."""
+        self.sessions.add_connection_listener(listener)
+
+    @property
+    def message_handlers(self) -> dict[str, MessageHandler]:
+        """The registered handlers (read-only use; register through :meth:`register_handler`)."""
+        return self.sessions.message_handlers
+
+    @property
+    def connection_listeners(self) -> list[ConnectionListener]:
+        """The registered listeners (add through :meth:`add_connection_listener`)."""
+        return self.sessions.connection_listeners
+
+    # --- what the routes and the other parts call ----------------------------------------------------------
     def is_disabled(self, name: str) -> bool:
         """An SSH worker the user disabled (docs/workers.md)."""
         return self.ssh is not None and self.ssh.is_disabled(name)
 
-    def server_node_types(self) -> list[str]:
-        try:
-            return list(self._server_node_types())
-        except Exception:  # noqa: BLE001 - a broken node module must not break the worker list
-            return []
-
-    def _active_runs(self, name: str | None = None) -> list[dict[str, Any]]:
-        runs = self.store.active()
-        return [r for r in runs if r["worker_id"] and (name is None or r["worker_id"] == name)]
+    def tls_fingerprint(self) -> str | None:
+        """The certificate fingerprint join commands carry (None without --tls)."""
+        return self.links.tls_fingerprint()
 
     def get(self, name: str) -> WorkerState:
-        st = self.workers.get(name)
-        if st is None:
-            raise WorkerError(f"no worker named {name!r} (see GET /api/workers)", 404)
-        return st
+        """The worker named ``name`` (404 when unknown)."""
+        return self.table.get(name)
 
-    # --- start-up: take over runs still running on workers -----------------------------------------
+    def instances(self, pool: str) -> list[WorkerState]:
+        """The known instances of a one-shot pool."""
+        return self.table.instances(pool)
+
+    def device_mode(self, name: str, device: str) -> str:
+        """A worker card's mode (exclusive|shared)."""
+        return self.table.device_mode(name, device)
+
+    async def serve(self, ws: Any, peer: str | None) -> None:
+        """Serve one agent WebSocket (already prepared) until it closes."""
+        await self.sessions.serve(ws, peer)
+
     def start(self) -> None:
-        """After the dispatcher recovered: every worker with runs still active gets its resume grace.
-
-        Runs the sidecar had sent to a worker before it restarted are taken over when the worker's
-        agent reconnects and lists them; those of a worker that does not come back within the grace end
-        ``interrupted``.
-        """
-        if self._grace_started:
-            return
-        self._grace_started = True
-        for name in sorted({r["worker_id"] for r in self._active_runs()}):
-            st = self.workers.get(name)
-            if st is None:  # a run on a worker removed meanwhile
-                st = self.workers[name] = WorkerState(name=name, created_at=time.time())
-            if not st.online:
-                st.disconnected_at = time.monotonic()
-                self._schedule_grace(st)
-
-    def _schedule_grace(self, st: WorkerState) -> None:
-        if st.grace_handle is not None:
-            st.grace_handle.cancel()
-        loop = asyncio.get_running_loop()
-        st.grace_handle = loop.call_later(protocol.resume_grace_s(), self._grace_expired, st.name)
-
-    def _grace_expired(self, name: str) -> None:
-        st = self.workers.get(name)
-        if st is not None:
-            st.grace_handle = None
-            if st.online:
-                return
-        grace = protocol.resume_grace_s()
-        for run in self._active_runs(name):
-            log.warning("run %s: worker %s stayed away longer than the resume grace; interrupted", run["id"], name)
-            self.dispatcher.run_ended(
-                run["id"], "interrupted",
-                f"worker {name} was disconnected for more than {grace:g} s (XPUFLEET_WORKER_RESUME_GRACE_S); "
-                f"the run was interrupted",
-            )
-        if st is not None:
-            self._maybe_depart(st)  # a one-shot instance that did not come back has left
-
+        """After the dispatcher recovered: workers with active runs get their resume grace."""
+        self.grace.start()
 
     async def close(self) -> None:
         """Server stopping: close agent connections (they reconnect to the next server; runs go on)."""
-        for task in list(self._upload_tasks):
-            task.cancel()
+        self.outputs.close()
+        self.grace.cancel_all()
         for st in list(self.workers.values()):
-            if st.grace_handle is not None:
-                st.grace_handle.cancel()
-                st.grace_handle = None
             conn = st.conn
             if conn is not None:
                 with contextlib.suppress(Exception):
                     await conn.ws.close(code=1001, message=b"server stopping")
 
+    # --- the Workers panel (status.py) ---
+    def list(self) -> list[dict[str, Any]]:
+        """Every known worker but pool instances, by name."""
+        return self.panel.list()
 
+    def describe(self, name: str, state: Any = None) -> dict[str, Any]:
+        """One worker as ``GET /api/workers`` lists it."""
+        return self.panel.describe(name, state)
 
+    def describe_this_server(self) -> dict[str, Any] | None:
+        """This server's own machine as a Workers panel row."""
+        return self.panel.describe_this_server()
 
-def _default_node_types() -> list[str]:
-    from ...nodes import NODE_CLASS_MAPPINGS
+    def limit_warnings(self, name: str | None = None) -> list[str]:
+        """Overrides lowered by another provider of the same card."""
+        return self.panel.limit_warnings(name)
 
-    return sorted(NODE_CLASS_MAPPINGS)
+    def rejections(self, limit: int = 50) -> list[dict[str, Any]]:
+        """Refused agent connections, newest first."""
+        return self.rejection_log.latest(limit)
+
+    # --- management (management.py) ---
+    def set_mode(self, name: str, device: str, mode: Any) -> dict[str, Any]:
+        """A card's mode on a worker (exclusive|shared)."""
+        return self.management.set_mode(name, device, mode)
+
+    def set_drained(self, name: str, drained: bool) -> dict[str, Any]:
+        """Drain or undrain a worker."""
+        return self.management.set_drained(name, drained)
+
+    async def remove(self, name: str) -> dict[str, Any]:
+        """Remove a worker (revoke, disconnect, fail its waiting runs)."""
+        return await self.management.remove(name)
+
+    async def reissue(self, name: str, server_url: str | None = None) -> dict[str, Any]:
+        """A new credential for a joined worker."""
+        return await self.management.reissue(name, server_url)
+
+    def join_token(self, name: str | None = None, ttl_s: float | None = None,
+                   server_url: str | None = None) -> dict[str, Any]:
+        """A one-time join token and its command."""
+        return self.management.join_token(name, ttl_s, server_url)
+
+    # --- pools (pools.py) ---
+    def list_pools(self) -> list[dict[str, Any]]:
+        """Every pool's row."""
+        return self.pools.list_pools()
+
+    def describe_pool(self, name: str) -> dict[str, Any]:
+        """One pool's row."""
+        return self.pools.describe_pool(name)
+
+    def create_pool(self, name: Any, server_url: str | None = None, slurm: Any = None) -> dict[str, Any]:
+        """A new pool and its shared credential."""
+        return self.pools.create_pool(name, server_url, slurm)
+
+    def reissue_pool(self, name: str, server_url: str | None = None) -> dict[str, Any]:
+        """A new credential for a pool."""
+        return self.pools.reissue_pool(name, server_url)
+
+    def revoke_pool(self, name: str) -> dict[str, Any]:
+        """A pool's credential stops working."""
+        return self.pools.revoke_pool(name)
+
+    def export_pool(self, name: str, body: dict[str, Any], server_url: str | None = None) -> dict[str, Any]:
+        """Kubernetes manifests whose pods join the pool."""
+        return self.pools.export_pool(name, body, server_url)
+
+    async def remove_pool(self, name: str) -> dict[str, Any]:
+        """Delete a pool."""
+        return await self.pools.remove_pool(name)
+
+    async def dismiss(self, st: WorkerState, reason: str) -> None:
+        """Tell an idle pool instance to leave, and forget it."""
+        await self.pools.dismiss(st, reason)
+
+    # --- recorded outputs (outputs.py) ---
+    def uploaded_dir(self, run_id: str) -> Path:
+        """Where the sidecar keeps a run's recorded outputs."""
+        return self.outputs.uploaded_dir(run_id)
+
+    async def fetch(self, worker: str, run_id: str, name: str, offset: int = 0,
+                    length: int = protocol.OUTPUTS_CHUNK_BYTES, scope: str = "outputs") -> tuple[bytes, int, bool]:
+        """One chunk of a file on a worker."""
+        return await self.outputs.fetch(worker, run_id, name, offset, length, scope)
+
+    async def read_whole(self, worker: str, run_id: str, name: str, limit: int = MAX_READ_BYTES,
+                         scope: str = "outputs") -> bytes:
+        """A whole file from a worker."""
+        return await self.outputs.read_whole(worker, run_id, name, limit, scope)

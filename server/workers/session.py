@@ -9,6 +9,7 @@ import hmac
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,9 +17,17 @@ from ...constants import AGENT_HELLO_TIMEOUT_S, AGENT_PROTOCOL, TERMINAL_STATUSE
 from ..memory.admission import can_cap, cap_refusal
 from ..sidecar.auth import new_secret
 from . import protocol
+from .grace import ResumeGrace
+from .outputs import OutputsAccess
+from .pools import PoolManagement
+from .ports import RunsPort
 from .provider import WorkerProvider
-from .records import hash_secret, secret_matches
-from .state import REJECTIONS_KEPT, WorkerState
+from .records import Rejections, hash_secret, secret_matches
+from .state import AgentLink, ServerLinks, WorkerState
+from .table import WorkerTable
+
+MessageHandler = Callable[[str, dict[str, Any]], Awaitable[None]]
+ConnectionListener = Callable[[str, bool], None]
 
 log = logging.getLogger("xpufleet.workers")
 
@@ -78,33 +87,43 @@ class Connection:
 
 
 class AgentSessions:
-    """The connection part of :class:`~.registry.WorkerRegistry` (mixed in)."""
+    """The agents' WebSocket sessions: authentication, attach/detach, and each message's handling."""
 
-    # --- authentication -------------------------------------------------------------------------------
-    def record_rejection(self, name: str | None, address: str | None, version: str | None, reason: str) -> None:
-        """Remember a refused connection (shown under "Rejected connections")."""
-        log.warning("refused agent %s from %s: %s", name or "?", address or "?", reason)
-        with self.store.transaction() as db:
-            # An agent that keeps retrying (every <= 10 s) shows once, at its latest attempt, and
-            # cannot push other refusals out of the kept list.
-            db.execute("DELETE FROM worker_rejections WHERE name IS ? AND address IS ? AND version IS ? AND reason=?",
-                       (name, address, version, reason))
-            db.execute("INSERT INTO worker_rejections(ts, name, address, version, reason) VALUES (?,?,?,?,?)",
-                       (time.time(), name, address, version, reason))
-            db.execute("DELETE FROM worker_rejections WHERE id <= (SELECT MAX(id) FROM worker_rejections) - ?",
-                       (REJECTIONS_KEPT,))
+    def __init__(self, table: WorkerTable, runs: RunsPort, links: ServerLinks, rejections: Rejections,
+                 pools: PoolManagement, outputs: OutputsAccess, grace: ResumeGrace,
+                 is_disabled: Callable[[str], bool], limit_warnings: Callable[[str], list[str]]) -> None:
+        """``runs``: the dispatcher (providers, run events back); ``is_disabled``: an SSH worker the user
+        disabled; ``limit_warnings``: the slot overrides another provider lowers (logged once on connect)."""
+        self.table = table
+        self.workers = table.workers
+        self.store = table.store
+        self.runs = runs
+        self.links = links
+        self.rejections = rejections
+        self.pools = pools
+        self.outputs = outputs
+        self.grace = grace
+        self.is_disabled = is_disabled
+        self.limit_warnings = limit_warnings
+        self._announced_warnings: set[str] = set()
+        # Other parts' agent messages (message type -> handler(worker, msg)) and connection changes
+        # (listener(worker, online)): spread runs' parts, inference unit instances (server/units).
+        self.message_handlers: dict[str, MessageHandler] = {}
+        self.connection_listeners: list[ConnectionListener] = []
 
-    def rejections(self, limit: int = 50) -> list[dict[str, Any]]:
-        rows = self.store.query(
-            "SELECT ts, name, address, version, reason FROM worker_rejections ORDER BY id DESC LIMIT ?", (limit,))
-        now = time.time()
-        return [{**dict(r), "age_s": round(now - r["ts"], 1)} for r in rows]
+    def register_handler(self, mtype: str, handler: MessageHandler) -> None:
+        """Another part handles the agent messages of type ``mtype`` (wired once, in sidecar/app.py)."""
+        if mtype in self.message_handlers:
+            raise ValueError(f"agent message {mtype!r} has a handler already")
+        self.message_handlers[mtype] = handler
 
-    def _last_rejection(self, name: str) -> dict[str, Any] | None:
-        rows = self.store.query(
-            "SELECT ts, address, version, reason FROM worker_rejections WHERE name=? ORDER BY id DESC LIMIT 1",
-            (name,))
-        return dict(rows[0]) if rows else None
+    def add_connection_listener(self, listener: ConnectionListener) -> None:
+        """``listener(worker, online)`` is called when a worker's agent disconnects."""
+        self.connection_listeners.append(listener)
+
+    def provider(self, name: str) -> WorkerProvider:
+        """A worker as the dispatcher sees it."""
+        return WorkerProvider(self.workers, name, self.is_disabled, self.send_start)
 
     def authenticate(self, hello: dict[str, Any]) -> Admission:
         """Check a hello: refused with a reason, or admitted (with what to record)."""
@@ -119,7 +138,7 @@ class AgentSessions:
         kind, token = auth["kind"], auth["token"]
         out = Admission()
         if kind == "session":
-            expected = self.session_token()
+            expected = self.links.session_token()
             if not expected or not hmac.compare_digest(token.encode("utf-8", "surrogatepass"),
                                                        expected.encode("utf-8", "surrogatepass")):
                 return Admission("wrong session token: a same-machine agent reads it from the running server's "
@@ -133,7 +152,7 @@ class AgentSessions:
                 return Admission(f"bad credential for worker {name!r} (revoked or reissued): join again with a new "
                                  f"token")
         elif kind == "pool":
-            pool, why = self.admit_pool(token, name)
+            pool, why = self.pools.admit_pool(token, name)
             if why is not None:
                 return Admission(why)
             if not hello.get("one_shot"):
@@ -188,7 +207,7 @@ class AgentSessions:
         try:
             first = await asyncio.wait_for(ws.receive(), timeout=AGENT_HELLO_TIMEOUT_S)
         except asyncio.TimeoutError:
-            self.record_rejection(None, peer, None, f"no hello within {AGENT_HELLO_TIMEOUT_S:g} s")
+            self.rejections.record(None, peer, None, f"no hello within {AGENT_HELLO_TIMEOUT_S:g} s")
             await ws.close(code=4400, message=b"no hello")
             return
         if first.type != aiohttp.WSMsgType.TEXT:
@@ -196,7 +215,7 @@ class AgentSessions:
         try:
             hello = protocol.decode(first.data, protocol.AGENT_TO_SIDECAR)
             if hello["type"] == "refused_server":  # an agent that does not trust this server's certificate
-                self.record_rejection(hello["name"], peer, hello["version"], (
+                self.rejections.record(hello["name"], peer, hello["version"], (
                     f"the agent refused this server's TLS certificate: it pins {hello['pinned']}, this server "
                     f"presents {hello['seen']}; give it the join command this server prints (with its "
                     f"--fingerprint)"))
@@ -206,7 +225,7 @@ class AgentSessions:
                 raise protocol.ProtocolError(f"the first message must be hello, not {hello['type']}")
         except protocol.ProtocolError as exc:
             name = _peek_name(first.data)
-            self.record_rejection(name, peer, None, f"bad hello: {exc}")
+            self.rejections.record(name, peer, None, f"bad hello: {exc}")
             with contextlib.suppress(Exception):
                 await ws.send_str(json.dumps({"type": "reject", "reason": f"bad hello: {exc}"}))
             await ws.close(code=4400, message=b"bad hello")
@@ -215,7 +234,7 @@ class AgentSessions:
         if admission.reason is None:
             admission.reason = self.name_in_use(hello, peer)
         if admission.reason is not None:
-            self.record_rejection(hello["name"], peer, hello.get("version"), admission.reason)
+            self.rejections.record(hello["name"], peer, hello.get("version"), admission.reason)
             with contextlib.suppress(Exception):
                 await ws.send_str(protocol.encode("reject", reason=admission.reason))
             await ws.close(code=4403, message=b"refused")
@@ -287,7 +306,7 @@ class AgentSessions:
                 db.execute("UPDATE worker_join_tokens SET used_at=?, used_by=? WHERE token_hash=?",
                            (now, name, join_hash))
         if admission.pool is not None:
-            self._joined(st, admission.pool)
+            self.pools.joined(st, admission.pool)
         old = st.conn
         st.conn = conn
         st.connected_since_start = True
@@ -300,7 +319,7 @@ class AgentSessions:
             log.info("worker %s: a new connection replaces the old one", name)
             with contextlib.suppress(Exception):
                 await old.ws.close(code=4409, message=b"replaced by a new connection")
-        active = {r["id"]: r for r in self._active_runs(name)}
+        active = {r["id"]: r for r in self.table.active_runs(name)}
         known = {rid: self.store.last_source_seq(rid) for rid in active}
         await conn.send("welcome", name=name, server_version=VERSION, runs=known, credential=credential,
                         heartbeat_interval_s=protocol.heartbeat_interval_s(),
@@ -308,12 +327,12 @@ class AgentSessions:
         log.info("worker %s connected from %s (%d device(s), %d run(s) to take over)",
                  name, conn.peer, len(st.devices), len(known))
         if st.provider is None:
-            st.provider = WorkerProvider(self, name)
-            self.dispatcher.register_provider(st.provider)
+            st.provider = self.provider(name)
+            self.runs.register_provider(st.provider)
         else:
-            self.dispatcher.providers_changed()
+            self.runs.providers_changed()
         if st.pool is not None:
-            self._sync_pools()
+            self.pools.sync()
         await self._reconcile(st, conn, hello, active)
         self._log_limit_warnings(name)
         return st
@@ -330,14 +349,14 @@ class AgentSessions:
             if run["status"] == "assigned" and self.store.last_source_seq(run_id) == 0:
                 full = self.store.get_run(run_id, with_graph=True)
                 if full is not None and full.get("budget_gib") is not None \
-                        and not can_cap(st.provider or WorkerProvider(self, st.name)):
+                        and not can_cap(st.provider or self.provider(st.name)):
                     # docs/workers.md: a run admitted by budget never starts on an agent that cannot cap it
-                    self.dispatcher.run_ended(run_id, "failed", f"{cap_refusal(st.name)}; it reconnected before "
+                    self.runs.run_ended(run_id, "failed", f"{cap_refusal(st.name)}; it reconnected before "
                                               f"this run (budget {full['budget_gib']:.1f} GiB) started")
                 elif full is not None:  # sent before the connection broke, never received: send again
                     await self.send_start(conn, full, list(run["devices"]))
                 continue
-            self.dispatcher.run_ended(
+            self.runs.run_ended(
                 run_id, "interrupted",
                 f"worker {st.name} reconnected without this run (its agent was restarted); the run was interrupted",
             )
@@ -350,17 +369,17 @@ class AgentSessions:
         with contextlib.suppress(Exception):
             with self.store.transaction() as db:
                 db.execute("UPDATE workers SET last_seen=? WHERE name=?", (st.last_seen, st.name))
-        if self.workers.get(st.name) is st and self._active_runs(st.name):
-            self._schedule_grace(st)
+        if self.workers.get(st.name) is st and self.table.active_runs(st.name):
+            self.grace.schedule(st)
         log.info("worker %s disconnected", st.name)
-        if not self._maybe_depart(st):  # a one-shot instance that left is forgotten
-            self.dispatcher.providers_changed()
+        if not self.pools.maybe_depart(st):  # a one-shot instance that left is forgotten
+            self.runs.providers_changed()
             if st.pool is not None:
-                self._sync_pools()
+                self.pools.sync()
         for listener in self.connection_listeners:
             listener(st.name, False)
 
-    async def send_start(self, conn: Connection, run: dict[str, Any], devices: list[str]) -> bool:
+    async def send_start(self, conn: AgentLink, run: dict[str, Any], devices: list[str]) -> bool:
         """Send one run to an agent."""
         extra = {"spread": run["spread"]} if run.get("spread") else {}  # rank 0 of a run spread over workers
         return await conn.send(
@@ -377,9 +396,9 @@ class AgentSessions:
             db.execute("UPDATE workers SET devices=?, last_seen=? WHERE name=?",
                        (json.dumps(devices), st.last_seen, st.name))
         if changed:
-            self.dispatcher.providers_changed()
-        self.dispatcher.memory.report(st.name, devices)  # shared cards: total and free for the ledger
-        self.dispatcher.memory.run_usage(st.name, [r for r in msg.get("runs") or [] if r.get("memory")])
+            self.runs.providers_changed()
+        self.runs.memory.report(st.name, devices)  # shared cards: total and free for the ledger
+        self.runs.memory.run_usage(st.name, [r for r in msg.get("runs") or [] if r.get("memory")])
         for r in msg.get("runs") or []:
             run = self.store.get_run(r["run_id"])
             if run is None or run["worker_id"] != st.name or run["status"] in TERMINAL_STATUSES:
@@ -398,17 +417,17 @@ class AgentSessions:
             await conn.send("forget_run", run_id=run_id, reason=f"the run already ended ({run['status']})")
             return
         if run["status"] == "assigned":
-            self.dispatcher.run_process_started(run_id, None)
-        if msg["event_type"] == "run_finished" and self.wants_upload(run):
-            self.start_upload(st, conn, run, msg)  # the run ends once its outputs are copied here
+            self.runs.run_process_started(run_id, None)
+        if msg["event_type"] == "run_finished" and self.outputs.wants_upload(run):
+            self.outputs.start_upload(st, conn, run, msg)  # the run ends once its outputs are copied here
             return
-        self.dispatcher.ingest(run_id, [{"seq": msg["seq"], "type": msg["event_type"],
+        self.runs.ingest(run_id, [{"seq": msg["seq"], "type": msg["event_type"],
                                          "payload": msg["payload"], "ts": msg.get("ts")}])
         if msg["event_type"] == "run_finished":
             await conn.send("ack", run_id=run_id, seq=msg["seq"])
 
     def _log_limit_warnings(self, name: str) -> None:
-        """Seed 000: an override lowered by a smaller limit of another provider is logged on connect."""
+        """An override lowered by a smaller limit of another provider is logged on connect (docs/workers.md)."""
         for w in self.limit_warnings(name):
             if w not in self._announced_warnings:
                 self._announced_warnings.add(w)

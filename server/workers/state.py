@@ -3,18 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..sidecar.errors import ApiError
-
-if TYPE_CHECKING:
-    from .provider import WorkerProvider
-    from .session import Connection
-
-MODES = ("exclusive", "shared")
-SHAREABLE_KINDS = ("cuda", "mps")  # docs/workers.md: only CUDA and MPS cards, only on workers
-REJECTIONS_KEPT = 200
 
 
 class WorkerError(ApiError):
@@ -23,6 +16,44 @@ class WorkerError(ApiError):
     def __init__(self, message: str, status: int = 400) -> None:
         super().__init__(status, message)
 
+
+
+class AgentLink(Protocol):
+    """One agent's live connection as the rest of the registry sees it (session.py's ``Connection``)."""
+
+    ws: Any
+    name: str
+    peer: str | None
+    pending: dict[str, asyncio.Future[dict[str, Any]]]
+
+    @property
+    def closed(self) -> bool: ...
+
+    async def send(self, mtype: str, **fields: Any) -> bool: ...
+
+
+@dataclass
+class ServerLinks:
+    """What the registry's parts say about this server: its session token, URL, TLS fingerprint and node types
+    (callables: the config may learn them after start-up, e.g. the port)."""
+
+    session_token: Callable[[], str | None]
+    server_url: Callable[[], str | None] = lambda: None
+    tls_fingerprint: Callable[[], str | None] = lambda: None
+    node_types: Callable[[], list[str]] | None = None
+
+    def server_node_types(self) -> list[str]:
+        """This server's node types; [] when the node modules fail to import (the list must still show)."""
+        try:
+            return list((self.node_types or _default_node_types)())
+        except Exception:  # noqa: BLE001 - a broken node module must not break the worker list
+            return []
+
+
+def _default_node_types() -> list[str]:
+    from ...nodes import NODE_CLASS_MAPPINGS
+
+    return sorted(NODE_CLASS_MAPPINGS)
 
 
 @dataclass
@@ -38,12 +69,12 @@ class WorkerState:
     devices: list[dict[str, Any]] = field(default_factory=list)
     created_at: float = 0.0
     last_seen: float | None = None  # wall clock of the last message
-    conn: Connection | None = None
+    conn: AgentLink | None = None
     connected_since_start: bool = False
     last_heartbeat: float | None = None  # monotonic
     disconnected_at: float | None = None  # monotonic
     grace_handle: asyncio.TimerHandle | None = None
-    provider: WorkerProvider | None = None
+    provider: Any = None  # its WorkerProvider (provider.py) once it has connected
     mounts: dict[str, str] = field(default_factory=dict)  # storage mounts: label -> folder (docs/workers.md)
     one_shot: bool = False  # takes one run, then its agent exits (docs/workers.md)
     pool: str | None = None  # the one-shot pool this instance joined

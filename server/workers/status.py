@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ...constants import LOCAL_PROVIDER, VERSION
@@ -11,6 +12,10 @@ from ..memory.views import card_view
 from ..scheduling import build_state
 from . import protocol
 from .panel_view import admission_rule, recent_runs, run_row, this_server_environment
+from .ports import RunsPort, SshPort
+from .records import Rejections
+from .state import ServerLinks
+from .table import WorkerTable
 
 
 def node_type_diff(server_types: list[str] | set[str], worker_types: list[str] | set[str]) -> dict[str, Any]:
@@ -70,18 +75,32 @@ def ssh_status(status: str, reason: str, ssh: dict[str, Any]) -> tuple[str, str]
 
 
 class WorkersPanel:
-    """The presentation part of :class:`~.registry.WorkerRegistry` (mixed in)."""
+    """The Workers panel's data: each worker's row, this server's row, the slot view they share."""
+
+    def __init__(self, table: WorkerTable, rejections: Rejections, runs: RunsPort, links: ServerLinks,
+                 ssh: SshPort | None = None,
+                 part_holdings: Callable[[], dict[str, tuple[str, tuple[str, ...]]]] | None = None) -> None:
+        """``runs``: the dispatcher (providers, overrides, the memory views); ``part_holdings``: the other
+        workers' cards of runs spread over workers (sidecar/spread.py)."""
+        self.table = table
+        self.store = table.store
+        self.rejections = rejections
+        self.runs = runs
+        self.links = links
+        self.ssh = ssh
+        self.part_holdings = part_holdings
+        self._local_inventory: Any = None  # this machine's probe (devices/inventory.py), made on first use
 
     # --- slots view -------------------------------------------------------------------------------------
-    def _slot_state(self) -> Any:
+    def slot_state(self) -> Any:
+        """The slot state of now (every provider's offers, the runs holding them)."""
         holdings = {r["id"]: (r["worker_id"] or LOCAL_PROVIDER, tuple(r["devices"])) for r in self.store.active()}
-        spread = getattr(self.dispatcher, "spread", None)  # the other workers' cards of spread runs
-        holdings.update(spread.part_holdings() if spread is not None else {})
-        return build_state(self.dispatcher.provider_infos(), self.dispatcher.overrides, holdings)
+        holdings.update(self.part_holdings() if self.part_holdings is not None else {})
+        return build_state(self.runs.provider_infos(), self.runs.overrides, holdings)
 
     def limit_warnings(self, name: str | None = None, state: Any = None) -> list[str]:
         """Overrides lowered by another provider of the same card (all, or those naming ``name``)."""
-        state = state if state is not None else self._slot_state()
+        state = state if state is not None else self.slot_state()
         return [w for w in state.warnings
                 if name is None or f" on {name} is lowered" in w or f"offered by {name} with" in w]
 
@@ -89,12 +108,12 @@ class WorkersPanel:
     # --- the Workers panel -----------------------------------------------------------------------------
     def describe(self, name: str, state: Any = None) -> dict[str, Any]:
         """One worker as ``GET /api/workers`` lists it (every field of docs/workers.md's Workers panel)."""
-        st = self.get(name)
-        state = state if state is not None else self._slot_state()
+        st = self.table.get(name)
+        state = state if state is not None else self.slot_state()
         now_m = time.monotonic()
         hb_age = None if st.last_heartbeat is None or not st.online else now_m - st.last_heartbeat
-        types = node_type_diff(self.server_node_types(), st.node_types) if st.version else None
-        active = self._active_runs(name)
+        types = node_type_diff(self.links.server_node_types(), st.node_types) if st.version else None
+        active = self.table.active_runs(name)
         disconnected_for = None if st.disconnected_at is None else now_m - st.disconnected_at
         status, reason = worker_status(
             connected=st.online, drained=st.drained, heartbeat_age_s=hb_age,
@@ -105,7 +124,7 @@ class WorkersPanel:
         ssh = self.ssh.describe(name) if self.ssh is not None and self.ssh.has(name) else None
         if ssh is not None:
             status, reason = ssh_status(status, reason, ssh)
-        modes = self._modes(name)
+        modes = self.table.modes(name)
         devices: list[dict[str, Any]] = []
         for d in st.devices:
             slot = state.slot_for(name, d["name"]) if st.provider is not None else None
@@ -117,7 +136,7 @@ class WorkersPanel:
                 limit = slot.limit if slot.limit > 0 else own  # offline: its own limit, not 0
             used = slot.used if slot is not None else sum(1 for r in active if d["name"] in r["devices"])
             mode = modes.get(d["name"], "exclusive")
-            memory = card_view(self.dispatcher.memory, name, d["name"]) if st.provider is not None else None
+            memory = card_view(self.runs.memory, name, d["name"]) if st.provider is not None else None
             devices.append({
                 "name": d["name"], "kind": d["kind"], "label": d.get("label"), "uuid": d.get("uuid"),
                 "total_gib": d.get("total_gib"), "free_gib": d.get("free_gib"),
@@ -145,7 +164,7 @@ class WorkersPanel:
             "version_match": st.version == VERSION if st.version else None,
             "environment": st.env,
             "node_types": types,
-            "last_rejection": self._last_rejection(name),
+            "last_rejection": self.rejections.last_for(name),
             "heartbeat_age_s": None if hb_age is None else round(hb_age, 1),
             "last_seen_age_s": last_seen_age,
             "simulated": any(d.get("simulated") for d in st.devices),
@@ -156,7 +175,7 @@ class WorkersPanel:
                       "started_at": r.get("started_at")} for r in active],
             "recent_runs": recent_runs(self.store, name),
             "agent_caps_memory": can_cap(st.provider) if st.provider is not None else None,
-            "queued": len(self._queued_for(name)),
+            "queued": len(self.table.queued_for(name)),
             "warnings": self.limit_warnings(name, state),
             "peer": st.conn.peer if st.conn is not None else None,
             "mounts": [{"label": k, "folder": v} for k, v in sorted(st.mounts.items())],
@@ -173,7 +192,7 @@ class WorkersPanel:
 
     def _confirm_texts(self, name: str, st: Any, ssh: dict[str, Any] | None,
                        active: list[dict[str, Any]]) -> dict[str, str]:
-        queued = len(self._queued_for(name))
+        queued = len(self.table.queued_for(name))
         remove = (f"Remove {name}: " + ("end its ssh connection, delete the entry and everything it stored on "
                                         f"{ssh['host']} ({ssh['remote_dir']})" if ssh is not None
                                         else "revoke its credential and disconnect it")
@@ -190,10 +209,10 @@ class WorkersPanel:
         """This server's own machine as a Workers panel row (it runs local runs and takes sweep variants):
         its devices with slots, mode and admission rule, its running and recent runs, the runs queued for
         it. None when the sidecar has no local provider."""
-        local = self.dispatcher.providers.get(LOCAL_PROVIDER)
+        local = self.runs.providers.get(LOCAL_PROVIDER)
         if local is None:
             return None
-        state = state if state is not None else self._slot_state()
+        state = state if state is not None else self.slot_state()
         live = self._local_probe(local)
         active = [r for r in self.store.active() if r["worker_id"] is None and r.get("placement") == "local"]
         devices: list[dict[str, Any]] = []
@@ -202,8 +221,8 @@ class WorkersPanel:
             slot = state.slot_for(LOCAL_PROVIDER, d["name"])
             used = slot.used if slot is not None else sum(1 for r in active if d["name"] in r["devices"])
             limit = slot.limit if slot is not None else None
-            mode = self.dispatcher.memory.mode(local, d["name"])
-            memory = card_view(self.dispatcher.memory, LOCAL_PROVIDER, d["name"])
+            mode = self.runs.memory.mode(local, d["name"])
+            memory = card_view(self.runs.memory, LOCAL_PROVIDER, d["name"])
             devices.append({
                 "name": d["name"], "kind": d.get("kind"), "label": d.get("label"), "uuid": d.get("uuid"),
                 "total_gib": (now or d).get("total_gib"), "free_gib": (now or d).get("free_gib"),
@@ -232,7 +251,7 @@ class WorkersPanel:
         from ..devices.inventory import Inventory
 
         try:
-            if getattr(self, "_local_inventory", None) is None:
+            if self._local_inventory is None:
                 self._local_inventory = Inventory(LOCAL_PROVIDER, local.home)
             return {("mps:0" if d["name"] == "mps" else d["name"]): d for d in self._local_inventory.snapshot()}
         except Exception:  # noqa: BLE001 - a failing probe must not break the Workers panel
@@ -240,5 +259,6 @@ class WorkersPanel:
 
     def list(self) -> list[dict[str, Any]]:
         """Every known worker but pool instances (listed with their pool), by name."""
-        state = self._slot_state()
-        return [self.describe(n, state) for n in sorted(self.workers) if self.workers[n].pool is None]
+        state = self.slot_state()
+        workers = self.table.workers
+        return [self.describe(n, state) for n in sorted(workers) if workers[n].pool is None]

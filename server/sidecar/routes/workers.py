@@ -24,12 +24,12 @@ from aiohttp import web
 from ....constants import AGENT_WS_PATH, WORKER_NAME_RE
 from ...contracts.workers import DeviceMode, JoinTokenRequest
 from ...slurm.manager import SlurmPools
-from ...ssh.manager import FIELDS, SshWorkers
+from ...ssh.manager import FIELDS
 from ...workers import protocol
 from ...workers.registry import WorkerError, WorkerRegistry
 from .. import auth, openapi
 from ..http import json_error, read_object
-from ..keys import CONFIG_KEY, DISPATCHER_KEY, STORE_KEY
+from ..keys import CONFIG_KEY, DISPATCHER_KEY
 from ..runtime_file import read_runtime
 
 log = logging.getLogger("xpufleet.workers")
@@ -108,17 +108,22 @@ async def join_tokens(request: web.Request) -> web.Response:
 
 async def add_ssh(request: web.Request) -> web.Response:
     body = await read_object(request, FIELDS)
-    return web.json_response(_registry(request).ssh.add(body), status=201)
+    reg = _registry(request)
+    return web.json_response(reg.describe(reg.ssh.add(body)), status=201)
 
 
 async def disable(request: web.Request) -> web.Response:
     await read_object(request, set(), optional=True)
-    return web.json_response(await _registry(request).ssh.disable(request.match_info["name"]))
+    reg, name = _registry(request), request.match_info["name"]
+    await reg.ssh.disable(name)
+    return web.json_response(reg.describe(name))
 
 
 async def enable(request: web.Request) -> web.Response:
     await read_object(request, set(), optional=True)
-    return web.json_response(await _registry(request).ssh.enable(request.match_info["name"]))
+    reg, name = _registry(request), request.match_info["name"]
+    await reg.ssh.enable(name)
+    return web.json_response(reg.describe(name))
 
 
 async def rejected(request: web.Request) -> web.Response:
@@ -138,7 +143,7 @@ def server_url(request: web.Request) -> str:
     return f"{request.scheme}://{request.host}"
 
 
-def _tunnel_target(config: Any) -> Any:
+def tunnel_target(config: Any) -> Any:
     """Where SSH workers' tunnels end here: the agent socket, else (plain HTTP only) the TCP port."""
 
     def target() -> str | None:
@@ -174,16 +179,12 @@ def _card_snapshots(reg: WorkerRegistry) -> Any:
 
 
 def setup(app: web.Application) -> None:
-    """Create the worker registry and add the worker routes to the sidecar ``app``."""
-    store = app[STORE_KEY]
-    dispatcher = app[DISPATCHER_KEY]
+    """Add the worker routes to the sidecar ``app`` (its registry, made in app.py, under ``REGISTRY_KEY``)."""
     config = app[CONFIG_KEY]
-    registry = WorkerRegistry(store, dispatcher, session_token=lambda: getattr(config, "token", None),
-                              tls_fingerprint=lambda: getattr(config, "tls_fingerprint", None))
-    app[REGISTRY_KEY] = registry
-    ssh = SshWorkers(registry, _tunnel_target(config))
+    registry = app[REGISTRY_KEY]
+    ssh = registry.ssh
     slurm = SlurmPools(registry, config.home, lambda: str((read_runtime(config.home) or {}).get("url") or "") or None)
-    dispatcher.card_snapshot_sources.append(_card_snapshots(registry))
+    app[DISPATCHER_KEY].card_snapshot_sources.append(_card_snapshots(registry))
     auth.add_exemption(app, AGENT_WS_PATH)
     r = app.router
     r.add_get(AGENT_WS_PATH, agent_ws)

@@ -24,6 +24,7 @@ sys.modules.setdefault("workers_test_registry", reg)
 _spec.loader.exec_module(reg)
 
 GRAPH = reg.GRAPH
+start_sidecar = reg.start_sidecar  # the in-process sidecar fixture (test_registry.py)
 
 
 # --- pure ---------------------------------------------------------------------------------------------
@@ -101,58 +102,55 @@ async def _workers(sc) -> dict:
     return body
 
 
-def test_get_workers_lists_this_server_recent_runs_card_rules_and_pool_waiting_runs(xpufleet_home):
-    async def scenario() -> None:
-        async with reg.Sidecar(xpufleet_home) as sc:
-            data = await _workers(sc)
-            me = data["this_server"]
-            assert me["name"] == "local" and me["this_server"] is True and me["status"] == "Online"
-            assert [d["name"] for d in me["devices"]] == ["cpu"] and "local" not in {w["name"] for w in data["workers"]}
-            cpu = me["devices"][0]
-            assert cpu["slot_limit"] >= 1 and cpu["slots_used"] == 0 and cpu["mode"] == "exclusive"
-            assert cpu["admission"]["by"] == "slots" and cpu["admission"]["limit"] == cpu["slot_limit"]
-            assert me["recent_runs"] == [] and me["runs"] == [] and me["environment"]["cpu_count"] >= 1
-            agent = reg.ScriptedAgent(sc, "gpu-box", capabilities=["memory_cap"])
-            await agent.connect()
-            status, body = await sc.call("PUT", "/api/workers/gpu-box/devices/cuda:1/mode", {"mode": "shared"})
-            assert status == 200, body
-            status, body = await sc.call("POST", "/api/runs", {"graph": GRAPH, "options": {
-                "target": {"worker": "gpu-box", "devices": ["cuda:0"]}}})
-            assert status == 201, body
-            run_id = body["run_id"]
-            start = await agent.recv_type("start_run")
-            assert start["run_id"] == run_id
-            await agent.event(run_id, 1, "run_started", {"pid": 1})
-            w = next(w for w in (await _workers(sc))["workers"] if w["name"] == "gpu-box")
-            assert [r["id"] for r in w["runs"]] == [run_id] and w["recent_runs"] == []
-            devices = {d["name"]: d for d in w["devices"]}
-            assert devices["cuda:0"]["admission"] == {"by": "slots", "runs": 1, "used": 1, "limit": 1,
-                                                      "text": "exclusive: 1 run at a time, 1 now"}
-            shared = devices["cuda:1"]["admission"]
-            assert shared["by"] == "memory" and shared["runs"] == 0, shared
-            assert shared["free_for_budgets_gib"] == devices["cuda:1"]["memory"]["free_for_budgets_gib"]
-            assert shared["text"].startswith("shared by memory: a run starts when its budget")
-            await agent.event(run_id, 2, "run_finished", {"status": "succeeded", "error": None})
-            await reg._wait_status(sc, run_id, {"succeeded"})
-            w = next(w for w in (await _workers(sc))["workers"] if w["name"] == "gpu-box")
-            assert w["runs"] == [] and [r["id"] for r in w["recent_runs"]] == [run_id]
-            assert w["recent_runs"][0]["status"] == "succeeded" and w["recent_runs"][0]["devices"] == ["cuda:0"]
-            # a pool with a run waiting for an instance: listed with the run and why it waits
-            status, body = await sc.call("POST", "/api/pools", {"name": "burst"})
-            assert status in (200, 201), body
-            status, body = await sc.call("POST", "/api/runs", {"graph": GRAPH, "options": {"target": {"pool": "burst"}}})
-            assert status == 201, body
-            pool_run = body["run_id"]
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + 20
-            while True:  # the waiting reason is the dispatcher's next pass (bounded)
-                pool = next(p for p in (await _workers(sc))["pools"] if p["name"] == "burst")
-                if (pool["waiting"] and pool["waiting"][0]["waiting_reason"]) or loop.time() > deadline:
-                    break
-                await asyncio.sleep(0.05)
-            assert [r["id"] for r in pool["waiting"]] == [pool_run] and pool["queued"] == 1
-            assert "burst" in pool["waiting"][0]["waiting_reason"], pool["waiting"]
-            assert pool["instances"] == []
-            await agent.close()
-
-    reg.run(scenario())
+async def test_get_workers_lists_this_server_recent_runs_card_rules_and_pool_waiting_runs(start_sidecar):
+    sc = await start_sidecar()
+    data = await _workers(sc)
+    me = data["this_server"]
+    assert me["name"] == "local" and me["this_server"] is True and me["status"] == "Online"
+    assert [d["name"] for d in me["devices"]] == ["cpu"] and "local" not in {w["name"] for w in data["workers"]}
+    cpu = me["devices"][0]
+    assert cpu["slot_limit"] >= 1 and cpu["slots_used"] == 0 and cpu["mode"] == "exclusive"
+    assert cpu["admission"]["by"] == "slots" and cpu["admission"]["limit"] == cpu["slot_limit"]
+    assert me["recent_runs"] == [] and me["runs"] == [] and me["environment"]["cpu_count"] >= 1
+    agent = reg.ScriptedAgent(sc, "gpu-box", capabilities=["memory_cap"])
+    await agent.connect()
+    status, body = await sc.call("PUT", "/api/workers/gpu-box/devices/cuda:1/mode", {"mode": "shared"})
+    assert status == 200, body
+    status, body = await sc.call("POST", "/api/runs", {"graph": GRAPH, "options": {
+        "target": {"worker": "gpu-box", "devices": ["cuda:0"]}}})
+    assert status == 201, body
+    run_id = body["run_id"]
+    start = await agent.recv_type("start_run")
+    assert start["run_id"] == run_id
+    await agent.event(run_id, 1, "run_started", {"pid": 1})
+    w = next(w for w in (await _workers(sc))["workers"] if w["name"] == "gpu-box")
+    assert [r["id"] for r in w["runs"]] == [run_id] and w["recent_runs"] == []
+    devices = {d["name"]: d for d in w["devices"]}
+    assert devices["cuda:0"]["admission"] == {"by": "slots", "runs": 1, "used": 1, "limit": 1,
+                                              "text": "exclusive: 1 run at a time, 1 now"}
+    shared = devices["cuda:1"]["admission"]
+    assert shared["by"] == "memory" and shared["runs"] == 0, shared
+    assert shared["free_for_budgets_gib"] == devices["cuda:1"]["memory"]["free_for_budgets_gib"]
+    assert shared["text"].startswith("shared by memory: a run starts when its budget")
+    await agent.event(run_id, 2, "run_finished", {"status": "succeeded", "error": None})
+    await reg._wait_status(sc, run_id, {"succeeded"})
+    w = next(w for w in (await _workers(sc))["workers"] if w["name"] == "gpu-box")
+    assert w["runs"] == [] and [r["id"] for r in w["recent_runs"]] == [run_id]
+    assert w["recent_runs"][0]["status"] == "succeeded" and w["recent_runs"][0]["devices"] == ["cuda:0"]
+    # a pool with a run waiting for an instance: listed with the run and why it waits
+    status, body = await sc.call("POST", "/api/pools", {"name": "burst"})
+    assert status in (200, 201), body
+    status, body = await sc.call("POST", "/api/runs", {"graph": GRAPH, "options": {"target": {"pool": "burst"}}})
+    assert status == 201, body
+    pool_run = body["run_id"]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 20
+    while True:  # the waiting reason is the dispatcher's next pass (bounded)
+        pool = next(p for p in (await _workers(sc))["pools"] if p["name"] == "burst")
+        if (pool["waiting"] and pool["waiting"][0]["waiting_reason"]) or loop.time() > deadline:
+            break
+        await asyncio.sleep(0.05)
+    assert [r["id"] for r in pool["waiting"]] == [pool_run] and pool["queued"] == 1
+    assert "burst" in pool["waiting"][0]["waiting_reason"], pool["waiting"]
+    assert pool["instances"] == []
+    await agent.close()

@@ -66,8 +66,8 @@ def test_a_pool_of_one_shot_agents_takes_one_run_each_and_they_exit(fleet):
 
     # a fourth run waits until a fourth instance joins
     fourth = sc.submit(fh.iris_graph(), target={"pool": "spot"})
+    # its waiting reason is written when the queue loop has planned it and found no instance: still queued
     sc.wait_reason(fourth, "pool spot")
-    time.sleep(1.0)  # it must still wait (nothing can take it): the status says so below
     assert sc.run(fourth)["status"] == "queued"
     late = fleet.agent("--one-shot", "--join", token, label="spot3")
     late.wait_connected()
