@@ -87,16 +87,6 @@ class WorkerRegistry:
         """``listener(worker, online)`` is called when a worker's agent disconnects."""
         self.sessions.add_connection_listener(listener)
 
-    @property
-    def message_handlers(self) -> dict[str, MessageHandler]:
-        """The registered handlers (read-only use; register through :meth:`register_handler`)."""
-        return self.sessions.message_handlers
-
-    @property
-    def connection_listeners(self) -> list[ConnectionListener]:
-        """The registered listeners (add through :meth:`add_connection_listener`)."""
-        return self.sessions.connection_listeners
-
     # --- what the routes and the other parts call ----------------------------------------------------------
     def is_disabled(self, name: str) -> bool:
         """An SSH worker the user disabled (docs/workers.md)."""

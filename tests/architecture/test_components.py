@@ -31,15 +31,10 @@ PENDING_ATTRIBUTES = {
     "xpufleet.server.sidecar.recovery:Recovery",  # s2
     "xpufleet.server.memory.outcomes:RunOutcomes",  # s2
     "xpufleet.server.memory.texts:WaitingTexts",  # s2
-    "xpufleet.server.units.control:UnitControl",  # s3
-    "xpufleet.server.agent.remote:RemoteFeatures",  # s3
 }
 # Modules in an import cycle today, in the areas s2 (dispatcher <-> spread) and s3 (agent, units) rewrite.
 PENDING_CYCLE_MODULES = {
     "xpufleet.server.sidecar.dispatcher", "xpufleet.server.sidecar.spread",  # s2
-    "xpufleet.server.units.manager", "xpufleet.server.units.router",  # s3
-    "xpufleet.server.agent.agent", "xpufleet.server.agent.instances", "xpufleet.server.agent.parts",  # s3
-    "xpufleet.server.agent.remote",  # s3
 }
 
 

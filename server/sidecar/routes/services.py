@@ -82,8 +82,9 @@ def setup(app: web.Application) -> None:
     """Create the unit manager and add the service routes to the sidecar ``app``."""
     registry = app[REGISTRY_KEY]
     manager = UnitManager(app[STORE_KEY], app[DISPATCHER_KEY], RegistryLinks(registry.workers))
-    registry.message_handlers.update(manager.message_handlers())  # the agents' instance reports
-    registry.connection_listeners.append(manager.on_connection)
+    for mtype, handler in manager.message_handlers().items():  # the agents' instance reports
+        registry.register_handler(mtype, handler)
+    registry.add_connection_listener(manager.on_connection)
     app[UNITS_KEY] = manager
     r = app.router
     r.add_post("/api/services", create_service)
