@@ -22,6 +22,9 @@ class _Store:
     def ensure_schema(self, *args: object) -> None:
         pass
 
+    def set_execution_facts(self, *args: object) -> None:
+        pass
+
 
 class _Dispatcher:
     def __init__(self) -> None:
@@ -36,7 +39,8 @@ class _Dispatcher:
 
 def test_a_spread_candidate_is_split_by_every_part_s_cards_like_a_device_set():
     d = _Dispatcher()
-    adm = MemoryAdmission(d)
+    adm = MemoryAdmission(d.store, d.providers, slot_state=d.slot_state, holdings=dict, queued=dict,
+                          wake=lambda: None, notify=lambda _run_id: None, end_run=lambda *_args: None)
     keys = {pair: d.state.index[pair] for pair in SPREAD.pairs}
     assert adm.keys_of(SPREAD) == tuple(keys.values()) and len(keys) == 3
     adm.keys = frozenset(keys.values())
