@@ -116,8 +116,7 @@ class Dispatcher:
         self.holders = SlotHolders()  # slot holders that are not runs (holders.py)
         self.memory = MemoryAdmission(store, self.providers, slot_state=self.slot_state, holdings=self.holdings,
                                       queued=self.queued_candidates, wake=self.wake, notify=self.hub.notify,
-                                      end_run=lambda run_id, status, error: self.events.run_ended(
-                                          run_id, status, error), mode_of=mode_of)
+                                      end_run=self.run_ended, mode_of=mode_of)
         # The run-events interface providers report to (run_events.py); a spread run's rank 0 events pass
         # through the spread part first.
         self.events = RunEvents(store, self.hub.notify, self.memory, self._release,
@@ -128,7 +127,7 @@ class Dispatcher:
         self.shutting_down = False
         self.plans = 0  # passes made (tests and /api/health)
 
-    # Transitional, until the worker registry fills the PoolTable it passes in (docs/architecture.md): the
+    # Transitional, until the worker registry fills the PoolTable passed in (docs/sidecar.md): the
     # registry's pools part assigns these three; each writes the table the dispatcher reads.
     @property
     def pools(self) -> Mapping[str, list[str]]:
