@@ -334,7 +334,7 @@ class MemoryAdmission:
         return default_budget(self.records.peaks(graph_key, n_cards), graph_key, n_cards, self._sources(keys))
 
     def _fill_default(self, run_id: str, info: RunMemory, split: Split) -> None:
-        """Seed 000: a run queued without a budget while its card was exclusive gets the graph's default budget
+        """docs/memory.md: a run queued without a budget while its card was exclusive gets the graph's default budget
         when the card turns shared (or later, once the graph has a measured peak on that many cards)."""
         state = self.slot_state()
         default = self.default_for(info.graph_key, info.n_cards, [self.keys_of(c, state) for c in split.memory])

@@ -1,5 +1,5 @@
 """Admission by memory in a real (in-process) sidecar, against agents that speak the protocol by hand:
-the seed's texts in 400s and waiting_reason, waiting and starting as memory frees, defaults and raises,
+the ledger's texts (docs/memory.md) in 400s and waiting_reason, waiting and starting as memory frees, defaults and raises,
 MPS and unreported cards, runs without a budget, agents that cannot cap, restarts, OOM texts, NVML use."""
 
 from __future__ import annotations
