@@ -32,15 +32,17 @@ from ..ledger.budget import (
     DefaultBudget,
     default_budget,
     fill_default,
+    raise_waiting,
 )
-from ..ledger.fit import Ledger, context_mib_from_env
+from ..ledger.fit import Ledger, context_mib_from_env, short_id
 from ..ledger.queue import MemoryHolds, MemoryQueue, MemoryRun
 from ..scheduling import Candidate, SlotState
 from ..scheduling.plan import usable_provider
 from ..scheduling.waiting import provider_reason
-from .outcomes import RunOutcomes
+from .outcomes import RunUsage, oom_payload
+from .peaks import CardPeak, card_peak
 from .records import MemoryRecords, RunMemory
-from .texts import WaitingTexts
+from .texts import memory_text
 
 log = logging.getLogger("xpufleet.memory")
 
@@ -82,13 +84,33 @@ class Waiting:
     has_slot: bool
 
 
-class MemoryAdmission(RunOutcomes, WaitingTexts):
-    """The memory part of one :class:`~xpufleet.server.sidecar.dispatcher.Dispatcher` (see the module doc);
-    what finished runs change is in :class:`~.outcomes.RunOutcomes`, the texts in :class:`~.texts.WaitingTexts`."""
+Holdings = Mapping[str, tuple[str, tuple[str, ...]]]
 
-    def __init__(self, dispatcher: Any) -> None:
-        self.d = dispatcher
-        self.records = MemoryRecords(dispatcher.store)
+
+class MemoryAdmission:
+    """The memory part of one :class:`~xpufleet.server.sidecar.dispatcher.Dispatcher` (see the module doc).
+
+    Its dependencies are explicit: ``store`` (the run records and events), ``providers`` (the dispatcher's
+    provider table, read only), ``slot_state()`` / ``holdings()`` / ``queued()`` (the slot state, the
+    slot holdings and every queued run's candidates), and the calls back: ``wake()`` (plan again),
+    ``notify(run_id)`` (the run's watchers), ``end_run(run_id, status, error)`` (the run-events
+    interface's end), ``mode_of(worker, device)`` (a worker card's mode, from the registry; None: every
+    worker card exclusive). The texts are :mod:`.texts`, per-run NVML use :class:`~.outcomes.RunUsage`."""
+
+    def __init__(self, store: Any, providers: Mapping[str, Any], *, slot_state: Callable[[], SlotState],
+                 holdings: Callable[[], Holdings], queued: Callable[[], Mapping[str, tuple[Candidate, ...]]],
+                 wake: Callable[[], None], notify: Callable[[str], None],
+                 end_run: Callable[[str, str, str | None], None],
+                 mode_of: Callable[[str, str], str] | None = None) -> None:
+        self.store = store
+        self.providers = providers
+        self.slot_state = slot_state
+        self._holdings = holdings
+        self._queued = queued
+        self._wake = wake
+        self._notify = notify
+        self._end_run = end_run
+        self.records = MemoryRecords(store)
         try:
             context = context_mib_from_env()
         except ValueError as exc:
@@ -99,7 +121,7 @@ class MemoryAdmission(RunOutcomes, WaitingTexts):
         self.queue = MemoryQueue(self.ledger, self.holds)
         self.local_shared: frozenset[str] = frozenset()
         self.local_probe: Callable[[], list[dict[str, Any]]] | None = None
-        self.mode_of: Callable[[str, str], str] | None = None  # (worker, device) -> exclusive|shared
+        self.mode_of = mode_of  # (worker, device) -> exclusive|shared
         self.keys: frozenset[str] = frozenset()  # the cards that admit by memory
         self.simulated: set[str] = set()
         self.labels: dict[str, str] = {}
@@ -107,7 +129,7 @@ class MemoryAdmission(RunOutcomes, WaitingTexts):
         self.info: dict[str, RunMemory] = {}  # queued and active runs
         self.waiting: dict[str, Waiting] = {}
         self.by_graph: dict[tuple[str, int], set[str]] = {}
-        self.usage: dict[str, dict[str, Any]] = {}  # run id -> NVML per-process figures
+        self.usage = RunUsage(store.set_execution_facts)  # run id -> NVML per-process figures
         self._serial: int | None = None
         self._dirty: set[str] = set()  # cards whose texts may have changed
         self._task: asyncio.Task[None] | None = None
@@ -123,7 +145,7 @@ class MemoryAdmission(RunOutcomes, WaitingTexts):
 
     def load(self) -> None:
         """After a restart: the records of the runs still queued or active."""
-        ids = [r for r, _ in self.d.store.queued()] + [r["id"] for r in self.d.store.active()]
+        ids = [r for r, _ in self.store.queued()] + [r["id"] for r in self.store.active()]
         self.info.update(self.records.runs(ids))
         for run_id in ids:
             info = self.info.get(run_id)
@@ -163,9 +185,13 @@ class MemoryAdmission(RunOutcomes, WaitingTexts):
             return "exclusive"
         return self.mode_of(provider.name, device)
 
+    def mode_at(self, provider: str, device: str) -> str:
+        """The mode of ``device`` offered by the provider named ``provider`` (one that left: by name only)."""
+        return self.mode(self.providers.get(provider) or NamedProvider(provider), device)
+
     def _details(self) -> dict[tuple[str, str], dict[str, Any]]:
         out = {}
-        for p in self.d.providers.values():
+        for p in self.providers.values():
             details = getattr(p, "device_details", None)
             for dev in (details() if details is not None else []):
                 out[(p.name, str(dev.get("name")))] = dev
@@ -178,13 +204,13 @@ class MemoryAdmission(RunOutcomes, WaitingTexts):
             if slot.kind not in SHAREABLE_KINDS:
                 continue
             offers = [o for o in slot.offers if o.online] or slot.offers
-            if offers and all(self.mode(self.d.providers.get(o.provider) or NamedProvider(o.provider), o.device) == "shared"
+            if offers and all(self.mode_at(o.provider, o.device) == "shared"
                               for o in offers):
                 keys.add(key)
         return frozenset(keys)
 
     def split(self, cands: Sequence[Candidate], state: SlotState | None = None) -> Split:
-        state = state if state is not None else self.d.slot_state()
+        state = state if state is not None else self.slot_state()
         out = Split()
         for c in cands:
             keys = [state.index.get(pair) for pair in c.pairs]  # a spread run: every part's cards
@@ -201,7 +227,7 @@ class MemoryAdmission(RunOutcomes, WaitingTexts):
         return tuple(self.split(cands).slot)
 
     def keys_of(self, cand: Candidate, state: SlotState | None = None) -> tuple[str, ...]:
-        state = state if state is not None else self.d.slot_state()
+        state = state if state is not None else self.slot_state()
         return tuple(k for pair in cand.pairs if (k := state.index.get(pair)) is not None)
 
     # --- rebuilding the ledger and the queue ---------------------------------------------------------
@@ -241,9 +267,9 @@ class MemoryAdmission(RunOutcomes, WaitingTexts):
                 total = None  # docs/workers.md: a shared MPS device reports no total memory for budgets
             self.figures[key] = figures if figures is not None else (None, None)
             ledger.set_card(key, slot.label, slot.kind, shared=True, total_gib=total, free_gib=free)
-        statuses = {r["id"]: r["status"] for r in self.d.store.active()}
+        statuses = {r["id"]: r["status"] for r in self.store.active()}
         held: dict[str, list[str]] = {}  # run id -> its shared cards; a spread run's parts under its own id
-        for holder, (provider, devices) in self.d.holdings().items():
+        for holder, (provider, devices) in self._holdings().items():
             run_id = holder.partition("@")[0]  # "<run id>@<worker>": a spread run's other part (spread.py)
             held.setdefault(run_id, []).extend(
                 k for dev in devices if (k := state.index.get((provider, dev))) in self.keys)
@@ -279,7 +305,7 @@ class MemoryAdmission(RunOutcomes, WaitingTexts):
         usable: list[Candidate] = []
         for c in split.memory:  # a spread run: every part's worker must be usable and cap its run
             away = [(p, prov) for p, _ in c.parts if not usable_provider(prov := state.providers.get(p))]
-            uncapped = [p for p, _ in c.parts if not can_cap(self.d.providers.get(p))]
+            uncapped = [p for p, _ in c.parts if not can_cap(self.providers.get(p))]
             if away:
                 notes.extend(provider_reason(p, prov) for p, prov in away)
             elif budget is not None and uncapped:
@@ -308,9 +334,9 @@ class MemoryAdmission(RunOutcomes, WaitingTexts):
         return default_budget(self.records.peaks(graph_key, n_cards), graph_key, n_cards, self._sources(keys))
 
     def _fill_default(self, run_id: str, info: RunMemory, split: Split) -> None:
-        """Seed 000: a run queued without a budget while its card was exclusive gets the graph's default budget
+        """docs/memory.md: a run queued without a budget while its card was exclusive gets the graph's default budget
         when the card turns shared (or later, once the graph has a measured peak on that many cards)."""
-        state = self.d.slot_state()
+        state = self.slot_state()
         default = self.default_for(info.graph_key, info.n_cards, [self.keys_of(c, state) for c in split.memory])
         budget = fill_default(None, default)
         if budget is None:
@@ -324,8 +350,8 @@ class MemoryAdmission(RunOutcomes, WaitingTexts):
         self.info[run_id] = RunMemory(run_id, info.graph_key, info.n_cards, budget)
         from ..sidecar.store import NewEvent
 
-        self.d.store.append_events(run_id, [NewEvent("budget_changed", {**budget.to_json()})])
-        self.d.hub.notify(run_id)
+        self.store.append_events(run_id, [NewEvent("budget_changed", {**budget.to_json()})])
+        self._notify(run_id)
 
     # --- submission and the dispatcher's calls -------------------------------------------------------
 
@@ -334,7 +360,7 @@ class MemoryAdmission(RunOutcomes, WaitingTexts):
         self.info[run_id] = info
         if info.graph_key is not None:
             self.by_graph.setdefault((info.graph_key, info.n_cards), set()).add(run_id)
-        self._enqueue(run_id, cands, self.d.slot_state())
+        self._enqueue(run_id, cands, self.slot_state())
 
     def plan(self) -> list[tuple[str, Candidate, tuple[str, ...]]]:
         """Place what fits on shared cards now (reserved on the ledger): (run id, candidate, card keys)."""
@@ -357,7 +383,7 @@ class MemoryAdmission(RunOutcomes, WaitingTexts):
         if run_id in self.ledger.runs:
             self.ledger.start(run_id)
             self._dirty.update(self.ledger.runs[run_id].keys)
-            self.d.wake()
+            self._wake()
 
     def release(self, run_id: str) -> None:
         """The run ended, was cancelled, or its start failed: nothing of it is counted any more."""
@@ -377,7 +403,7 @@ class MemoryAdmission(RunOutcomes, WaitingTexts):
                 runs.discard(run_id)
                 if not runs:
                     del self.by_graph[(info.graph_key, info.n_cards)]
-        self.usage.pop(run_id, None)
+        self.usage.forget(run_id)
 
     def unplaced(self, run_id: str) -> None:
         """A placement that could not be applied (the run was cancelled meanwhile)."""
@@ -393,11 +419,109 @@ class MemoryAdmission(RunOutcomes, WaitingTexts):
             return info.budget.gib
         return None
 
+    # --- texts ---------------------------------------------------------------------------------------
+
+    def memory_text(self, run_id: str) -> str | None:
+        """Why a run waits for memory (None: it does not): :func:`.texts.memory_text` over this part's state."""
+        return memory_text(run_id, self.waiting.get(run_id), self.info.get(run_id), self.ledger, self.holds,
+                           self.queue, self.labels)
+
+    def reason(self, run_id: str, slot_reason: str | None) -> str | None:
+        """A queued run's waiting_reason: the memory text, then the slot rule's when it has exclusive cards too."""
+        w = self.waiting.get(run_id)
+        if w is None:
+            return slot_reason
+        text = self.memory_text(run_id)
+        if w.has_slot and slot_reason:
+            return f"{text}; {slot_reason}" if text else slot_reason
+        return text
+
+    @property
+    def has_dirty(self) -> bool:
+        return bool(self._dirty)
+
+    def dirty_runs(self) -> set[str]:
+        """Waiting runs whose memory text may have changed since the last call."""
+        dirty, self._dirty = self._dirty, set()
+        if not dirty:
+            return set()
+        return {r for r, w in self.waiting.items() if any(k in dirty for keys in w.all_keys for k in keys)}
+
+    # --- finished runs, measured peaks and raises -----------------------------------------------------
+
+    def run_usage(self, worker: str, runs: Sequence[Mapping[str, Any]]) -> None:
+        """An agent heartbeat's per-run NVML figures (:class:`~.outcomes.RunUsage`)."""
+        self.usage.record(worker, runs)
+
+    def finishing(self, run_id: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """Before a run's ``run_finished`` is stored: an out-of-memory failure under a budget says where the
+        budget came from and asks for a larger ``target.memory_gib`` (:func:`.outcomes.oom_payload`)."""
+        info = self.info.get(run_id) or self.records.run(run_id)
+        return oom_payload(payload, info, lambda: self.store.get_run(run_id))
+
+    def finished(self, run_id: str, status: str, peak_memory: Any) -> None:
+        """A run ended: its per-card figure is recorded under its graph key and number of cards; a larger
+        peak of a successful run raises the budgets of the same graph's waiting runs."""
+        info = self.info.get(run_id) or self.records.run(run_id)
+        if info is None:
+            return
+        peak = card_peak(peak_memory)
+        self.records.record_peak(run_id, info.graph_key, info.n_cards, status, peak)
+        if status == "succeeded" and peak is not None and info.graph_key is not None:
+            self.peak_recorded(info.graph_key, info.n_cards, run_id, peak)
+
+    def peak_recorded(self, graph_key: str, n_cards: int, run_id: str, peak: CardPeak) -> None:
+        """Raise (or give) the budgets of the waiting runs of this graph on this many cards: an estimate or a
+        default is raised with the reason, a run whose raised budget no usable card could hold fails, a typed
+        budget never changes, and a run that waited without one gets the default (docs/memory.md)."""
+        for other in sorted(self.by_graph.get((graph_key, n_cards), set())):
+            w = self.waiting.get(other)
+            info = self.info.get(other)
+            if w is None or info is None or other == run_id:
+                continue
+            default = self.default_for(graph_key, n_cards, w.all_keys)
+            if default is None:
+                continue
+            if info.budget is None:
+                budget = fill_default(None, default)
+                if budget is not None:
+                    self._set_budget(other, info, Budget(
+                        budget.gib, budget.source, budget.from_run, budget.peak_gib, None,
+                        f"given the graph's default budget: run {short_id(run_id)} of the same graph succeeded",
+                        budget.peak_source))
+                    self._requeue(other)
+                continue
+
+            def fits_somewhere(gib: float, w: Any = w) -> bool:
+                if w.has_slot:
+                    return True
+                return any(self.ledger.fits_ever(keys, gib) is not False for keys in w.all_keys)
+
+            raised = raise_waiting(info.budget, default, fits_somewhere)
+            if raised is None:
+                continue
+            if raised.fail is not None:
+                self._set_budget(other, info, raised.budget)
+                self._end_run(other, "failed", raised.fail)
+                continue
+            self._set_budget(other, info, raised.budget)
+            if other in self.queue:
+                self.queue.set_budget(other, raised.budget.gib)
+            for keys in w.all_keys:
+                self._dirty.update(keys)
+        self._wake()
+
+    def _requeue(self, run_id: str) -> None:
+        """A waiting run's candidates depend on its budget (agents that cannot cap): queue it again in its
+        place (the queue is rebuilt in submission order)."""
+        self._serial = None
+        self._rebuild_queue(self.slot_state(), self._queued())
+
     # --- heartbeats ----------------------------------------------------------------------------------
 
     def report(self, provider: str, devices: Sequence[Mapping[str, Any]]) -> None:
         """A heartbeat's figures (or this server's probe): the shared cards' total and free memory."""
-        state = self.d.slot_state()
+        state = self.slot_state()
         for dev in devices:
             key = state.index.get((provider, str(dev.get("name"))))
             if key is None:
@@ -412,7 +536,7 @@ class MemoryAdmission(RunOutcomes, WaitingTexts):
             if (card.total, card.free) != before:
                 self._dirty.add(key)
         if self.ledger.grown:
-            self.d.wake()
+            self._wake()
 
 class NamedProvider:
     """A provider known by name only (one that left): exclusive unless the registry says otherwise."""
@@ -432,6 +556,6 @@ def cand_text(c: Candidate) -> str:
     return " + ".join(f"{', '.join(devs)} on {_where(p)}" for p, devs in c.parts)
 
 
-def uncapped_parts(adm: Any, cands: Sequence[Candidate]) -> list[str]:
+def uncapped_parts(adm: MemoryAdmission, cands: Sequence[Candidate]) -> list[str]:
     """The workers of ``cands`` (every part of a spread run) whose agent cannot cap a run to its budget."""
-    return list(dict.fromkeys(p for c in cands for p, _ in c.parts if not can_cap(adm.d.providers.get(p))))
+    return list(dict.fromkeys(p for c in cands for p, _ in c.parts if not can_cap(adm.providers.get(p))))

@@ -13,7 +13,7 @@
 * a budgeted run never goes to an agent that cannot cap its allocator;
 * the decision: a run for a named worker (or this server) is rejected at once when its budget does not
   fit now, unless ``target.wait`` is true; ``any`` (and a pool) waits unless the budget is larger than
-  every candidate or ``target.wait`` is false. The 400 carries the seed's text with both figures.
+  every candidate or ``target.wait`` is false. The 400 carries the ledger's text with both figures (docs/memory.md).
 """
 
 from __future__ import annotations

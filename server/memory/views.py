@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..ledger.fit import short_id
-from .admission import MemoryAdmission, NamedProvider
+from .admission import MemoryAdmission
 from .peaks import LABELS
 from .records import RunMemory
 
@@ -47,14 +47,14 @@ def run_fields(adm: MemoryAdmission, runs: Iterable[Mapping[str, Any]]) -> dict[
 
 def card_view(adm: MemoryAdmission, provider: str, device: str) -> dict[str, Any] | None:
     """A card's memory as the Workers panel draws it (None: the card admits by slot, not by memory)."""
-    state = adm.d.slot_state()
+    state = adm.slot_state()
     key = state.index.get((provider, device))
     if key is None or key not in adm.keys:
         slot = state.slots.get(key) if key is not None else None
-        if slot is None or adm.mode(adm.d.providers.get(provider) or NamedProvider(provider), device) != "shared":
+        if slot is None or adm.mode_at(provider, device) != "shared":
             return None
         others = [o.provider for o in slot.offers if o.provider != provider
-                  and adm.mode(adm.d.providers.get(o.provider) or NamedProvider(o.provider), o.device) != "shared"]
+                  and adm.mode_at(o.provider, o.device) != "shared"]
         return {"admits_by_memory": False,
                 "note": (f"shared here, but the same card is exclusive on {', '.join(others) or 'another provider'}: "
                          f"it admits runs by slot until every provider offering it shares it")}

@@ -136,7 +136,7 @@ async def _dispatcher_ctx(app: web.Application) -> AsyncIterator[None]:
     devices = config.local_devices
     if devices is None:
         devices = await asyncio.to_thread(probe_local_devices, config.home)
-    local = LocalProvider(config.home, dispatcher, devices, stop_grace_s=config.stop_grace_s,
+    local = LocalProvider(config.home, dispatcher.events, devices, stop_grace_s=config.stop_grace_s,
                           cannot_run=local_runs_refusal())
     app[LOCAL_PROVIDER_KEY] = local
     dispatcher.register_provider(local)

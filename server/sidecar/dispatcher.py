@@ -6,8 +6,14 @@ changing its devices) and then plans once. Statuses are persisted as runs move
 ``queued -> assigned -> running -> succeeded|failed|cancelled|interrupted``; a waiting run's
 ``waiting_reason`` says what it waits for.
 
+It is composed of parts that own their state (docs/architecture.md): the slot book (slots.py: providers,
+holdings, slot state), the memory part (:mod:`..memory`), the dynamic runs (dynamic.py), the slot holders
+that are not runs (holders.py), the spread runs (spread.py) and restart recovery (recovery.py); each gets its
+dependencies in this constructor. Providers report through one run-events interface
+(:class:`~.providers.RunHost`: ``ingest``, ``run_process_started``, ``run_ended``), which this class is.
+
 Other issues plug in here: worker providers (:meth:`Dispatcher.register_provider`,
-:meth:`providers_changed`), one-shot pools (:attr:`Dispatcher.pools`; pool and mount runs are
+:meth:`providers_changed`), one-shot pools (the ``pools`` view given at construction; pool and mount runs are
 resolved again as providers change: dynamic.py), admission by memory on shared
 cards (:attr:`Dispatcher.memory`, :mod:`..memory`: it plans the runs' shared candidates before the slot
 rule plans the exclusive ones), extra admission predicates (:attr:`Dispatcher.admit_hooks`), card
@@ -24,7 +30,6 @@ import contextlib
 import logging
 import shutil
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +43,7 @@ from ...constants import (
 )
 from ..memory.admission import MemoryAdmission
 from ..memory.records import RunMemory
-from ..memory.submit import AdmissionError, Prepared, prepare
+from ..memory.submit import AdmissionError, prepare
 from ..scheduling import (
     AdmitFn,
     Candidate,
@@ -50,31 +55,25 @@ from ..scheduling import (
     SlotQueue,
     SlotState,
     TargetError,
-    build_state,
     explain_wait,
     resolve_target,
 )
+from .admissions import Admission, write_runs
 from .dynamic import DynamicRuns
 from .graph_facts import GraphFacts, graph_facts
 from .holders import OnPlaced, OnReason, SlotHolders
 from .hub import EventHub
-from .providers import provider_info
+from .pool_table import PoolsView, PoolTable
 from .recovery import Recovery
 from .refusals import refusal, validates_here
 from .requests import RequestError, RunRequest
+from .run_events import RunEvents
+from .slots import SlotBook
 from .spread import SpreadRuns
 from .store import NewEvent, Store, StoreError
+from .tasks import Background
 
 log = logging.getLogger("xpufleet.dispatcher")
-
-
-@dataclass(frozen=True)
-class Admission:
-    """A run request that passed :meth:`Dispatcher.admit`: where it may go and its budget (not written)."""
-
-    request: RunRequest
-    resolution: Resolution
-    prepared: Prepared  # the budget and the memory decision
 
 
 REASONS_REFRESH_S = 0.5  # waiting_reason texts of runs already explained are refreshed at most this often
@@ -83,48 +82,48 @@ REASONS_REFRESH_S = 0.5  # waiting_reason texts of runs already explained are re
 # --- the dispatcher -----------------------------------------------------------------------------------
 
 
-class Dispatcher(DynamicRuns, SlotHolders, Recovery):
-    """Owns the queue, the slot holdings and the providers; see the module docstring."""
+class Dispatcher:
+    """Owns the queue and plans it; see the module docstring.
+
+    ``pools``: the one-shot pools as the registry sees them (default: no pools); ``mode_of(worker,
+    device)``: a worker card's mode, ``exclusive`` or ``shared`` (default: every worker card exclusive)."""
 
     def __init__(self, store: Store, home: Path, overrides: LimitOverrides | None = None,
-                 validate_local_graphs: bool = True, stop_grace_s: float = RUN_STOP_GRACE_S,
-                 pools: Any = None, mode_of: Callable[[str, str], str] | None = None) -> None:
+                 validate_local_graphs: bool = True, stop_grace_s: float = RUN_STOP_GRACE_S, *,
+                 pools: PoolsView | None = None, mode_of: Callable[[str, str], str] | None = None) -> None:
         self.store = store
         self.home = Path(home)
-        self.overrides = overrides or LimitOverrides()
         self.validate_local_graphs = validate_local_graphs
         self.stop_grace_s = stop_grace_s
         self.hub = EventHub()
-        self.providers: dict[str, Any] = {}
-        # One-shot worker pools (``pools``: workers/pools.py's PoolDirectory, docs/workers.md): name -> its live
-        # instances; a pool in ``closed_pools`` (name -> why) takes no new submission; why a queued pool run waits.
-        self.pools: dict[str, list[str]] = pools.live if pools is not None else {}
-        self.closed_pools: dict[str, str] = pools.closed if pools is not None else {}
-        self.pool_reason: Callable[[str, str], str | None] | None = pools.waiting_reason if pools is not None else None
+        self.slots = SlotBook(overrides)
+        self.overrides = self.slots.overrides
+        self.providers = self.slots.providers  # name -> provider (the slot book's table)
+        self.pool_table = pools if pools is not None else PoolTable()
         self.admit_hooks: list[AdmitFn] = []  # extra admission predicates (memory ledger)
         self.card_snapshot_sources: list[Callable[[], list[dict[str, Any]]]] = []
         self._queue = SlotQueue()
         self._unexplained: set[str] = set()  # queued runs without a waiting_reason yet
-        self._state: SlotState | None = None  # rebuilt when providers change, else kept up to date
         self._reasons_at = float("-inf")  # loop time of the last waiting_reason refresh
         self._reasons_timer: asyncio.TimerHandle | None = None
-        self._holdings: dict[str, tuple[str, tuple[str, ...]]] = {}
         self._reasons: dict[str, str | None] = {}
         self._slot_reasons: dict[str, str | None] = {}  # the slot rule's part of a waiting_reason
         self._cands: dict[str, tuple[Candidate, ...]] = {}  # every queued run's candidates, submission order
-        # Queued runs resolved again when providers change (pool runs, runs that need mounts), in
-        # submission order, and why those without a candidate yet wait.
-        self._dynamic: dict[str, RunTarget] = {}
-        self._notes: dict[str, str] = {}
-        self._reresolve = False
-        self.memory = MemoryAdmission(self)
-        self.memory.mode_of = mode_of  # a worker card's mode (workers/table.py); s2: a MemoryAdmission argument
-        self.spread = SpreadRuns(self)  # runs spread over workers (spread.py)
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
-        self._bg: set[asyncio.Task[Any]] = set()
-        self._holders: dict[str, tuple[OnPlaced, OnReason, tuple[Candidate, ...]]] = {}  # holders.py
-        self._last_state_warnings: list[str] = []
+        self._bg = Background()
+        self.dynamic = DynamicRuns(store, self.resolve, self.pool_table)  # pool and mount runs (dynamic.py)
+        self.holders = SlotHolders()  # slot holders that are not runs (holders.py)
+        self.memory = MemoryAdmission(store, self.providers, slot_state=self.slot_state, holdings=self.holdings,
+                                      queued=self.queued_candidates, wake=self.wake, notify=self.hub.notify,
+                                      end_run=self.run_ended, mode_of=mode_of)
+        # The run-events interface providers report to (run_events.py); a spread run's rank 0 events pass
+        # through the spread part first.
+        self.events = RunEvents(store, self.hub.notify, self.memory, self._release,
+                                lambda run_id, events: self.spread.filter(run_id, events))
+        self.spread = SpreadRuns(store, self.slots, self.events, self._bg.spawn)  # runs spread over workers
+        self.recovery = Recovery(store, self.slots, self.events, self._release, self._bg.spawn, self.hub.notify,
+                                 stop_grace_s)
         self.shutting_down = False
         self.plans = 0  # passes made (tests and /api/health)
 
@@ -142,8 +141,8 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
     def providers_changed(self) -> None:
         """A provider connected, left, started or stopped draining, or changed its devices or mounts
         (pool membership too): re-plan, and resolve the dynamic runs again first."""
-        self._state = None
-        self._reresolve = bool(self._dynamic)
+        self.slots.invalidate()
+        self.dynamic.providers_changed()
         self.wake()
 
     def explain_again(self, run_ids: list[str]) -> None:
@@ -155,35 +154,55 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
 
     def slot_state(self) -> SlotState:
         """The slot state the queue is planned against (built from the providers when they change,
-        then kept current as runs take and release slots)."""
-        if self._state is None:
-            self._state = build_state(self.provider_infos(), self.overrides, self._holdings)
-            if self._state.warnings != self._last_state_warnings:
-                for w in self._state.warnings:
-                    log.warning("slot limits: %s", w)
-                self._last_state_warnings = list(self._state.warnings)
-            if self.memory.sync(self._state, self._cands):
-                self._resplit()
-        return self._state
+        then kept current as runs take and release slots); the memory part follows a rebuilt one."""
+        state = self.slots.state()
+        if self.memory.sync(state, self._cands):
+            self._resplit()
+        return state
 
     def _resplit(self) -> None:
-        """The cards shared by memory changed: the slot queue gets each run's exclusive candidates again."""
+        """The cards shared by memory changed: the slot queue gets each run's exclusive candidates again,
+        and the waiting slot holders go back in after the runs."""
         self._queue = SlotQueue()
         for run_id, cands in self._cands.items():
             self._queue.add(QueuedRun(run_id, self.memory.slot_candidates(cands)))
         self._unexplained |= set(self._cands)
-        self._requeue_holders()
+        for holder_id, cands in self.holders.queued():
+            self._queue.add(QueuedRun(holder_id, cands))
+            self._unexplained.add(holder_id)
 
     def holdings(self) -> dict[str, tuple[str, tuple[str, ...]]]:
         """Run id -> (provider, devices) of every assigned or running run."""
-        return self._holdings
+        return self.slots.holdings
 
     def queued_candidates(self) -> dict[str, tuple[Candidate, ...]]:
         """Every queued run's candidates, in submission order."""
         return self._cands
 
     def provider_infos(self) -> list[ProviderInfo]:
-        return [provider_info(p) for p in self.providers.values()]
+        return self.slots.infos()
+
+    # --- slot holders that are not runs (holders.py) --------------------------------------------
+
+    def request_slots(self, holder_id: str, candidates: Sequence[Candidate], on_placed: OnPlaced,
+                      on_reason: OnReason | None = None) -> None:
+        """Queue a holder that is not a run for one of ``candidates``, in submission order with the
+        runs; ``on_placed(provider, devices)`` once it holds the slots (until :meth:`release_slots`),
+        ``on_reason(text)`` with its waiting reason meanwhile."""
+        self._queue.add(QueuedRun(holder_id, self.holders.add(holder_id, candidates, on_placed, on_reason)))
+        self._unexplained.add(holder_id)
+        self.wake()
+
+    def hold_slots(self, holder_id: str, provider: str, devices: Sequence[str]) -> None:
+        """Count ``holder_id`` on the slots of ``devices`` (placed, or taken over after a restart)."""
+        self.slots.hold(holder_id, provider, devices)
+
+    def release_slots(self, holder_id: str) -> None:
+        """The holder's slots are free again (or its place in the queue is given up)."""
+        self.holders.discard(holder_id)
+        self._reasons.pop(holder_id, None)
+        self._unexplained.discard(holder_id)
+        self._release(holder_id)
 
     def card_snapshots(self) -> list[dict[str, Any]]:
         """Per-card snapshots from every source (workers add theirs); [] until one is registered."""
@@ -198,12 +217,12 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
     async def start(self) -> None:
         """Recover after a restart, load the queue, and start the queue loop."""
         self._wake = asyncio.Event()
-        await self._recover()
+        await self.recovery.recover()
         self.memory.load()
         self.spread.recover()
         for run_id, cands in self.store.queued():
             self._cands[run_id] = tuple(Candidate.from_json(c) for c in cands)
-        self._load_dynamic()
+        self.dynamic.load()
         self.slot_state()
         self._resplit()
         await self.memory.start()
@@ -226,8 +245,7 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
                     await stop()
                 except Exception:  # noqa: BLE001
                     log.exception("provider %s: shutdown failed", p.name)
-        for t in list(self._bg):
-            t.cancel()
+        self._bg.cancel_all()
         await self.memory.shutdown()
         self.hub.notify_all()
 
@@ -249,7 +267,7 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
 
     def resolve(self, target: RunTarget) -> Resolution:
         """Candidates for ``target`` against the providers known now (TargetError -> 400)."""
-        return resolve_target(target, self.provider_infos(), self.pools)
+        return resolve_target(target, self.provider_infos(), self.pool_table.live())
 
     def validates(self, resolution: Resolution) -> bool:
         """Whether this server validates the graph of a run with ``resolution`` (refusals.validates_here)."""
@@ -280,10 +298,10 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
             raise RequestError("the server is stopping; submit again when it is back", status=503)
         try:
             resolution = resolve_target(request.target, self.provider_infos() if infos is None else infos,
-                                        self.pools)
+                                        self.pool_table.live())
         except TargetError as exc:
             raise RequestError(str(exc)) from None
-        refused = refusal(request, resolution, self.closed_pools,
+        refused = refusal(request, resolution, self.pool_table.closed(),
                           lambda name: bool(getattr(self.providers.get(name), "one_shot", False)))
         if refused is not None:
             raise RequestError(refused)
@@ -312,7 +330,7 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
         insert fails, nothing is written and nothing is queued."""
         if self.shutting_down:
             raise RequestError("the server is stopping; submit again when it is back", status=503)
-        return self._queue_runs(admissions, self._write_runs(admissions, write_extra))
+        return self._queue_runs(admissions, write_runs(self.store, self.memory.records, admissions, write_extra))
 
     async def enqueue_off_loop(self, admissions: Sequence[Admission],
                                write_extra: Callable[[list[str]], None] | None = None) -> list[dict[str, Any]]:
@@ -321,7 +339,7 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
         ``SWEEP_ADMIT_BATCH`` at a time with a yield to it between."""
         if self.shutting_down:
             raise RequestError("the server is stopping; submit again when it is back", status=503)
-        run_ids = await asyncio.to_thread(self._write_runs, admissions, write_extra)
+        run_ids = await asyncio.to_thread(write_runs, self.store, self.memory.records, admissions, write_extra)
         out: list[dict[str, Any]] = []
         for start in range(0, len(run_ids), SWEEP_ADMIT_BATCH):
             if start:
@@ -329,32 +347,6 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
             end = start + SWEEP_ADMIT_BATCH
             out += self._queue_runs(admissions[start:end], run_ids[start:end])
         return out
-
-    def _write_runs(self, admissions: Sequence[Admission], write_extra: Callable[[list[str]], None] | None,
-                    ) -> list[str]:
-        with self.store.transaction():
-            run_ids = []
-            for a in admissions:
-                budget = a.prepared.budget
-                run_id = self.store.create_run(
-                    graph=a.request.graph,
-                    options=a.request.options,
-                    target=a.resolution.target,
-                    requested=list(a.resolution.requested),
-                    candidates=[c.to_json() for c in a.resolution.candidates],
-                    queue_key=a.resolution.queue_key,
-                    name=a.request.name,
-                    seed=a.request.seed,
-                    budget_gib=budget.gib if budget else None,
-                    budget_source=budget.source if budget else None,
-                    warnings=list(a.resolution.warnings),
-                )
-                info = a.prepared.info
-                self.memory.records.record_run(run_id, info.graph_key, info.n_cards, budget)
-                run_ids.append(run_id)
-            if write_extra is not None:
-                write_extra(run_ids)
-        return run_ids
 
     def _queue_runs(self, admissions: Sequence[Admission], run_ids: list[str]) -> list[dict[str, Any]]:
         for a, run_id in zip(admissions, run_ids, strict=True):
@@ -364,9 +356,7 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
             self.memory.admitted(run_id, RunMemory(run_id, info.graph_key, info.n_cards, info.budget), cands)
             self._unexplained.add(run_id)
             if a.resolution.dynamic:
-                self._dynamic[run_id] = a.request.target
-                if a.resolution.note:
-                    self._notes[run_id] = a.resolution.note
+                self.dynamic.add(run_id, a.request.target, a.resolution.note)
         self.wake()
         return [{"run_id": run_id, "status": "queued"} for run_id in run_ids]
 
@@ -382,8 +372,8 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
     def schedule(self) -> None:
         """One planning pass (the loop calls it on every wake-up)."""
         self.plans += 1
-        providers_changed = self._reresolve
-        if self._reresolve:
+        providers_changed = self.dynamic.due
+        if providers_changed:
             self._resolve_dynamic()
         if not self._queue:
             return
@@ -395,7 +385,7 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
             self._place(placement.run_id, placement.provider, placement.devices, extra=placement.extra)
         changed: dict[str, str | None] = {}
         if providers_changed:  # a pass may not look at a run whose providers cannot take it: say why now
-            for run_id in list(self._dynamic):
+            for run_id in self.dynamic.ids():
                 run = self._queue.get(run_id)
                 if run is not None and run_id not in self._unexplained:
                     slot = self._slot_reasons[run_id] = explain_wait(run, state) if run.candidates else None
@@ -424,9 +414,25 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
                     self._reasons[run_id] = changed[run_id] = reason
         elif (result.blocked or dirty) and self._reasons_timer is None:
             self._reasons_timer = loop.call_later(REASONS_REFRESH_S - since, self._reasons_due)
-        self._tell_holders(changed)
+        self.holders.tell(changed)
         if changed:
             self.store.set_waiting_reasons(changed)
+
+    def _resolve_dynamic(self) -> None:
+        """Resolve the dynamic runs again (dynamic.py): a run that became impossible fails with the reason;
+        when some run's candidates changed, the queue is rebuilt in submission order."""
+        changed, failed = self.dynamic.resolve(self._cands)
+        for run_id, why in failed:
+            self.run_ended(run_id, "failed", why)
+        if not changed:
+            return
+        self._cands.update(changed)  # same keys: the submission order is kept
+        self.store.set_candidates({rid: [c.to_json() for c in cands] for rid, cands in changed.items()})
+        self.slot_state()  # providers changed: the slot state and the memory queue follow the new candidates
+        self._resplit()
+
+    def _waiting_text(self, run_id: str, planned: str | None) -> str | None:
+        return self.dynamic.waiting_text(run_id, planned, self._queue.get(run_id))
 
     def _reasons_due(self) -> None:
         self._reasons_timer = None
@@ -434,8 +440,13 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
 
     def _place(self, run_id: str, provider_name: str, devices: tuple[str, ...],
                memory_keys: tuple[str, ...] | None = None, extra: tuple[Any, ...] = ()) -> None:
-        if self._place_holder(run_id, provider_name, devices):
-            return  # not a run: the slots are held, the holder starts its own process
+        on_placed = self.holders.take(run_id)
+        if on_placed is not None:  # not a run: the slots are held, the holder starts its own process
+            self._queue.remove(run_id)
+            self._reasons.pop(run_id, None)
+            self.hold_slots(run_id, provider_name, devices)
+            on_placed(provider_name, tuple(devices))
+            return
         provider = self.providers.get(provider_name)
         claim = getattr(provider, "claim", None)  # a one-shot instance takes one run, ever
         if claim is not None:
@@ -446,7 +457,7 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
                 return
             if getattr(provider, "one_shot", False):
                 self.providers_changed()  # it takes no other run from now on
-        self._forget_dynamic(run_id)
+        self.dynamic.forget(run_id)
         placement = "local" if getattr(provider, "is_local", False) else "worker"
         run_dir = str(self.home / RUNS_DIR_NAME / run_id) if placement == "local" else None
         self._queue.remove(run_id)
@@ -460,8 +471,7 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
             if memory_keys is not None:
                 self.memory.unplaced(run_id)
             return
-        self._holdings[run_id] = (provider_name, tuple(devices))
-        self.slot_state().hold(run_id, provider_name, devices)
+        self.slots.hold(run_id, provider_name, devices)
         self.hub.notify(run_id)
         # the cap the run's process gets (a default is never a cap on an exclusive card); a spread run's parts too
         keys = memory_keys if memory_keys is not None else self.memory.keys_of(Candidate(provider_name, devices, extra))
@@ -470,12 +480,7 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
         run = self.store.get_run(run_id)  # the graph is read off the loop when the run starts (_start_on)
         if run is not None:  # start_run carries the layout: rank 0's worker of a run spread over workers
             run.update({"budget_gib": budget}, **({"spread": layout} if layout is not None else {}))
-        self._spawn(self._start_on(provider, run, list(devices)))
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._bg.add(task)
-        task.add_done_callback(self._bg.discard)
+        self._bg.spawn(self._start_on(provider, run, list(devices)))
 
     async def _start_on(self, provider: Any, run: dict[str, Any], devices: list[str]) -> None:
         try:
@@ -487,68 +492,23 @@ class Dispatcher(DynamicRuns, SlotHolders, Recovery):
             where = "this server" if getattr(provider, "is_local", False) else f"worker {provider.name}"
             self.run_ended(run["id"], "failed", f"could not start the run on {where}: {type(exc).__name__}: {exc}")
 
-    # --- RunHost: what providers report ----------------------------------------------------------
+    # --- the run-events interface (run_events.py), for callers that hold the dispatcher -------------
 
     def ingest(self, run_id: str, events: Sequence[Mapping[str, Any]]) -> None:
-        """Store a run child's events (deduplicated by ``seq``); ``run_finished`` ends the run."""
-        events = self.spread.filter(run_id, list(events))  # a spread run's end waits for its other workers
-        batch = []
-        for ev in events:
-            payload = ev.get("payload")
-            ts = ev.get("ts")
-            if ev.get("type") == "run_finished" and isinstance(payload, Mapping):
-                payload = self.memory.finishing(run_id, dict(payload))  # an OOM under a budget says whose
-            batch.append(NewEvent(
-                type=str(ev.get("type")),
-                payload=payload if isinstance(payload, Mapping) else {"value": payload},
-                ts=float(ts) if isinstance(ts, int | float) else None,
-                source_seq=int(ev["seq"]) if isinstance(ev.get("seq"), int) else None,
-            ))
-        try:
-            result = self.store.append_events(run_id, batch)
-        except StoreError:
-            log.warning("events for unknown run %s dropped", run_id)
-            return
-        for ev in batch:
-            if ev.type == "run_started" and result.stored:  # facts visible while it runs
-                p = ev.payload
-                facts = {k: p[k] for k in ("pid", "placement") if k in p}
-                if "devices" in p:
-                    facts["run_devices"] = p["devices"]
-                if "device_aliases" in p:
-                    facts["device_aliases"] = p["device_aliases"]
-                self.store.set_execution_facts(run_id, facts)
-        if result.finished is not None:
-            finished = next(ev for ev in reversed(batch) if ev.type == "run_finished")
-            self.memory.finished(run_id, result.finished, finished.payload.get("peak_memory"))
-            self._release(run_id)
-        if result.stored:
-            self.hub.notify(run_id)
+        self.events.ingest(run_id, events)
 
     def run_process_started(self, run_id: str, pid: int | None = None) -> None:
-        if self.store.mark_running(run_id, pid=pid):
-            self.memory.started(run_id)
-            self.hub.notify(run_id)
+        self.events.run_process_started(run_id, pid)
 
     def run_ended(self, run_id: str, status: str, error: str | None) -> None:
-        """The run's process is gone without having reported ``run_finished``."""
-        if self.store.finish(run_id, status, error=error):
-            self.memory.finished(run_id, status, None)
-            self.hub.notify(run_id)
-        self._release(run_id)
-
-    def is_finished(self, run_id: str) -> bool:
-        run = self.store.get_run(run_id)
-        return run is None or run["status"] in TERMINAL_STATUSES
+        self.events.run_ended(run_id, status, error)
 
     def _release(self, run_id: str) -> None:
         self.spread.release(run_id)
-        self._forget_dynamic(run_id)
+        self.dynamic.forget(run_id)
         self.memory.release(run_id)
         self._cands.pop(run_id, None)
-        if self._holdings.pop(run_id, None) is not None:
-            if self._state is not None:
-                self._state.release(run_id)
+        if self.slots.release(run_id):
             self.wake()
         elif self._queue.remove(run_id) is not None:
             self.wake()

@@ -8,49 +8,74 @@ submission order. After a restart they are found again from what was submitted.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from ..scheduling import Candidate, RunTarget, TargetError
+from ..scheduling import Candidate, QueuedRun, Resolution, RunTarget, TargetError
+from .pool_table import PoolsView
 from .requests import RequestError, parse_run_request
 
 
 class DynamicRuns:
-    """The dynamic-run part of :class:`~.dispatcher.Dispatcher` (mixed in)."""
+    """The queued runs resolved again as providers change, and why those without a candidate wait.
 
-    _cands: dict[str, tuple[Candidate, ...]]  # every queued run's candidates (the dispatcher's)
-    _dynamic: dict[str, RunTarget]  # queued dynamic runs, in submission order
-    _notes: dict[str, str]  # why those without a candidate yet wait
-    _reresolve: bool
-    pool_reason: Callable[[str, str], str | None] | None
+    ``store``: the queued targets after a restart; ``resolve(target)``: candidates against the providers
+    and pools of now (TargetError when impossible); ``pools``: a pool run's own waiting text."""
 
-    def _load_dynamic(self) -> None:
+    def __init__(self, store: Any, resolve: Callable[[RunTarget], Resolution], pools: PoolsView) -> None:
+        self._store = store
+        self._resolve = resolve
+        self._pools = pools
+        self._targets: dict[str, RunTarget] = {}  # queued dynamic runs, in submission order
+        self._notes: dict[str, str] = {}  # why those without a candidate yet wait
+        self.due = False  # providers changed since the last resolve()
+
+    def load(self) -> None:
         """After a restart: which queued runs are resolved again as providers come (pool and ``any``
         runs whose graph names mounts), parsed from what was submitted."""
-        for row in self.store.queued_targets():
+        for row in self._store.queued_targets():
             try:
                 target = parse_run_request({"graph": row["graph"], "options": row["options"]}).target
             except RequestError:
                 continue
             if target.pool is not None or target.mounts:
-                self._dynamic[row["id"]] = target
-        self._reresolve = bool(self._dynamic)
+                self._targets[row["id"]] = target
+        self.due = bool(self._targets)
 
-    def _resolve_dynamic(self) -> None:
-        """Resolve the dynamic runs against the providers and pools of now. When some run's candidates
-        changed, the queue is rebuilt from every queued run's candidates in submission order (so runs keep
-        their order); a run that became impossible fails with the reason."""
-        self._reresolve = False
+    def add(self, run_id: str, target: RunTarget, note: str | None) -> None:
+        """A dynamic run was queued (``note``: why it has no candidate yet)."""
+        self._targets[run_id] = target
+        if note:
+            self._notes[run_id] = note
+
+    def providers_changed(self) -> None:
+        self.due = bool(self._targets)
+
+    def ids(self) -> list[str]:
+        return list(self._targets)
+
+    def forget(self, run_id: str) -> None:
+        self._targets.pop(run_id, None)
+        self._notes.pop(run_id, None)
+
+    def resolve(self, cands: Mapping[str, tuple[Candidate, ...]],
+                ) -> tuple[dict[str, tuple[Candidate, ...]], list[tuple[str, str]]]:
+        """Resolve the dynamic runs against the providers and pools of now (``cands``: every queued run's
+        candidates). Returns the runs whose candidates changed (the caller rebuilds the queue in submission
+        order) and the runs that became impossible, with the reason they fail with."""
+        self.due = False
         changed: dict[str, tuple[Candidate, ...]] = {}
-        for run_id, target in list(self._dynamic.items()):
-            current = self._cands.get(run_id)
+        failed: list[tuple[str, str]] = []
+        for run_id, target in list(self._targets.items()):
+            current = cands.get(run_id)
             if current is None:  # no longer queued
-                self._forget_dynamic(run_id)
+                self.forget(run_id)
                 continue
             try:
-                res = self.resolve(target)
+                res = self._resolve(target)
             except TargetError as exc:
-                self._forget_dynamic(run_id)
-                self.run_ended(run_id, "failed", f"the run can no longer be placed: {exc}")
+                self.forget(run_id)
+                failed.append((run_id, f"the run can no longer be placed: {exc}"))
                 continue
             if res.note:
                 self._notes[run_id] = res.note
@@ -58,25 +83,15 @@ class DynamicRuns:
                 self._notes.pop(run_id, None)
             if res.candidates != current:
                 changed[run_id] = res.candidates
-        if not changed:
-            return
-        self._cands.update(changed)  # same keys: the submission order is kept
-        self.store.set_candidates({rid: [c.to_json() for c in cands] for rid, cands in changed.items()})
-        self.slot_state()  # providers changed: the slot state and the memory queue follow the new candidates
-        self._resplit()
+        return changed, failed
 
-    def _forget_dynamic(self, run_id: str) -> None:
-        self._dynamic.pop(run_id, None)
-        self._notes.pop(run_id, None)
-
-    def _waiting_text(self, run_id: str, planned: str | None) -> str | None:
+    def waiting_text(self, run_id: str, planned: str | None, queued: QueuedRun | None) -> str | None:
         """The waiting_reason shown: a run with no candidate yet says why; a pool run says which pool."""
-        target = self._dynamic.get(run_id)
-        if target is not None and target.pool is not None and self.pool_reason is not None:
-            pooled = self.pool_reason(target.pool, run_id)
+        target = self._targets.get(run_id)
+        if target is not None and target.pool is not None:
+            pooled = self._pools.waiting_reason(target.pool, run_id)
             if pooled:
                 return pooled
-        run = self._queue.get(run_id)
-        if run is not None and not run.candidates and run_id in self._notes:
+        if queued is not None and not queued.candidates and run_id in self._notes:
             return self._notes[run_id]
         return planned

@@ -7,73 +7,45 @@ the slots until released; the dispatcher does not start anything for it (the uni
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Sequence
 
-from ..scheduling import Candidate, QueuedRun, SlotQueue, SlotState
+from ..scheduling import Candidate
 
 OnPlaced = Callable[[str, tuple[str, ...]], None]
 OnReason = Callable[[str | None], None]
 
 
 class SlotHolders:
-    """The slot-holder part of :class:`~.dispatcher.Dispatcher` (mixed in)."""
+    """The holders waiting in the dispatcher's queue: their candidates and their two callbacks (the
+    dispatcher queues them; this part answers which queued ids are holders and tells them)."""
 
-    _queue: SlotQueue
-    _state: SlotState | None
-    _holdings: dict[str, tuple[str, tuple[str, ...]]]
-    _reasons: dict[str, str | None]
-    _unexplained: set[str]
-    # holder id -> (on_placed(provider, devices), on_reason(text), candidates) of queued holders
-    _holders: dict[str, tuple[OnPlaced, OnReason, tuple[Candidate, ...]]]
+    def __init__(self) -> None:
+        # holder id -> (on_placed(provider, devices), on_reason(text), candidates) of queued holders
+        self._waiting: dict[str, tuple[OnPlaced, OnReason, tuple[Candidate, ...]]] = {}
 
-    if TYPE_CHECKING:  # the dispatcher's own
-        def wake(self) -> None: ...
-        def _release(self, run_id: str) -> None: ...
-
-    def request_slots(self, holder_id: str, candidates: Sequence[Candidate], on_placed: OnPlaced,
-                      on_reason: OnReason | None = None) -> None:
-        """Queue a holder that is not a run for one of ``candidates``, in submission order with the
-        runs; ``on_placed(provider, devices)`` once it holds the slots (until :meth:`release_slots`),
-        ``on_reason(text)`` with its waiting reason meanwhile."""
+    def add(self, holder_id: str, candidates: Sequence[Candidate], on_placed: OnPlaced,
+            on_reason: OnReason | None = None) -> tuple[Candidate, ...]:
+        """A holder joins the queue; returns its candidates (the dispatcher queues it with them)."""
         cands = tuple(candidates)
-        self._holders[holder_id] = (on_placed, on_reason or (lambda _text: None), cands)
-        self._queue.add(QueuedRun(holder_id, cands))
-        self._unexplained.add(holder_id)
-        self.wake()
+        self._waiting[holder_id] = (on_placed, on_reason or (lambda _text: None), cands)
+        return cands
 
-    def hold_slots(self, holder_id: str, provider: str, devices: Sequence[str]) -> None:
-        """Count ``holder_id`` on the slots of ``devices`` (placed, or taken over after a restart)."""
-        self._holdings[holder_id] = (provider, tuple(devices))
-        if self._state is not None:
-            self._state.hold(holder_id, provider, tuple(devices))
+    def discard(self, holder_id: str) -> None:
+        """The holder gave up its place (or was placed)."""
+        self._waiting.pop(holder_id, None)
 
-    def release_slots(self, holder_id: str) -> None:
-        """The holder's slots are free again (or its place in the queue is given up)."""
-        self._holders.pop(holder_id, None)
-        self._reasons.pop(holder_id, None)
-        self._unexplained.discard(holder_id)
-        self._release(holder_id)
+    def queued(self) -> Iterator[tuple[str, tuple[Candidate, ...]]]:
+        """The waiting holders in their own order (queued again after the runs when the queue is rebuilt:
+        a rebuild is rare, a card's mode or a dynamic run changed)."""
+        for holder_id, (_placed, _reason, cands) in self._waiting.items():
+            yield holder_id, cands
 
-    def _requeue_holders(self) -> None:
-        """After the queue was rebuilt from the runs' candidates: the waiting holders go back in, in
-        their own order after the runs (a rebuild is rare: a card's mode or a dynamic run changed)."""
-        for holder_id, (_placed, _reason, cands) in self._holders.items():
-            self._queue.add(QueuedRun(holder_id, cands))
-            self._unexplained.add(holder_id)
+    def take(self, holder_id: str) -> OnPlaced | None:
+        """The plan chose ``holder_id``: its on_placed, or None when it is a run."""
+        holder = self._waiting.pop(holder_id, None)
+        return holder[0] if holder is not None else None
 
-    def _place_holder(self, holder_id: str, provider: str, devices: tuple[str, ...]) -> bool:
-        """Place a holder the plan chose (True), or say it is a run (False)."""
-        holder = self._holders.pop(holder_id, None)
-        if holder is None:
-            return False
-        self._queue.remove(holder_id)
-        self._reasons.pop(holder_id, None)
-        self.hold_slots(holder_id, provider, devices)
-        holder[0](provider, tuple(devices))
-        return True
-
-    def _tell_holders(self, changed: dict[str, str | None]) -> None:
+    def tell(self, changed: dict[str, str | None]) -> None:
         """Hand holders their waiting reasons (removed from ``changed``: the store keeps runs only)."""
-        for holder_id in [h for h in changed if h in self._holders]:
-            self._holders[holder_id][1](changed.pop(holder_id))
+        for holder_id in [h for h in changed if h in self._waiting]:
+            self._waiting[holder_id][1](changed.pop(holder_id))

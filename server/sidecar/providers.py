@@ -18,7 +18,7 @@ log = logging.getLogger("xpufleet.providers")
 
 
 class RunHost(Protocol):
-    """What a provider reports to (the dispatcher)."""
+    """The run-events interface: what a provider reports to (:class:`~.run_events.RunEvents`)."""
 
     def ingest(self, run_id: str, events: Sequence[dict[str, Any]]) -> None:
         """Events from the run child, ``{"seq", "type", "payload", "ts"}`` (a replay is stored once)."""
@@ -31,9 +31,6 @@ class RunHost(Protocol):
 
     def is_finished(self, run_id: str) -> bool:
         """True once the run has a terminal status."""
-
-    def providers_changed(self) -> None:
-        """Devices, online or draining state of some provider changed: re-plan."""
 
 
 @runtime_checkable

@@ -13,58 +13,61 @@ import asyncio
 import contextlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...constants import LOCAL_PROVIDER
+from .providers import RunHost
 from .runtime_file import pid_alive
-
-if TYPE_CHECKING:
-    from .hub import EventHub
-    from .store import Store
+from .slots import SlotBook
 
 
 class Recovery:
-    """The restart-recovery part of :class:`~.dispatcher.Dispatcher` (mixed in)."""
+    """What the sidecar finds at start of the runs it was running (see the module docstring).
 
-    store: Store
-    hub: EventHub
-    stop_grace_s: float
-    _holdings: dict[str, tuple[str, tuple[str, ...]]]
+    ``store``: the runs; ``slots``: where surviving runs keep their slots; ``events``: the run-events
+    interface a recovered child's late events go through; ``release(run_id)``: the dispatcher frees an
+    orphan's slot once it is gone; ``spawn``: background tasks; ``notify(run_id)``: the run's watchers."""
 
-    if TYPE_CHECKING:  # the dispatcher's own
-        def _spawn(self, coro: Any) -> None: ...
-        def _release(self, run_id: str) -> None: ...
-        def ingest(self, run_id: str, events: Any) -> None: ...
+    def __init__(self, store: Any, slots: SlotBook, events: RunHost, release: Callable[[str], None],
+                 spawn: Callable[[Coroutine[Any, Any, Any]], None], notify: Callable[[str], None],
+                 stop_grace_s: float) -> None:
+        self._store = store
+        self._slots = slots
+        self._events = events
+        self._release = release
+        self._spawn = spawn
+        self._notify = notify
+        self._stop_grace_s = stop_grace_s
 
-    async def _recover(self) -> None:
+    async def recover(self) -> None:
         """Runs that were assigned or running here when the sidecar died end ``interrupted`` (unless
         their child recorded a result in events.jsonl first). Worker runs keep their slots: the worker
         issue takes them over when the agent reconnects."""
-        for run in self.store.active():
+        for run in self._store.active():
             if run.get("source") == "canvas":  # ComfyUI runs it: it goes on reporting unless ComfyUI is gone
                 pid = run["execution_facts"].get("comfy_pid")
-                if not pid_alive(pid) and self.store.finish(
+                if not pid_alive(pid) and self._store.finish(
                         run["id"], "interrupted", error=f"ComfyUI (pid {pid}) is gone; the run's end never reached the server"):
-                    self.hub.notify(run["id"])
+                    self._notify(run["id"])
                 continue
             is_local = run["placement"] == "local" or (run["placement"] is None and run["target"] == LOCAL_PROVIDER)
             if not is_local:
                 if run["worker_id"]:
-                    self._holdings[run["id"]] = (run["worker_id"], tuple(run["devices"]))
+                    self._slots.holdings[run["id"]] = (run["worker_id"], tuple(run["devices"]))
                 continue
             pid = run.get("pid")
             if pid and _is_runner_of(pid, run):
                 # The orphaned child got EOF on stdin and is stopping; keep its slot until it is gone.
-                self._holdings[run["id"]] = (LOCAL_PROVIDER, tuple(run["devices"]))
+                self._slots.holdings[run["id"]] = (LOCAL_PROVIDER, tuple(run["devices"]))
                 self._spawn(self._await_orphan(run))
             else:
                 self._finish_recovered(run)
 
     async def _await_orphan(self, run: dict[str, Any]) -> None:
         pid = int(run["pid"])
-        if not await _wait_pid(pid, self.stop_grace_s):
+        if not await _wait_pid(pid, self._stop_grace_s):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, 9)
             await _wait_pid(pid, 5.0)
@@ -75,17 +78,17 @@ class Recovery:
         run_id = run["id"]
         if run.get("run_dir"):
             self._import_event_log(run_id, Path(run["run_dir"]) / "events.jsonl")
-        self.store.finish(
+        self._store.finish(
             run_id, "interrupted",
             error="the server stopped while this run was executing (it ended without reporting a result)",
         )
-        self.hub.notify(run_id)
+        self._notify(run_id)
 
     def _import_event_log(self, run_id: str, path: Path) -> None:
         """Events the child wrote after the sidecar died (a run that finished meanwhile keeps its result)."""
         if not path.is_file():
             return
-        last = self.store.last_source_seq(run_id)
+        last = self._store.last_source_seq(run_id)
         batch: list[dict[str, Any]] = []
         with open(path, "rb") as f:
             for line in f:
@@ -96,7 +99,7 @@ class Recovery:
                 if isinstance(ev, dict) and isinstance(ev.get("seq"), int) and ev["seq"] > last:
                     batch.append(ev)
         if batch:
-            self.ingest(run_id, batch)
+            self._events.ingest(run_id, batch)
 
 
 def _is_runner_of(pid: int, run: Mapping[str, Any]) -> bool:

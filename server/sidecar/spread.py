@@ -29,17 +29,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ...constants import SPREAD_PARTS_WAIT_S
 from ..run import ddp
 from ..run.spread import Layout, failure_text, layout_of
+from .providers import RunHost
 from .requests import RequestError
+from .slots import SlotBook
 
 if TYPE_CHECKING:
     from ..scheduling import Resolution
-    from .dispatcher import Dispatcher
     from .requests import RunRequest
 
 log = logging.getLogger("xpufleet.dispatcher")
@@ -73,10 +75,18 @@ def holder_id(run_id: str, worker: str) -> str:
 
 
 class SpreadRuns:
-    """The spread runs of one dispatcher (see the module docstring)."""
+    """The spread runs of one dispatcher (see the module docstring).
 
-    def __init__(self, dispatcher: Dispatcher) -> None:
-        self.d = dispatcher
+    ``store``: the runs' records; ``slots``: where the other parts hold their cards (and the providers to
+    send to); ``events``: the run-events interface rank 0's held end and a part's failure go through;
+    ``spawn``: background tasks."""
+
+    def __init__(self, store: Any, slots: SlotBook, events: RunHost,
+                 spawn: Callable[[Coroutine[Any, Any, Any]], None]) -> None:
+        self._store = store
+        self._slots = slots
+        self._events = events
+        self._spawn = spawn
         self.runs: dict[str, SpreadRun] = {}
 
     # --- admission --------------------------------------------------------------------------------
@@ -103,27 +113,22 @@ class SpreadRuns:
         every part gets too); the layout ``start_run`` carries."""
         layout = layout_of(((provider, devices), *extra), 0)
         self.runs[run_id] = SpreadRun(run_id, layout, budget_gib=budget_gib)
-        state = self.d.slot_state()
         for worker, devs in extra:
-            hid = holder_id(run_id, worker)
-            self.d._holdings[hid] = (worker, tuple(devs))
-            state.hold(hid, worker, devs)
-        self.d.store.set_execution_facts(run_id, {"spread": layout.to_json()["parts"],
+            self._slots.hold(holder_id(run_id, worker), worker, devs)
+        self._store.set_execution_facts(run_id, {"spread": layout.to_json()["parts"],
                                                   "world_size": layout.world_size})
         return layout.to_json()
 
     def part_holdings(self) -> dict[str, tuple[str, tuple[str, ...]]]:
         """The other parts' slot holdings (the workers panel counts them)."""
-        return {hid: h for hid, h in self.d._holdings.items() if "@" in hid}
+        return {hid: h for hid, h in self._slots.holdings.items() if "@" in hid}
 
     def release(self, run_id: str) -> None:
         run = self.runs.get(run_id)
         if run is None:
             return
         for part in run.layout.parts[1:]:
-            hid = holder_id(run_id, part.worker)
-            if self.d._holdings.pop(hid, None) is not None and self.d._state is not None:
-                self.d._state.release(hid)
+            self._slots.release(holder_id(run_id, part.worker))
         if run.timer is not None:
             run.timer.cancel()
         self.runs.pop(run_id, None)
@@ -144,7 +149,7 @@ class SpreadRuns:
                 store = (ev.get("payload") or {}).get("store")
                 if store:
                     run.started = True
-                    self.d._spawn(self._start_parts(run, store))
+                    self._spawn(self._start_parts(run, store))
             if kind == "run_finished":
                 run.held = [*(run.held or []), ev]
                 if run.pending():
@@ -165,7 +170,7 @@ class SpreadRuns:
         run.ended = True
         if run.timer is not None:
             run.timer.cancel()
-        self.d.ingest(run_id, [self._final(run, ev) for ev in run.held])
+        self._events.ingest(run_id, [self._final(run, ev) for ev in run.held])
 
     def _final(self, run: SpreadRun, ev: Any) -> Any:
         payload = dict(ev.get("payload") or {})
@@ -185,7 +190,7 @@ class SpreadRuns:
     # --- the other parts ----------------------------------------------------------------------------
 
     def _provider(self, worker: str) -> Any:
-        return self.d.providers.get(worker)
+        return self._slots.providers.get(worker)
 
     async def _send(self, worker: str, mtype: str, **fields: Any) -> bool:
         provider = self._provider(worker)
@@ -199,7 +204,7 @@ class SpreadRuns:
             return False
 
     async def _start_parts(self, run: SpreadRun, store: str) -> None:
-        record = self.d.store.get_run(run.run_id, with_graph=True)
+        record = self._store.get_run(run.run_id, with_graph=True)
         if record is None:
             return
         for i, part in enumerate(run.layout.parts[1:], start=1):
@@ -235,7 +240,7 @@ class SpreadRuns:
 
     def _stop_parts(self, run: SpreadRun, why: str) -> None:
         for i in run.pending():
-            self.d._spawn(self._send(run.layout.parts[i].worker, "stop_part", run_id=run.run_id, reason=why))
+            self._spawn(self._send(run.layout.parts[i].worker, "stop_part", run_id=run.run_id, reason=why))
 
     def _part_done(self, run: SpreadRun, part: int, outcome: dict[str, Any]) -> None:
         if part in run.done:
@@ -262,12 +267,12 @@ class SpreadRuns:
             f"connection)"), 0, first
         self._stop_parts(run, "rank 0's worker is gone")
         run.ended = True
-        self.d.run_ended(run.run_id, "failed", run.cause)
+        self._events.run_ended(run.run_id, "failed", run.cause)
 
     def _stop_all(self, run: SpreadRun) -> None:
         run.stopped = True
         if run.held is None:
-            self.d._spawn(self._send(run.layout.parts[0].worker, "cancel_run", run_id=run.run_id,
+            self._spawn(self._send(run.layout.parts[0].worker, "cancel_run", run_id=run.run_id,
                                      reason=f"stopped: {run.cause}"))
         self._stop_parts(run, str(run.cause))
 
@@ -304,8 +309,8 @@ class SpreadRuns:
 
     def recover(self) -> None:
         """After a sidecar restart: spread runs still assigned or running end interrupted."""
-        for run in self.d.store.active():
+        for run in self._store.active():
             if (run.get("execution_facts") or {}).get("spread"):
                 with contextlib.suppress(Exception):
-                    self.d.run_ended(run["id"], "interrupted", "the server restarted during this run spread over "
+                    self._events.run_ended(run["id"], "interrupted", "the server restarted during this run spread over "
                                      "workers; its ranks on the other workers are not taken over")

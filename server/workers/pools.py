@@ -49,8 +49,9 @@ CREATE TABLE IF NOT EXISTS pool_instances (
 
 class PoolDirectory:
     """What the dispatcher knows of pools (built before it, handed to it at construction in sidecar/app.py):
-    each pool's live instances (``live``), the pools that take no new run (``closed``: pool -> why) and why a
-    pool run waits (:meth:`waiting_reason`). :meth:`refresh` recomputes them in place from the table."""
+    each pool's live instances (:meth:`live`), the pools that take no new run (:meth:`closed`: pool -> why) and
+    why a pool run waits (:meth:`waiting_reason`): the dispatcher's ``PoolsView`` (sidecar/pool_table.py).
+    :meth:`refresh` recomputes them from the table."""
 
     def __init__(self, table: WorkerTable) -> None:
         self.table = table
@@ -60,8 +61,8 @@ class PoolDirectory:
             st = table.workers.get(row["name"])
             if st is not None:
                 st.pool, st.one_shot = row["pool"], True
-        self.live: dict[str, list[str]] = {}
-        self.closed: dict[str, str] = {}
+        self._live: dict[str, list[str]] = {}
+        self._closed: dict[str, str] = {}
         self.slurm: Any = None  # SlurmPools (server/slurm/manager.py), once attached
         self.refresh()
 
@@ -74,7 +75,7 @@ class PoolDirectory:
         return self.store.query("SELECT * FROM worker_pools ORDER BY name")
 
     def refresh(self) -> None:
-        """Each pool's live instances, and which pools take no new run (the dicts keep their identity)."""
+        """Each pool's live instances, and which pools take no new run."""
         live: dict[str, list[str]] = {}
         closed: dict[str, str] = {}
         for row in self.rows():
@@ -82,10 +83,15 @@ class PoolDirectory:
             if row["revoked_at"] is not None:
                 closed[row["name"]] = (f"pool {row['name']!r}: its credential was revoked, so no instance can join; "
                                        f"get a new one (xpufleet pools reissue {row['name']})")
-        self.live.clear()
-        self.live.update(live)
-        self.closed.clear()
-        self.closed.update(closed)
+        self._live, self._closed = live, closed
+
+    def live(self) -> dict[str, list[str]]:
+        """Pool name -> the names of its live instances."""
+        return self._live
+
+    def closed(self) -> dict[str, str]:
+        """Pool name -> why it takes no new run."""
+        return self._closed
 
     def waiting_reason(self, pool: str, run_id: str | None = None) -> str | None:
         """Why a pool run waits (None: the plan's own text says it better)."""

@@ -6,8 +6,7 @@ source with ``ast`` (no module is imported):
     class attribute of it or of its project bases; dataclass fields count, a bare annotation elsewhere does not);
 (c) no import cycle among the package's modules, ``if TYPE_CHECKING:`` imports and lazy imports counted.
 
-``PENDING`` lists what other parts of issue 21 are still turning into components (the dispatcher and memory
-admission; the unit manager and the agent): the lead empties it as those branches merge.
+The ``PENDING`` sets name known exceptions; they are empty, and a stale entry fails the tests.
 """
 
 from __future__ import annotations
@@ -19,23 +18,10 @@ import arch_imports as arch
 
 SERVER = "xpufleet.server."
 
-# Pending the other parts of issue 21 (helpers s2: dispatcher + memory; s3: units + agent). Class entries are
-# "module:Class"; the lead removes each as its branch merges (the tests below fail on a stale entry).
-PENDING_BASES = {
-    "xpufleet.server.sidecar.dispatcher:Dispatcher",  # s2
-    "xpufleet.server.memory.admission:MemoryAdmission",  # s2
-}
-PENDING_ATTRIBUTES = {
-    "xpufleet.server.sidecar.dynamic:DynamicRuns",  # s2
-    "xpufleet.server.sidecar.holders:SlotHolders",  # s2
-    "xpufleet.server.sidecar.recovery:Recovery",  # s2
-    "xpufleet.server.memory.outcomes:RunOutcomes",  # s2
-    "xpufleet.server.memory.texts:WaitingTexts",  # s2
-}
-# Modules in an import cycle today, in the areas s2 (dispatcher <-> spread) and s3 (agent, units) rewrite.
-PENDING_CYCLE_MODULES = {
-    "xpufleet.server.sidecar.dispatcher", "xpufleet.server.sidecar.spread",  # s2
-}
+# Known exceptions, "module:Class" or a module name: none. Keep them empty; a stale entry fails the tests.
+PENDING_BASES: set[str] = set()
+PENDING_ATTRIBUTES: set[str] = set()
+PENDING_CYCLE_MODULES: set[str] = set()
 
 
 @dataclass

@@ -11,7 +11,7 @@ import csv
 import io
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -25,8 +25,16 @@ from ..keys import STORE_KEY
 from ..store import Store
 from .common import run_dir_of, run_or_404
 
-if TYPE_CHECKING:
-    from ...workers.registry import WorkerRegistry
+
+class WorkerFiles(Protocol):
+    """What these routes read of a worker's run folder (the worker registry, server/workers/outputs.py)."""
+
+    async def fetch(self, worker: str, run_id: str, name: str, offset: int = ..., length: int = ...,
+                    scope: str = ...) -> tuple[bytes, int, bool]: ...
+
+    async def read_whole(self, worker: str, run_id: str, name: str, limit: int = ...,
+                         scope: str = ...) -> bytes: ...
+
 
 METRICS_MAX = 100_000
 METRICS_CSV_PAGE = 10_000
@@ -81,7 +89,7 @@ async def run_metrics_csv(request: web.Request) -> web.StreamResponse:
     return resp
 
 
-def _registry(request: web.Request) -> WorkerRegistry:
+def _registry(request: web.Request) -> WorkerFiles:
     from .workers import REGISTRY_KEY
 
     return request.app[REGISTRY_KEY]

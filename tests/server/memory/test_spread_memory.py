@@ -22,6 +22,9 @@ class _Store:
     def ensure_schema(self, *args: object) -> None:
         pass
 
+    def set_execution_facts(self, *args: object) -> None:
+        pass
+
 
 class _Dispatcher:
     def __init__(self) -> None:
@@ -36,7 +39,8 @@ class _Dispatcher:
 
 def test_a_spread_candidate_is_split_by_every_part_s_cards_like_a_device_set():
     d = _Dispatcher()
-    adm = MemoryAdmission(d)
+    adm = MemoryAdmission(d.store, d.providers, slot_state=d.slot_state, holdings=dict, queued=dict,
+                          wake=lambda: None, notify=lambda _run_id: None, end_run=lambda *_args: None)
     keys = {pair: d.state.index[pair] for pair in SPREAD.pairs}
     assert adm.keys_of(SPREAD) == tuple(keys.values()) and len(keys) == 3
     adm.keys = frozenset(keys.values())
@@ -110,97 +114,91 @@ async def _runs_on(sc, worker: str, dev: str) -> list[tuple[str, str, float | No
     return [(r["id"], r["state"], r["budget_gib"]) for r in (await _memory(sc, worker, dev))["runs"]]
 
 
-def test_a_spread_run_on_shared_cards_is_refused_waits_and_starts_with_its_budget_on_every_card(xpufleet_home):
-    async def scenario() -> None:
-        async with sa.Sidecar(xpufleet_home) as sc:
-            a, b = sa.ScriptedAgent(sc, "a", _cards("GPU-a")), sa.ScriptedAgent(sc, "b", _cards("GPU-b", 16.0))
-            for agent in (a, b):
-                assert (await agent.connect())["type"] == "welcome"
-            await sc.share("a", "cuda:0")
-            await sc.share("b", "cuda:0", "cuda:1")
-            # too big for b's cuda:1 (16 GiB): refused with the ledger's text naming the card and worker
-            status, body = await sc.submit(copy.deepcopy(GRAPH), spread=TARGET, memory_gib=20, wait=True)
-            assert status == 400 and body["error"].startswith(
-                "needs 20.0 GiB (+0.8 GiB CUDA context), more than cuda:1 on b has in all (16.0 GiB)"), body
-            # another run holds memory on b's cuda:0
-            status, body = await sc.submit(copy.deepcopy(GRAPH), worker="b", devices=["cuda:0"], memory_gib=14)
-            assert status == 201, body
-            other = body["run_id"]
-            assert (await b.recv_type("start_run"))["run_id"] == other
-            await b.started(other)
-            await sc.status(other, {"running"})
-            # a named spread run that does not fit now is refused unless it waits
-            status, body = await sc.submit(copy.deepcopy(GRAPH), spread=TARGET, memory_gib=12)
-            assert status == 400 and "cuda:0 on b has" in body["error"] and "set target.wait to true" in body["error"]
-            status, body = await sc.submit(copy.deepcopy(GRAPH), spread=TARGET, memory_gib=12, wait=True)
-            assert status == 201, body
-            wide = body["run_id"]
-            run = await sc.reason(wide, "waiting for memory")
-            assert run["waiting_reason"] == (f"waiting for memory: needs 12.0 GiB (+0.8 GiB CUDA context), cuda:0 "
-                                             f"on b has 9.2 GiB free (runs {other[:8]})"), run
-            assert run["n_cards"] == 3 and run["budget"]["gib"] == 12.0
-            assert await _runs_on(sc, "a", "cuda:0") == []  # all or nothing: nothing reserved while it waits
-            # the other run ends: the spread run starts on both workers, its budget on each card
-            await b.finish(other)
-            await sc.status(other, {"succeeded"})
-            start = await a.recv_type("start_run")
-            assert start["run_id"] == wide and start["budget_gib"] == 12.0 and start["spread"]["parts"][1] == {
-                "worker": "b", "devices": ["cuda:0", "cuda:1"]}
-            for worker, dev in (("a", "cuda:0"), ("b", "cuda:0"), ("b", "cuda:1")):
-                assert await _runs_on(sc, worker, dev) == [(wide, "reserved", 12.0)], (worker, dev)
-            await a.started(wide)
-            await sc.status(wide, {"running"})
-            await a.event(wide, "ddp_ready", {"store": "127.0.0.1:4000"})
-            part = await b.recv_type("start_part")
-            assert part["run_id"] == wide and part["budget_gib"] == 12.0 and part["devices"] == ["cuda:0", "cuda:1"]
-            # the providers change: the ledger is rebuilt from the runs' slot holdings, b's part (held as
-            # "<run id>@b") counted under the run id with its budget
-            before = sc.dispatcher.memory.ledger
-            c = sa.ScriptedAgent(sc, "c", _cards("GPU-c"))
-            assert (await c.connect())["type"] == "welcome"
-            await _memory(sc, "c", "cuda:0")
-            assert sc.dispatcher.memory.ledger is not before and list(sc.dispatcher.memory.ledger.runs) == [wide]
-            for worker, dev in (("a", "cuda:0"), ("b", "cuda:0"), ("b", "cuda:1")):
-                assert await _runs_on(sc, worker, dev) == [(wide, "running", 12.0)], (worker, dev)
-                assert (await _memory(sc, worker, dev))["running_gib"] == 12.75
-            # rank 0's worker's NVML figure shows on its own card only, not on b's cuda:0 of the same name
-            await a.heartbeat(runs=[{"run_id": wide, "last_seq": 2, "status": "running", "memory": {"cuda:0": 3.25}}])
+async def test_a_spread_run_on_shared_cards_is_refused_waits_and_starts_with_its_budget_on_every_card(xpufleet_home):
+    async with sa.Sidecar(xpufleet_home) as sc:
+        a, b = sa.ScriptedAgent(sc, "a", _cards("GPU-a")), sa.ScriptedAgent(sc, "b", _cards("GPU-b", 16.0))
+        for agent in (a, b):
+            assert (await agent.connect())["type"] == "welcome"
+        await sc.share("a", "cuda:0")
+        await sc.share("b", "cuda:0", "cuda:1")
+        # too big for b's cuda:1 (16 GiB): refused with the ledger's text naming the card and worker
+        status, body = await sc.submit(copy.deepcopy(GRAPH), spread=TARGET, memory_gib=20, wait=True)
+        assert status == 400 and body["error"].startswith(
+            "needs 20.0 GiB (+0.8 GiB CUDA context), more than cuda:1 on b has in all (16.0 GiB)"), body
+        # another run holds memory on b's cuda:0
+        status, body = await sc.submit(copy.deepcopy(GRAPH), worker="b", devices=["cuda:0"], memory_gib=14)
+        assert status == 201, body
+        other = body["run_id"]
+        assert (await b.recv_type("start_run"))["run_id"] == other
+        await b.started(other)
+        await sc.status(other, {"running"})
+        # a named spread run that does not fit now is refused unless it waits
+        status, body = await sc.submit(copy.deepcopy(GRAPH), spread=TARGET, memory_gib=12)
+        assert status == 400 and "cuda:0 on b has" in body["error"] and "set target.wait to true" in body["error"]
+        status, body = await sc.submit(copy.deepcopy(GRAPH), spread=TARGET, memory_gib=12, wait=True)
+        assert status == 201, body
+        wide = body["run_id"]
+        run = await sc.reason(wide, "waiting for memory")
+        assert run["waiting_reason"] == (f"waiting for memory: needs 12.0 GiB (+0.8 GiB CUDA context), cuda:0 "
+                                         f"on b has 9.2 GiB free (runs {other[:8]})"), run
+        assert run["n_cards"] == 3 and run["budget"]["gib"] == 12.0
+        assert await _runs_on(sc, "a", "cuda:0") == []  # all or nothing: nothing reserved while it waits
+        # the other run ends: the spread run starts on both workers, its budget on each card
+        await b.finish(other)
+        await sc.status(other, {"succeeded"})
+        start = await a.recv_type("start_run")
+        assert start["run_id"] == wide and start["budget_gib"] == 12.0 and start["spread"]["parts"][1] == {
+            "worker": "b", "devices": ["cuda:0", "cuda:1"]}
+        for worker, dev in (("a", "cuda:0"), ("b", "cuda:0"), ("b", "cuda:1")):
+            assert await _runs_on(sc, worker, dev) == [(wide, "reserved", 12.0)], (worker, dev)
+        await a.started(wide)
+        await sc.status(wide, {"running"})
+        await a.event(wide, "ddp_ready", {"store": "127.0.0.1:4000"})
+        part = await b.recv_type("start_part")
+        assert part["run_id"] == wide and part["budget_gib"] == 12.0 and part["devices"] == ["cuda:0", "cuda:1"]
+        # the providers change: the ledger is rebuilt from the runs' slot holdings, b's part (held as
+        # "<run id>@b") counted under the run id with its budget
+        before = sc.dispatcher.memory.ledger
+        c = sa.ScriptedAgent(sc, "c", _cards("GPU-c"))
+        assert (await c.connect())["type"] == "welcome"
+        await _memory(sc, "c", "cuda:0")
+        assert sc.dispatcher.memory.ledger is not before and list(sc.dispatcher.memory.ledger.runs) == [wide]
+        for worker, dev in (("a", "cuda:0"), ("b", "cuda:0"), ("b", "cuda:1")):
+            assert await _runs_on(sc, worker, dev) == [(wide, "running", 12.0)], (worker, dev)
+            assert (await _memory(sc, worker, dev))["running_gib"] == 12.75
+        # rank 0's worker's NVML figure shows on its own card only, not on b's cuda:0 of the same name
+        await a.heartbeat(runs=[{"run_id": wide, "last_seq": 2, "status": "running", "memory": {"cuda:0": 3.25}}])
 
-            async def use() -> list:
-                return [r for r in (await _memory(sc, "a", "cuda:0"))["runs"] if r.get("in_use_gib")]
-            assert (await sc.until(use, "NVML use on a's card"))[0]["in_use_gib"] == 3.25
-            assert "in_use_gib" not in (await _memory(sc, "b", "cuda:0"))["runs"][0]
-            # it ends once every part has: released on every card
-            await b.send("part_finished", run_id=wide, part=1, status="succeeded")
-            await a.finish(wide)
-            await sc.status(wide, {"succeeded"})
-            for worker, dev in (("a", "cuda:0"), ("b", "cuda:0"), ("b", "cuda:1")):
-                memory = await _memory(sc, worker, dev)
-                assert memory["runs"] == [] and memory["running_gib"] == memory["reserved_gib"] == 0
-            for agent in (a, b, c):
-                await agent.close()
-
-    sa.run(scenario())
+        async def use() -> list:
+            return [r for r in (await _memory(sc, "a", "cuda:0"))["runs"] if r.get("in_use_gib")]
+        assert (await sc.until(use, "NVML use on a's card"))[0]["in_use_gib"] == 3.25
+        assert "in_use_gib" not in (await _memory(sc, "b", "cuda:0"))["runs"][0]
+        # it ends once every part has: released on every card
+        await b.send("part_finished", run_id=wide, part=1, status="succeeded")
+        await a.finish(wide)
+        await sc.status(wide, {"succeeded"})
+        for worker, dev in (("a", "cuda:0"), ("b", "cuda:0"), ("b", "cuda:1")):
+            memory = await _memory(sc, worker, dev)
+            assert memory["runs"] == [] and memory["running_gib"] == memory["reserved_gib"] == 0
+        for agent in (a, b, c):
+            await agent.close()
 
 
-def test_a_spread_run_mixing_shared_and_exclusive_cards_is_refused_like_a_device_set(xpufleet_home):
-    async def scenario() -> None:
-        async with sa.Sidecar(xpufleet_home) as sc:
-            a, b = sa.ScriptedAgent(sc, "a", _cards("GPU-a")), sa.ScriptedAgent(sc, "b", _cards("GPU-b"))
-            for agent in (a, b):
-                await agent.connect()
-            await sc.share("b", "cuda:0", "cuda:1")
-            status, body = await sc.submit(copy.deepcopy(GRAPH), spread=TARGET, memory_gib=4)
-            assert status == 400 and body["error"] == (
-                "the device set mixes cards shared by memory and exclusive cards (cuda:0 on a + cuda:0, cuda:1 on "
-                "b): make them all shared or all exclusive"), body
-            # exclusive cards everywhere: the slot rule as before, a typed budget sent as the cap to every part
-            await sc.share("b", "cuda:0", "cuda:1", mode="exclusive")
-            status, body = await sc.submit(copy.deepcopy(GRAPH), spread=TARGET, memory_gib=4)
-            assert status == 201, body
-            start = await a.recv_type("start_run")
-            assert start["budget_gib"] == 4.0 and await _memory(sc, "a", "cuda:0") is None
-            for agent in (a, b):
-                await agent.close()
-
-    sa.run(scenario())
+async def test_a_spread_run_mixing_shared_and_exclusive_cards_is_refused_like_a_device_set(xpufleet_home):
+    async with sa.Sidecar(xpufleet_home) as sc:
+        a, b = sa.ScriptedAgent(sc, "a", _cards("GPU-a")), sa.ScriptedAgent(sc, "b", _cards("GPU-b"))
+        for agent in (a, b):
+            await agent.connect()
+        await sc.share("b", "cuda:0", "cuda:1")
+        status, body = await sc.submit(copy.deepcopy(GRAPH), spread=TARGET, memory_gib=4)
+        assert status == 400 and body["error"] == (
+            "the device set mixes cards shared by memory and exclusive cards (cuda:0 on a + cuda:0, cuda:1 on "
+            "b): make them all shared or all exclusive"), body
+        # exclusive cards everywhere: the slot rule as before, a typed budget sent as the cap to every part
+        await sc.share("b", "cuda:0", "cuda:1", mode="exclusive")
+        status, body = await sc.submit(copy.deepcopy(GRAPH), spread=TARGET, memory_gib=4)
+        assert status == 201, body
+        start = await a.recv_type("start_run")
+        assert start["budget_gib"] == 4.0 and await _memory(sc, "a", "cuda:0") is None
+        for agent in (a, b):
+            await agent.close()

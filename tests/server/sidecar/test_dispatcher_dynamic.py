@@ -13,6 +13,7 @@ import pytest
 
 from xpufleet.server.scheduling import DeviceOffer
 from xpufleet.server.sidecar.dispatcher import Dispatcher
+from xpufleet.server.sidecar.pool_table import PoolTable
 from xpufleet.server.sidecar.requests import RequestError, parse_run_request
 from xpufleet.server.sidecar.store import Store
 
@@ -87,102 +88,100 @@ def _reason(store: Store, run_id: str) -> str:
     return store.get_run(run_id).get("waiting_reason") or ""
 
 
-def test_pool_runs_wait_and_one_shot_instances_take_one_each(tmp_path):
-    async def main() -> None:
-        store = Store(tmp_path / "state.db")
-        d = Dispatcher(store, tmp_path)
+@pytest.fixture
+def store(tmp_path):
+    s = Store(tmp_path / "state.db")
+    yield s
+    s.close()
+
+
+@pytest.fixture
+async def make(store, tmp_path):
+    """Dispatchers over ``store`` with this server's provider registered (and ``pools`` when given), all
+    shut down at teardown, also when the test failed."""
+    made: list[Dispatcher] = []
+
+    def new(pools: PoolTable | None = None) -> Dispatcher:
+        d = Dispatcher(store, tmp_path, pools=pools)
         d.register_provider(Local())
-        d.pools = {"spot": []}
-        await d.start()
-        first, second = _submit(d, GRAPH, target={"pool": "spot"}), _submit(d, GRAPH, target={"pool": "spot"})
-        alone = "no instance of pool 'spot' is connected; the run waits for one to join"
-        await _until(lambda: _reason(store, first) == alone, "the first pool run's reason")
-        inst = Worker("spot-a", one_shot=True)
-        d.pools = {"spot": ["spot-a"]}
-        d.register_provider(inst)
-        await _until(lambda: "has taken its one run" in _reason(store, second), "the second run waits for the one-shot")
-        assert inst.started == [first]  # one run, though its CPU slot holds two
-        run = store.get_run(second)
-        assert run["status"] == "queued" and "has taken its one run" in run["waiting_reason"]
-        assert run["candidates"] == [{"provider": "spot-a", "devices": ["cpu"]}]
-        d.pool_reason = lambda pool, run_id: f"waiting for an idle instance of pool {pool}"
-        d.providers_changed()
-        await _until(lambda: _reason(store, second) == "waiting for an idle instance of pool spot", "the pool's reason")
-        late = Worker("spot-b", one_shot=True)
-        d.pools = {"spot": ["spot-a", "spot-b"]}
-        d.register_provider(late)
-        await _until(lambda: late.started == [second], "the late instance takes the second run")
-        assert inst.started == [first]
+        made.append(d)
+        return d
+
+    yield new
+    for d in made:
         await d.shutdown()
-        store.close()
-
-    asyncio.run(main())
 
 
-def test_runs_that_need_a_mount_wait_for_a_worker_that_has_it_even_after_a_restart(tmp_path):
-    async def main() -> None:
-        store = Store(tmp_path / "state.db")
-        d = Dispatcher(store, tmp_path)
-        d.register_provider(Local())
-        bare = Worker("bare")
-        d.register_provider(bare)
-        await d.start()
-        rid = _submit(d, CSV, target="any")
-        d.pools = {"later": []}
-        pooled = _submit(d, GRAPH, target={"pool": "later"})
-        await _until(lambda: "declares mount 'datasets'" in _reason(store, rid), "the mount's reason")
-        await _until(lambda: "pool 'later'" in _reason(store, pooled), "the pool run's reason")
-        assert bare.started == []
-        await d.shutdown()
-        # a restart: the queued runs are found again and resolved against the providers that come
-        d2 = Dispatcher(store, tmp_path)
-        d2.register_provider(Local())
-        d2.pools = {"later": []}
-        await d2.start()
-        assert set(d2._dynamic) == {rid, pooled}
-        ds = Worker("ds", mounts=("datasets",))
-        d2.register_provider(ds)
-        inst = Worker("later-1", one_shot=True)
-        d2.pools = {"later": ["later-1"]}
-        d2.register_provider(inst)
-        await _until(lambda: ds.started == [rid] and inst.started == [pooled], "both runs placed after the restart")
-        assert store.get_run(rid)["worker_id"] == "ds"
-        assert d2._dynamic == {}  # placed runs are no longer resolved again
-        await d2.shutdown()
-        store.close()
-
-    asyncio.run(main())
+async def test_pool_runs_wait_and_one_shot_instances_take_one_each(store, make):
+    pools = PoolTable()
+    pools.update({"spot": []}, {})
+    d = make(pools)
+    await d.start()
+    first, second = _submit(d, GRAPH, target={"pool": "spot"}), _submit(d, GRAPH, target={"pool": "spot"})
+    alone = "no instance of pool 'spot' is connected; the run waits for one to join"
+    await _until(lambda: _reason(store, first) == alone, "the first pool run's reason")
+    inst = Worker("spot-a", one_shot=True)
+    pools.update({"spot": ["spot-a"]}, {})
+    d.register_provider(inst)
+    await _until(lambda: "has taken its one run" in _reason(store, second), "the second run waits for the one-shot")
+    assert inst.started == [first]  # one run, though its CPU slot holds two
+    run = store.get_run(second)
+    assert run["status"] == "queued" and "has taken its one run" in run["waiting_reason"]
+    assert run["candidates"] == [{"provider": "spot-a", "devices": ["cpu"]}]
+    pools.update(pools.live(), {}, lambda pool, run_id: f"waiting for an idle instance of pool {pool}")
+    d.providers_changed()
+    await _until(lambda: _reason(store, second) == "waiting for an idle instance of pool spot", "the pool's reason")
+    late = Worker("spot-b", one_shot=True)
+    pools.update({"spot": ["spot-a", "spot-b"]}, {})
+    d.register_provider(late)
+    await _until(lambda: late.started == [second], "the late instance takes the second run")
+    assert inst.started == [first]
 
 
-def test_a_closed_pool_refuses_new_runs(tmp_path):
-    async def main() -> None:
-        store = Store(tmp_path / "state.db")
-        d = Dispatcher(store, tmp_path)
-        d.register_provider(Local())
-        d.pools = {"spot": []}
-        d.closed_pools = {"spot": "pool 'spot': its credential was revoked"}
-        await d.start()
-        with pytest.raises(RequestError, match="revoked") as refused:
-            _submit(d, GRAPH, target={"pool": "spot"})
-        assert refused.value.status == 400
-        await d.shutdown()
-        store.close()
+async def test_runs_that_need_a_mount_wait_for_a_worker_that_has_it_even_after_a_restart(store, make):
+    pools = PoolTable()
+    d = make(pools)
+    bare = Worker("bare")
+    d.register_provider(bare)
+    await d.start()
+    rid = _submit(d, CSV, target="any")
+    pools.update({"later": []}, {})
+    pooled = _submit(d, GRAPH, target={"pool": "later"})
+    await _until(lambda: "declares mount 'datasets'" in _reason(store, rid), "the mount's reason")
+    await _until(lambda: "pool 'later'" in _reason(store, pooled), "the pool run's reason")
+    assert bare.started == []
+    await d.shutdown()
+    # a restart: the queued runs are found again and resolved against the providers that come
+    pools2 = PoolTable()
+    pools2.update({"later": []}, {})
+    d2 = make(pools2)
+    await d2.start()
+    assert set(d2.dynamic.ids()) == {rid, pooled}
+    ds = Worker("ds", mounts=("datasets",))
+    d2.register_provider(ds)
+    inst = Worker("later-1", one_shot=True)
+    pools2.update({"later": ["later-1"]}, {})
+    d2.register_provider(inst)
+    await _until(lambda: ds.started == [rid] and inst.started == [pooled], "both runs placed after the restart")
+    assert store.get_run(rid)["worker_id"] == "ds"
+    assert d2.dynamic.ids() == []  # placed runs are no longer resolved again
 
-    asyncio.run(main())
+
+async def test_a_closed_pool_refuses_new_runs(make):
+    pools = PoolTable()
+    pools.update({"spot": []}, {"spot": "pool 'spot': its credential was revoked"})
+    d = make(pools)
+    await d.start()
+    with pytest.raises(RequestError, match="revoked") as refused:
+        _submit(d, GRAPH, target={"pool": "spot"})
+    assert refused.value.status == 400
 
 
-def test_record_outputs_kept_on_a_one_shot_worker_is_refused(tmp_path):
-    async def main() -> None:
-        store = Store(tmp_path / "state.db")
-        d = Dispatcher(store, tmp_path)
-        d.register_provider(Local())
-        d.register_provider(Worker("once", one_shot=True))
-        await d.start()
-        with pytest.raises(RequestError, match="one-shot worker") as refused:
-            _submit(d, GRAPH, target="once", record_outputs=True)
-        assert refused.value.status == 400
-        assert _submit(d, GRAPH, target="once", record_outputs="upload")  # copied here before it exits
-        await d.shutdown()
-        store.close()
-
-    asyncio.run(main())
+async def test_record_outputs_kept_on_a_one_shot_worker_is_refused(make):
+    d = make()
+    d.register_provider(Worker("once", one_shot=True))
+    await d.start()
+    with pytest.raises(RequestError, match="one-shot worker") as refused:
+        _submit(d, GRAPH, target="once", record_outputs=True)
+    assert refused.value.status == 400
+    assert _submit(d, GRAPH, target="once", record_outputs="upload")  # copied here before it exits

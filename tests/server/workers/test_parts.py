@@ -54,16 +54,16 @@ def test_the_table_loads_the_workers_and_a_cards_mode(tmp_path):
         store.close()
 
 
-def test_the_directory_keeps_its_dicts_and_says_why_a_pool_run_waits(table):
+def test_the_directory_is_the_dispatchers_pool_view_and_says_why_a_pool_run_waits(table):
     directory = PoolDirectory(table)
-    live, closed = directory.live, directory.closed  # what the dispatcher was given
+    assert directory.live() == {} and directory.closed() == {}
     _pool(table, "spot")
     _pool(table, "old", revoked=True)
     busy = WorkerState(name="i1", pool="spot", one_shot=True, taken="run-1", conn=_Open())
     gone = WorkerState(name="i2", pool="spot", one_shot=True)
     table.workers.update({"i1": busy, "i2": gone})
-    directory.refresh()
-    assert directory.live is live and directory.closed is closed
+    directory.refresh()  # what the dispatcher reads next (PoolsView: sidecar/pool_table.py)
+    live, closed = directory.live(), directory.closed()
     assert live == {"old": [], "spot": ["i1"]}
     assert list(closed) == ["old"] and "revoked" in closed["old"]
     assert directory.waiting_reason("spot").startswith("waiting for an idle instance of pool spot (1 connected")
