@@ -33,8 +33,8 @@ from typing import Any
 
 from benchlib import pct  # bench/ (this script's folder) is on sys.path
 
-from xpufleet.server.cli.client import Client
-from xpufleet.server.sidecar.runtime_file import read_runtime
+from xpufleet.common.client import Client
+from xpufleet.common.runtime_file import read_runtime
 
 GOAL_MS = 100.0
 

@@ -22,6 +22,7 @@ import time
 import uuid
 from typing import Any
 
+from ...common import tls
 from ...common.backoff import Backoff
 from ...constants import (
     AGENT_CAP_MEMORY,
@@ -34,7 +35,6 @@ from ...constants import (
 )
 from ..devices import inventory as devinv
 from ..run.warm import warm_up
-from ..sidecar import tls
 from ..workers import protocol
 from .config import (  # noqa: F401 - default_name, one_shot_name: the CLI's agent.default_name()
     AgentConfig,

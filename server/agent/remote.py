@@ -12,8 +12,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from ...common import tls
 from ...constants import VERSION
-from ..sidecar import tls
 from ..workers import protocol
 from .config import AuthChoice, ws_url
 from .files import OutputsUnavailable, read_output_chunk

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .client import Client
+from ...common.client import Client
 from .common import EXIT_OK, client_or_exit, err
 from .specs import LiveTable, item_path, render, resolve_id
 from .specs import follow as follow_item

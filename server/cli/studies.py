@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ...common.client import Client
 from .batches import Kind, add_commands, follow_queued, manage
-from .client import Client
 from .common import EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, client_or_exit, read_input
 from .specs import load_spec, render, write_outputs
 

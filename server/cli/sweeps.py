@@ -11,8 +11,8 @@ import argparse
 import sys
 from typing import Any
 
+from ...common.client import Client
 from .batches import Kind, add_commands, counts_text, follow_queued, manage
-from .client import Client
 from .common import EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, client_or_exit, read_input
 from .specs import load_spec, render, write_outputs
 

@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ...common.errors import RequestError, StoreError
 from ...constants import (
     CANCEL_BATCH_RUNS,
     LOCAL_PROVIDER,
@@ -66,11 +67,11 @@ from .hub import EventHub
 from .pool_table import PoolsView, PoolTable
 from .recovery import Recovery
 from .refusals import refusal, validates_here
-from .requests import RequestError, RunRequest
+from .requests import RunRequest
 from .run_events import RunEvents
 from .slots import SlotBook
 from .spread import SpreadRuns
-from .store import NewEvent, Store, StoreError
+from .store import NewEvent, Store
 from .tasks import Background
 
 log = logging.getLogger("xpufleet.dispatcher")

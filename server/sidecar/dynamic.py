@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ...common.errors import RequestError
 from ..scheduling import Candidate, QueuedRun, Resolution, RunTarget, TargetError
 from .pool_table import PoolsView
-from .requests import RequestError, parse_run_request
+from .requests import parse_run_request
 
 
 class DynamicRuns:

@@ -17,9 +17,9 @@ from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
+from ...common.runtime_file import pid_alive
 from ...constants import LOCAL_PROVIDER
 from .providers import RunHost
-from .runtime_file import pid_alive
 from .slots import SlotBook
 
 

@@ -8,12 +8,12 @@ that is not built yet is refused by name rather than accepted and ignored.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
+from ...common.errors import RequestError
 from ...constants import LOCAL_PROVIDER
 from ...nodes import mounts
 from ..contracts import graph_shape
@@ -21,20 +21,12 @@ from ..contracts.base import ContractError, not_available, validate  # noqa: F40
 from ..contracts.run_target import parse_devices, parse_memory, parse_spread, parse_target  # noqa: F401 (re-exported)
 from ..contracts.runs import RECORD_MODES, RunOptions, RunSubmit  # noqa: F401 (re-exported)
 from ..scheduling.routing import RunTarget
-from .errors import ApiError
 
 LOCAL = LOCAL_PROVIDER
 M = TypeVar("M", bound=BaseModel)
 
 
 # --- the request (pure) ---------------------------------------------------------------------------
-
-
-class RequestError(ApiError):
-    """A submission the server rejects with 400; ``extra`` joins the answer (e.g. ``node_errors``)."""
-
-    def __init__(self, message: str, extra: Mapping[str, Any] | None = None, status: int = 400) -> None:
-        super().__init__(status, message, extra)
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,10 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ...common.errors import StoreError
 from ...constants import TERMINAL_STATUSES
 from ..memory.admission import MemoryAdmission
-from .store import NewEvent, Store, StoreError
+from .store import NewEvent, Store
 
 log = logging.getLogger("xpufleet.dispatcher")
 

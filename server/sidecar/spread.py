@@ -33,11 +33,11 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ...common.errors import RequestError
 from ...constants import SPREAD_PARTS_WAIT_S
 from ..run import ddp
 from ..run.spread import Layout, failure_text, layout_of
 from .providers import RunHost
-from .requests import RequestError
 from .slots import SlotBook
 
 if TYPE_CHECKING:

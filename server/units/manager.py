@@ -18,8 +18,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ...common.errors import ApiError
 from ..scheduling import TargetError
-from ..sidecar.errors import ApiError
 from . import lifecycle as lc
 from .control import HEALTH_INTERVAL_S, Slots, UnitControl, holder_id
 from .links import Changes, RankClient, WorkerLinks

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
-from ..sidecar.errors import ApiError
+from ...common.errors import ApiError
 from .envcontract import BROKEN_HEADER
 from .links import Changes, RankClient
 from .records import Service, Unit

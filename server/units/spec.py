@@ -22,12 +22,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ...common.errors import ApiError
 from ...constants import WORKER_NAME_RE
 from ..contracts.base import not_available
 from ..contracts.services import MAX_REPLICAS, MAX_UNIT_SIZE, SERVICE_NAME_PATTERN, Restart, Routing, Unit
 from ..contracts.services import ServiceSpec as ServiceSpecBody
 from ..devices.names import DeviceSpecError, normalize_device
-from ..sidecar.errors import ApiError
 
 # A DNS-1123 label, so the same name works as a Kubernetes object name (``services export --format lws``).
 SERVICE_NAME_RE = re.compile(SERVICE_NAME_PATTERN)

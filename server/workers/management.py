@@ -8,8 +8,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ...common.secrets import new_secret
 from ...constants import JOIN_TOKEN_TTL_S
-from ..sidecar.auth import new_secret
 from . import protocol
 from .ports import RunsPort, SshPort
 from .records import MODES, SHAREABLE_KINDS, hash_secret

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..sidecar.errors import ApiError
+from ...common.errors import ApiError
 
 
 class WorkerError(ApiError):

@@ -27,7 +27,7 @@ import graph_parts as gp  # registered by tests/conftest.py
 import pytest
 from processes import stop_process  # registered by tests/conftest.py
 
-from xpufleet.server.sidecar import tls
+from xpufleet.common import tls
 
 CLI = [sys.executable, "-m", "xpufleet.server"]
 HEARTBEAT_S = "1"

@@ -24,8 +24,8 @@ import graph_parts as gp  # registered by tests/conftest.py
 import psutil
 from processes import stop_process  # registered by tests/conftest.py
 
-from xpufleet.server.cli.client import Client
-from xpufleet.server.sidecar.runtime_file import read_runtime
+from xpufleet.common.client import Client
+from xpufleet.common.runtime_file import read_runtime
 
 CLI = [sys.executable, "-m", "xpufleet.server"]
 

@@ -12,10 +12,10 @@ from typing import Any
 
 from aiohttp import web
 
+from ....common.http import read_object
 from ...contracts.workers import PoolCreate, PoolExport
 from ...workers.state import WorkerError
 from .. import openapi
-from ..http import read_object
 from .workers import REGISTRY_KEY, server_url
 
 

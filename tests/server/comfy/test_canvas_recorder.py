@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import sidecar_harness as harness  # registered by tests/server/conftest.py
 
-from xpufleet.server.cli.client import Client
+from xpufleet.common.client import Client
 from xpufleet.server.comfy import canvas_runs
 from xpufleet.server.comfy.canvas_runs import CanvasRecorder, prompt_end
 
@@ -196,8 +196,8 @@ async def test_the_workflow_name_the_page_says_names_the_run_before_or_after_it_
     ({"prompt_id": "p", "name": 3}, "name: must be a workflow name"),
 ])
 def test_a_bad_name_body_is_a_400_naming_the_field(body, message):
+    from xpufleet.common.errors import ApiError
     from xpufleet.server.comfy.canvas_runs import parse_name_body
-    from xpufleet.server.sidecar.errors import ApiError
 
     with pytest.raises(ApiError, match=message) as err:
         parse_name_body(body)

@@ -4,9 +4,9 @@ to them here, so the OpenAPI document cannot list a field the handler refuses, o
 
 from __future__ import annotations
 
-from xpufleet.predictor.routes import PREDICT_FIELDS
 from xpufleet.predictor.service import OPTION_NAMES as PREDICT_OPTIONS
 from xpufleet.server.contracts import misc, services, sweeps, workers
+from xpufleet.server.sidecar.routes.predictor import PREDICT_FIELDS
 from xpufleet.server.slurm import spec as slurm_spec
 from xpufleet.server.ssh.manager import FIELDS as SSH_FIELDS
 from xpufleet.server.sweeps import spec as sweep_spec

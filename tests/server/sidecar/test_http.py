@@ -1,4 +1,4 @@
-"""The HTTP toolkit (server/sidecar/http.py) on every route that reads a body: the sidecar's run and
+"""The HTTP toolkit (common/http.py) on every route that reads a body: the sidecar's run and
 predictor routes and the predictor's ComfyUI routes. The probe's bodies get 400s that say what to fix,
 never a 500, and no answer shows a server path (aiohttp's test server, in this process)."""
 
@@ -8,8 +8,8 @@ import json
 
 from aiohttp import web
 
-from xpufleet.predictor.routes import add_comfy_routes
-from xpufleet.server.sidecar.http import errors_middleware
+from xpufleet.common.http import errors_middleware
+from xpufleet.server.sidecar.routes.predictor import add_comfy_routes
 
 DEEP = '{"graph":{"1":{"class_type":"XPULoss","inputs":{"name":' + "[" * 1000 + "]" * 1000 + "}}}}"
 DEEP_WORKFLOW = '{"workflow":{"1":{"class_type":"X","inputs":{"v":' + "[" * 1000 + "]" * 1000 + "}}}}"

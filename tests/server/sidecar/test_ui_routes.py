@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from xpufleet.server.sidecar.errors import ApiError
+from xpufleet.common.errors import ApiError
 from xpufleet.server.sidecar.routes import ui
 
 

@@ -18,3 +18,17 @@ class ApiError(Exception):
         self.status = status
         self.message = message
         self.extra = dict(extra or {})
+
+
+class StoreError(ApiError):
+    """A store operation that cannot apply (unknown run, wrong status); ``status`` is the HTTP code."""
+
+    def __init__(self, message: str, status: int = 409) -> None:
+        super().__init__(status, message)
+
+
+class RequestError(ApiError):
+    """A submission the server rejects with 400; ``extra`` joins the answer (e.g. ``node_errors``)."""
+
+    def __init__(self, message: str, extra: Mapping[str, Any] | None = None, status: int = 400) -> None:
+        super().__init__(status, message, extra)
