@@ -45,7 +45,7 @@ from bench_sweep import CLI, GRAPH, start_fleet  # noqa: E402 - the bench folder
 from bench_validate import chain  # noqa: E402
 from bench_validate import cycle as ring  # noqa: E402
 
-from xpufleet.server.sidecar.runtime_file import read_runtime  # noqa: E402
+from xpufleet.common.runtime_file import read_runtime  # noqa: E402
 
 SHAPES = {"chain": chain, "ring": ring}
 SWEPT = {"chain": ("4.lr", [0.1, 0.01, 0.001, 0.0001]), "ring": ("1.epochs", [1, 2, 3, 4])}

@@ -17,8 +17,8 @@ def test_every_part_reads_the_same_folder(monkeypatch, tmp_path):
     """The predictor's snapshot folder and the sidecar's runtime file live under home_dir()."""
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv(ENV_HOME, "~/xf")
+    from xpufleet.common.runtime_file import runtime_path
     from xpufleet.predictor.calibration import calibration_path
-    from xpufleet.server.sidecar.runtime_file import runtime_path
 
     home = (tmp_path / "xf").resolve()
     assert home_dir() == home

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...common import tls
 from ...common.backoff import Backoff
 from ...constants import (
     AGENT_CAP_MEMORY,
@@ -42,7 +43,6 @@ from ..run.events import describe_exit
 from ..run.launcher import LaunchError, ProcessGroup, member_env, single
 from ..run.spec import RunSpec, build_spec
 from ..run.warm import default_starter, warm_up
-from ..sidecar import tls
 from ..workers import protocol
 from .config import (  # noqa: F401 - default_name, one_shot_name: the CLI's agent.default_name()
     AgentConfig,

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from ...common import atomic
+from ...common.runtime_file import read_runtime
 from ...constants import AGENT_ADVERTISE_ADDR_DEFAULT, AGENT_WS_PATH, RUNTIME_FILENAME
 from ..devices.simulated import SimulatedCard
-from ..sidecar.runtime_file import read_runtime
 from ..workers.protocol import POOL_SECRET_PREFIX, worker_name_problem
 
 

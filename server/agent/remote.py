@@ -10,8 +10,8 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
+from ...common import tls
 from ...constants import VERSION
-from ..sidecar import tls
 from ..workers import protocol
 from .config import AuthChoice, ws_url
 from .files import OutputsUnavailable, read_output_chunk

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ...common.tls import TLSConfigError, normalize_fingerprint
 from ...constants import AGENT_ADVERTISE_ADDR_DEFAULT, ENV_MOUNTS, RUN_STOP_GRACE_S, home_dir
 from ...nodes.mounts import MountError, parse_mounts
 from ..agent import agent as agentmod
@@ -32,7 +33,6 @@ from ..agent import config as agentcfg
 from ..devices.inventory import Inventory
 from ..devices.names import DeviceSpecError, parse_device_list
 from ..devices.simulated import parse_simulate
-from ..sidecar.tls import TLSConfigError, normalize_fingerprint
 from ..workers import protocol
 from .text import safe
 

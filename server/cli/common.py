@@ -6,8 +6,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ...common.runtime_file import pid_alive, read_runtime, remove_runtime
 from ...constants import home_dir
-from ..sidecar.runtime_file import pid_alive, read_runtime, remove_runtime
 from .client import ApiError, Client, SidecarUnreachable
 from .text import safe
 

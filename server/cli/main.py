@@ -23,11 +23,11 @@ import os
 import sys
 
 from ...constants import VERSION
-from ...predictor import cli as predictor_cli
 from . import agent as agent_cli
 from . import estimate as estimate_cli
 from . import export as export_cli
 from . import pools as pools_cli
+from . import predict as predictor_cli
 from . import runs as runs_cli
 from . import services as services_cli
 from . import sidecar as sidecar_cli

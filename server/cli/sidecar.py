@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ...common.runtime_file import ensure_home, pid_alive, read_runtime, remove_runtime
 from ...constants import (
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -23,7 +24,6 @@ from ...constants import (
     SIDECAR_STOP_TIMEOUT_S,
     home_dir,
 )
-from ..sidecar.runtime_file import ensure_home, pid_alive, read_runtime, remove_runtime
 from .client import ApiError, SidecarUnreachable
 from .common import EXIT_OK, EXIT_RUN_FAILED, EXIT_UNREACHABLE, EXIT_USAGE, err, running_client
 from .text import safe
@@ -141,8 +141,8 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 
 def _start_foreground(args: argparse.Namespace, home: Path) -> int:
+    from ...common.tls import TLSConfigError
     from ..sidecar.app import AlreadyRunning, SidecarConfig, run_foreground
-    from ..sidecar.tls import TLSConfigError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     ready_fd = args.ready_fd

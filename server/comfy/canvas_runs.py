@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...common.errors import ApiError
 from ...constants import (
     CANVAS_EVENTS_MAX,
     CANVAS_FLUSH_S,
@@ -34,7 +35,6 @@ from ...constants import (
     MAX_RUN_NAME_CHARS,
     home_dir,
 )
-from ..sidecar.errors import ApiError
 
 log = logging.getLogger("xpufleet")
 
@@ -248,8 +248,8 @@ def add_canvas_routes(routes: Any, prefix: str, server: Any) -> CanvasRecorder:
     """The recorder of this ComfyUI (``server``: its PromptServer), made the hosted nodes' sink, and its route."""
     from aiohttp import web
 
+    from ...common.http import json_errors, read_object
     from ...nodes import runtime
-    from ..sidecar.http import json_errors, read_object
 
     recorder = CanvasRecorder(server)
     runtime.set_hosted_sink(recorder.report)

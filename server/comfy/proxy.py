@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...common.errors import ApiError
+from ...common.runtime_file import pid_alive, read_runtime
 from ...constants import (
     DEFAULT_PORT,
     EVENTS_LONG_POLL_MAX_S,
@@ -40,8 +42,6 @@ from ...constants import (
     SIDECAR_START_TIMEOUT_S,
     home_dir,
 )
-from ..sidecar.errors import ApiError
-from ..sidecar.runtime_file import pid_alive, read_runtime
 
 log = logging.getLogger("xpufleet")
 
@@ -74,7 +74,7 @@ class Sidecar:
 
     def ssl(self) -> Any:
         """``ssl=`` for aiohttp: the pinned certificate, or default verification."""
-        from ..sidecar.tls import aiohttp_ssl
+        from ...common.tls import aiohttp_ssl
 
         return aiohttp_ssl(self.fingerprint)
 
@@ -238,7 +238,7 @@ class SidecarProxy:
     async def start(self, request: Any) -> Any:
         from aiohttp import web
 
-        from ..sidecar.http import read_object
+        from ...common.http import read_object
 
         home = home_dir()
         port = parse_start_port(await read_object(request, {"port"}, optional=True, max_bytes=64 * 1024))
@@ -272,7 +272,7 @@ class SidecarProxy:
 
 def add_proxy_routes(routes: Any, prefix: str) -> SidecarProxy:
     """Register the proxy's routes under ``prefix`` (``/xpufleet``) on ComfyUI's RouteTableDef."""
-    from ..sidecar.http import json_errors
+    from ...common.http import json_errors
 
     proxy = SidecarProxy(prefix)
     routes.get(f"{prefix}/sidecar")(json_errors(proxy.status))

@@ -27,6 +27,9 @@ from pathlib import Path
 
 from aiohttp import web
 
+from ...common import tls
+from ...common.http import errors_middleware
+from ...common.runtime_file import ensure_home, remove_runtime, url_for, write_runtime
 from ...constants import (
     AGENT_SOCKET_NAME,
     ENV_RUN_QUEUE_MAX_CONCURRENT,
@@ -36,13 +39,11 @@ from ...constants import (
     STATE_DB_NAME,
     VERSION,
 )
-from ...predictor.routes import add_sidecar_routes as add_predictor_routes
 from ..run.warm import warm_up
 from ..scheduling import parse_limits
-from . import auth, openapi, tls
+from . import auth, openapi
 from .config import SidecarConfig
 from .dispatcher import Dispatcher
-from .http import errors_middleware
 from .keys import CONFIG_KEY, DISPATCHER_KEY, LOCAL_PROVIDER_KEY, STARTED_KEY, STORE_KEY
 from .local import LocalProvider, local_runs_refusal, probe_local_devices
 from .routes import estimates as estimates_routes
@@ -56,7 +57,7 @@ from .routes import studies as studies_routes
 from .routes import sweeps as sweeps_routes
 from .routes import ui as ui_routes
 from .routes import workers as workers_routes
-from .runtime_file import ensure_home, remove_runtime, url_for, write_runtime
+from .routes.predictor import add_sidecar_routes as add_predictor_routes
 from .store import Store
 
 log = logging.getLogger("xpufleet.sidecar")

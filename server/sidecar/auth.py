@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-import secrets
 import socket
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 from aiohttp import web
 
-from .http import json_error
+from ...common.http import json_error
+from ...common.secrets import new_secret
 
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
 PUBLIC_ROUTES = frozenset({("GET", "/api/health"), ("HEAD", "/api/health"), ("GET", "/api/openapi.json")})
@@ -34,13 +34,6 @@ EXEMPTIONS_KEY = web.AppKey("xpufleet_auth_exemptions", list)
 BEARER_CHECKS_KEY = web.AppKey("xpufleet_auth_bearer_checks", list)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def new_secret(prefix: str, nbytes: int = 32) -> str:
-    """A fresh secret, ``<prefix>_<urlsafe base64>``. The prefix says what kind of secret a leaked
-    string is, and keeps it from starting with ``-``, which a command line (``--join TOKEN``) would
-    take for an option."""
-    return f"{prefix}_{secrets.token_urlsafe(nbytes)}"
 
 
 def new_token() -> str:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...common.errors import RequestError, StoreError
 from ...constants import (
     CANCEL_BATCH_RUNS,
     LOCAL_PROVIDER,
@@ -61,9 +62,9 @@ from .hub import EventHub
 from .providers import provider_info
 from .recovery import Recovery
 from .refusals import refusal, validates_here
-from .requests import RequestError, RunRequest
+from .requests import RunRequest
 from .spread import SpreadRuns
-from .store import NewEvent, Store, StoreError
+from .store import NewEvent, Store
 
 log = logging.getLogger("xpufleet.dispatcher")
 

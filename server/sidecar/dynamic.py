@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ...common.errors import RequestError
 from ..scheduling import Candidate, RunTarget, TargetError
-from .requests import RequestError, parse_run_request
+from .requests import parse_run_request
 
 
 class DynamicRuns:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ...common.errors import RequestError
 from ..memory.submit import key_of
-from .requests import RequestError
 
 
 @dataclass(frozen=True)

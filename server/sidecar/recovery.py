@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...common.runtime_file import pid_alive
 from ...constants import LOCAL_PROVIDER
-from .runtime_file import pid_alive
 
 if TYPE_CHECKING:
     from .hub import EventHub

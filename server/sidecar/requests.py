@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ...common.errors import RequestError
 from ...constants import (
     LOCAL_PROVIDER,
     MAX_DEVICE_SET,
@@ -24,24 +25,11 @@ from ...constants import (
 from ...nodes import mounts
 from ..devices.names import device_kind, normalize_device
 from ..scheduling.routing import MEMORY_SOURCES, RunTarget, TargetError
-from .errors import ApiError
 
 LOCAL = LOCAL_PROVIDER
 
 
-def not_available(option: str, feature: str, instead: str = "leave it out") -> str:
-    """The 400 text for an option whose feature is not built yet (docs/limits.md: refused, never ignored)."""
-    return f"{option} is not available yet: {feature} is not built in this version; {instead}"
-
-
 # --- the request (pure) ---------------------------------------------------------------------------
-
-
-class RequestError(ApiError):
-    """A submission the server rejects with 400; ``extra`` joins the answer (e.g. ``node_errors``)."""
-
-    def __init__(self, message: str, extra: Mapping[str, Any] | None = None, status: int = 400) -> None:
-        super().__init__(status, message, extra)
 
 
 @dataclass(frozen=True)

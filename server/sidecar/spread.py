@@ -32,10 +32,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ...common.errors import RequestError
 from ...constants import SPREAD_PARTS_WAIT_S
 from ..run import ddp
 from ..run.spread import Layout, failure_text, layout_of
-from .requests import RequestError
 
 if TYPE_CHECKING:
     from ..scheduling import Resolution

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...common.errors import StoreError
 from ...constants import RUN_STATUSES, TERMINAL_STATUSES
-from .errors import ApiError
 
 SCHEMA_VERSION = 1
 
@@ -80,13 +80,6 @@ CREATE INDEX IF NOT EXISTS events_type ON events(run_id, type, cursor);
 ACTIVE_STATUSES = ("assigned", "running")
 _JSON_COLUMNS = ("devices", "requested", "candidates", "options", "warnings", "execution_facts")
 _JSON_NULLABLE = ("peak_memory", "final_metrics")
-
-
-class StoreError(ApiError):
-    """A store operation that cannot apply (unknown run, wrong status); ``status`` is the HTTP code."""
-
-    def __init__(self, message: str, status: int = 409) -> None:
-        super().__init__(status, message)
 
 
 def new_run_id() -> str:

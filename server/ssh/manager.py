@@ -20,11 +20,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ...common.secrets import new_secret
 from ...constants import ENV_SSH, ENV_SSH_CONFIG, WORKER_NAME_RE
 from ...nodes.mounts import LABEL_RE
 from ..devices.names import DeviceSpecError, parse_device_list
 from ..devices.simulated import parse_simulate
-from ..sidecar.auth import new_secret
 from ..workers import protocol
 from ..workers.records import hash_secret
 from ..workers.state import WorkerError, WorkerState

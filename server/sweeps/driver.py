@@ -18,12 +18,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...common.errors import ApiError, RequestError, StoreError
 from ...constants import SWEEP_ADMIT_BATCH
 from ..scheduling import TargetError
-from ..sidecar.errors import ApiError
 from ..sidecar.graph_facts import GraphFacts, graph_facts
-from ..sidecar.requests import RequestError, RunRequest, parse_run_request
-from ..sidecar.store import StoreError
+from ..sidecar.requests import RunRequest, parse_run_request
 from .expand import Variant, format_value, param_labels, shared_outputs, sweep_child, variants
 from .params import KnownInputs, SpecError
 from .ranking import Row, best, counts, point_summary, ranked, sweep_status, table_csv

@@ -29,10 +29,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from ...common.errors import ApiError, RequestError, StoreError
 from ...constants import TERMINAL_STATUSES
-from ..sidecar.errors import ApiError
-from ..sidecar.requests import RequestError
-from ..sidecar.store import StoreError
 from .driver import (
     VERSION_RECHECK_S,
     admit_child,

@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ...common.errors import ApiError
 from ..scheduling import TargetError
-from ..sidecar.errors import ApiError
 from . import lifecycle as lc
 from .control import HEALTH_INTERVAL_S, UnitControl, holder_id
 from .persist import UnitStore

@@ -21,7 +21,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING
 
-from ..sidecar.errors import ApiError
+from ...common.errors import ApiError
 from .envcontract import BROKEN_HEADER
 from .routing import RouteView, choose_unit, no_unit_reason
 

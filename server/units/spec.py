@@ -22,10 +22,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ...common.errors import ApiError, not_available
 from ...constants import WORKER_NAME_RE
 from ..devices.names import DeviceSpecError, normalize_device
-from ..sidecar.errors import ApiError
-from ..sidecar.requests import not_available
 
 # A DNS-1123 label, so the same name works as a Kubernetes object name (``services export --format lws``).
 SERVICE_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?$")

@@ -7,8 +7,8 @@ import contextlib
 import time
 from typing import Any
 
+from ...common.secrets import new_secret
 from ...constants import JOIN_TOKEN_TTL_S
-from ..sidecar.auth import new_secret
 from . import protocol
 from .records import hash_secret
 from .state import MODES, SHAREABLE_KINDS, WorkerError

@@ -19,7 +19,7 @@ import contextlib
 import time
 from typing import Any
 
-from ..sidecar.auth import new_secret
+from ...common.secrets import new_secret
 from ..slurm.spec import SpecError, parse_spec
 from . import k8s, protocol
 from .panel_view import instance_state, waiting_runs

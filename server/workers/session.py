@@ -12,9 +12,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ...common.secrets import new_secret
 from ...constants import AGENT_HELLO_TIMEOUT_S, AGENT_PROTOCOL, TERMINAL_STATUSES, VERSION
 from ..memory.admission import can_cap, cap_refusal
-from ..sidecar.auth import new_secret
 from . import protocol
 from .provider import WorkerProvider
 from .records import hash_secret, secret_matches

@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..sidecar.errors import ApiError
+from ...common.errors import ApiError
 
 if TYPE_CHECKING:
     from .provider import WorkerProvider

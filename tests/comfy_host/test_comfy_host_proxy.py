@@ -12,8 +12,8 @@ import psutil
 import pytest
 import sidecar_harness as harness  # registered by tests/comfy_host/conftest.py
 
+from xpufleet.common.runtime_file import pid_alive, read_runtime
 from xpufleet.server.cli.client import Client
-from xpufleet.server.sidecar.runtime_file import pid_alive, read_runtime
 
 pytestmark = pytest.mark.comfy
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from xpufleet.predictor.cli import EXIT_BAD_INPUT, EXIT_UNREACHABLE, load_workflow, main
+from xpufleet.server.cli.predict import EXIT_BAD_INPUT, EXIT_UNREACHABLE, load_workflow, main
 
 GiB = 1024**3
 REPO = Path(__file__).resolve().parents[2]
@@ -29,7 +29,7 @@ def _env(home: Path, models: Path) -> dict[str, str]:
 
 
 def _cli(args, env, timeout=120):
-    return subprocess.run([sys.executable, "-m", "xpufleet.predictor.cli", "predict", *args], env=env,
+    return subprocess.run([sys.executable, "-m", "xpufleet.server.cli.predict", "predict", *args], env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -93,7 +93,7 @@ def test_bad_input_exit_codes(tmp_path, wf_file, capsys, monkeypatch):
 SERVER = textwrap.dedent("""
     import asyncio, json, sys
     from aiohttp import web
-    from xpufleet.predictor.routes import add_sidecar_routes
+    from xpufleet.server.sidecar.routes.predictor import add_sidecar_routes
 
     TOKEN = sys.argv[1]
     CARDS = [{"worker": "gpu-box", "device": "cuda:0", "total_gib": 24.0, "free_gib": 10.0, "kind": "cuda",

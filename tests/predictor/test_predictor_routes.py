@@ -14,9 +14,9 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from xpufleet.constants import MAX_REQUEST_BODY_BYTES
 from xpufleet.predictor.resolve import DirsResolver
-from xpufleet.predictor.routes import add_sidecar_routes
 from xpufleet.predictor.service import apply_override, predict_workflow
 from xpufleet.predictor.snapshot import Snapshot, clear_cache
+from xpufleet.server.sidecar.routes.predictor import add_sidecar_routes
 
 GiB = 1024**3
 OVERRIDE = {"vram_free_gb": 20.0, "vram_allocated_gb": 1.0, "vram_reserved_gb": 0.5, "ram_free_gb": 32.0,
@@ -126,8 +126,8 @@ def test_comfy_predict_bad_input(comfy_app, template, xpufleet_home):
 def test_comfy_predict_for_a_worker_card_asks_the_sidecar(comfy_app, template, xpufleet_home):
     """A worker's card from inside ComfyUI: its figures from the sidecar of XPUFLEET_HOME (the token
     from the runtime file, never from the browser), the models from ComfyUI's own folders."""
+    from xpufleet.common.runtime_file import write_runtime
     from xpufleet.predictor.snapshot import snapshot_from_card
-    from xpufleet.server.sidecar.runtime_file import write_runtime
 
     app, _root = comfy_app
     wf = template("image_flux2_klein_text_to_image.json")

@@ -216,8 +216,8 @@ def test_predictor_modules_import_nothing_heavy():
     """ComfyUI start-up: importing the predictor loads no torch, NVML, aiohttp, yaml or psutil."""
     import subprocess
 
-    code = ("import sys, xpufleet.predictor, xpufleet.predictor.routes, xpufleet.predictor.service, "
-            "xpufleet.predictor.cli, xpufleet.predictor.snapshot, xpufleet.predictor.scan; "
+    code = ("import sys, xpufleet.predictor, xpufleet.server.sidecar.routes.predictor, xpufleet.predictor.service, "
+            "xpufleet.server.cli.predict, xpufleet.predictor.snapshot, xpufleet.predictor.scan; "
             "print(','.join(m for m in ('torch', 'pynvml', 'aiohttp', 'yaml', 'psutil', 'numpy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

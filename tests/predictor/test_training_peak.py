@@ -70,7 +70,7 @@ def test_the_predict_route_takes_the_prompt_beside_the_workflow():
     from aiohttp import web
     from aiohttp.test_utils import TestClient, TestServer
 
-    from xpufleet.predictor.routes import add_sidecar_routes
+    from xpufleet.server.sidecar.routes.predictor import add_sidecar_routes
 
     card = {"worker": "gpu-box", "device": "cuda:0", "total_gib": 24.0, "free_gib": 23.9, "kind": "cuda",
             "uuid": None, "simulated": True}

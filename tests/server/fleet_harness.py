@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from xpufleet.server.sidecar import tls
+from xpufleet.common import tls
 
 CLI = [sys.executable, "-m", "xpufleet.server"]
 HEARTBEAT_S = "1"

@@ -19,13 +19,13 @@ from typing import Any
 
 from aiohttp import web
 
+from ....common.errors import ApiError
+from ....common.http import read_json
+from ....common.runtime_file import pid_alive
 from ....constants import CANVAS_EVENT_TYPES, CANVAS_EVENTS_MAX, MAX_RUN_NAME_CHARS, TERMINAL_STATUSES
 from .. import openapi
-from ..errors import ApiError
-from ..http import read_json
 from ..keys import STORE_KEY
 from ..requests import check_graph_shape
-from ..runtime_file import pid_alive
 from ..store import NewEvent
 from .common import dispatcher_of, public_run
 

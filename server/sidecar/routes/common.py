@@ -7,12 +7,12 @@ from typing import Any
 
 from aiohttp import web
 
+from ....common.errors import ApiError
 from ....constants import (
     RUNS_DIR_NAME,
 )
 from ...memory.views import run_fields
 from ..dispatcher import Dispatcher
-from ..errors import ApiError
 from ..keys import CONFIG_KEY, DISPATCHER_KEY, STORE_KEY
 from ..objective import run_objective
 

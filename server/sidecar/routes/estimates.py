@@ -22,13 +22,13 @@ import logging
 
 from aiohttp import web
 
+from ....common.errors import ApiError
+from ....common.http import read_json
 from ...ledger.budget import Suggestion, suggest
 from ...ledger.fit import NO_TOTAL, UNREPORTED
 from ...memory.submit import key_of
 from ...scheduling import TargetError
 from .. import openapi
-from ..errors import ApiError
-from ..http import read_json
 from ..requests import parse_run_request
 from .common import dispatcher_of
 

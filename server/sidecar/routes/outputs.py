@@ -17,11 +17,11 @@ from typing import Any
 
 from aiohttp import web
 
+from ....common.errors import ApiError
 from ....constants import TERMINAL_STATUSES
 from ...run.outputs import INDEX_NAME, NODE_MANIFEST, record_mode, safe_name
 from ...workers.outputs import MAX_READ_BYTES
 from .. import openapi
-from ..errors import ApiError
 from .common import run_or_404
 
 _TYPES = {".json": "application/json", ".txt": "text/plain; charset=utf-8", ".safetensors": "application/octet-stream"}

@@ -12,9 +12,9 @@ from typing import Any
 
 from aiohttp import web
 
+from ....common.http import read_object
 from ...workers.state import WorkerError
 from .. import openapi
-from ..http import read_object
 from .workers import REGISTRY_KEY, server_url
 
 

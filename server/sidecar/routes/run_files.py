@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from ....common.errors import ApiError
+from ....common.http import int_param
 from ....nodes.paths import relative_path_problem
 from ...workers.outputs import OutputsOffline
 from ...workers.protocol import OUTPUTS_CHUNK_BYTES
 from ...workers.state import WorkerError
-from ..errors import ApiError
-from ..http import int_param
 from ..keys import STORE_KEY
 from ..store import Store
 from .common import run_dir_of, run_or_404

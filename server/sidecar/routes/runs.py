@@ -8,6 +8,8 @@ import json
 
 from aiohttp import web
 
+from ....common.errors import ApiError
+from ....common.http import INT_PARAM_MAX, NO_BODY, float_param, int_param, read_json
 from ....constants import (
     EVENTS_LONG_POLL_MAX_S,
     EVENTS_PAGE_MAX,
@@ -17,8 +19,6 @@ from ....constants import (
     TERMINAL_STATUSES,
 )
 from ...memory.views import run_fields
-from ..errors import ApiError
-from ..http import INT_PARAM_MAX, NO_BODY, float_param, int_param, read_json
 from ..keys import STORE_KEY
 from ..requests import parse_run_request
 from . import canvas

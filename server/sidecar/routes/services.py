@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from ....common.errors import ApiError
+from ....common.http import read_json
 from ...units.lws import DEFAULT_IMAGE, lws_manifest, to_yaml
 from ...units.manager import UnitManager
 from .. import openapi
-from ..errors import ApiError
-from ..http import read_json
 from ..keys import DISPATCHER_KEY, STORE_KEY
 from .workers import REGISTRY_KEY
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from ....common.http import float_param, int_param, read_json
 from ....constants import EVENTS_LONG_POLL_MAX_S, RUNS_PAGE_MAX, STATE_DB_NAME
 from ...sweeps.study import StudyService
 from .. import openapi
-from ..http import float_param, int_param, read_json
 from ..keys import CONFIG_KEY, DISPATCHER_KEY, STORE_KEY
 from .sweeps import (
     CANCEL,

@@ -9,11 +9,11 @@ from typing import Any
 
 from aiohttp import web
 
+from ....common.errors import ApiError
+from ....common.http import float_param, int_param, read_json, read_object
 from ....constants import EVENTS_LONG_POLL_MAX_S, RUNS_PAGE_MAX
 from ...sweeps.driver import SweepService
 from .. import openapi
-from ..errors import ApiError
-from ..http import float_param, int_param, read_json, read_object
 from ..keys import DISPATCHER_KEY, STORE_KEY
 
 SWEEPS_KEY = web.AppKey("xpufleet_sweeps", SweepService)

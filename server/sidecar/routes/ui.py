@@ -33,9 +33,9 @@ from pathlib import Path
 
 from aiohttp import web
 
+from ....common.errors import ApiError
+from ....common.http import read_object
 from .. import auth, openapi
-from ..errors import ApiError
-from ..http import read_object
 from ..keys import CONFIG_KEY
 
 WEB_ROOT = Path(__file__).resolve().parents[3] / "web"

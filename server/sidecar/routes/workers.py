@@ -21,15 +21,15 @@ from typing import Any
 
 from aiohttp import web
 
+from ....common.http import json_error, read_object
+from ....common.runtime_file import read_runtime
 from ....constants import AGENT_WS_PATH, WORKER_NAME_RE
 from ...slurm.manager import SlurmPools
 from ...ssh.manager import FIELDS, SshWorkers
 from ...workers import protocol
 from ...workers.registry import WorkerError, WorkerRegistry
 from .. import auth, openapi
-from ..http import json_error, read_object
 from ..keys import CONFIG_KEY, DISPATCHER_KEY, STORE_KEY
-from ..runtime_file import read_runtime
 
 log = logging.getLogger("xpufleet.workers")
 

@@ -201,8 +201,8 @@ def test_the_workflow_name_the_page_says_names_the_run_before_or_after_it_is_mad
     ({"prompt_id": "p", "name": 3}, "name: must be a workflow name"),
 ])
 def test_a_bad_name_body_is_a_400_naming_the_field(body, message):
+    from xpufleet.common.errors import ApiError
     from xpufleet.server.comfy.canvas_runs import parse_name_body
-    from xpufleet.server.sidecar.errors import ApiError
 
     with pytest.raises(ApiError, match=message) as err:
         parse_name_body(body)

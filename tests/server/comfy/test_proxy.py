@@ -14,9 +14,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from xpufleet.common.runtime_file import write_runtime
 from xpufleet.constants import MAX_REQUEST_BODY_BYTES
 from xpufleet.server.comfy import proxy
-from xpufleet.server.sidecar.runtime_file import write_runtime
 
 TOKEN = "xfs_test-token"
 

@@ -1,4 +1,4 @@
-"""The HTTP toolkit (server/sidecar/http.py) on every route that reads a body: the sidecar's run and
+"""The HTTP toolkit (common/http.py) on every route that reads a body: the sidecar's run and
 predictor routes and the predictor's ComfyUI routes. The probe's bodies get 400s that say what to fix,
 never a 500, and no answer shows a server path (aiohttp's test server, in this process)."""
 
@@ -10,9 +10,9 @@ import json
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from xpufleet.predictor.routes import add_comfy_routes
+from xpufleet.common.http import errors_middleware
 from xpufleet.server.sidecar.app import SidecarConfig, create_app
-from xpufleet.server.sidecar.http import errors_middleware
+from xpufleet.server.sidecar.routes.predictor import add_comfy_routes
 
 CPU = [{"name": "cpu", "kind": "cpu", "uuid": None, "total_gib": None}]
 DEEP = '{"graph":{"1":{"class_type":"XPULoss","inputs":{"name":' + "[" * 1000 + "]" * 1000 + "}}}}"

@@ -1,4 +1,4 @@
-"""Request bodies (server/sidecar/jsonbody.py): depth refused before parsing, lone surrogates and
+"""Request bodies (common/jsonbody.py): depth refused before parsing, lone surrogates and
 huge integers refused naming the field, and the depth scan agrees with a reference on random JSON."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from xpufleet.common.errors import ApiError
+from xpufleet.common.jsonbody import decode_body, lone_surrogate_field, nests_deeper_than
 from xpufleet.constants import MAX_JSON_DEPTH
-from xpufleet.server.sidecar.errors import ApiError
-from xpufleet.server.sidecar.jsonbody import decode_body, lone_surrogate_field, nests_deeper_than
 
 
 def nested(depth: int) -> bytes:

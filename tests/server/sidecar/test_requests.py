@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from xpufleet.common.errors import RequestError
 from xpufleet.constants import (
     MAX_FIELD_NAME_CHARS,
     MAX_GRAPH_NODES,
@@ -12,7 +13,7 @@ from xpufleet.constants import (
     MAX_NODE_ID_CHARS,
     MAX_RUN_NAME_CHARS,
 )
-from xpufleet.server.sidecar.requests import RequestError, parse_run_request
+from xpufleet.server.sidecar.requests import parse_run_request
 
 LOSS = {"class_type": "XPULoss", "inputs": {"name": "cross_entropy"}}
 

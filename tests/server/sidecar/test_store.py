@@ -6,7 +6,8 @@ import sqlite3
 
 import pytest
 
-from xpufleet.server.sidecar.store import NewEvent, Store, StoreError
+from xpufleet.common.errors import StoreError
+from xpufleet.server.sidecar.store import NewEvent, Store
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import urllib.request
 import aiohttp
 import pytest
 
-from xpufleet.server.sidecar import tls
+from xpufleet.common import tls
 
 
 def test_fingerprint_spellings():
@@ -103,8 +103,8 @@ def test_aiohttp_pins_the_certificate(https_server):
 def test_the_comfyui_proxy_pins_a_tls_sidecar_and_forwards_pools(tmp_path):
     import os
 
+    from xpufleet.common.runtime_file import write_runtime
     from xpufleet.server.comfy import proxy
-    from xpufleet.server.sidecar.runtime_file import write_runtime
 
     fp = "sha256:" + ":".join(["0F"] * 32)
     write_runtime(tmp_path, {"url": "https://127.0.0.1:1", "token": "xfs_t", "pid": os.getpid(), "version": "x",

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from xpufleet.common.errors import ApiError
 from xpufleet.server.sidecar.app import SidecarConfig, create_app
-from xpufleet.server.sidecar.errors import ApiError
 from xpufleet.server.sidecar.routes import ui
 
 CPU = [{"name": "cpu", "kind": "cpu", "uuid": None, "total_gib": None}]

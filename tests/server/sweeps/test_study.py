@@ -14,9 +14,8 @@ import optuna
 import pytest
 from sweep_helpers import Box, ScriptedBox, lr_of  # registered by conftest.py
 
+from xpufleet.common.errors import ApiError, RequestError
 from xpufleet.server.sidecar.dispatcher import Dispatcher
-from xpufleet.server.sidecar.errors import ApiError
-from xpufleet.server.sidecar.requests import RequestError
 from xpufleet.server.sidecar.store import Store
 from xpufleet.server.sweeps.optuna_bridge import reported_value
 from xpufleet.server.sweeps.spec import parse_study

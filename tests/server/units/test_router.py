@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from xpufleet.common.errors import ApiError
 from xpufleet.server.sidecar.dispatcher import Dispatcher
-from xpufleet.server.sidecar.errors import ApiError
 from xpufleet.server.sidecar.store import Store
 from xpufleet.server.units.envcontract import BROKEN_HEADER
 from xpufleet.server.units.manager import UnitManager

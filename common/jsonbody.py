@@ -18,7 +18,7 @@ import json
 import re
 from typing import Any
 
-from ...constants import MAX_JSON_DEPTH
+from ..constants import MAX_JSON_DEPTH
 from .errors import ApiError
 
 # A JSON string literal (escapes included): removed before brackets are counted.

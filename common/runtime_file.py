@@ -14,8 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ...common import atomic
-from ...constants import RUNTIME_FILENAME, home_dir
+from ..constants import RUNTIME_FILENAME, home_dir
+from . import atomic
 
 
 def ensure_home(home: Path) -> Path:

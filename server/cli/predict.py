@@ -19,7 +19,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from ..constants import RUNTIME_FILENAME
+from ...constants import RUNTIME_FILENAME
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_UNREACHABLE = 0, 1, 2, 3  # server/cli.py's numbers
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -112,7 +112,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 
 def read_runtime() -> dict[str, Any]:
     """``$XPUFLEET_HOME/runtime.json`` ({"url", "token"}), ``{}`` when absent."""
-    from .config import home_dir
+    from ...predictor.config import home_dir
 
     try:
         data = json.loads((home_dir() / RUNTIME_FILENAME).read_text(encoding="utf-8"))
@@ -135,7 +135,7 @@ def _remote(args: argparse.Namespace, body: dict[str, Any]) -> tuple[int, dict[s
     if runtime.get("token"):
         headers["Authorization"] = f"Bearer {runtime['token']}"
     req = urllib.request.Request(f"{url}/api/predict", data=json.dumps(body).encode(), headers=headers, method="POST")
-    from ..server.sidecar import tls
+    from ...common import tls
 
     same = url == str(runtime.get("url") or "").rstrip("/")
     try:
@@ -158,8 +158,8 @@ def _remote(args: argparse.Namespace, body: dict[str, Any]) -> tuple[int, dict[s
 
 
 def _local(args: argparse.Namespace, workflow: Any) -> tuple[int, dict[str, Any]]:
-    from .service import predict_workflow
-    from .snapshot import take_snapshot
+    from ...predictor.service import predict_workflow
+    from ...predictor.snapshot import take_snapshot
 
     try:
         snap = take_snapshot(args.device, import_torch=True)
@@ -216,18 +216,18 @@ def run(args: argparse.Namespace) -> int:
     else:
         code, answer = _local(args, workflow)
     if code != EXIT_OK:
-        from ..server.cli.text import safe
+        from .text import safe
 
         print(f"xpufleet predict: {safe(answer['error'], lines=True)}", file=sys.stderr)
         return code
-    from ..server.cli.text import safe  # model names and warnings come from the workflow file
+    from .text import safe  # model names and warnings come from the workflow file
 
     print(json.dumps(answer, indent=2, ensure_ascii=False) if args.json else safe(format_answer(answer), lines=True))
     return EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry (``python -m xpufleet.predictor.cli``) until the main CLI wires it in."""
+    """Stand-alone entry (``python -m xpufleet.server.cli.predict``) until the main CLI wires it in."""
     parser = argparse.ArgumentParser(prog="xpufleet")
     sub = parser.add_subparsers(dest="command", required=True)
     add_parser(sub)

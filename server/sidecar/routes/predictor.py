@@ -17,8 +17,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ..constants import MAX_REQUEST_BODY_BYTES
-from ..server.sidecar.errors import ApiError
+from ....common.errors import ApiError
+from ....constants import MAX_REQUEST_BODY_BYTES
 
 log = logging.getLogger("xpufleet")
 
@@ -33,14 +33,14 @@ def _web() -> Any:
 
 
 def _json_errors() -> Any:
-    from ..server.sidecar.http import json_errors
+    from ....common.http import json_errors
 
     return json_errors
 
 
 async def _read_body(request: Any) -> dict[str, Any]:
     """The ``POST .../predict`` body (ApiError 400/413 naming what to fix)."""
-    from ..server.sidecar.http import read_object
+    from ....common.http import read_object
 
     body = await read_object(request, PREDICT_FIELDS, max_bytes=MAX_REQUEST_BODY_BYTES)
     if "workflow" not in body:
@@ -52,7 +52,7 @@ async def _read_body(request: Any) -> dict[str, Any]:
 
 
 def _predict_sync(body: dict[str, Any], snapshot) -> dict[str, Any]:
-    from .service import apply_override, predict_workflow
+    from ....predictor.service import apply_override, predict_workflow
 
     snap = apply_override(snapshot, body.get("snapshot"))
     return predict_workflow(body["workflow"], snap, platform=body.get("platform"), options=body.get("options"),
@@ -60,13 +60,13 @@ def _predict_sync(body: dict[str, Any], snapshot) -> dict[str, Any]:
 
 
 def _own_snapshot(device: str | None):
-    from .snapshot import take_snapshot
+    from ....predictor.snapshot import take_snapshot
 
     return take_snapshot(device, import_torch=False)
 
 
 def _snapshots_payload(device: str | None) -> dict[str, Any]:
-    from .snapshot import default_device, take_snapshots
+    from ....predictor.snapshot import default_device, take_snapshots
 
     snaps = take_snapshots(import_torch=False)
     chosen = _own_snapshot(device or default_device(snaps))
@@ -99,9 +99,9 @@ async def _sidecar_card(worker: Any, device: Any) -> Any:
 
     import aiohttp
 
-    from ..constants import home_dir
-    from ..server.comfy.proxy import find_sidecar, no_sidecar_message
-    from .snapshot import Snapshot
+    from ....constants import home_dir
+    from ....predictor.snapshot import Snapshot
+    from ...comfy.proxy import find_sidecar, no_sidecar_message
 
     if not isinstance(worker, str) or not isinstance(device, str) or not worker or not device:
         raise ApiError(400, "name both worker and device (strings), e.g. {\"worker\": \"gpu-box\", \"device\": \"cuda:0\"}")
@@ -173,7 +173,7 @@ def add_sidecar_routes(app: Any, card_snapshots: Callable[[], list[dict[str, Any
         if card is None:
             known = ", ".join(f"{c.get('worker')}/{c.get('device')}" for c in cards) or "none"
             raise ApiError(404, f"no card {worker}/{device}; known cards: {known}")
-        from .snapshot import snapshot_from_card
+        from ....predictor.snapshot import snapshot_from_card
 
         return snapshot_from_card(card)
 
@@ -183,7 +183,7 @@ def add_sidecar_routes(app: Any, card_snapshots: Callable[[], list[dict[str, Any
         if "worker" in q:
             return _web().json_response({"snapshot": _card(q.get("worker"), q.get("device")).to_dict()})
         payload = await _own_snapshots(q.get("device"))
-        from .snapshot import snapshot_from_card
+        from ....predictor.snapshot import snapshot_from_card
 
         payload["cards"] = [snapshot_from_card(c).to_dict() for c in (card_snapshots() or [])]
         return _web().json_response(payload)
@@ -197,7 +197,7 @@ def add_sidecar_routes(app: Any, card_snapshots: Callable[[], list[dict[str, Any
 
     app.router.add_get("/api/snapshot", snapshot)
     app.router.add_post("/api/predict", predict)
-    from ..server.sidecar import openapi
+    from .. import openapi
 
     if openapi.OPENAPI_KEY in app:  # describe the routes in the sidecar's OpenAPI document
         for path, item in OPENAPI_PATHS.items():

@@ -27,7 +27,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from ...common import atomic
+from . import atomic
 
 TLS_DIRNAME = "tls"
 CERT_NAME = "cert.pem"

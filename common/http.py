@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ...constants import OFF_LOOP_BODY_BYTES
+from ..constants import OFF_LOOP_BODY_BYTES
 from .errors import ApiError
 from .jsonbody import decode_body
 
