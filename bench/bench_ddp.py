@@ -131,8 +131,8 @@ class Fleet:
     """A sidecar and one agent with two simulated cards, in a temporary XPUFLEET_HOME."""
 
     def __init__(self, home: Path) -> None:
+        from xpufleet.common.client import Client
         from xpufleet.common.runtime_file import read_runtime
-        from xpufleet.server.cli.client import Client
 
         self.home = home
         # the agent's default heartbeat (10 s): the control plane's CPU during a run is part of what is measured

@@ -31,8 +31,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from xpufleet.common.client import Client
 from xpufleet.common.runtime_file import read_runtime
-from xpufleet.server.cli.client import Client
 
 GOAL_MS = 100.0
 

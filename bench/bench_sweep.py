@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from xpufleet.common.client import Client
 from xpufleet.common.runtime_file import read_runtime
-from xpufleet.server.cli.client import Client
 
 GOAL_RUNS_PER_S = 1000.0
 GRAPH = json.loads((Path(__file__).resolve().parents[1] / "samples" / "mlp_digits.json").read_text())

@@ -6,9 +6,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ...common.client import ApiError, Client, SidecarUnreachable
 from ...common.runtime_file import pid_alive, read_runtime, remove_runtime
 from ...constants import home_dir
-from .client import ApiError, Client, SidecarUnreachable
 from .text import safe
 
 EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3

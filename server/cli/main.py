@@ -22,6 +22,7 @@ import argparse
 import os
 import sys
 
+from ...common.client import ApiError, SidecarUnreachable
 from ...constants import VERSION
 from . import agent as agent_cli
 from . import estimate as estimate_cli
@@ -35,7 +36,6 @@ from . import studies as studies_cli
 from . import sweeps as sweeps_cli
 from . import ui as ui_cli
 from . import workers as workers_cli
-from .client import ApiError, SidecarUnreachable
 from .common import EXIT_RUN_FAILED, EXIT_UNREACHABLE, EXIT_USAGE, err
 from .text import safe
 

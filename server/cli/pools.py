@@ -12,7 +12,7 @@ import json
 import urllib.parse
 from typing import Any
 
-from .client import Client
+from ...common.client import Client
 from .common import EXIT_OK
 from .pools_slurm import add_export_parser, add_slurm_options, print_jobs, run_export, slurm_body
 

@@ -8,8 +8,8 @@ import sys
 import time
 from typing import Any
 
+from ...common.client import ApiError, Client
 from ...constants import RUN_SOURCES, TERMINAL_STATUSES
-from .client import ApiError, Client
 from .common import EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, client_or_exit, err
 from .text import safe
 

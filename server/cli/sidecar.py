@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ...common.client import ApiError, SidecarUnreachable
 from ...common.runtime_file import ensure_home, pid_alive, read_runtime, remove_runtime
 from ...constants import (
     DEFAULT_HOST,
@@ -24,7 +25,6 @@ from ...constants import (
     SIDECAR_STOP_TIMEOUT_S,
     home_dir,
 )
-from .client import ApiError, SidecarUnreachable
 from .common import EXIT_OK, EXIT_RUN_FAILED, EXIT_UNREACHABLE, EXIT_USAGE, err, running_client
 from .text import safe
 

@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Any
 
-from .client import Client
+from ...common.client import Client
 from .common import EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, client_or_exit, err
 from .specs import LiveTable, item_path, load_spec, render, resolve_id, write_outputs
 from .specs import follow as follow_item

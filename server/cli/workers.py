@@ -9,7 +9,7 @@ import time
 import urllib.parse
 from typing import Any
 
-from .client import Client
+from ...common.client import Client
 from .common import EXIT_OK, EXIT_RUN_FAILED
 from .text import safe
 

@@ -155,7 +155,7 @@ class CanvasRecorder:
                         self._records.pop(rec.prompt_id, None)
 
     def _client(self) -> Any:
-        from ..cli.client import Client
+        from ...common.client import Client
         from .proxy import find_sidecar
 
         found = find_sidecar(self.home())
@@ -163,7 +163,7 @@ class CanvasRecorder:
 
     def _flush(self, rec: _Record) -> bool:
         """Send what ``rec`` holds; True when the prompt's recording is over."""
-        from ..cli.client import ApiError, SidecarUnreachable
+        from ...common.client import ApiError, SidecarUnreachable
 
         end = prompt_end(self.server, rec.prompt_id)
         client = None if rec.off else self._client()

@@ -15,9 +15,9 @@ from pathlib import Path
 import arch_imports as arch
 import pytest
 
+from xpufleet.common.client import ApiError, Client
 from xpufleet.common.runtime_file import read_runtime
 from xpufleet.constants import TERMINAL_STATUSES
-from xpufleet.server.cli.client import ApiError, Client
 
 pytestmark = pytest.mark.e2e
 

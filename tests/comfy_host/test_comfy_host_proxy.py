@@ -12,8 +12,8 @@ import psutil
 import pytest
 import sidecar_harness as harness  # registered by tests/comfy_host/conftest.py
 
+from xpufleet.common.client import Client
 from xpufleet.common.runtime_file import pid_alive, read_runtime
-from xpufleet.server.cli.client import Client
 
 pytestmark = pytest.mark.comfy
 

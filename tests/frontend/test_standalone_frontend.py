@@ -9,7 +9,7 @@ import json
 import browser_harness as bh  # registered by tests/frontend/conftest.py
 import pytest
 
-from xpufleet.server.cli.client import ApiError
+from xpufleet.common.client import ApiError
 from xpufleet.server.devices import set_simulated_free
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]

@@ -13,7 +13,7 @@ import sys
 import browser_harness as bh  # registered by tests/frontend/conftest.py
 import pytest
 
-from xpufleet.server.cli.client import ApiError
+from xpufleet.common.client import ApiError
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
 

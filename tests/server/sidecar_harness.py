@@ -22,8 +22,8 @@ from typing import Any
 
 import psutil
 
+from xpufleet.common.client import Client
 from xpufleet.common.runtime_file import read_runtime
-from xpufleet.server.cli.client import Client
 
 CLI = [sys.executable, "-m", "xpufleet.server"]
 

@@ -14,7 +14,7 @@ import pytest
 import sidecar_harness as harness  # registered by tests/server/conftest.py
 from aiohttp.test_utils import TestClient, TestServer
 
-from xpufleet.server.cli.client import Client
+from xpufleet.common.client import Client
 from xpufleet.server.comfy import canvas_runs
 from xpufleet.server.comfy.canvas_runs import CanvasRecorder, prompt_end
 from xpufleet.server.sidecar.app import SidecarConfig, create_app

@@ -90,7 +90,7 @@ def fleet(tmp_path):
 
 
 def call(sc: harness.Sidecar, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-    from xpufleet.server.cli.client import ApiError
+    from xpufleet.common.client import ApiError
 
     try:
         return 200, sc.client.request(method, path, body)

@@ -11,8 +11,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from xpufleet.common.http import errors_middleware
+from xpufleet.server.comfy.predictor_routes import add_comfy_routes
 from xpufleet.server.sidecar.app import SidecarConfig, create_app
-from xpufleet.server.sidecar.routes.predictor import add_comfy_routes
 
 CPU = [{"name": "cpu", "kind": "cpu", "uuid": None, "total_gib": None}]
 DEEP = '{"graph":{"1":{"class_type":"XPULoss","inputs":{"name":' + "[" * 1000 + "]" * 1000 + "}}}}"

@@ -27,7 +27,7 @@ import pytest
 import sidecar_harness as harness  # registered by tests/server/conftest.py
 import yaml
 
-from xpufleet.server.cli.client import ApiError
+from xpufleet.common.client import ApiError
 from xpufleet.server.cli.specs import load_spec
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]

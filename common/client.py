@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ...common import tls
-from ...common.runtime_file import read_runtime, runtime_path
-from ...constants import EVENTS_LONG_POLL_MAX_S, home_dir
+from ..constants import EVENTS_LONG_POLL_MAX_S, home_dir
+from . import tls
+from .runtime_file import read_runtime, runtime_path
 
 
 class SidecarUnreachable(RuntimeError):
