@@ -15,6 +15,7 @@ install:
 
 lint:
 	$(PYTHON) -m ruff check .
+	lint-imports --config .importlinter  # the layer contracts (docs/architecture.md)
 
 test-unit:
 	$(PYTHON) -m pytest -q -m "not e2e and not comfy and not browser"

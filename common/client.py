@@ -1,4 +1,6 @@
-"""A small synchronous HTTP client for the sidecar (the CLI's; standard library only, starts fast).
+"""The one HTTP client of the sidecar: synchronous, standard library only, starts fast (docs/architecture.md).
+
+The CLI, ``xpufleet predict``, the ComfyUI host's calls (in a thread) and the test harnesses use it.
 
 It finds a same-machine sidecar through the runtime file (URL + session token) and turns answers into
 Python values: ``ApiError`` for a 4xx/5xx answer (with the server's message), ``SidecarUnreachable``
@@ -56,8 +58,10 @@ class Client:
 
     # --- plumbing ---------------------------------------------------------------------------------
 
-    def request(self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None,
-                timeout: float | None = None, raw: bool = False) -> Any:
+    def call(self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None,
+             timeout: float | None = None, raw: bool = False) -> tuple[int, Any]:
+        """``(HTTP status, answer)``: the JSON answer (the bytes with ``raw``), an error answer's JSON
+        payload too; :class:`SidecarUnreachable` when nothing answers."""
         url = self.url + path
         if params:
             clean = {k: v for k, v in params.items() if v is not None}
@@ -75,19 +79,29 @@ class Client:
             with tls.urlopen(req, timeout or self.timeout, self.fingerprint) as resp:
                 content = resp.read()
                 if raw:
-                    return content
-                return json.loads(content) if content else None
+                    return resp.status, content
+                return resp.status, (json.loads(content) if content else None)
         except urllib.error.HTTPError as exc:
             content = exc.read()
             try:
                 payload = json.loads(content)
-                message = payload.get("error") if isinstance(payload, dict) else None
             except ValueError:
-                payload, message = None, None
-            raise ApiError(exc.code, message or content.decode("utf-8", "replace") or exc.reason, payload) from None
+                payload = content.decode("utf-8", "replace") or exc.reason
+            return exc.code, payload
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise SidecarUnreachable(f"the sidecar at {self.url} does not answer ({reason})") from None
+
+    def request(self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None,
+                timeout: float | None = None, raw: bool = False) -> Any:
+        """The answer of a 2xx; :class:`ApiError` with the server's message otherwise."""
+        status, answer = self.call(method, path, body, params, timeout, raw)
+        if status >= 400:
+            message = answer.get("error") if isinstance(answer, dict) else None
+            structured = isinstance(answer, (dict, list))
+            raise ApiError(status, message or (json.dumps(answer) if structured else str(answer)),
+                           answer if structured else None)
+        return answer
 
     # --- API --------------------------------------------------------------------------------------
 

@@ -32,3 +32,8 @@ class RequestError(ApiError):
 
     def __init__(self, message: str, extra: Mapping[str, Any] | None = None, status: int = 400) -> None:
         super().__init__(status, message, extra)
+
+
+def not_available(option: str, feature: str, instead: str = "leave it out") -> str:
+    """The 400 text for an option whose feature is not built yet (docs/limits.md: refused, never ignored)."""
+    return f"{option} is not available yet: {feature} is not built in this version; {instead}"

@@ -42,9 +42,10 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _local(graph: dict[str, Any], n_cards: int) -> dict[str, Any]:
+    from ...predictor.estimate import estimate_graph
     from ..ledger.budget import suggest
 
-    return {**suggest(graph, None, n_cards=n_cards).to_json(), "notes": [
+    return {**suggest(graph, None, estimate=estimate_graph, n_cards=n_cards).to_json(), "notes": [
         "built here without the sidecar: measured peaks were not looked up"], "applied": False}
 
 

@@ -19,9 +19,11 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from ...constants import RUNTIME_FILENAME
+from .common import EXIT_OK, EXIT_UNREACHABLE
+from .common import EXIT_RUN_FAILED as EXIT_FAILED
+from .common import EXIT_USAGE as EXIT_BAD_INPUT
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_UNREACHABLE = 0, 1, 2, 3  # server/cli.py's numbers
+# The exit codes are every xpufleet command's (cli/common.py): a bad file or option is a usage error.
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -110,51 +112,31 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     return opts
 
 
-def read_runtime() -> dict[str, Any]:
-    """``$XPUFLEET_HOME/runtime.json`` ({"url", "token"}), ``{}`` when absent."""
-    from ...predictor.config import home_dir
-
-    try:
-        data = json.loads((home_dir() / RUNTIME_FILENAME).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def _remote(args: argparse.Namespace, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    """POST the request to the sidecar: (exit code, answer or {"error"})."""
-    import urllib.error
-    import urllib.request
+    """POST the request to the sidecar through the one client: (exit code, answer or {"error"})."""
+    from ...common.client import ApiError, Client, SidecarUnreachable
+    from ...common.runtime_file import read_runtime
 
-    runtime = read_runtime()
+    runtime = read_runtime() or {}
     url = (args.server or runtime.get("url") or "").rstrip("/")
     if not url:
         return EXIT_UNREACHABLE, {"error": "no sidecar: none is running (no runtime.json); start one with "
                                       "`xpufleet start` or pass --server URL"}
-    headers = {"Content-Type": "application/json"}
-    if runtime.get("token"):
-        headers["Authorization"] = f"Bearer {runtime['token']}"
-    req = urllib.request.Request(f"{url}/api/predict", data=json.dumps(body).encode(), headers=headers, method="POST")
-    from ...common import tls
-
     same = url == str(runtime.get("url") or "").rstrip("/")
+    client = Client(url, runtime.get("token"), timeout=60.0,
+                    fingerprint=runtime.get("tls_fingerprint") if same else None)
     try:
-        with tls.urlopen(req, 60, runtime.get("tls_fingerprint") if same else None) as resp:
-            return EXIT_OK, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        try:
-            msg = json.loads(exc.read()).get("error") or exc.reason
-        except Exception:
-            msg = exc.reason
-        if exc.code in (401, 403):
+        return EXIT_OK, client.request("POST", "/api/predict", body)
+    except ApiError as exc:
+        msg = exc.message
+        if exc.status in (401, 403):
             code = EXIT_UNREACHABLE
             msg = f"{msg}; is the runtime file from another server?"
         else:
-            code = EXIT_BAD_INPUT if 400 <= exc.code < 500 else EXIT_FAILED
-        return code, {"error": f"sidecar: {msg} (HTTP {exc.code})"}
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        return EXIT_UNREACHABLE, {"error": f"sidecar not reachable at {url}: {reason}"}
+            code = EXIT_BAD_INPUT if 400 <= exc.status < 500 else EXIT_FAILED
+        return code, {"error": f"sidecar: {msg} (HTTP {exc.status})"}
+    except SidecarUnreachable as exc:
+        return EXIT_UNREACHABLE, {"error": f"sidecar not reachable: {exc}"}
 
 
 def _local(args: argparse.Namespace, workflow: Any) -> tuple[int, dict[str, Any]]:

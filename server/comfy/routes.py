@@ -49,7 +49,7 @@ def register() -> bool:
         return web.FileResponse(path, headers={"Content-Type": "application/json", "Cache-Control": "no-cache"})
 
     # Predictor routes (snapshot of the ComfyUI process itself, predict) are added here too.
-    from ..sidecar.routes.predictor import add_comfy_routes
+    from .predictor_routes import add_comfy_routes
 
     add_comfy_routes(routes, ROUTE_PREFIX)
     add_proxy_routes(routes, ROUTE_PREFIX)  # the sidecar, same origin (proxy.py)

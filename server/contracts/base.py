@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, WrapValidator
 
+from ...common.errors import not_available  # noqa: F401 - re-exported to the contract modules
+
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -28,11 +30,6 @@ class ContractError(ValueError):
         self.message = message
         self.status = status
         self.extra = dict(extra or {})
-
-
-def not_available(option: str, feature: str, instead: str = "leave it out") -> str:
-    """The 400 text for an option whose feature is not built yet (docs/limits.md: refused, never ignored)."""
-    return f"{option} is not available yet: {feature} is not built in this version; {instead}"
 
 
 class Contract(BaseModel):

@@ -251,10 +251,11 @@ class Suggestion:
                 "from_run": self.from_run, "n_cards": self.n_cards, **self.extra}
 
 
-def suggest(graph: Mapping[str, Any], default: DefaultBudget | None, *, n_cards: int = 1,
-            estimate: Callable[[Mapping[str, Any]], Any] | None = None) -> Suggestion:
+def suggest(graph: Mapping[str, Any], default: DefaultBudget | None, *,
+            estimate: Callable[[Mapping[str, Any]], Any], n_cards: int = 1) -> Suggestion:
     """The suggestion for ``graph`` on ``n_cards`` cards. The estimate is never built when a measured
-    default exists. ``estimate``: the estimator (default :func:`xpufleet.predictor.estimate.estimate_graph`)."""
+    default exists. ``estimate``: the static estimator, injected so the ledger stays pure (the callers
+    pass :func:`xpufleet.predictor.estimate.estimate_graph`)."""
     if default is not None:
         headroom = default.budget_gib - default.peak_gib
         items = ({"name": "measured_peak", "gib": default.peak_gib,
@@ -262,8 +263,6 @@ def suggest(graph: Mapping[str, Any], default: DefaultBudget | None, *, n_cards:
                  {"name": "headroom", "gib": round(headroom, 4), "label": "+20%"})
         return Suggestion(MEASURED, default.budget_gib, default.budget_gib, items, from_run=default.run_id,
                           n_cards=n_cards, extra={"peak_source": default.source})
-    if estimate is None:
-        from ...predictor.estimate import estimate_graph as estimate
     est = estimate(graph)
     total = est.total_gib
     if total is None:

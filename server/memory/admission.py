@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...constants import AGENT_CAP_MEMORY, LOCAL_PROVIDER
+from ...constants import AGENT_CAP_MEMORY, HEARTBEAT_INTERVAL_S, LOCAL_PROVIDER
 from ..ledger.budget import (
     PEAK_SOURCES,
     SIMULATED_SOURCES,
@@ -36,6 +36,7 @@ from ..ledger.budget import (
 )
 from ..ledger.fit import Ledger, context_mib_from_env, short_id
 from ..ledger.queue import MemoryHolds, MemoryQueue, MemoryRun
+from ..run.events import NewEvent
 from ..scheduling import Candidate, SlotState
 from ..scheduling.plan import usable_provider
 from ..scheduling.waiting import provider_reason
@@ -121,6 +122,7 @@ class MemoryAdmission:
         self.queue = MemoryQueue(self.ledger, self.holds)
         self.local_shared: frozenset[str] = frozenset()
         self.local_probe: Callable[[], list[dict[str, Any]]] | None = None
+        self.probe_every_s = HEARTBEAT_INTERVAL_S  # how often this server's shared cards are read again
         self.mode_of = mode_of  # (worker, device) -> exclusive|shared
         self.keys: frozenset[str] = frozenset()  # the cards that admit by memory
         self.simulated: set[str] = set()
@@ -137,11 +139,12 @@ class MemoryAdmission:
     # --- configuration and start-up ------------------------------------------------------------------
 
     def configure(self, local_shared: Iterable[str] = (), local_probe: Callable[[], list[dict[str, Any]]] | None = None,
-                  ) -> None:
+                  probe_every_s: float = HEARTBEAT_INTERVAL_S) -> None:
         """This server's cards admitted by memory (``XPUFLEET_LOCAL_SHARED_CARDS``) and how to read their
-        figures again (None: the figures given at start stay)."""
+        figures again (None: the figures given at start stay), every ``probe_every_s`` (the heartbeat)."""
         self.local_shared = frozenset(local_shared)
         self.local_probe = local_probe
+        self.probe_every_s = probe_every_s
 
     def load(self) -> None:
         """After a restart: the records of the runs still queued or active."""
@@ -164,11 +167,9 @@ class MemoryAdmission:
                 await self._task
 
     async def _local_loop(self) -> None:
-        from ..workers import protocol
-
         assert self.local_probe is not None
         while True:
-            await asyncio.sleep(protocol.heartbeat_interval_s())
+            await asyncio.sleep(self.probe_every_s)
             try:
                 devices = await asyncio.to_thread(self.local_probe)
             except Exception as exc:  # noqa: BLE001 - a failed probe keeps the last figures
@@ -348,7 +349,6 @@ class MemoryAdmission:
     def _set_budget(self, run_id: str, info: RunMemory, budget: Budget) -> None:
         self.records.set_budget(run_id, budget)
         self.info[run_id] = RunMemory(run_id, info.graph_key, info.n_cards, budget)
-        from ..sidecar.store import NewEvent
 
         self.store.append_events(run_id, [NewEvent("budget_changed", {**budget.to_json()})])
         self._notify(run_id)

@@ -12,10 +12,22 @@ import json
 import signal
 import threading
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
 from ...constants import PROGRESS_EVENT_MIN_INTERVAL_S
+
+
+@dataclass(frozen=True)
+class NewEvent:
+    """An event the store appends to a run (server/sidecar/store.py): ``source_seq`` is the run child's ``seq`` (None for the server's own)."""
+
+    type: str
+    payload: Mapping[str, Any]
+    ts: float | None = None
+    source_seq: int | None = None
 
 
 class EventSink:

@@ -42,6 +42,7 @@ from ...constants import (
 from ..run.warm import warm_up
 from ..scheduling import parse_limits
 from ..ssh.manager import SshWorkers
+from ..workers import protocol
 from ..workers.pools import PoolDirectory
 from ..workers.registry import WorkerRegistry
 from ..workers.state import ServerLinks
@@ -97,7 +98,7 @@ def create_app(config: SidecarConfig) -> web.Application:
     dispatcher = Dispatcher(store, config.home, overrides, validate_local_graphs=config.validate_local_graphs,
                             stop_grace_s=config.stop_grace_s, pools=pools, mode_of=workers.device_mode)
     dispatcher.memory.configure(config.local_shared, (lambda: probe_local_devices(config.home))
-                                if config.local_devices is None else None)
+                                if config.local_devices is None else None, protocol.heartbeat_interval_s())
     app[STORE_KEY] = store
     app[DISPATCHER_KEY] = dispatcher
     app[CONFIG_KEY] = config

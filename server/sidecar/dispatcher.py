@@ -45,6 +45,7 @@ from ...constants import (
 from ..memory.admission import MemoryAdmission
 from ..memory.records import RunMemory
 from ..memory.submit import AdmissionError, prepare
+from ..run.events import NewEvent
 from ..scheduling import (
     AdmitFn,
     Candidate,
@@ -71,7 +72,7 @@ from .requests import RunRequest
 from .run_events import RunEvents
 from .slots import SlotBook
 from .spread import SpreadRuns
-from .store import NewEvent, Store
+from .store import Store
 from .tasks import Background
 
 log = logging.getLogger("xpufleet.dispatcher")

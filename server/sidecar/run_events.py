@@ -15,7 +15,8 @@ from typing import Any
 from ...common.errors import StoreError
 from ...constants import TERMINAL_STATUSES
 from ..memory.admission import MemoryAdmission
-from .store import NewEvent, Store
+from ..run.events import NewEvent
+from .store import Store
 
 log = logging.getLogger("xpufleet.dispatcher")
 

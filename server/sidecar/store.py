@@ -27,6 +27,7 @@ from typing import Any
 
 from ...common.errors import StoreError
 from ...constants import RUN_STATUSES, STORE_FLUSH_ON_CLOSE_S, TERMINAL_STATUSES
+from ..run.events import NewEvent
 from .store_writer import DiskWriter, Recorder, writes
 
 SCHEMA_VERSION = 1
@@ -110,16 +111,6 @@ def _nan_to_none(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_nan_to_none(v) for v in value]
     return value
-
-
-@dataclass(frozen=True)
-class NewEvent:
-    """An event to append: ``source_seq`` is the run child's ``seq`` (None for the server's own)."""
-
-    type: str
-    payload: Mapping[str, Any]
-    ts: float | None = None
-    source_seq: int | None = None
 
 
 @dataclass(frozen=True)

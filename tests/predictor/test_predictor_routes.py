@@ -3,14 +3,12 @@ repository loaded as ComfyUI loads it) and ``/api/snapshot`` / ``/api/predict`` 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 
 from xpufleet.constants import MAX_REQUEST_BODY_BYTES
 from xpufleet.predictor.resolve import DirsResolver
@@ -23,13 +21,9 @@ OVERRIDE = {"vram_free_gb": 20.0, "vram_allocated_gb": 1.0, "vram_reserved_gb": 
             "commit_used_gb": 10.0, "commit_limit_gb": 48.0}
 
 
-async def _with_client(app: web.Application, fn):
-    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
-        return await fn(client)
-
-
-def run(app, fn):
-    return asyncio.run(_with_client(app, fn))
+async def run(aiohttp_client, app: web.Application, fn):
+    """``fn(client)`` on ``app`` served on loopback by pytest-aiohttp (torn down when an assert fails)."""
+    return await fn(await aiohttp_client(app))
 
 
 @pytest.fixture
@@ -48,7 +42,7 @@ def comfy_app(comfy_host, tmp_path, sparse):
     return instance.make_app(), root
 
 
-def test_comfy_snapshot_route(comfy_app):
+async def test_comfy_snapshot_route(comfy_app, aiohttp_client):
     app, _root = comfy_app
 
     async def go(client):
@@ -65,10 +59,10 @@ def test_comfy_snapshot_route(comfy_app):
         r = await client.get("/xpufleet/snapshot", params={"device": "cuda:7"})
         assert r.status == 404 and "no device 'cuda:7'" in (await r.json())["error"]
 
-    run(app, go)
+    await run(aiohttp_client, app, go)
 
 
-def test_comfy_predict_route_uses_comfy_folders(comfy_app, template):
+async def test_comfy_predict_route_uses_comfy_folders(comfy_app, template, aiohttp_client):
     app, root = comfy_app
     wf = template("image_flux2_klein_text_to_image.json")
 
@@ -77,7 +71,7 @@ def test_comfy_predict_route_uses_comfy_folders(comfy_app, template):
         assert r.status == 200, await r.text()
         return await r.json()
 
-    body = run(app, go)
+    body = await run(aiohttp_client, app, go)
     assert body["scan"]["resolver"]["source"] == "comfyui"
     assert body["explanation"]["models"]["m_total_gb"] == pytest.approx(14.0)
     assert body["explanation"]["models"]["m_peak_gb"] == pytest.approx(8.0)
@@ -92,7 +86,7 @@ def test_comfy_predict_route_uses_comfy_folders(comfy_app, template):
     assert set(body["label"]) == {"zh", "en"} and body["color"].startswith("#")
 
 
-def test_comfy_predict_bad_input(comfy_app, template, xpufleet_home):
+async def test_comfy_predict_bad_input(comfy_app, template, xpufleet_home, aiohttp_client):
     app, _root = comfy_app
     wf = template("image_flux2_klein_text_to_image.json")
     evil = template("image_flux2_klein_text_to_image.json")
@@ -120,10 +114,10 @@ def test_comfy_predict_bad_input(comfy_app, template, xpufleet_home):
         r = await client.post("/xpufleet/predict", data=b"x" * (MAX_REQUEST_BODY_BYTES + 10))
         assert r.status == 413 and "error" in await r.json()
 
-    run(app, go)
+    await run(aiohttp_client, app, go)
 
 
-def test_comfy_predict_for_a_worker_card_asks_the_sidecar(comfy_app, template, xpufleet_home):
+async def test_comfy_predict_for_a_worker_card_asks_the_sidecar(comfy_app, template, xpufleet_home, aiohttp_client):
     """A worker's card from inside ComfyUI: its figures from the sidecar of XPUFLEET_HOME (the token
     from the runtime file, never from the browser), the models from ComfyUI's own folders."""
     from xpufleet.common.runtime_file import write_runtime
@@ -146,17 +140,17 @@ def test_comfy_predict_for_a_worker_card_asks_the_sidecar(comfy_app, template, x
     fake.router.add_get("/api/snapshot", snapshot)
 
     async def go(client):
-        async with TestClient(TestServer(fake, host="127.0.0.1")) as sidecar:
-            write_runtime(xpufleet_home, {"url": str(sidecar.make_url("")).rstrip("/"), "pid": os.getpid(),
-                                          "token": "xfs_test", "version": "test"})
-            r = await client.post("/xpufleet/predict", json={"workflow": wf, "worker": "gpu-box", "device": "cuda:0"})
-            body = await r.json()
-            assert r.status == 200, body
-            r = await client.post("/xpufleet/predict", json={"workflow": wf, "worker": "gpu-box", "device": "cuda:9"})
-            missing = (r.status, await r.json())
+        sidecar = await aiohttp_client(fake)
+        write_runtime(xpufleet_home, {"url": str(sidecar.make_url("")).rstrip("/"), "pid": os.getpid(),
+                                      "token": "xfs_test", "version": "test"})
+        r = await client.post("/xpufleet/predict", json={"workflow": wf, "worker": "gpu-box", "device": "cuda:0"})
+        body = await r.json()
+        assert r.status == 200, body
+        r = await client.post("/xpufleet/predict", json={"workflow": wf, "worker": "gpu-box", "device": "cuda:9"})
+        missing = (r.status, await r.json())
         return body, missing
 
-    body, missing = run(app, go)
+    body, missing = await run(aiohttp_client, app, go)
     assert seen[0] == ({"worker": "gpu-box", "device": "cuda:0"}, "Bearer xfs_test")
     assert body["snapshot"]["worker"] == "gpu-box" and body["snapshot"]["vram_free_gb"] == 6.0
     assert body["scan"]["resolver"]["source"] == "comfyui"
@@ -197,7 +191,7 @@ def sidecar_app(monkeypatch, tmp_path, sparse, xpufleet_home):
     return app, calls
 
 
-def test_sidecar_predict_on_a_worker_card(sidecar_app, template):
+async def test_sidecar_predict_on_a_worker_card(sidecar_app, template, aiohttp_client):
     app, calls = sidecar_app
     wf = template("sd3.5_large_canny_controlnet_example.json")
 
@@ -212,7 +206,7 @@ def test_sidecar_predict_on_a_worker_card(sidecar_app, template):
         out["own"] = await r.json()
         return out
 
-    out = run(app, go)
+    out = await run(aiohttp_client, app, go)
     assert calls
     a = out["cuda:0"]
     assert a["snapshot"]["source"] == "heartbeat" and a["snapshot"]["worker"] == "gpu-box"
@@ -227,7 +221,7 @@ def test_sidecar_predict_on_a_worker_card(sidecar_app, template):
     assert out["own"]["snapshot"]["source"] != "heartbeat"
 
 
-def test_sidecar_bad_card_requests(sidecar_app, template):
+async def test_sidecar_bad_card_requests(sidecar_app, template, aiohttp_client):
     app, _ = sidecar_app
     wf = template("sd3.5_large_canny_controlnet_example.json")
 
@@ -240,10 +234,10 @@ def test_sidecar_bad_card_requests(sidecar_app, template):
         r = await client.post("/api/predict", json={"workflow": "x"})
         assert r.status == 400
 
-    run(app, go)
+    await run(aiohttp_client, app, go)
 
 
-def test_sidecar_snapshot_route(sidecar_app):
+async def test_sidecar_snapshot_route(sidecar_app, aiohttp_client):
     app, _ = sidecar_app
 
     async def go(client):
@@ -259,4 +253,4 @@ def test_sidecar_snapshot_route(sidecar_app):
         r = await client.get("/api/snapshot", params={"worker": "arc", "device": "xpu:9"})
         assert r.status == 404
 
-    run(app, go)
+    await run(aiohttp_client, app, go)

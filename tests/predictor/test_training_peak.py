@@ -23,7 +23,7 @@ CARD = Snapshot(vram_free_gb=23.9, vram_total_gb=24.0, ram_free_gb=30.0, commit_
 def test_peak_is_the_static_estimate_queue_on_suggests():
     expected = estimate_graph(API).total_gib
     assert expected and expected > 0
-    assert suggest(API, None).total_gib == expected  # what the Queue on... dialog shows
+    assert suggest(API, None, estimate=estimate_graph).total_gib == expected  # what the Queue on... dialog shows
     for answer in (predict_workflow(API, CARD), predict_workflow(UI, CARD, prompt=API)):
         assert answer["explanation"]["inputs"]["m_peak_gb"] == pytest.approx(expected)
         assert answer["explanation"]["models"]["training_estimate"]["total_gib"] == pytest.approx(expected)

@@ -9,7 +9,6 @@ Test files use it as ``import fleet_harness as fh`` (tests/server/conftest.py re
 from __future__ import annotations
 
 import copy
-import json
 import os
 import select
 import signal
@@ -18,8 +17,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +24,8 @@ import graph_parts as gp  # registered by tests/conftest.py
 import pytest
 from processes import stop_process  # registered by tests/conftest.py
 
-from xpufleet.common import tls
+from xpufleet.common.client import Client
+from xpufleet.common.runtime_file import read_runtime
 
 CLI = [sys.executable, "-m", "xpufleet.server"]
 HEARTBEAT_S = "1"
@@ -133,7 +131,8 @@ class SidecarProc:
         os.close(read_fd)
         assert line.startswith("http"), f"sidecar did not start: {line!r}\n{(self.home / 'test-sidecar.log').read_text()}"
         self.url = line
-        runtime = json.loads((self.home / "runtime.json").read_text())
+        runtime = read_runtime(self.home)
+        assert runtime is not None, f"no runtime file under {self.home}"
         self.token = runtime["token"]
         self.fingerprint = runtime.get("tls_fingerprint")
 
@@ -146,16 +145,8 @@ class SidecarProc:
             stop_process(self.proc)
 
     def call(self, method: str, path: str, body: Any = None, raw: bool = False) -> tuple[int, Any]:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Authorization": f"Bearer {self.token}",
-                                              "Content-Type": "application/json"})
-        try:
-            with tls.urlopen(req, 60, self.fingerprint) as resp:
-                content = resp.read()
-                return resp.status, content if raw else json.loads(content or b"null")
-        except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read() or b"null")
+        """``(status, answer)`` through the one sidecar client (common/client.py)."""
+        return Client(self.url, self.token, timeout=60, fingerprint=self.fingerprint).call(method, path, body, raw=raw)
 
     def ok(self, method: str, path: str, body: Any = None, status: int = 200) -> Any:
         code, out = self.call(method, path, body)

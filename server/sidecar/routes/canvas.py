@@ -24,10 +24,10 @@ from ....common.http import read_json
 from ....common.runtime_file import pid_alive
 from ....constants import CANVAS_EVENT_TYPES, CANVAS_EVENTS_MAX, MAX_RUN_NAME_CHARS, TERMINAL_STATUSES
 from ...contracts.misc import ERROR_CHARS, PROMPT_ID_CHARS
+from ...run.events import NewEvent
 from .. import openapi
 from ..keys import STORE_KEY
 from ..requests import check_graph_shape
-from ..store import NewEvent
 from .common import dispatcher_of, public_run
 
 _PROMPT_ID_CHARS = PROMPT_ID_CHARS  # the contract's (server/contracts/misc.py)

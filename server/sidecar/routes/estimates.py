@@ -24,6 +24,7 @@ from aiohttp import web
 
 from ....common.errors import ApiError
 from ....common.http import read_json
+from ....predictor.estimate import estimate_graph
 from ...ledger.budget import Suggestion, suggest
 from ...ledger.fit import NO_TOTAL, UNREPORTED
 from ...memory.submit import key_of
@@ -53,7 +54,8 @@ async def estimate(request: web.Request) -> web.Response:
     default = adm.default_for(key, n_cards, mem_keys)
     loop = asyncio.get_running_loop()
     try:  # the meta-device build blocks for up to MEMORY_ESTIMATE_TIMEOUT_S: off the event loop
-        suggestion = await loop.run_in_executor(None, functools.partial(suggest, req.graph, default, n_cards=n_cards))
+        suggestion = await loop.run_in_executor(None, functools.partial(suggest, req.graph, default, estimate=estimate_graph,
+                                                                      n_cards=n_cards))
     except ValueError as exc:
         raise ApiError(400, f"graph: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - an estimator bug: no estimate, said so, never a 500

@@ -1,10 +1,9 @@
-"""HTTP routes of the predictor.
+"""HTTP routes of the predictor (the library is ``predictor/``; docs/predictor.md).
 
-- Inside ComfyUI (``add_comfy_routes``): ``GET {prefix}/snapshot`` and ``POST {prefix}/predict``, with
-  the ComfyUI process's own allocator figures and ComfyUI's model folders; a ``predict`` body naming
-  ``worker`` + ``device`` uses that card's figures, asked from this machine's sidecar.
 - On the sidecar (``add_sidecar_routes``): ``GET /api/snapshot`` and ``POST /api/predict``; a body
   naming ``worker`` + ``device`` uses that worker card's heartbeat figures, otherwise this machine's.
+- Inside ComfyUI: ``server/comfy/predictor_routes.py`` serves the same two routes with the body check
+  and the answers of this module (``read_predict_body``, ``answer``, ``answer_own_device``).
 
 Errors are ``{"error": "<what to fix>"}`` with a 4xx status. The work runs in a thread so a slow
 disk never stalls the event loop.
@@ -32,13 +31,13 @@ def _web() -> Any:
     return web
 
 
-def _json_errors() -> Any:
+def json_errors_decorator() -> Any:
     from ....common.http import json_errors
 
     return json_errors
 
 
-async def _read_body(request: Any) -> dict[str, Any]:
+async def read_predict_body(request: Any) -> dict[str, Any]:
     """The ``POST .../predict`` body (ApiError 400/413 naming what to fix)."""
     from ....common.http import read_object
 
@@ -73,79 +72,29 @@ def _snapshots_payload(device: str | None) -> dict[str, Any]:
     return {"snapshot": chosen.to_dict(), "snapshots": [s.to_dict() for s in snaps]}
 
 
-def add_comfy_routes(routes: Any, prefix: str) -> None:
-    """Register ``GET {prefix}/snapshot`` and ``POST {prefix}/predict`` on ComfyUI's RouteTableDef."""
-    json_errors = _json_errors()
-
-    @routes.get(f"{prefix}/snapshot")
-    @json_errors
-    async def _snapshot(request: Any) -> Any:
-        return _web().json_response(await _own_snapshots(request.query.get("device")))
-
-    @routes.post(f"{prefix}/predict")
-    @json_errors
-    async def _predict(request: Any) -> Any:
-        body = await _read_body(request)
-        if body.get("worker") is not None:
-            # A worker's card: its figures from the sidecar, the models from ComfyUI's own folders.
-            return await _answer(body, await _sidecar_card(body["worker"], body.get("device")))
-        return await _answer_own_device(body, body.get("device"))
-
-
-async def _sidecar_card(worker: Any, device: Any) -> Any:
-    """A worker card's snapshot, asked from this machine's sidecar (``GET /api/snapshot?worker=&device=``,
-    the token kept here); its 4xx answers pass through, 503 when no sidecar runs."""
-    import dataclasses
-
-    import aiohttp
-
-    from ....constants import home_dir
-    from ....predictor.snapshot import Snapshot
-    from ...comfy.proxy import find_sidecar, no_sidecar_message
-
-    if not isinstance(worker, str) or not isinstance(device, str) or not worker or not device:
-        raise ApiError(400, "name both worker and device (strings), e.g. {\"worker\": \"gpu-box\", \"device\": \"cuda:0\"}")
-    home = home_dir()
-    sidecar = find_sidecar(home)
-    if sidecar is None:
-        raise ApiError(503, no_sidecar_message(home, " (a worker's card is known to the sidecar only)"))
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-            async with session.get(f"{sidecar.url}/api/snapshot", params={"worker": worker, "device": device},
-                                   headers={"Authorization": f"Bearer {sidecar.token}"}) as resp:
-                answer = await resp.json(content_type=None)
-                status = resp.status
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
-        raise ApiError(503, no_sidecar_message(home, f" ({sidecar.url} does not answer: {exc})")) from None
-    if status != 200:
-        raise ApiError(status, str((answer or {}).get("error") or f"the sidecar answered {status}"))
-    names = {f.name for f in dataclasses.fields(Snapshot)}
-    return Snapshot(**{k: v for k, v in answer["snapshot"].items() if k in names})
-
-
-async def _own_snapshots(device: str | None) -> dict[str, Any]:
+async def own_snapshots(device: str | None) -> dict[str, Any]:
     try:
         return await asyncio.to_thread(_snapshots_payload, device)
     except ValueError as exc:
         raise ApiError(404, str(exc)) from None
 
 
-async def _answer(body: dict[str, Any], snap: Any) -> Any:
+async def answer(body: dict[str, Any], snap: Any) -> Any:
     """The prediction for ``body`` on ``snap`` (400 for a workflow or option the scan refuses)."""
     try:
-        answer = await asyncio.to_thread(_predict_sync, body, snap)
+        result = await asyncio.to_thread(_predict_sync, body, snap)
     except ValueError as exc:
         raise ApiError(400, str(exc)) from None
-    return _web().json_response(answer)
+    return _web().json_response(result)
 
 
-async def _answer_own_device(body: dict[str, Any], device: str | None) -> Any:
+async def answer_own_device(body: dict[str, Any], device: str | None) -> Any:
     """The prediction on one of this process's own devices (404 for a device it does not have)."""
     try:
         snap = await asyncio.to_thread(_own_snapshot, device)
     except ValueError as exc:
         raise ApiError(404, str(exc)) from None
-    return await _answer(body, snap)
+    return await answer(body, snap)
 
 
 def _find_card(cards: list[dict[str, Any]], worker: str, device: str) -> dict[str, Any] | None:
@@ -162,7 +111,7 @@ def add_sidecar_routes(app: Any, card_snapshots: Callable[[], list[dict[str, Any
     ``device``, ``total_gib``, ``free_gib``, ``kind``, ``uuid``, ``simulated`` (and optionally
     ``ram_free_gib``, ``commit_used_gib``, ``commit_limit_gib``, ``name``, ``platform``).
     """
-    json_errors = _json_errors()
+    json_errors = json_errors_decorator()
 
     def _card(worker: Any, device: Any) -> Any:
         if not isinstance(worker, str) or not isinstance(device, str) or not worker or not device:
@@ -182,7 +131,7 @@ def add_sidecar_routes(app: Any, card_snapshots: Callable[[], list[dict[str, Any
         q = request.query
         if "worker" in q:
             return _web().json_response({"snapshot": _card(q.get("worker"), q.get("device")).to_dict()})
-        payload = await _own_snapshots(q.get("device"))
+        payload = await own_snapshots(q.get("device"))
         from ....predictor.snapshot import snapshot_from_card
 
         payload["cards"] = [snapshot_from_card(c).to_dict() for c in (card_snapshots() or [])]
@@ -190,10 +139,10 @@ def add_sidecar_routes(app: Any, card_snapshots: Callable[[], list[dict[str, Any
 
     @json_errors
     async def predict(request: Any) -> Any:
-        body = await _read_body(request)
+        body = await read_predict_body(request)
         if body.get("worker") is not None:
-            return await _answer(body, _card(body["worker"], body.get("device")))
-        return await _answer_own_device(body, body.get("device"))
+            return await answer(body, _card(body["worker"], body.get("device")))
+        return await answer_own_device(body, body.get("device"))
 
     app.router.add_get("/api/snapshot", snapshot)
     app.router.add_post("/api/predict", predict)

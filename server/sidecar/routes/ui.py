@@ -35,6 +35,7 @@ from aiohttp import web
 
 from ....common.errors import ApiError
 from ....common.http import read_object
+from ....common.secrets import new_secret
 from ...contracts.misc import Login
 from .. import auth, openapi
 from ..keys import CONFIG_KEY
@@ -80,7 +81,7 @@ class Secrets:
         self._expire(now)
         while len(self.live) >= MAX_LIVE:
             self.live.pop(next(iter(self.live)))
-        secret = auth.new_secret(prefix)
+        secret = new_secret(prefix)
         expires = now + self.ttl_s
         self.live[_digest(secret)] = expires
         return secret, expires

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from xpufleet.predictor.estimate import estimate_graph
 from xpufleet.server.ledger import budget as B
 from xpufleet.server.ledger.budget import Budget, BudgetError, DefaultBudget, MeasuredPeak
 
@@ -175,7 +176,7 @@ def test_measured_suggestion_never_builds_the_estimate():
 
 
 def test_estimate_suggestion_from_an_example():
-    s = B.suggest(json.loads((EXAMPLES / "mlp_digits.json").read_text()), None)
+    s = B.suggest(json.loads((EXAMPLES / "mlp_digits.json").read_text()), None, estimate=estimate_graph)
     assert s.source == "estimate" and not s.rough
     assert s.budget_gib == s.total_gib and s.total_gib > 72 / 1024  # at least the CUDA libraries' 72 MiB
     assert [i["name"] for i in s.items] == ["weights", "training", "activations", "allocator", "cuda_libraries"]
@@ -184,5 +185,5 @@ def test_estimate_suggestion_from_an_example():
 
 def test_rough_estimate_leaves_the_field_empty():
     g = json.loads((EXAMPLES / "predict_saved.json").read_text())  # a model loaded from a file
-    s = B.suggest(g, None)
+    s = B.suggest(g, None, estimate=estimate_graph)
     assert s.budget_gib is None and s.rough and "XPUModelLoader" in s.reasons[0]

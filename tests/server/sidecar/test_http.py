@@ -9,7 +9,7 @@ import json
 from aiohttp import web
 
 from xpufleet.common.http import errors_middleware
-from xpufleet.server.sidecar.routes.predictor import add_comfy_routes
+from xpufleet.server.comfy.predictor_routes import add_comfy_routes
 
 DEEP = '{"graph":{"1":{"class_type":"XPULoss","inputs":{"name":' + "[" * 1000 + "]" * 1000 + "}}}}"
 DEEP_WORKFLOW = '{"workflow":{"1":{"class_type":"X","inputs":{"v":' + "[" * 1000 + "]" * 1000 + "}}}}"

@@ -8,7 +8,8 @@ import sqlite3
 import pytest
 
 from xpufleet.common.errors import StoreError
-from xpufleet.server.sidecar.store import NewEvent, Store
+from xpufleet.server.run.events import NewEvent
+from xpufleet.server.sidecar.store import Store
 
 
 @pytest.fixture

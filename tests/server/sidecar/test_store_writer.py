@@ -88,19 +88,29 @@ def test_close_waits_for_a_lock_to_go_and_writes_the_queue(tmp_path):
     assert file_rows(path, "SELECT id FROM runs") == [(rid,)]
 
 
-def test_close_gives_up_after_its_timeout_when_the_file_stays_locked(tmp_path, caplog):
+@pytest.fixture
+def store_log(caplog):
+    """The store's log records, also when an earlier in-process sidecar turned the package logger's propagation
+    off (its own log file)."""
+    logger = logging.getLogger("xpufleet.store")
+    logger.addHandler(caplog.handler)
+    with caplog.at_level(logging.ERROR, logger="xpufleet.store"):
+        yield caplog
+    logger.removeHandler(caplog.handler)
+
+
+def test_close_gives_up_after_its_timeout_when_the_file_stays_locked(tmp_path, store_log):
     path = tmp_path / "state.db"
     store = Store(path)
     assert store.flush(10)
     with locked(path):
         make_run(store, "lost")
-        with caplog.at_level(logging.ERROR, logger="xpufleet.store"):
-            assert store.close(timeout=0.3) is False
-    assert "transactions not written at shutdown" in caplog.text
+        assert store.close(timeout=0.3) is False
+    assert "transactions not written at shutdown" in store_log.text
     assert file_rows(path, "SELECT COUNT(*) FROM runs") == [(0,)]
 
 
-def test_a_transaction_the_file_refuses_is_dropped_and_later_ones_still_land(tmp_path, caplog):
+def test_a_transaction_the_file_refuses_is_dropped_and_later_ones_still_land(tmp_path, store_log):
     path = tmp_path / "state.db"
     store = Store(path)
     try:
@@ -109,12 +119,11 @@ def test_a_transaction_the_file_refuses_is_dropped_and_later_ones_still_land(tmp
         with contextlib.closing(sqlite3.connect(path)) as other:  # the file changed behind the store's back
             other.execute("DROP TABLE extra")
             other.commit()
-        with caplog.at_level(logging.ERROR, logger="xpufleet.store"):
-            with store.transaction() as db:
-                db.execute("INSERT INTO extra VALUES (1)")
-            rid = make_run(store, "after")
-            assert store.flush(10)
-        assert "could not be written and was dropped" in caplog.text and "no such table" in caplog.text
+        with store.transaction() as db:
+            db.execute("INSERT INTO extra VALUES (1)")
+        rid = make_run(store, "after")
+        assert store.flush(10)
+        assert "could not be written and was dropped" in store_log.text and "no such table" in store_log.text
         assert file_rows(path, "SELECT id FROM runs") == [(rid,)]
     finally:
         store.close()

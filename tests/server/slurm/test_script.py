@@ -89,7 +89,7 @@ def test_arbitrary_values_never_inject_a_line_or_a_command(partition, account, g
     assert all("\n" not in a for a in argv)
 
 
-_line = st.text(st.characters(blacklist_categories=("Cc", "Cs")), min_size=1, max_size=60)
+_line = st.text(st.characters(blacklist_categories=("Cc", "Cs")), min_size=1, max_size=60).filter(str.strip)  # blank: refused
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash is needed to check the script's syntax")

@@ -119,7 +119,7 @@ def test_two_variants_write_two_model_files_that_both_exist_after_the_sweep(tmp_
 def test_a_running_variant_shows_its_latest_progress(dispatcher):
     from sweep_helpers import Box  # registered by conftest.py
 
-    from xpufleet.server.sidecar.store import NewEvent
+    from xpufleet.server.run.events import NewEvent
 
     dispatcher.register_provider(Box("local", ["cpu"], is_local=True))
     svc = SweepService(dispatcher.store, dispatcher)
