@@ -66,12 +66,9 @@ def test_prompt_must_be_api_format():
         predict_workflow(UI, CARD, prompt=UI)
 
 
-def test_the_predict_route_takes_the_prompt_beside_the_workflow():
+async def test_the_predict_route_takes_the_prompt_beside_the_workflow(aiohttp_client):
     """``POST /api/predict`` with ``prompt``: the answer's peak is the estimate; a bad prompt is a 400."""
-    import asyncio
-
     from aiohttp import web
-    from aiohttp.test_utils import TestClient, TestServer
 
     from xpufleet.server.sidecar.routes.predictor import add_sidecar_routes
 
@@ -79,15 +76,11 @@ def test_the_predict_route_takes_the_prompt_beside_the_workflow():
             "uuid": None, "simulated": True}
     app = web.Application()
     add_sidecar_routes(app, lambda: [dict(card)])
-
-    async def go():
-        async with TestClient(TestServer(app, host="127.0.0.1")) as client:
-            body = {"workflow": UI, "prompt": API, "worker": "gpu-box", "device": "cuda:0"}
-            ok = await client.post("/api/predict", json=body)
-            bad = await client.post("/api/predict", json={**body, "prompt": UI})
-            return ok.status, await ok.json(), bad.status, await bad.json()
-
-    status, answer, bad_status, bad = asyncio.run(go())
+    client = await aiohttp_client(app)
+    body = {"workflow": UI, "prompt": API, "worker": "gpu-box", "device": "cuda:0"}
+    ok = await client.post("/api/predict", json=body)
+    resp = await client.post("/api/predict", json={**body, "prompt": UI})
+    status, answer, bad_status, bad = ok.status, await ok.json(), resp.status, await resp.json()
     assert status == 200 and answer["summary"]["peak_source"] == "training_estimate"
     assert answer["summary"]["worker"] == "gpu-box" and answer["summary"]["of_gb"] == 24.0
     assert bad_status == 400 and "prompt" in bad["error"]
