@@ -11,6 +11,7 @@ import threading
 
 import pytest
 
+from xpufleet.server.sidecar import store_writer
 from xpufleet.server.sidecar.store import Store
 from xpufleet.server.sidecar.store_writer import DiskWriter, retried
 
@@ -90,13 +91,20 @@ def test_close_waits_for_a_lock_to_go_and_writes_the_queue(tmp_path):
 
 @pytest.fixture
 def store_log(caplog):
-    """The store's log records, also when an earlier in-process sidecar turned the package logger's propagation
-    off (its own log file)."""
-    logger = logging.getLogger("xpufleet.store")
+    """The records of the store writer's own logger object, whatever earlier tests did to the logging tree
+    (an in-process sidecar gives the package logger a file and turns its propagation off)."""
+    logger = store_writer.log
+    saved = (logger.level, logger.disabled, logging.root.manager.disable)
     logger.addHandler(caplog.handler)
-    with caplog.at_level(logging.ERROR, logger="xpufleet.store"):
-        yield caplog
+    logger.disabled = False
+    logging.disable(logging.NOTSET)
+    logger.setLevel(logging.ERROR)
+    caplog.handler.setLevel(logging.ERROR)
+    yield caplog
     logger.removeHandler(caplog.handler)
+    logger.setLevel(saved[0])
+    logger.disabled = saved[1]
+    logging.disable(saved[2])
 
 
 def test_close_gives_up_after_its_timeout_when_the_file_stays_locked(tmp_path, store_log):
