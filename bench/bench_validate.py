@@ -30,18 +30,12 @@ import time
 from typing import Any
 
 from xpufleet.nodes import NODE_CLASS_MAPPINGS
+from xpufleet.server.contracts.runs import EXAMPLE_GRAPH
 from xpufleet.server.run.validation import GraphValidationError, validate_report
 from xpufleet.server.sidecar.requests import parse_run_request
 
-DATA = {
-    "1": {"class_type": "XPUDataset", "inputs": {"name": "iris", "val_split": 0.2, "seed": 0, "normalize": "standard"}},
-    "2": {"class_type": "XPUDataLoader", "inputs": {"dataset": ["1", 0], "batch_size": 16, "shuffle": True,
-                                                    "num_workers": 0, "drop_last": False}},
-    "3": {"class_type": "XPUMLP", "inputs": {"hidden": "16", "activation": "relu", "dropout": 0.0, "seed": 0,
-                                             "dataset_info": ["1", 2]}},
-    "4": {"class_type": "XPUOptimizer", "inputs": {"name": "adam", "lr": 0.01, "weight_decay": 0.0, "momentum": 0.9}},
-    "5": {"class_type": "XPULoss", "inputs": {"name": "cross_entropy"}},
-}
+# The data, model, optimizer and loss nodes of the documented example body (iris, a small MLP)
+DATA = {k: v for k, v in EXAMPLE_GRAPH.items() if k in ("1", "2", "3", "4", "5")}
 
 
 def loop(model: str) -> dict[str, Any]:

@@ -90,13 +90,6 @@ def _reason(store: Store, run_id: str) -> str:
 
 
 @pytest.fixture
-def store(tmp_path):
-    s = Store(tmp_path / "state.db")
-    yield s
-    s.close()
-
-
-@pytest.fixture
 async def make(store, tmp_path):
     """Dispatchers over ``store`` with this server's provider registered (and ``pools`` when given), all
     shut down at teardown, also when the test failed."""

@@ -12,7 +12,6 @@ import sidecar_harness as harness  # registered by tests/server/conftest.py
 from xpufleet.server.scheduling import Candidate, DeviceOffer
 from xpufleet.server.sidecar.dispatcher import Dispatcher
 from xpufleet.server.sidecar.requests import parse_run_request
-from xpufleet.server.sidecar.store import Store
 
 
 class CardProvider:
@@ -49,13 +48,6 @@ async def _until(pred, timeout: float = 10.0) -> None:
 def _submit(d: Dispatcher) -> str:
     req = parse_run_request({"graph": harness.iris_graph(1), "options": {"target": {"worker": "w1", "devices": ["cuda:0"]}}})
     return d.submit(req)["run_id"]
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = Store(tmp_path / "state.db")
-    yield s
-    s.close()
 
 
 @pytest.fixture

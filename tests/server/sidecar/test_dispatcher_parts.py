@@ -14,7 +14,6 @@ from xpufleet.server.sidecar.dispatcher import Dispatcher
 from xpufleet.server.sidecar.pool_table import PoolTable
 from xpufleet.server.sidecar.requests import parse_run_request
 from xpufleet.server.sidecar.slots import SlotBook
-from xpufleet.server.sidecar.store import Store
 
 GRAPH = {"1": {"class_type": "XPUDataset", "inputs": {"name": "iris"}}}
 
@@ -38,13 +37,6 @@ class Card:
 
     async def cancel(self, run_id: str) -> bool:
         return True
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = Store(tmp_path / "state.db")
-    yield s
-    s.close()
 
 
 @pytest.fixture

@@ -12,13 +12,6 @@ from xpufleet.server.run.events import NewEvent
 from xpufleet.server.sidecar.store import Store
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = Store(tmp_path / "state.db")
-    yield s
-    s.close()
-
-
 def make_run(store: Store, **kw) -> str:
     args = dict(graph={"1": {"class_type": "X", "inputs": {}}}, options={"name": "n"}, target="local",
                 requested=["cpu"], candidates=[{"provider": "local", "devices": ["cpu"]}], queue_key="local/cpu")
