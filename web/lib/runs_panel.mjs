@@ -245,7 +245,14 @@ export class RunsPanel {
         onclick: async (e) => { e.currentTarget.disabled = true; await this.act(() => this.fleet.cancel(r.id)); } }, t("runs.stop")));
     } else {
       actions.push(h("button", { type: "button", dataset: { xpufleet: "delete" },
-        onclick: async () => { if (await this.act(() => this.fleet.deleteRun(r.id))) { this.selected = null; replace(this.detail, h("div", { class: "xf-hint" }, t("runs.deleted"))); this.refresh(); } } }, t("runs.delete")));
+        onclick: async () => {
+          this.detailAbort?.abort(); // nothing more is read of a run being deleted (a late read would 404)
+          if (await this.act(() => this.fleet.deleteRun(r.id))) {
+            this.selected = null;
+            replace(this.detail, h("div", { class: "xf-hint" }, t("runs.deleted")));
+            this.refresh();
+          } // refused: the error stays in view; picking the run again reloads it
+        } }, t("runs.delete")));
     }
     const aliases = Object.entries(facts.device_aliases || {}).filter(([a, m]) => a !== m).map(([a, m]) => `${m} → ${a}`);
     replace(this.head,

@@ -161,14 +161,14 @@ export class StudiesPanel {
     } else {
       actions.push(h("button", { type: "button", dataset: { xpufleet: "study-delete" },
         onclick: async () => {
+          this.detailAbort?.abort(); // nothing more is read of a study being deleted
           if (await this.act(() => this.fleet.api("DELETE", `/studies/${enc(s.id)}`))) {
             this.selected = null;
             this.list.select(null);
-            this.detailAbort?.abort();
             this.destroyCharts();
             replace(this.detail, h("div", { class: "xf-hint" }, t("study.deleted")));
             this.refresh();
-          }
+          } // refused: the error stays in view; picking it again reloads it
         } }, t("runs.delete")));
     }
     actions.push(h("button", { type: "button", dataset: { xpufleet: "study-csv" }, onclick: () => this.downloadCsv(s.id) }, t("sweep.csv")));

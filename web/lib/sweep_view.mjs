@@ -161,12 +161,13 @@ export class SweepsPanel {
     } else {
       actions.push(h("button", { type: "button", dataset: { xpufleet: "sweep-delete" },
         onclick: async () => {
+          this.detailAbort?.abort(); // nothing more is read of a sweep being deleted
           if (await this.act(() => this.fleet.deleteSweep(s.id))) {
             this.selected = null;
             this.list.select(null);
             replace(this.detail, h("div", { class: "xf-hint" }, t("sweep.deleted")));
             this.refresh();
-          }
+          } // refused: the error stays in view; picking it again reloads it
         } }, t("runs.delete")));
     }
     actions.push(h("button", { type: "button", dataset: { xpufleet: "sweep-csv" }, onclick: () => this.downloadCsv(s.id) }, t("sweep.csv")));
