@@ -31,8 +31,8 @@ from typing import Any
 
 from xpufleet.nodes import NODE_CLASS_MAPPINGS
 from xpufleet.server.contracts.runs import EXAMPLE_GRAPH
+from xpufleet.server.run.requests import parse_run_request
 from xpufleet.server.run.validation import GraphValidationError, validate_report
-from xpufleet.server.sidecar.requests import parse_run_request
 
 # The data, model, optimizer and loss nodes of the documented example body (iris, a small MLP)
 DATA = {k: v for k, v in EXAMPLE_GRAPH.items() if k in ("1", "2", "3", "4", "5")}

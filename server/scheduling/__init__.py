@@ -3,7 +3,7 @@
 Modules: ``offers`` (providers and their devices), ``limits`` (1 per accelerator, 2 per CPU, the
 overrides), ``state`` (slots keyed by UUID), ``plan`` (the reference pass), ``queue`` (SlotQueue, the
 incremental pass the dispatcher uses), ``waiting`` (waiting_reason texts), ``routing`` (a target ->
-candidates). Parsing ``options.target`` is API validation and lives in ``sidecar/requests.py``.
+candidates). Parsing ``options.target`` is API validation and lives in ``run/requests.py``.
 
 Vocabulary
 ----------

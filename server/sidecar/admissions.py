@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from ..memory.records import MemoryRecords
 from ..memory.submit import Prepared
+from ..run.requests import RunRequest
 from ..scheduling import Resolution
-from .requests import RunRequest
 from .store import Store
 
 

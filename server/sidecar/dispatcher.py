@@ -43,9 +43,11 @@ from ...constants import (
     TERMINAL_STATUSES,
 )
 from ..memory.admission import MemoryAdmission
+from ..memory.graph_facts import GraphFacts, graph_facts
 from ..memory.records import RunMemory
 from ..memory.submit import AdmissionError, prepare
 from ..run.events import NewEvent
+from ..run.requests import RunRequest
 from ..scheduling import (
     AdmitFn,
     Candidate,
@@ -62,13 +64,11 @@ from ..scheduling import (
 )
 from .admissions import Admission, write_runs
 from .dynamic import DynamicRuns
-from .graph_facts import GraphFacts, graph_facts
 from .holders import OnPlaced, OnReason, SlotHolders
 from .hub import EventHub
 from .pool_table import PoolsView, PoolTable
 from .recovery import Recovery
 from .refusals import refusal, validates_here
-from .requests import RunRequest
 from .run_events import RunEvents
 from .slots import SlotBook
 from .spread import SpreadRuns

@@ -12,9 +12,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ...common.errors import RequestError
+from ..run.requests import parse_run_request
 from ..scheduling import Candidate, QueuedRun, Resolution, RunTarget, TargetError
 from .pool_table import PoolsView
-from .requests import parse_run_request
 
 
 class DynamicRuns:

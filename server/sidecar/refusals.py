@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from ...constants import LOCAL_PROVIDER
+from ..run.requests import RunRequest
 from ..scheduling import Resolution
-from .requests import RunRequest
 
 RECORD_OUTPUTS_ONE_SHOT = ("options.record_outputs is off for a one-shot worker: its agent exits when the run "
                            "ends, so nothing could read the outputs it keeps; use \"upload\" (copied here "

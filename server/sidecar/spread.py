@@ -41,8 +41,8 @@ from .providers import RunHost
 from .slots import SlotBook
 
 if TYPE_CHECKING:
+    from ..run.requests import RunRequest
     from ..scheduling import Resolution
-    from .requests import RunRequest
 
 log = logging.getLogger("xpufleet.dispatcher")
 

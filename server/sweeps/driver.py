@@ -20,9 +20,9 @@ from typing import Any
 
 from ...common.errors import ApiError, RequestError, StoreError
 from ...constants import SWEEP_ADMIT_BATCH
+from ..memory.graph_facts import GraphFacts, graph_facts
+from ..run.requests import RunRequest, parse_run_request
 from ..scheduling import TargetError
-from ..sidecar.graph_facts import GraphFacts, graph_facts
-from ..sidecar.requests import RunRequest, parse_run_request
 from .expand import Variant, format_value, param_labels, shared_outputs, sweep_child, variants
 from .params import KnownInputs, SpecError
 from .ranking import Row, best, counts, point_summary, ranked, sweep_status, table_csv

@@ -25,9 +25,9 @@ from ....common.runtime_file import pid_alive
 from ....constants import CANVAS_EVENT_TYPES, CANVAS_EVENTS_MAX, MAX_RUN_NAME_CHARS, TERMINAL_STATUSES
 from ...contracts.misc import ERROR_CHARS, PROMPT_ID_CHARS
 from ...run.events import NewEvent
+from ...run.requests import check_graph_shape
 from .. import openapi
 from ..keys import STORE_KEY
-from ..requests import check_graph_shape
 from .common import dispatcher_of, public_run
 
 _PROMPT_ID_CHARS = PROMPT_ID_CHARS  # the contract's (server/contracts/misc.py)

@@ -28,9 +28,9 @@ from ....predictor.estimate import estimate_graph
 from ...ledger.budget import Suggestion, suggest
 from ...ledger.fit import NO_TOTAL, UNREPORTED
 from ...memory.submit import key_of
+from ...run.requests import parse_run_request
 from ...scheduling import TargetError
 from .. import openapi
-from ..requests import parse_run_request
 from .common import dispatcher_of
 
 log = logging.getLogger("xpufleet.estimates")

@@ -20,8 +20,8 @@ from ....constants import (
 )
 from ...contracts.runs import Cancel
 from ...memory.views import run_fields
+from ...run.requests import parse_body, parse_run_request
 from ..keys import STORE_KEY
-from ..requests import parse_body, parse_run_request
 from . import canvas
 from .common import dispatcher_of, public_run, run_or_404
 

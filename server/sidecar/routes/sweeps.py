@@ -13,10 +13,10 @@ from ....common.errors import ApiError
 from ....common.http import float_param, int_param, read_json, read_object
 from ....constants import EVENTS_LONG_POLL_MAX_S, RUNS_PAGE_MAX
 from ...contracts.runs import Cancel
+from ...run.requests import parse_body
 from ...sweeps.driver import SweepService
 from .. import openapi
 from ..keys import DISPATCHER_KEY, STORE_KEY
-from ..requests import parse_body
 
 SWEEPS_KEY = web.AppKey("xpufleet_sweeps", SweepService)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from xpufleet.server.devices.names import normalize_device
+from xpufleet.server.run.requests import parse_target
 from xpufleet.server.scheduling import (
     Candidate,
     DeviceOffer,
@@ -13,7 +14,6 @@ from xpufleet.server.scheduling import (
     TargetError,
     resolve_target,
 )
-from xpufleet.server.sidecar.requests import parse_target
 
 
 def prov(name: str, *devices: str, local: bool = False, online: bool = True, draining: bool = False) -> ProviderInfo:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from xpufleet.server.run.requests import parse_target
 from xpufleet.server.scheduling import Candidate, DeviceOffer, ProviderInfo, TargetError, resolve_target
-from xpufleet.server.sidecar.requests import parse_target
 
 A = ProviderInfo("a", (DeviceOffer("cpu"), DeviceOffer("cuda:0")))
 B = ProviderInfo("b", (DeviceOffer("cpu"), DeviceOffer("cuda:0"), DeviceOffer("cuda:1")), online=False)

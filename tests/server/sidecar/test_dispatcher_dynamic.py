@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from xpufleet.common.errors import RequestError
+from xpufleet.server.run.requests import parse_run_request
 from xpufleet.server.scheduling import DeviceOffer
 from xpufleet.server.sidecar.dispatcher import Dispatcher
 from xpufleet.server.sidecar.pool_table import PoolTable
-from xpufleet.server.sidecar.requests import parse_run_request
 from xpufleet.server.sidecar.store import Store
 
 GRAPH = {"1": {"class_type": "XPUDataset", "inputs": {"name": "iris"}}}

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import sidecar_harness as harness  # registered by tests/server/conftest.py
 
+from xpufleet.server.run.requests import parse_run_request
 from xpufleet.server.scheduling import Candidate, DeviceOffer
 from xpufleet.server.sidecar.dispatcher import Dispatcher
-from xpufleet.server.sidecar.requests import parse_run_request
 
 
 class CardProvider:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from xpufleet.constants import CANVAS_EVENT_TYPES, RUN_SOURCES, RUN_STATUSES, TERMINAL_STATUSES
 from xpufleet.server.contracts.base import component_schemas
+from xpufleet.server.run.requests import parse_run_request
 from xpufleet.server.sidecar import make_api_docs, openapi
 from xpufleet.server.sidecar.app import SidecarConfig, create_app
-from xpufleet.server.sidecar.requests import parse_run_request
 
 
 def test_every_registered_route_has_its_own_description(tmp_path):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from xpufleet.server.run.requests import parse_run_request
 from xpufleet.server.scheduling import Candidate
 from xpufleet.server.scheduling.routing import Resolution
 from xpufleet.server.sidecar.refusals import RECORD_OUTPUTS_ONE_SHOT, refusal, validates_here
-from xpufleet.server.sidecar.requests import parse_run_request
 
 GRAPH = {"1": {"class_type": "XPUDataset", "inputs": {"name": "iris"}}}
 

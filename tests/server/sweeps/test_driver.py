@@ -12,8 +12,8 @@ import pytest
 from sweep_helpers import Box  # registered by conftest.py
 
 from xpufleet.common.errors import ApiError, RequestError, StoreError
+from xpufleet.server.run.requests import parse_run_request
 from xpufleet.server.sidecar.dispatcher import Dispatcher
-from xpufleet.server.sidecar.requests import parse_run_request
 from xpufleet.server.sweeps.driver import SweepService
 from xpufleet.server.sweeps.records import SCHEMA_NAME, SCHEMA_VERSION
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from xpufleet.server.sidecar.requests import parse_run_request
+from xpufleet.server.run.requests import parse_run_request
 from xpufleet.server.sweeps.expand import child_name, points, probe_points, study_child, sweep_child, variants
 from xpufleet.server.sweeps.spec import parse_study, parse_sweep
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...common.errors import RequestError
-from ..memory.submit import key_of
+from .submit import key_of
 
 
 @dataclass(frozen=True)

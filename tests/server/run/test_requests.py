@@ -13,7 +13,7 @@ from xpufleet.constants import (
     MAX_NODE_ID_CHARS,
     MAX_RUN_NAME_CHARS,
 )
-from xpufleet.server.sidecar.requests import parse_run_request
+from xpufleet.server.run.requests import parse_run_request
 
 LOSS = {"class_type": "XPULoss", "inputs": {"name": "cross_entropy"}}
 

@@ -9,7 +9,7 @@ from xpufleet.common.errors import RequestError
 from xpufleet.server.contracts import runs
 from xpufleet.server.contracts.base import ContractError, validate
 from xpufleet.server.contracts.run_target import TARGET_FIELDS
-from xpufleet.server.sidecar.requests import OPTION_FIELDS, parse_run_request
+from xpufleet.server.run.requests import OPTION_FIELDS, parse_run_request
 
 GRAPH = {"1": {"class_type": "XPULoss", "inputs": {"name": "cross_entropy"}}}
 
