@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 import aiohttp
-from aiohttp.test_utils import TestServer
+from aiohttp.test_utils import TestClient, TestServer
 
 from xpufleet.constants import AGENT_CAP_MEMORY, AGENT_PROTOCOL, VERSION
 from xpufleet.server.sidecar.app import SidecarConfig, create_app
@@ -29,35 +29,42 @@ def cards(n: int = 2, total: float = 24.0, free: float = 24.0, prefix: str = "GP
 
 
 class Sidecar:
-    """An in-process sidecar and an HTTP client with its session token."""
+    """An in-process sidecar and an HTTP client with its session token. ``async with Sidecar(home)`` starts it;
+    leaving the block (also through a failed assert) stops the server, then closes the agents that connected
+    to it (a stop with agents connected, as in production). A test that restarts it on the same home calls
+    ``close()`` first (it may be called again)."""
 
     def __init__(self, home: Any, local_devices: list[dict[str, Any]] | None = None, **config: Any) -> None:
         self.config = SidecarConfig(home=home, port=0, local_devices=local_devices or [{"name": "cpu", "kind": "cpu"}],
                                     **config)
-        self.app = create_app(self.config)
-        self.server = TestServer(self.app, host="127.0.0.1")
-        self.http: aiohttp.ClientSession | None = None
+        self.client = TestClient(TestServer(create_app(self.config), host="127.0.0.1"),
+                                 headers={"Authorization": f"Bearer {self.config.token}"})
+        self.agents: list[ScriptedAgent] = []
 
     async def __aenter__(self) -> Sidecar:
-        await self.server.start_server()
-        self.http = aiohttp.ClientSession(headers={"Authorization": f"Bearer {self.config.token}"})
+        await self.client.start_server()
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
-        await self.http.close()
-        await self.server.close()
+        await self.close()
+
+    async def close(self) -> None:
+        """Stop the client and the server, then close the agents that connected."""
+        await self.client.close()
+        for agent in self.agents:
+            await agent.close()
 
     @property
     def dispatcher(self) -> Any:
         from xpufleet.server.sidecar.keys import DISPATCHER_KEY
 
-        return self.app[DISPATCHER_KEY]
+        return self.client.app[DISPATCHER_KEY]
 
     def url(self, path: str) -> str:
-        return str(self.server.make_url(path))
+        return str(self.client.make_url(path))
 
     async def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        async with self.http.request(method, self.url(path), json=body) as resp:
+        async with self.client.request(method, path, json=body) as resp:
             return resp.status, await resp.json()
 
     async def submit(self, graph: dict[str, Any], **target: Any) -> tuple[int, Any]:
@@ -102,6 +109,15 @@ class Sidecar:
             status, body = await self.call("PUT", f"/api/workers/{worker}/devices/{dev}/mode", {"mode": mode})
             assert status == 200, body
 
+    async def agent(self, name: str, devices: list[dict[str, Any]] | None = None, share: tuple[str, ...] = (),
+                    **hello: Any) -> ScriptedAgent:
+        """A :class:`ScriptedAgent` connected and welcomed, its cards ``share`` then turned shared by memory."""
+        agent = ScriptedAgent(self, name, devices, **hello)
+        welcome = await agent.connect()
+        assert welcome["type"] == "welcome", welcome
+        await self.share(name, *share)
+        return agent
+
 
 class ScriptedAgent:
     """Speaks the agent protocol by hand (what an agent of another version would send, too)."""
@@ -126,6 +142,9 @@ class ScriptedAgent:
         self.seq: dict[str, int] = {}
 
     async def connect(self) -> dict[str, Any]:
+        """Open the socket and send the hello; the sidecar's answer (welcome or reject). The sidecar closes
+        this agent when it stops."""
+        self.sidecar.agents.append(self)
         self.session = aiohttp.ClientSession()
         self.ws = await self.session.ws_connect(self.sidecar.url("/api/agents/ws"))
         await self.ws.send_str(json.dumps(self.hello))
@@ -155,17 +174,34 @@ class ScriptedAgent:
                     d["free_gib"] = value
         await self.send("heartbeat", devices=self.devices, runs=runs or [], ts=1.0)
 
+    async def send_event(self, run_id: str, seq: int, etype: str, payload: dict[str, Any] | None = None) -> None:
+        """One event of the run with ``seq`` as given (a replay after a reconnect sends seqs again)."""
+        self.seq[run_id] = max(seq, self.seq.get(run_id, 0))
+        await self.send("event", run_id=run_id, seq=seq, event_type=etype, payload=payload or {}, ts=1.0)
+
     async def event(self, run_id: str, etype: str, payload: dict[str, Any] | None = None) -> None:
-        self.seq[run_id] = self.seq.get(run_id, 0) + 1
-        await self.send("event", run_id=run_id, seq=self.seq[run_id], event_type=etype, payload=payload or {}, ts=1.0)
+        """The run's next event."""
+        await self.send_event(run_id, self.next_seq(run_id), etype, payload)
+
+    def next_seq(self, run_id: str) -> int:
+        """The seq the run's next event gets."""
+        return self.seq.get(run_id, 0) + 1
 
     async def started(self, run_id: str) -> None:
-        await self.event(run_id, "run_started", {"pid": 1})
+        await self.send_event(run_id, self.next_seq(run_id), "run_started", {"pid": 1})
+
+    async def take(self, run_id: str) -> dict[str, Any]:
+        """Receive the run's ``start_run`` and report it started; the start message."""
+        start = await self.recv_type("start_run")
+        assert start["run_id"] == run_id, start
+        await self.started(run_id)
+        return start
 
     async def finish(self, run_id: str, status: str = "succeeded", peak: dict[str, Any] | None = None,
                      **payload: Any) -> None:
-        await self.event(run_id, "run_finished", {"status": status, "error": payload.pop("error", None),
-                                                   "peak_memory": peak, "execution_facts": {}, **payload})
+        await self.send_event(run_id, self.next_seq(run_id), "run_finished", {
+            "status": status, "error": payload.pop("error", None), "peak_memory": peak, "execution_facts": {},
+            **payload})
 
     async def close(self) -> None:
         if self.ws is not None:
@@ -181,10 +217,6 @@ def cuda_peak(gib: float, device: str = "cuda:0") -> dict[str, Any]:
 def simulated_peak(gib: float, device: str = "cuda:0") -> dict[str, Any]:
     return {"measured": False, "simulated": True, "unit": "GiB", "kind": "simulated_tensor_bytes",
             "devices": {device: gib}}
-
-
-def run(coro: Any, timeout: float = 90.0) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, timeout))
 
 
 # A small iris training graph the in-process sidecar tests submit (its TrainingLoop is node "7").

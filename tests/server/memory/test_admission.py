@@ -28,9 +28,7 @@ def real_cards(free1: float = 6.3, **kw) -> list[dict]:
 
 async def test_admit_reject_and_wait_with_the_seed_texts_then_start_when_memory_frees(xpufleet_home):
     async with sa.Sidecar(xpufleet_home) as sc:
-        agent = sa.ScriptedAgent(sc, "gpu-box", real_cards())
-        assert (await agent.connect())["type"] == "welcome"
-        await sc.share("gpu-box", "cuda:1")
+        agent = await sc.agent("gpu-box", real_cards(), share=("cuda:1",))
         target = {"worker": "gpu-box", "devices": ["cuda:1"]}
         # a named worker rejects at once: both figures, what to change
         status, body = await sc.submit(graph(), **target, memory_gib=12)
@@ -45,9 +43,8 @@ async def test_admit_reject_and_wait_with_the_seed_texts_then_start_when_memory_
         status, body = await sc.submit(graph(), **target, memory_gib=4)
         assert status == 201, body
         small = body["run_id"]
-        start = await agent.recv_type("start_run")
-        assert start["run_id"] == small and start["budget_gib"] == 4.0 and start["devices"] == ["cuda:1"]
-        await agent.started(small)
+        start = await agent.take(small)
+        assert start["budget_gib"] == 4.0 and start["devices"] == ["cuda:1"]
         await sc.status(small, {"running"})
         run = await sc.run(small)
         assert run["budget"]["source"] == "user" and run["budget"]["label"] == "4.0 GiB" and run["n_cards"] == 1
@@ -72,22 +69,17 @@ async def test_admit_reject_and_wait_with_the_seed_texts_then_start_when_memory_
         await sc.status(big, {"assigned"})
         card = (await sc.worker("gpu-box"))["devices"][2]["memory"]
         assert card["reserved_gib"] == 12.75 and card["running_gib"] == 4.75
-        await agent.close()
 
 
 async def _run_to_end(sc, agent, run_id: str, status: str = "succeeded", peak: dict | None = None, **payload) -> dict:
-    start = await agent.recv_type("start_run")
-    assert start["run_id"] == run_id, start
-    await agent.started(run_id)
+    await agent.take(run_id)
     await agent.finish(run_id, status, peak, **payload)
     return await sc.status(run_id, {status})
 
 
 async def test_default_budget_is_the_measured_peak_plus_20_percent_and_estimates_are_raised(xpufleet_home):
     async with sa.Sidecar(xpufleet_home) as sc:
-        agent = sa.ScriptedAgent(sc, "gpu-box", real_cards(free1=24.0))
-        await agent.connect()
-        await sc.share("gpu-box", "cuda:1")
+        agent = await sc.agent("gpu-box", real_cards(free1=24.0), share=("cuda:1",))
         target = {"worker": "gpu-box", "devices": ["cuda:1"], "wait": True}
         status, body = await sc.submit(graph(epochs=1), **target, memory_gib=2)
         first = body["run_id"]
@@ -122,14 +114,11 @@ async def test_default_budget_is_the_measured_peak_plus_20_percent_and_estimates
         status, body = await sc.submit(graph(hidden="32"), **target)
         assert status == 400 and "no measured peak on 1 card" in body["error"]
         # a failed run's figure is recorded but never becomes a default
-        await agent.close()
 
 
 async def test_a_waiting_estimate_is_raised_by_a_larger_peak_and_fails_when_no_card_can_hold_it(xpufleet_home):
     async with sa.Sidecar(xpufleet_home) as sc:
-        agent = sa.ScriptedAgent(sc, "gpu-box", real_cards(free1=2.0))
-        await agent.connect()
-        await sc.share("gpu-box", "cuda:1")
+        agent = await sc.agent("gpu-box", real_cards(free1=2.0), share=("cuda:1",))
         target = {"worker": "gpu-box", "devices": ["cuda:1"], "wait": True}
         # three runs of one graph wait (2 GiB free); the first gets through on an exclusive card
         status, body = await sc.submit(graph(), **target, memory_gib=3.0, memory_source="estimate")
@@ -153,14 +142,11 @@ async def test_a_waiting_estimate_is_raised_by_a_larger_peak_and_fails_when_no_c
         failed = await sc.status(estimate, {"failed"})
         assert "to 30.0 GiB" in failed["error"] and "more than any card this run may use has" in failed["error"]
         assert (await sc.run(typed))["status"] == "queued"
-        await agent.close()
 
 
 async def test_a_shared_mps_card_refuses_budgets_and_an_unreported_cuda_card_waits_for_the_heartbeat(xpufleet_home):
     async with sa.Sidecar(xpufleet_home) as sc:
-        mac = sa.ScriptedAgent(sc, "mac", sa.cards(1, total=32.0, free=None, simulated=False, kind="mps"))
-        await mac.connect()
-        await sc.share("mac", "mps:0")
+        mac = await sc.agent("mac", sa.cards(1, total=32.0, free=None, simulated=False, kind="mps"), share=("mps:0",))
         status, body = await sc.submit(graph(), worker="mac", devices=["mps:0"], memory_gib=4, wait=True)
         assert status == 400, body
         assert body["error"].startswith("mps:0 on mac is shared by memory, but an MPS device does not report its "
@@ -173,9 +159,7 @@ async def test_a_shared_mps_card_refuses_budgets_and_an_unreported_cuda_card_wai
         # a CUDA card that has not reported its memory yet: the run waits for the next heartbeat
         devices = real_cards()
         devices[2].update(total_gib=None, free_gib=None)
-        box = sa.ScriptedAgent(sc, "gpu-box", devices)
-        await box.connect()
-        await sc.share("gpu-box", "cuda:1")
+        box = await sc.agent("gpu-box", devices, share=("cuda:1",))
         status, body = await sc.submit(graph(), worker="gpu-box", devices=["cuda:1"], memory_gib=4)
         assert status == 201, body
         await sc.reason(body["run_id"], "cuda:1 on gpu-box has not reported its memory yet: the budget is decided "
@@ -183,14 +167,11 @@ async def test_a_shared_mps_card_refuses_budgets_and_an_unreported_cuda_card_wai
         devices[2].update(total_gib=24.0, free_gib=20.0)
         await box.heartbeat()
         assert (await box.recv_type("start_run"))["run_id"] == body["run_id"]
-        await mac.close()
-        await box.close()
 
 
 async def test_runs_without_a_budget_hold_a_shared_card_and_queued_ones_get_the_default_when_it_turns_shared(xpufleet_home):
     async with sa.Sidecar(xpufleet_home) as sc:
-        agent = sa.ScriptedAgent(sc, "gpu-box", real_cards(free1=24.0))
-        await agent.connect()
+        agent = await sc.agent("gpu-box", real_cards(free1=24.0))
         target = {"worker": "gpu-box", "devices": ["cuda:1"]}
         # exclusive: a run without budget holds cuda:1, the next one queues behind its slot
         status, body = await sc.submit(graph(epochs=1), **target)
@@ -217,14 +198,11 @@ async def test_runs_without_a_budget_hold_a_shared_card_and_queued_ones_get_the_
         run = await sc.run(queued)
         assert run["budget"]["gib"] == 3.6 and run["budget"]["from_run"] == holder
         assert f"run {holder[:8]} of the same graph succeeded" in run["budget"]["reason"]
-        await agent.close()
 
 
 async def test_a_budgeted_run_never_starts_on_an_agent_that_cannot_cap_it(xpufleet_home):
     async with sa.Sidecar(xpufleet_home) as sc:
-        old = sa.ScriptedAgent(sc, "old-box", real_cards(free1=24.0), caps=False)
-        await old.connect()
-        await sc.share("old-box", "cuda:1")
+        old = await sc.agent("old-box", real_cards(free1=24.0), caps=False, share=("cuda:1",))
         assert (await sc.worker("old-box"))["agent_caps_memory"] is False
         status, body = await sc.submit(graph(), worker="old-box", devices=["cuda:1"], memory_gib=2)
         assert status == 400 and "cannot cap a run's memory to its budget" in body["error"], body
@@ -235,30 +213,29 @@ async def test_a_budgeted_run_never_starts_on_an_agent_that_cannot_cap_it(xpufle
         assert status == 201 and (await old.recv_type("start_run"))["budget_gib"] is None
         await old.close()
         # admitted on a capable agent, then it comes back as an older agent before the run started
-        box = sa.ScriptedAgent(sc, "gpu-box", real_cards(free1=24.0))
-        await box.connect()
-        await sc.share("gpu-box", "cuda:1")
+        box = await sc.agent("gpu-box", real_cards(free1=24.0), share=("cuda:1",))
         status, body = await sc.submit(graph(), worker="gpu-box", devices=["cuda:1"], memory_gib=2)
         run_id = body["run_id"]
         await box.recv_type("start_run")  # never acted on: the connection breaks
         await box.close()
-        older = sa.ScriptedAgent(sc, "gpu-box", real_cards(free1=24.0), caps=False)
-        await older.connect()
+        await sc.agent("gpu-box", real_cards(free1=24.0), caps=False)
         failed = await sc.status(run_id, {"failed"})
         assert "cannot cap a run's memory to its budget" in failed["error"]
         assert "reconnected before this run (budget 2.0 GiB) started" in failed["error"]
-        await older.close()
+
+
+async def _running_on_a_shared_card(sc: sa.Sidecar, memory_gib: float) -> tuple[sa.ScriptedAgent, str]:
+    """gpu-box, its cuda:1 (24 GiB free) shared by memory, running a run with the budget ``memory_gib``."""
+    agent = await sc.agent("gpu-box", real_cards(free1=24.0), share=("cuda:1",))
+    status, body = await sc.submit(graph(), worker="gpu-box", devices=["cuda:1"], memory_gib=memory_gib)
+    assert status == 201, body
+    await agent.take(body["run_id"])
+    return agent, body["run_id"]
 
 
 async def test_an_oom_under_a_budget_names_its_source_and_nvml_use_shows_in_the_run_and_workers_data(xpufleet_home):
     async with sa.Sidecar(xpufleet_home) as sc:
-        agent = sa.ScriptedAgent(sc, "gpu-box", real_cards(free1=24.0))
-        await agent.connect()
-        await sc.share("gpu-box", "cuda:1")
-        status, body = await sc.submit(graph(), worker="gpu-box", devices=["cuda:1"], memory_gib=4)
-        run_id = body["run_id"]
-        await agent.recv_type("start_run")
-        await agent.started(run_id)
+        agent, run_id = await _running_on_a_shared_card(sc, memory_gib=4)
         await agent.heartbeat(runs=[{"run_id": run_id, "last_seq": 1, "status": "running",
                                      "memory": {"cuda:1": 3.25}}])
 
@@ -276,17 +253,12 @@ async def test_an_oom_under_a_budget_names_its_source_and_nvml_use_shows_in_the_
         assert failed["error"] == ("out of memory on cuda:1 on gpu-box under its budget of 4.0 GiB (the budget you "
                                    "typed): declare a larger options.target.memory_gib. Node 7 (XPUTrainingLoop) "
                                    "failed: OutOfMemoryError: CUDA out of memory.")
-        await agent.close()
 
 
 async def test_any_waits_across_two_agents_and_starts_where_memory_frees(xpufleet_home):
     async with sa.Sidecar(xpufleet_home) as sc:
-        a = sa.ScriptedAgent(sc, "a-box", real_cards(free1=3.0, prefix="GPU-a"))
-        b = sa.ScriptedAgent(sc, "b-box", real_cards(free1=3.0, prefix="GPU-b"))
-        await a.connect()
-        await b.connect()
-        await sc.share("a-box", "cuda:1")
-        await sc.share("b-box", "cuda:1")
+        await sc.agent("a-box", real_cards(free1=3.0, prefix="GPU-a"), share=("cuda:1",))
+        b = await sc.agent("b-box", real_cards(free1=3.0, prefix="GPU-b"), share=("cuda:1",))
         # any: larger than every candidate -> rejected; wait false -> rejected; else it waits
         status, body = await sc.submit(graph(), worker="any", devices=["cuda:1"], memory_gib=40)
         assert status == 400 and body["error"].startswith("the budget is larger than every card the run may use")
@@ -301,21 +273,12 @@ async def test_any_waits_across_two_agents_and_starts_where_memory_frees(xpuflee
         start = await b.recv_type("start_run")
         assert start["run_id"] == body["run_id"] and start["budget_gib"] == 8.0
         assert (await sc.status(body["run_id"], {"assigned"}))["worker_id"] == "b-box"
-        await a.close()
-        await b.close()
 
 
 async def test_runs_taken_over_after_a_restart_count_as_running_on_the_ledger(xpufleet_home):
     async with sa.Sidecar(xpufleet_home) as sc:
-        agent = sa.ScriptedAgent(sc, "gpu-box", real_cards(free1=24.0))
-        await agent.connect()
-        await sc.share("gpu-box", "cuda:1")
-        status, body = await sc.submit(graph(), worker="gpu-box", devices=["cuda:1"], memory_gib=10)
-        run_id = body["run_id"]
-        await agent.recv_type("start_run")
-        await agent.started(run_id)
+        _, run_id = await _running_on_a_shared_card(sc, memory_gib=10)
         await sc.status(run_id, {"running"})
-        await agent.close()
     async with sa.Sidecar(xpufleet_home) as sc:  # the sidecar restarted; the agent kept the run
         agent = sa.ScriptedAgent(sc, "gpu-box", real_cards(free1=24.0),
                                  runs=[{"run_id": run_id, "last_seq": 1, "status": "running"}])
@@ -326,7 +289,6 @@ async def test_runs_taken_over_after_a_restart_count_as_running_on_the_ledger(xp
         assert card["running_gib"] == 10.75
         status, body = await sc.submit(graph(), worker="gpu-box", devices=["cuda:1"], memory_gib=14)
         assert status == 400 and f"has 13.2 GiB free (runs {run_id[:8]})" in body["error"], body
-        await agent.close()
 
 
 async def test_this_servers_own_cards_admit_by_memory_only_when_turned_on(xpufleet_home, tmp_path):
@@ -372,11 +334,8 @@ async def test_this_servers_own_cards_admit_by_memory_only_when_turned_on(xpufle
 
 async def test_one_card_offered_twice_admits_by_memory_only_when_both_share_it_and_mixed_sets_are_refused(xpufleet_home):
     async with sa.Sidecar(xpufleet_home) as sc:
-        a = sa.ScriptedAgent(sc, "a-box", real_cards(free1=24.0, prefix="GPU-same"))
-        b = sa.ScriptedAgent(sc, "b-box", real_cards(free1=24.0, prefix="GPU-same"))
-        await a.connect()
-        await b.connect()
-        await sc.share("a-box", "cuda:1")
+        a = await sc.agent("a-box", real_cards(free1=24.0, prefix="GPU-same"), share=("cuda:1",))
+        await sc.agent("b-box", real_cards(free1=24.0, prefix="GPU-same"))
         card = (await sc.worker("a-box"))["devices"][2]["memory"]
         assert card == {"admits_by_memory": False, "note": "shared here, but the same card is exclusive on b-box: "
                                                            "it admits runs by slot until every provider offering "
@@ -390,22 +349,18 @@ async def test_one_card_offered_twice_admits_by_memory_only_when_both_share_it_a
         # a device set that mixes a shared and an exclusive card cannot run either way
         status, body = await sc.submit(graph(), worker="a-box", devices=["cuda:0", "cuda:1"], memory_gib=2)
         assert status == 400 and "mixes cards shared by memory and exclusive cards" in body["error"], body
-        await a.close()
-        await b.close()
 
 
 async def test_a_run_queued_while_its_card_was_exclusive_gets_the_default_at_once_when_it_turns_shared(xpufleet_home):
     async with sa.Sidecar(xpufleet_home) as sc:
-        agent = sa.ScriptedAgent(sc, "gpu-box", real_cards(free1=24.0))
-        await agent.connect()
+        agent = await sc.agent("gpu-box", real_cards(free1=24.0))
         target = {"worker": "gpu-box", "devices": ["cuda:1"]}
         status, body = await sc.submit(graph(epochs=1), **target)  # exclusive: no budget, measured peak 2.0
         await _run_to_end(sc, agent, body["run_id"], peak=sa.cuda_peak(2.0))
         peak_run = body["run_id"]
         status, body = await sc.submit(graph(hidden="8"), **target)  # holds the card
         holder = body["run_id"]
-        await agent.recv_type("start_run")
-        await agent.started(holder)
+        await agent.take(holder)
         status, body = await sc.submit(graph(epochs=5), **target)  # queued behind the slot, no budget
         queued = body["run_id"]
         await sc.reason(queued, "busy (1 of 1 slot used)")
@@ -417,7 +372,6 @@ async def test_a_run_queued_while_its_card_was_exclusive_gets_the_default_at_onc
         await agent.finish(holder, "succeeded", sa.cuda_peak(1.0))
         start = await agent.recv_type("start_run")
         assert start["run_id"] == queued and start["budget_gib"] == 2.4
-        await agent.close()
 
 
 async def test_a_pool_runs_budget_is_checked_against_the_pools_instances_as_they_join(xpufleet_home):
@@ -427,11 +381,8 @@ async def test_a_pool_runs_budget_is_checked_against_the_pools_instances_as_they
     async with sa.Sidecar(xpufleet_home) as sc:
         status, pool = await sc.call("POST", "/api/pools", {"name": "spot"})
         assert status == 201, pool
-        inst = sa.ScriptedAgent(sc, "spot-1", real_cards(free1=3.0, prefix="GPU-s"), one_shot=True)
-        inst.hello["auth"] = {"kind": "pool", "token": pool["credential"]}
-        welcome = await inst.connect()
-        assert welcome["type"] == "welcome", welcome
-        await sc.share("spot-1", "cuda:1")
+        inst = await sc.agent("spot-1", real_cards(free1=3.0, prefix="GPU-s"), one_shot=True, share=("cuda:1",),
+                              auth={"kind": "pool", "token": pool["credential"]})
         status, body = await sc.submit(graph(), pool="spot", devices=["cuda:1"], memory_gib=40)
         assert status == 400 and body["error"].startswith("needs 40.0 GiB (+0.8 GiB CUDA context), more than "
                                                           "cuda:1 on spot-1 has in all (24.0 GiB)"), body
@@ -443,22 +394,16 @@ async def test_a_pool_runs_budget_is_checked_against_the_pools_instances_as_they
         start = await inst.recv_type("start_run")
         assert start["run_id"] == body["run_id"] and start["budget_gib"] == 8.0
         assert (await sc.status(body["run_id"], {"assigned"}))["worker_id"] == "spot-1"
-        await inst.close()
 
 
 async def test_the_server_stops_cleanly_while_a_one_shot_instance_is_connected(xpufleet_home):
     """Closing the connections at shutdown makes a one-shot instance depart (it is forgotten): the
     registry must not be iterating its workers while that happens (it raised RuntimeError before)."""
-    instances = []
-    async with sa.Sidecar(xpufleet_home) as sc:
+    async with sa.Sidecar(xpufleet_home) as sc:  # it stops before it closes its agents
         status, pool = await sc.call("POST", "/api/pools", {"name": "spot"})
         assert status == 201, pool
         for name in ("spot-1", "spot-2"):
-            inst = sa.ScriptedAgent(sc, name, real_cards(prefix=f"GPU-{name}"), one_shot=True)
-            inst.hello["auth"] = {"kind": "pool", "token": pool["credential"]}
-            assert (await inst.connect())["type"] == "welcome"
-            instances.append(inst)
+            await sc.agent(name, real_cards(prefix=f"GPU-{name}"), one_shot=True,
+                           auth={"kind": "pool", "token": pool["credential"]})
         status, listed = await sc.call("GET", "/api/pools/spot")
         assert status == 200 and len(listed["instances"]) == 2, listed
-    for inst in instances:
-        await inst.close()

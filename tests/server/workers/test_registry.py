@@ -8,114 +8,46 @@ and the replay of buffered events after a reconnect (stored once by seq).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any
 
 import aiohttp
 import pytest
+import scripted_agent as sa  # registered by tests/server/conftest.py
 
-from xpufleet.constants import AGENT_PROTOCOL, VERSION
-from xpufleet.server.sidecar.app import SidecarConfig, create_app
 from xpufleet.server.workers import protocol
 
 GRAPH = {"1": {"class_type": "XPUDataset", "inputs": {"name": "iris"}}}
 
 
-def _devices(n_cards: int = 2, uuid_prefix: str = "GPU-test") -> list[dict[str, Any]]:
-    out = [{"name": "cpu", "kind": "cpu", "total_gib": 8.0, "free_gib": 6.0, "simulated": False}]
-    out += [{"name": f"cuda:{i}", "kind": "cuda", "uuid": f"{uuid_prefix}-{i}", "total_gib": 24.0,
-             "free_gib": 20.0, "simulated": True} for i in range(n_cards)]
-    return out
-
-
-class Sidecar:
-    """An in-process sidecar (pytest-aiohttp's client: closed by the fixture even when a test fails) and its
-    session token."""
-
-    def __init__(self, config: SidecarConfig, client: Any) -> None:
-        self.config = config
-        self.client = client
-
-    def url(self, path: str) -> str:
-        return str(self.client.make_url(path))
-
-    async def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        async with self.client.request(method, path, json=body) as resp:
-            return resp.status, await resp.json()
-
-    async def worker(self, name: str) -> dict[str, Any]:
-        status, body = await self.call("GET", f"/api/workers/{name}")
-        assert status == 200, body
-        return body
-
-    async def close(self) -> None:
-        """Stop it now (a restart test starts another on the same home)."""
-        await self.client.close()
+def _devices() -> list[dict[str, Any]]:
+    return sa.cards(2, free=20.0, prefix="GPU-test")
 
 
 @pytest.fixture
-def start_sidecar(aiohttp_client, xpufleet_home):
-    """``await start_sidecar()``: a sidecar on ``xpufleet_home``."""
+async def start_sidecar(xpufleet_home):
+    """``await start_sidecar()``: a sidecar on ``xpufleet_home`` (scripted_agent.Sidecar), stopped with its
+    agents when the test ends, also when it fails; a restart test closes one and starts another."""
+    async with contextlib.AsyncExitStack() as started:
 
-    async def start() -> Sidecar:
-        config = SidecarConfig(home=xpufleet_home, port=0, local_devices=[{"name": "cpu", "kind": "cpu"}])
-        client = await aiohttp_client(create_app(config), headers={"Authorization": f"Bearer {config.token}"})
-        return Sidecar(config, client)
+        async def start() -> sa.Sidecar:
+            return await started.enter_async_context(sa.Sidecar(xpufleet_home))
 
-    return start
-
-
-class ScriptedAgent:
-    """Speaks the agent protocol by hand (what an agent of another version would send, too)."""
-
-    def __init__(self, sidecar: Sidecar, name: str, **hello: Any) -> None:
-        self.sidecar = sidecar
-        self.name = name
-        self.hello = {
-            "type": "hello", "name": name, "version": VERSION, "protocol": AGENT_PROTOCOL,
-            "auth": {"kind": "session", "token": sidecar.config.token},
-            "node_types": hello.pop("node_types", None), "devices": _devices(), "env": {"hostname": "test"},
-            "runs": [], **hello,
-        }
-        if self.hello["node_types"] is None:
-            from xpufleet.nodes import NODE_CLASS_MAPPINGS
-
-            self.hello["node_types"] = sorted(NODE_CLASS_MAPPINGS)
-        self.session: aiohttp.ClientSession | None = None
-        self.ws: Any = None
-
-    async def connect(self) -> dict[str, Any]:
-        self.session = aiohttp.ClientSession()
-        self.ws = await self.session.ws_connect(self.sidecar.url("/api/agents/ws"))
-        await self.ws.send_str(json.dumps(self.hello))
-        return await self.recv()
-
-    async def recv(self, timeout: float = 10.0) -> dict[str, Any]:
-        msg = await asyncio.wait_for(self.ws.receive(), timeout)
-        assert msg.type == aiohttp.WSMsgType.TEXT, msg
-        return json.loads(msg.data)
-
-    async def recv_type(self, mtype: str, timeout: float = 10.0) -> dict[str, Any]:
-        for _ in range(100):  # skip acks and other chatter
-            msg = await self.recv(timeout)
-            if msg["type"] == mtype:
-                return msg
-        raise AssertionError(f"no {mtype} message")
-
-    async def send(self, mtype: str, **fields: Any) -> None:
-        await self.ws.send_str(json.dumps({"type": mtype, **fields}))
-
-    async def event(self, run_id: str, seq: int, etype: str, payload: dict[str, Any] | None = None) -> None:
-        await self.send("event", run_id=run_id, seq=seq, event_type=etype, payload=payload or {}, ts=1.0)
-
-    async def close(self) -> None:
-        if self.ws is not None:
-            await self.ws.close()
-        if self.session is not None:
-            await self.session.close()
+        yield start
 
 
-async def _wait_status(sc: Sidecar, run_id: str, statuses: set[str]) -> dict[str, Any]:
+class ScriptedAgent(sa.ScriptedAgent):
+    """The scripted agent as these tests use it: the cards of :func:`_devices`, no memory cap unless the
+    hello names one, and each event's seq written out (the replay test sends seqs again)."""
+
+    def __init__(self, sidecar: sa.Sidecar, name: str, **hello: Any) -> None:
+        super().__init__(sidecar, name, _devices(), caps=False, **hello)
+
+    event = sa.ScriptedAgent.send_event  # test_panel_view.py writes the seqs out too
+
+
+async def _wait_status(sc: sa.Sidecar, run_id: str, statuses: set[str]) -> dict[str, Any]:
     cursor = 0
     for _ in range(50):
         status, body = await sc.call("GET", f"/api/runs/{run_id}/events?cursor={cursor}&wait=5")
