@@ -1,9 +1,12 @@
-"""The package's import graph, read from the source (no module is imported): used by the tests."""
+"""The package's import graph, read from the source (none of its modules is imported for it): used by the
+tests."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+from xpufleet.server.run.graph import strongly_connected
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = "xpufleet"
@@ -75,48 +78,7 @@ def imports(top_level_only: bool) -> dict[str, set[str]]:
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components with more than one module (Tarjan, iterative)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    on_stack: set[str] = set()
-    stack: list[str] = []
-    out: list[list[str]] = []
-    counter = 0
-    for root in sorted(graph):
-        if root in index:
-            continue
-        work = [(root, iter(sorted(graph[root])))]
-        index[root] = low[root] = counter
-        counter += 1
-        stack.append(root)
-        on_stack.add(root)
-        while work:
-            node, children = work[-1]
-            advanced = False
-            for child in children:
-                if child not in index:
-                    index[child] = low[child] = counter
-                    counter += 1
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append((child, iter(sorted(graph[child]))))
-                    advanced = True
-                    break
-                if child in on_stack:
-                    low[node] = min(low[node], index[child])
-            if advanced:
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[node])
-            if low[node] == index[node]:
-                comp = []
-                while True:
-                    top = stack.pop()
-                    on_stack.discard(top)
-                    comp.append(top)
-                    if top == node:
-                        break
-                if len(comp) > 1:
-                    out.append(sorted(comp))
-    return out
+    """Strongly connected components with more than one module, each sorted: the graph rule's own
+    iterative Tarjan (server/run/graph.py), fed the modules in name order."""
+    components = strongly_connected({name: sorted(graph[name]) for name in sorted(graph)})
+    return sorted(sorted(comp) for comp in components if len(comp) > 1)

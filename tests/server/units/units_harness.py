@@ -2,30 +2,27 @@
 loopback with simulated cards (the e2e tests share one per module). Test files use it as
 ``import units_harness`` (tests/server/units/conftest.py registers it).
 
-The process helpers (SidecarProc, AgentProc, base_env) are the worker tests' own, loaded from
-tests/server/workers/test_workers_e2e.py so both suites start processes the same way.
+The processes are started and stopped by the remote-worker tests' own classes (tests/server/fleet_harness.py,
+registered by tests/server/conftest.py), so both suites start processes the same way.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
-_WORKERS_E2E = Path(__file__).resolve().parents[1] / "workers" / "test_workers_e2e.py"
+import fleet_harness as fh
 
 
-def workers_e2e() -> Any:
-    name = "units_workers_e2e_helpers"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, _WORKERS_E2E)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+class SidecarProc(fh.SidecarProc):
+    """The sidecar child; ``kill9`` is a crash the restart test recovers from (``start()`` again)."""
+
+    def kill9(self) -> None:
+        fh.kill9(self.proc.pid)
+        self.proc.wait(timeout=10)
 
 
 def save_mlp(path: Path, seed: int = 0, hidden: tuple[int, ...] = (48, 32, 16)) -> Path:
@@ -44,13 +41,12 @@ class Fleet:
     """One sidecar and its agents for a module's tests; ``call`` speaks to the sidecar's API."""
 
     def __init__(self, home: Path, agents: dict[str, str]) -> None:
-        h = workers_e2e()
-        self.h = h
         self.home = home
         home.mkdir(parents=True, exist_ok=True)
-        self.env = h.base_env(home)
-        self.sidecar = h.SidecarProc(home, self.env)
-        self.agents = {name: h.AgentProc(home, self.env, name, sim) for name, sim in agents.items()}
+        self.env = fh.base_env(home)
+        self.sidecar = SidecarProc(home, self.env)
+        self.agents = {name: fh.AgentProc(home, self.env, "--name", name, "--simulate", sim, label=f"agent-{name}")
+                       for name, sim in agents.items()}
 
     def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         return self.sidecar.call(method, path, body)
@@ -76,11 +72,8 @@ class Fleet:
                                      f"{json.dumps(svc, indent=1)[:6000]}")
             time.sleep(0.1)
 
-    def cli(self, *args: str, timeout: float = 120.0):
-        import subprocess
-
-        return subprocess.run([sys.executable, "-m", "xpufleet.server", *args], env=self.env, capture_output=True,
-                              text=True, timeout=timeout)
+    def cli(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
+        return subprocess.run([*fh.CLI, *args], env=self.env, capture_output=True, text=True, timeout=timeout)
 
     def stop(self) -> None:
         for a in self.agents.values():
