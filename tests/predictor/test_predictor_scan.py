@@ -363,18 +363,14 @@ def test_mangled_templates_give_clear_errors_only(all_workflows):
     junk = [None, 1, -1, 2, 4, "x", [], {}, [1, 2], {"a": 1}, 1.5, True, "../x.safetensors", [None] * 7]
 
     def mutate(o, depth=0):
-        if isinstance(o, dict) and o:
-            k = rng.choice(list(o))
-            if rng.random() < 0.3 or depth > 6:
-                o[k] = rng.choice(junk)
-            else:
-                mutate(o[k], depth + 1)
-        elif isinstance(o, list) and o:
-            i = rng.randrange(len(o))
-            if rng.random() < 0.3 or depth > 6:
-                o[i] = rng.choice(junk)
-            else:
-                mutate(o[i], depth + 1)
+        """Replace one field of a dict or item of a list, somewhere down ``o``, by junk."""
+        if not isinstance(o, dict | list) or not o:
+            return
+        key = rng.choice(list(o) if isinstance(o, dict) else range(len(o)))
+        if rng.random() < 0.3 or depth > 6:
+            o[key] = rng.choice(junk)
+        else:
+            mutate(o[key], depth + 1)
 
     outcomes = {"answered": 0, "refused": 0}
     for _ in range(400):
