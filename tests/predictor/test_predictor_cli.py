@@ -12,6 +12,7 @@ import textwrap
 import zlib
 from pathlib import Path
 
+import processes  # tests/processes.py, registered by tests/conftest.py
 import pytest
 
 from xpufleet.server.cli.predict import EXIT_BAD_INPUT, EXIT_UNREACHABLE, load_workflow, main
@@ -90,6 +91,8 @@ def test_bad_input_exit_codes(tmp_path, wf_file, capsys, monkeypatch):
     assert "no sidecar" in capsys.readouterr().err
 
 
+# The stand-in sidecar runs in its own process (the CLI under test blocks on its HTTP call), so its
+# asyncio.run is its own; the fixture below stops it by its PID.
 SERVER = textwrap.dedent("""
     import asyncio, json, sys
     from aiohttp import web
@@ -132,8 +135,7 @@ def sidecar(tmp_path, wf_file):
         assert line.strip().isdigit(), proc.stderr.read()
         yield f"http://127.0.0.1:{int(line)}", home
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        processes.stop_process(proc, grace_s=10)
 
 
 def test_predict_on_a_worker_through_the_sidecar(sidecar, wf_file):

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 
 from xpufleet.common.runtime_file import write_runtime
 from xpufleet.constants import MAX_REQUEST_BODY_BYTES
@@ -126,98 +125,80 @@ class Upstream:
 
 
 @pytest.fixture
-def hosted(comfy_host, xpufleet_home):
+async def comfy(comfy_host, xpufleet_home, aiohttp_client):
+    """A client of ComfyUI's server app (the stand-in) with the plugin loaded, on loopback (pytest-aiohttp:
+    closed when the test ends, also when an assert fails)."""
     instance, load = comfy_host
     load()
-    return instance, xpufleet_home
+    return await aiohttp_client(instance.make_app())
 
 
-def _run(coro_fn, *apps):
-    async def go():
-        clients = [TestClient(TestServer(a, host="127.0.0.1")) for a in apps]
-        for c in clients:
-            await c.start_server()
-        try:
-            return await coro_fn(*clients)
-        finally:
-            for c in clients:
-                await c.close()
-    return asyncio.run(go())
-
-
-def test_no_sidecar_is_a_clear_503(hosted):
-    instance, home = hosted
-
-    async def go(comfy):
-        r = await comfy.get("/xpufleet/api/runs")
-        assert r.status == 503
-        message = (await r.json())["error"]
-        assert str(home) in message and "xpufleet start" in message and "/xpufleet/sidecar/start" in message
-        r = await comfy.get("/xpufleet/sidecar")
-        assert r.status == 200 and (await r.json())["running"] is False
-        # a runtime file whose server no longer answers
-        write_runtime(home, {"url": "http://127.0.0.1:9", "token": TOKEN, "pid": os.getpid()})
-        r = await comfy.post("/xpufleet/api/runs", json={"graph": {}})
-        assert r.status == 503 and "does not answer" in (await r.json())["error"]
-        assert (await (await comfy.get("/xpufleet/sidecar")).json())["running"] is False
-
-    _run(go, instance.make_app())
-
-
-def test_forwarding_keeps_the_token_server_side(hosted):
-    instance, home = hosted
+@pytest.fixture
+async def upstream(aiohttp_client, xpufleet_home) -> tuple[Upstream, str]:
+    """An :class:`Upstream` served on loopback, named in XPUFLEET_HOME's runtime file as the sidecar; its URL."""
     up = Upstream()
-
-    async def go(comfy, sidecar):
-        url = str(sidecar.make_url("")).rstrip("/")
-        write_runtime(home, {"url": url, "token": TOKEN, "pid": os.getpid(), "version": "0.1.0"})
-        r = await comfy.post("/xpufleet/api/runs?x=1&y=%20a", json={"graph": {"1": {}}},
-                             headers={"Authorization": "Bearer from-the-browser", "Cookie": "session=1"})
-        assert r.status == 201 and (await r.json())["path"] == "/api/runs"
-        seen = up.seen[-1]
-        assert seen["method"] == "POST" and seen["query"] == "x=1&y=%20a"
-        assert json.loads(seen["body"]) == {"graph": {"1": {}}}
-        assert seen["headers"]["Authorization"] == f"Bearer {TOKEN}" and "Cookie" not in seen["headers"]
-        assert seen["headers"]["Host"] == url.split("//")[1]  # the sidecar's own name, for its Host check
-        # errors pass through with their status and message
-        r = await comfy.get("/xpufleet/api/runs/missing")
-        assert r.status == 404 and (await r.json())["error"] == "run missing not found"
-        # every method; and ComfyUI's /api/... twin of every route
-        for method in ("GET", "PUT", "DELETE"):
-            r = await comfy.request(method, "/api/xpufleet/api/workers/box/devices/cuda:0/mode")
-            assert r.status == 200 and up.seen[-1]["method"] == method
-            assert up.seen[-1]["path"] == "/api/workers/box/devices/cuda:0/mode"
-        # server-sent events stream through
-        r = await comfy.get("/xpufleet/api/runs/abc/events/stream")
-        assert r.headers["Content-Type"].startswith("text/event-stream")
-        assert (await r.text()).count("event: log") == 3
-        # the status route never shows the token
-        r = await comfy.get("/xpufleet/sidecar")
-        status = await r.json()
-        assert status["running"] is True and status["url"] == url and TOKEN not in json.dumps(status)
-        # not forwarded
-        r = await comfy.get("/xpufleet/api/agents/ws")
-        assert r.status == 404
-        n = len(up.seen)
-        r = await comfy.post("/xpufleet/api/runs", data=b"x" * (MAX_REQUEST_BODY_BYTES + 1))
-        assert r.status == 413 and len(up.seen) == n
-
-    _run(go, instance.make_app(), up.app)
+    url = str((await aiohttp_client(up.app)).make_url("")).rstrip("/")
+    write_runtime(xpufleet_home, {"url": url, "token": TOKEN, "pid": os.getpid(), "version": "0.1.0"})
+    return up, url
 
 
-def test_start_refuses_bad_bodies_and_answers_when_one_runs(hosted):
-    instance, home = hosted
-    up = Upstream()
+async def test_no_sidecar_is_a_clear_503(comfy, xpufleet_home):
+    r = await comfy.get("/xpufleet/api/runs")
+    assert r.status == 503
+    message = (await r.json())["error"]
+    assert str(xpufleet_home) in message and "xpufleet start" in message and "/xpufleet/sidecar/start" in message
+    r = await comfy.get("/xpufleet/sidecar")
+    assert r.status == 200 and (await r.json())["running"] is False
+    # a runtime file whose server no longer answers
+    write_runtime(xpufleet_home, {"url": "http://127.0.0.1:9", "token": TOKEN, "pid": os.getpid()})
+    r = await comfy.post("/xpufleet/api/runs", json={"graph": {}})
+    assert r.status == 503 and "does not answer" in (await r.json())["error"]
+    assert (await (await comfy.get("/xpufleet/sidecar")).json())["running"] is False
 
-    async def go(comfy, sidecar):
-        r = await comfy.post("/xpufleet/sidecar/start", json={"host": "0.0.0.0"})
-        assert r.status == 400 and "unknown field(s) host" in (await r.json())["error"]
-        for raw, words in ((b"[", "not valid JSON"), (b"[]", "must be a JSON object")):
-            r = await comfy.post("/xpufleet/sidecar/start", data=raw)
-            assert r.status == 400 and words in (await r.json())["error"]
-        write_runtime(home, {"url": str(sidecar.make_url("")).rstrip("/"), "token": TOKEN, "pid": os.getpid()})
-        r = await comfy.post("/xpufleet/sidecar/start", json={"port": 0})
-        body = await r.json()
-        assert r.status == 200 and body["running"] is True and body["started"] is False
 
-    _run(go, instance.make_app(), up.app)
+async def test_forwarding_keeps_the_token_server_side(comfy, upstream):
+    up, url = upstream
+    r = await comfy.post("/xpufleet/api/runs?x=1&y=%20a", json={"graph": {"1": {}}},
+                         headers={"Authorization": "Bearer from-the-browser", "Cookie": "session=1"})
+    assert r.status == 201 and (await r.json())["path"] == "/api/runs"
+    seen = up.seen[-1]
+    assert seen["method"] == "POST" and seen["query"] == "x=1&y=%20a"
+    assert json.loads(seen["body"]) == {"graph": {"1": {}}}
+    assert seen["headers"]["Authorization"] == f"Bearer {TOKEN}" and "Cookie" not in seen["headers"]
+    assert seen["headers"]["Host"] == url.split("//")[1]  # the sidecar's own name, for its Host check
+    # errors pass through with their status and message
+    r = await comfy.get("/xpufleet/api/runs/missing")
+    assert r.status == 404 and (await r.json())["error"] == "run missing not found"
+    # every method; and ComfyUI's /api/... twin of every route
+    for method in ("GET", "PUT", "DELETE"):
+        r = await comfy.request(method, "/api/xpufleet/api/workers/box/devices/cuda:0/mode")
+        assert r.status == 200 and up.seen[-1]["method"] == method
+        assert up.seen[-1]["path"] == "/api/workers/box/devices/cuda:0/mode"
+    # server-sent events stream through
+    r = await comfy.get("/xpufleet/api/runs/abc/events/stream")
+    assert r.headers["Content-Type"].startswith("text/event-stream")
+    assert (await r.text()).count("event: log") == 3
+    # the status route never shows the token
+    r = await comfy.get("/xpufleet/sidecar")
+    status = await r.json()
+    assert status["running"] is True and status["url"] == url and TOKEN not in json.dumps(status)
+    # not forwarded
+    r = await comfy.get("/xpufleet/api/agents/ws")
+    assert r.status == 404
+    n = len(up.seen)
+    r = await comfy.post("/xpufleet/api/runs", data=b"x" * (MAX_REQUEST_BODY_BYTES + 1))
+    assert r.status == 413 and len(up.seen) == n
+
+
+async def test_start_refuses_bad_bodies(comfy):
+    r = await comfy.post("/xpufleet/sidecar/start", json={"host": "0.0.0.0"})
+    assert r.status == 400 and "unknown field(s) host" in (await r.json())["error"]
+    for raw, words in ((b"[", "not valid JSON"), (b"[]", "must be a JSON object")):
+        r = await comfy.post("/xpufleet/sidecar/start", data=raw)
+        assert r.status == 400 and words in (await r.json())["error"]
+
+
+async def test_start_answers_when_one_runs(comfy, upstream):
+    r = await comfy.post("/xpufleet/sidecar/start", json={"port": 0})
+    body = await r.json()
+    assert r.status == 200 and body["running"] is True and body["started"] is False
