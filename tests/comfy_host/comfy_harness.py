@@ -223,7 +223,11 @@ class ComfyUI:
     def run_prompt(self, graph: dict[str, Any], on_event: Any = None, timeout: float = PROMPT_TIMEOUT_S
                    ) -> PromptResult:
         """Queue ``graph`` and wait for its end on the websocket (``executing`` with node null, sent
-        once the history is stored); ``on_event(event, client)`` sees every event on the way."""
+        once the history is stored); ``on_event(event, client)`` sees every event on the way.
+
+        Its own event loop is fine here: ComfyUI runs in its own process, and this loop holds only the
+        client, whose ``async with`` blocks close the socket and the session when ``on_event`` or a wait
+        raises (the sync comfy tests call it)."""
         return asyncio.run(self._run_prompt(graph, on_event, timeout))
 
     async def _run_prompt(self, graph: dict[str, Any], on_event: Any, timeout: float) -> PromptResult:
