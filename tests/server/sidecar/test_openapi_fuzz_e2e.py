@@ -19,6 +19,7 @@ import json
 import os
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -151,21 +152,22 @@ def real_objects(sidecar: harness.Sidecar) -> dict[str, str]:
     return found
 
 
+@dataclass
 class Checker:
-    """Sends the cases of one operation and mode, and keeps what each answer broke."""
+    """Sends the cases of one operation and mode, and keeps what each answer broke: the cases that ran
+    and the statuses they got (by label), the answers' times, the problems, the operations with nothing
+    to break."""
 
-    def __init__(self, sidecar: harness.Sidecar, auth: dict[str, str], real_runs: list[str],
-                 real: dict[str, str], bound_s: float = RESPONSE_BOUND_S) -> None:
-        self.sidecar = sidecar
-        self.bound_s = bound_s
-        self.auth = auth
-        self.real_runs = real_runs
-        self.real = real
-        self.ran: Counter[str] = Counter()
-        self.statuses: Counter[tuple[str, int]] = Counter()
-        self.slowest: list[tuple[float, str]] = []
-        self.problems: list[str] = []
-        self.nothing_to_break: list[str] = []
+    sidecar: harness.Sidecar
+    auth: dict[str, str]
+    real_runs: list[str]
+    real: dict[str, str]
+    bound_s: float = RESPONSE_BOUND_S
+    ran: Counter[str] = field(default_factory=Counter)
+    statuses: Counter[tuple[str, int]] = field(default_factory=Counter)
+    slowest: list[tuple[float, str]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    nothing_to_break: list[str] = field(default_factory=list)
 
     def run(self, op: Any, mode: GenerationMode, examples: int) -> None:
         label = f"{op.method.upper()} {op.path} [{mode.value}]"
