@@ -85,26 +85,26 @@ export class RunsPanel {
     // the shown run's log: where the next read starts, the tail read's generation, the follow-up read
     // under way, when it was last polled
     this.log = { offset: undefined, gen: 0, loading: null, polled: 0 };
-    // the shown run, its chart and its boxes (show makes them)
-    this.run = null;
-    this.chart = null;
-    this.progressBox = null;
-    this.filesBox = null;
-    this.logBox = null;
     this.view = new ListPanel(this, {
       kind: "run", texts: "runs", frame: { panel: "runs-panel", classes: "xf-runs",
         tools: () => h("div", { class: "xf-chips", role: "group", "aria-label": t("runs.filter") }, STATUSES.map((s) => h("button", {
           type: "button", class: "xf-chip", "aria-pressed": String(this.filter.has(s)), dataset: { status: s },
           onclick: (e) => this.toggleFilter(s, e.currentTarget) }, t(`runs.status.${s}`)))),
         buttons: () => [
-        openSweeps ? h("button", { type: "button", dataset: { xpufleet: "open-sweeps" }, onclick: () => openSweeps() }, t("runs.sweeps")) : null,
-        h("button", { type: "button", dataset: { xpufleet: "open-workers" }, onclick: () => openWorkers() }, t("workers.title"))] },
+          openSweeps ? h("button", { type: "button", dataset: { xpufleet: "open-sweeps" }, onclick: () => openSweeps() }, t("runs.sweeps")) : null,
+          h("button", { type: "button", dataset: { xpufleet: "open-workers" }, onclick: () => openWorkers() }, t("workers.title"))] },
       list: {
         none: () => (this.filter.size ? t("runs.none_filtered") : t("runs.none")),
         load: (signal) => this.load(signal),
         row: (r) => this.row(r),
       },
     });
+    // the shown run, its chart and its boxes (show makes them)
+    this.run = null;
+    this.chart = null;
+    this.progressBox = null;
+    this.filesBox = null;
+    this.logBox = null;
   }
 
   mount(container) { this.view.mount(container); }

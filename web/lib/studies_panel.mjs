@@ -44,14 +44,15 @@ export class StudiesPanel {
   constructor({ fleet, openRun }) {
     this.fleet = fleet;
     this.openRun = openRun;
-    this.history = null;
-    this.plot = null;
-    this.tableBox = null;
     this.view = new ListPanel(this, {
       kind: "study", texts: "study", frame: { panel: "studies-panel", classes: "xf-sweeps xf-studies" },
       list: collectionList("study", fleet.studies,
         { hint: (s) => `${t("study.n_trials", { done: finished(s.counts), n: s.n_trials })} · ${s.objective?.metric || ""}`, counts: countsText }),
     });
+    // the shown study's parts (show makes them)
+    this.history = null;
+    this.plot = null;
+    this.tableBox = null;
   }
 
   mount(container) { this.view.mount(container); }
