@@ -231,6 +231,7 @@ export class ListPanel {
         await sleep(RETRY_MS, signal);
         continue;
       }
+      if (signal.aborted) return; // another item came in view while this read was answered
       this.item = item;
       if (last === null || item.version !== last.version || item.status !== last.status) this.owner.render();
       else if (progress(item) !== progress(last)) this.owner.renderTable();
