@@ -125,11 +125,15 @@ function showTab(id) {
   app.extensionManager?.command?.execute(`Workspace.ToggleBottomPanelTab.${id}`);
 }
 
-async function openRun(runId) {
-  const panel = await getRunsPanel();
-  panel.focus(runId);
-  showTab(RUNS_TAB);
+/** Show item ``id`` in the panel of tab ``tabId`` (a run in Runs, a sweep in Sweeps). */
+async function focusIn(tabId, getPanel, id) {
+  (await getPanel()).focus(id);
+  showTab(tabId);
 }
+
+function openRun(runId) { return focusIn(RUNS_TAB, getRunsPanel, runId); }
+
+function openSweep(sweepId) { return focusIn(SWEEPS_TAB, getSweepsPanel, sweepId); }
 
 const panelGetters = {};
 
@@ -161,32 +165,20 @@ function tab(id, titleKey, getPanel) {
   };
 }
 
-// --- Queue on... -----------------------------------------------------------------------------------
+// --- Queue on... and New sweep... ------------------------------------------------------------------
 
-async function queueOn() {
-  const { openQueueDialog } = await import("./lib/queue_dialog.mjs");
-  await openQueueDialog({
-    fleet, graph: canvasPrompt, localDevices,
-    openRuns: (runId) => openRun(runId),
-    openWorkers: () => showTab(WORKERS_TAB),
-  });
+/** Open a dialog on the canvas's graph: ``load`` gives its module's opener, ``links`` where it leads. */
+async function graphDialog(load, links) {
+  const open = await load();
+  await open({ fleet, graph: canvasPrompt, localDevices, openWorkers: () => showTab(WORKERS_TAB), ...links });
 }
 
-// --- New sweep... ----------------------------------------------------------------------------------
-
-async function openSweep(sweepId) {
-  const panel = await getSweepsPanel();
-  panel.focus(sweepId);
-  showTab(SWEEPS_TAB);
+function queueOn() {
+  return graphDialog(async () => (await import("./lib/queue_dialog.mjs")).openQueueDialog, { openRuns: openRun });
 }
 
-async function newSweep() {
-  const { openSweepDialog } = await import("./lib/sweep_dialog.mjs");
-  await openSweepDialog({
-    fleet, graph: canvasPrompt, localDevices,
-    openSweep: (sweepId) => openSweep(sweepId),
-    openWorkers: () => showTab(WORKERS_TAB),
-  });
+function newSweep() {
+  return graphDialog(async () => (await import("./lib/sweep_dialog.mjs")).openSweepDialog, { openSweep });
 }
 
 const queueButton = h("button", {

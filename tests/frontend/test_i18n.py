@@ -22,6 +22,8 @@ DYNAMIC = {
     "capsule.model_status.": ["missing", "refused", "unresolved"],
     "capsule.verdict.": ["fits", "spills", "fails"],
     "sweep.status.": ["queued", "running", "cancelling", "finished", "cancelled"],
+    # a list panel's texts (web/lib/item_list.mjs ListPanel: t(`${texts}.title`), ...)
+    **{f"{panel}.": ["title", "pick", "none", "open"] for panel in ("runs", "sweep", "study")},
 }
 
 

@@ -19,6 +19,28 @@ function query(params) {
   return parts.length ? `?${parts.join("&")}` : "";
 }
 
+/** The requests on a kind of item the server follows over many runs (sweeps, studies): each one's verbs. */
+export class Collection {
+  /**
+   * @param {Fleet} fleet
+   * @param {string} path  "/sweeps" or "/studies"
+   * @param {string} csv   the name of one item's CSV ("table.csv", "trials.csv")
+   */
+  constructor(fleet, path, csv) {
+    this.fleet = fleet;
+    this.path = path;
+    this.key = path.slice(1); // the list's field in the answer: {"sweeps": [...]}
+    this.csvName = csv;
+  }
+
+  list(params, opts) { return this.fleet.api("GET", `${this.path}${query(params)}`, undefined, opts); }
+  /** One item; with version and wait, a long poll that answers when one of its runs has news. */
+  get(id, { version, wait } = {}, opts) { return this.fleet.api("GET", `${this.path}/${enc(id)}${query({ version, wait })}`, undefined, opts); }
+  cancel(id) { return this.fleet.api("POST", `${this.path}/${enc(id)}/cancel`, {}); }
+  remove(id) { return this.fleet.api("DELETE", `${this.path}/${enc(id)}`); }
+  csv(id) { return this.fleet.api("GET", `${this.path}/${enc(id)}/${this.csvName}`, undefined, { raw: true }); }
+}
+
 export class Fleet {
   /**
    * @param {object} o
@@ -34,6 +56,8 @@ export class Fleet {
     this.predictPath = predictPath;
     this.snapshotPath = snapshotPath;
     this.kind = kind;
+    this.sweeps = new Collection(this, "/sweeps", "table.csv");
+    this.studies = new Collection(this, "/studies", "trials.csv");
   }
 
   async request(method, url, body, { signal, raw } = {}) {
@@ -84,15 +108,9 @@ export class Fleet {
   artifactFile(id, path) { return this.request("GET", this.artifactUrl(id, path), undefined, { raw: true }); }
   estimate(graph, options) { return this.api("POST", "/estimates", { graph, options }); }
 
-  // --- sweeps ---
-  sweeps(params, opts) { return this.api("GET", `/sweeps${query(params)}`, undefined, opts); }
-  /** One sweep; with version and wait, a long poll that answers when a child has news. */
-  sweep(id, { version, wait } = {}, opts) { return this.api("GET", `/sweeps/${enc(id)}${query({ version, wait })}`, undefined, opts); }
+  // --- sweeps (the rest: this.sweeps) ---
   sweepDryRun(body, opts) { return this.api("POST", "/sweeps?dry_run=1", body, opts); }
   submitSweep(body) { return this.api("POST", "/sweeps", body); }
-  cancelSweep(id) { return this.api("POST", `/sweeps/${enc(id)}/cancel`, {}); }
-  deleteSweep(id) { return this.api("DELETE", `/sweeps/${enc(id)}`); }
-  sweepCsv(id) { return this.api("GET", `/sweeps/${enc(id)}/table.csv`, undefined, { raw: true }); }
 
   // --- workers ---
   workers(opts) { return this.api("GET", "/workers", undefined, opts); }

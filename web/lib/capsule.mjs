@@ -181,20 +181,13 @@ export class CapsuleBar {
     this.device.title = a?.summary?.name || "";
     if (!where) this.device.hidden = true;
     const ds = this.success.dataset;
-    if (this.error) {
-      ds.level = "error";
+    if (this.error || !a) { // nothing to rate: the server did not answer, or there is no graph
+      const why = this.error ? t("capsule.unavailable") : t("capsule.no_graph");
+      ds.level = this.error ? "error" : "none";
       delete ds.p;
       this.success.style.removeProperty("--xf-level");
-      replace(this.success, h("span", { class: "xf-dot" }), t("capsule.unavailable"));
-      this.success.setAttribute("aria-label", `${t("capsule.success")}: ${t("capsule.unavailable")}`);
-      replace(this.vram, "VRAM —");
-      replace(this.ram, "RAM —");
-    } else if (!a) {
-      ds.level = "none";
-      delete ds.p;
-      this.success.style.removeProperty("--xf-level");
-      replace(this.success, h("span", { class: "xf-dot" }), t("capsule.no_graph"));
-      this.success.setAttribute("aria-label", `${t("capsule.success")}: ${t("capsule.no_graph")}`);
+      replace(this.success, h("span", { class: "xf-dot" }), why);
+      this.success.setAttribute("aria-label", `${t("capsule.success")}: ${why}`);
       replace(this.vram, "VRAM —");
       replace(this.ram, "RAM —");
     } else {

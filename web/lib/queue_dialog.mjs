@@ -3,13 +3,11 @@
 // pool (`pools` of GET /api/workers; options.target.pool), with the memory budget the server suggests
 // (POST /api/estimates). The server decides everything (which workers are `selectable`, what it
 // refuses); a rejection shows here.
-import { ApiFailure } from "./api.mjs";
 import { field, h, nextId, replace } from "./dom.mjs";
 import { gib } from "./format.mjs";
+import { GraphDialog, singleDialog } from "./graph_dialog.mjs";
 import { onLanguageChange, t } from "./i18n.mjs";
 import { TargetPicker } from "./target_picker.mjs";
-
-let openDialog = null;
 
 // Queue on... opens on the target last queued to from the same workflow (its path, else its name), kept
 // in this browser's localStorage; a workflow never queued from opens on this server.
@@ -42,69 +40,32 @@ export function rememberTarget(key, state) {
  * @param {(runId: string) => void} o.openRuns
  * @param {() => void} o.openWorkers
  */
-export async function openQueueDialog(o) {
-  if (openDialog) { openDialog.focus(); return openDialog; }
-  const dlg = new QueueDialog(o);
-  openDialog = dlg;
-  await dlg.open();
-  return dlg;
-}
+export const openQueueDialog = singleDialog((o, closed) => new QueueDialog(o, closed));
 
 class QueueDialog {
-  constructor({ fleet, graph, localDevices, openRuns, openWorkers }) {
-    this.fleet = fleet;
-    this.getGraph = graph;
-    this.getLocalDevices = localDevices;
-    this.openRuns = openRuns;
-    this.openWorkers = openWorkers;
-    this.workers = [];
-    this.pools = [];
-    this.local = ["cpu"];
+  constructor(o, closed) {
+    this.o = o;
+    this.loaded = null; // what GraphDialog.load read: the graph, the workers and pools, this server's devices
+    this.picker = null;
+    // a language change while open rebuilds the form in the new language, keeping what was entered
+    this.stopRelabel = onLanguageChange(() => this.relabel());
+    this.frame = new GraphDialog({ kind: "queue", classes: "", title: () => t("queue.title"),
+      onClose: () => { this.stopRelabel(); closed(); } });
     this.estimate = null;
     this.estimateError = null;
     this.budgetTouched = false;
-    this.titleId = nextId("xf-qtitle");
-    this.el = h("dialog", { class: "xf-dialog xf-root", "aria-labelledby": this.titleId,
-      dataset: { xpufleet: "queue-dialog" } });
-    // a language change while open rebuilds the form in the new language, keeping what was entered
-    this.stopRelabel = onLanguageChange(() => this.relabel());
-    this.el.addEventListener("close", () => this.destroy());
-    this.el.addEventListener("cancel", () => this.destroy());
   }
 
-  focus() { this.el.querySelector("input, select, button")?.focus(); }
-
   async open() {
-    document.body.append(this.el);
-    replace(this.el, h("h2", { id: this.titleId }, t("queue.title")), h("p", { class: "xf-hint" }, t("common.loading")));
-    this.el.showModal();
-    const [graph, workers, local] = await Promise.allSettled([
-      this.getGraph(), this.fleet.workers(), this.getLocalDevices()]);
-    this.graph = graph.status === "fulfilled" ? graph.value : { prompt: null, name: "", problem: String(graph.reason?.message || graph.reason) };
-    this.workers = workers.status === "fulfilled" ? (workers.value.workers || []) : [];
-    this.pools = workers.status === "fulfilled" ? (workers.value.pools || []) : [];
-    this.workersError = workers.status === "rejected" ? workers.reason : null;
-    if (local.status === "fulfilled" && local.value?.length) this.local = local.value;
+    this.loaded = await this.frame.load(this.o);
     this.build();
   }
 
-  destroy() {
-    this.stopRelabel?.();
-    if (openDialog === this) openDialog = null;
-    this.el.remove();
-  }
-
-  close() {
-    if (this.el.open) this.el.close();
-    this.destroy();
-  }
+  close() { this.frame.close(); }
 
   // --- form ---
   relabel() {
-    if (!this.picker) {  // still loading
-      replace(this.el, h("h2", { id: this.titleId }, t("queue.title")), h("p", { class: "xf-hint" }, t("common.loading")));
-      return;
-    }
+    if (!this.picker) { this.frame.loading(); return; } // still loading
     const kept = { target: this.picker.state(), name: this.nameInput.value, seed: this.seedInput.value,
       det: this.detInput.checked, rec: this.recInput.value, budget: this.budgetInput.value,
       touched: this.budgetTouched, wait: this.waitInput.checked };
@@ -119,10 +80,11 @@ class QueueDialog {
   }
 
   /** Build the form; `state`: the target picker's state to pick (default: the workflow's remembered one). */
-  build(state = rememberedTarget(this.graph.key)) {
-    this.picker = new TargetPicker({ workers: this.workers, pools: this.pools, workersError: this.workersError, local: this.local,
-      onChange: () => this.targetChanged(), openWorkers: () => { this.close(); this.openWorkers(); } });
-    this.nameInput = h("input", { type: "text", value: this.graph.name || "", maxlength: "200", autocomplete: "off" });
+  build(state = rememberedTarget(this.loaded.graph.key)) {
+    const { workers, pools, workersError, local } = this.loaded;
+    this.picker = new TargetPicker({ workers, pools, workersError, local,
+      onChange: () => this.targetChanged(), openWorkers: () => { this.close(); this.o.openWorkers(); } });
+    this.nameInput = h("input", { type: "text", value: this.loaded.graph.name || "", maxlength: "200", autocomplete: "off" });
     this.seedInput = h("input", { type: "number", min: "0", step: "1", placeholder: t("queue.seed_none") });
     this.detInput = h("input", { type: "checkbox", id: nextId("xf-det") });
     // record_outputs: off, true (kept where the run runs), "upload" (copied to this server at the end)
@@ -137,13 +99,7 @@ class QueueDialog {
       oninput: () => { this.budgetTouched = true; } });
     this.budgetBox = h("div", { class: "xf-budget", dataset: { xpufleet: "budget" } });
     this.waitInput = h("input", { type: "checkbox", id: nextId("xf-wait") });
-    this.errorBox = h("div", { class: "xf-error", role: "alert", dataset: { xpufleet: "queue-error" } });
-    this.submitBtn = h("button", { type: "submit", class: "xf-primary", dataset: { xpufleet: "queue-submit" } }, t("queue.submit"));
-    const problem = this.graph.prompt ? null : h("div", { class: "xf-error" }, this.graph.problem || t("queue.no_graph"));
-    if (!this.graph.prompt) this.submitBtn.disabled = true;
-    const form = h("form", { method: "dialog", onsubmit: (e) => { e.preventDefault(); this.submit(); } },
-      h("h2", { id: this.titleId }, t("queue.title")),
-      problem,
+    this.frame.form(this.loaded.graph, t("queue.submit"), () => this.submit(),
       this.picker.elements,
       h("div", { class: "xf-grid" },
         field(t("queue.name"), this.nameInput),
@@ -153,11 +109,7 @@ class QueueDialog {
       this.recNote,
       h("fieldset", { class: "xf-budget-box" }, h("legend", {}, t("queue.budget")),
         field(t("queue.budget_field"), this.budgetInput), this.budgetBox,
-        h("div", { class: "xf-choice" }, this.waitInput, h("label", { for: this.waitInput.id }, t("queue.wait")))),
-      this.errorBox,
-      h("div", { class: "xf-actions" },
-        h("button", { type: "button", class: "xf-secondary", onclick: () => this.close() }, t("common.cancel")), this.submitBtn));
-    replace(this.el, form);
+        h("div", { class: "xf-choice" }, this.waitInput, h("label", { for: this.waitInput.id }, t("queue.wait")))));
     this.picker.targetChanged();
     this.picker.restore(state);
     this.nameInput.focus();
@@ -193,7 +145,7 @@ class QueueDialog {
 
   async loadEstimate() {
     const { target, kind } = this.targetOptions();
-    if (!this.graph.prompt) return;
+    if (!this.loaded.graph.prompt) return;
     if (kind === "local" || kind === "spread") { // a spread run takes exclusive cards: no budget
       replace(this.budgetBox, h("div", { class: "xf-hint" }, t(kind === "local" ? "queue.budget_local" : "queue.budget_spread")));
       return;
@@ -202,7 +154,7 @@ class QueueDialog {
     const seq = (this.estimateSeq = (this.estimateSeq || 0) + 1);
     replace(this.budgetBox, h("div", { class: "xf-hint" }, t("queue.estimating")));
     try {
-      const answer = await this.fleet.estimate(this.graph.prompt, { target });
+      const answer = await this.o.fleet.estimate(this.loaded.graph.prompt, { target });
       if (seq !== this.estimateSeq) return;
       this.estimate = answer;
       this.estimateError = null;
@@ -238,8 +190,7 @@ class QueueDialog {
   }
 
   // --- submit ---
-  async submit() {
-    replace(this.errorBox);
+  submit() {
     const { options, target, kind } = this.targetOptions();
     if (this.nameInput.value.trim()) options.name = this.nameInput.value.trim();
     if (this.seedInput.value !== "") options.seed = Number(this.seedInput.value);
@@ -258,19 +209,9 @@ class QueueDialog {
     }
     if (this.waitInput.checked && kind !== "spread") target.wait = true;
     options.target = target;
-    this.submitBtn.disabled = true;
-    try {
-      const answer = await this.fleet.submit(this.graph.prompt, options);
-      rememberTarget(this.graph.key, this.picker.state());
-      this.close();
-      this.openRuns(answer.run_id);
-    } catch (err) {
-      const lines = [err instanceof ApiFailure ? err.message : String(err)];
-      for (const [nid, entry] of Object.entries(err.body?.node_errors || {})) {
-        for (const ne of entry.errors || []) lines.push(`${t("queue.node")} ${nid}: ${ne.message}`);
-      }
-      replace(this.errorBox, lines.map((l) => h("div", {}, l)));
-      this.submitBtn.disabled = false;
-    }
+    return this.frame.send(() => this.o.fleet.submit(this.loaded.graph.prompt, options), (answer) => {
+      rememberTarget(this.loaded.graph.key, this.picker.state());
+      this.o.openRuns(answer.run_id);
+    });
   }
 }

@@ -7,10 +7,10 @@ import { MetricsChart } from "./metrics_chart.mjs";
 import { h, replace, saveBlob, sleep } from "./dom.mjs";
 import { bytes, duration, gib, memGib, num, shortId, when } from "./format.mjs";
 import { t } from "./i18n.mjs";
+import { errorBox, ListPanel } from "./item_list.mjs";
 
 const STATUSES = ["queued", "assigned", "running", "succeeded", "failed", "cancelled", "interrupted"];
 const ACTIVE = new Set(["queued", "assigned", "running"]);
-const LIST_REFRESH_MS = 2000;
 const LOG_TAIL = 64 * 1024;
 const LOG_KEEP = 256 * 1024; // characters a live log keeps on the page (the oldest are dropped)
 const LOG_POLL_MS = 2000;
@@ -80,150 +80,91 @@ export class RunsPanel {
    */
   constructor({ fleet, openWorkers, openSweeps }) {
     this.fleet = fleet;
-    this.openWorkers = openWorkers;
-    this.openSweeps = openSweeps;
     this.filter = new Set();
-    this.selected = null;
-    this.runs = [];
-    this.container = null;
-  }
-
-  mount(container) {
-    if (this.container === container && container.contains(this.root)) return;
-    this.unmount();
-    this.container = container;
-    this.abort = new AbortController();
-    this.list = h("div", { class: "xf-run-list", role: "list", dataset: { xpufleet: "run-list" } });
-    this.detail = h("section", { class: "xf-run-detail", "aria-live": "polite", dataset: { xpufleet: "run-detail" } },
-      h("div", { class: "xf-hint" }, t("runs.pick")));
-    const chips = STATUSES.map((s) => h("button", { type: "button", class: "xf-chip", "aria-pressed": "false",
-      dataset: { status: s }, onclick: (e) => this.toggleFilter(s, e.currentTarget) }, t(`runs.status.${s}`)));
-    this.root = h("div", { class: "xf-panel xf-runs xf-root", dataset: { xpufleet: "runs-panel" } },
-      h("header", { class: "xf-panel-head" },
-        h("h2", {}, t("runs.title")),
-        h("div", { class: "xf-chips", role: "group", "aria-label": t("runs.filter") }, chips),
-        h("span", { class: "xf-grow" }),
-        h("button", { type: "button", onclick: () => this.refresh() }, t("common.refresh")),
-        this.openSweeps ? h("button", { type: "button", dataset: { xpufleet: "open-sweeps" }, onclick: () => this.openSweeps() }, t("runs.sweeps")) : null,
-        h("button", { type: "button", dataset: { xpufleet: "open-workers" }, onclick: () => this.openWorkers() }, t("workers.title"))),
-      h("div", { class: "xf-panel-body" }, this.list, this.detail));
-    replace(container, this.root);
-    this.loop();
-    if (this.selected) this.select(this.selected);
-  }
-
-  unmount() {
-    this.abort?.abort();
-    this.chart?.destroy();
+    this.progress = {}; // the latest progress of each running run
+    // the shown run's log: where the next read starts, the tail read's generation, the follow-up read
+    // under way, when it was last polled
+    this.log = { offset: undefined, gen: 0, loading: null, polled: 0 };
+    this.view = new ListPanel(this, {
+      kind: "run", texts: "runs", frame: { panel: "runs-panel", classes: "xf-runs",
+        tools: () => h("div", { class: "xf-chips", role: "group", "aria-label": t("runs.filter") }, STATUSES.map((s) => h("button", {
+          type: "button", class: "xf-chip", "aria-pressed": String(this.filter.has(s)), dataset: { status: s },
+          onclick: (e) => this.toggleFilter(s, e.currentTarget) }, t(`runs.status.${s}`)))),
+        buttons: () => [
+          openSweeps ? h("button", { type: "button", dataset: { xpufleet: "open-sweeps" }, onclick: () => openSweeps() }, t("runs.sweeps")) : null,
+          h("button", { type: "button", dataset: { xpufleet: "open-workers" }, onclick: () => openWorkers() }, t("workers.title"))] },
+      list: {
+        none: () => (this.filter.size ? t("runs.none_filtered") : t("runs.none")),
+        load: (signal) => this.load(signal),
+        row: (r) => this.row(r),
+      },
+    });
+    // the shown run, its chart and its boxes (show makes them)
+    this.run = null;
     this.chart = null;
-    this.container = null;
+    this.progressBox = null;
+    this.filesBox = null;
+    this.logBox = null;
   }
 
-  focus(runId) {
-    this.selected = runId;
-    if (this.container) { this.refresh(); this.select(runId); }
-  }
+  mount(container) { this.view.mount(container); }
+  unmount() { this.view.unmount(); }
+  focus(runId) { this.view.focus(runId); }
 
   toggleFilter(status, btn) {
     if (this.filter.has(status)) this.filter.delete(status); else this.filter.add(status);
     btn.setAttribute("aria-pressed", this.filter.has(status) ? "true" : "false");
-    this.refresh();
+    this.view.refresh();
   }
 
-  async loop() {
-    const signal = this.abort.signal;
-    while (!signal.aborted) {
-      await this.refresh();
-      await sleep(LIST_REFRESH_MS, signal);
-    }
-  }
-
-  async refresh() {
-    const signal = this.abort?.signal;
-    try {
-      const status = [...this.filter].join(",");
-      const page = await this.fleet.runs({ status, limit: 100 }, { signal });
-      this.runs = page.runs || [];
-      this.listError = null;
-      await this.loadProgress(signal);
-    } catch (err) {
-      if (err?.name === "AbortError") return;
-      this.listError = err;
-    }
-    this.renderList();
-  }
-
-  async loadProgress(signal) {
+  async load(signal) {
+    const page = await this.fleet.runs({ status: [...this.filter].join(","), limit: 100 }, { signal });
+    const runs = page.runs || [];
     // the latest progress event of each running run (its record holds the last event cursor)
-    this.progress = this.progress || {};
-    await Promise.all(this.runs.filter((r) => r.status === "running").map(async (r) => {
+    await Promise.all(runs.filter((r) => r.status === "running").map(async (r) => {
       try {
-        const page = await this.fleet.api("GET", `/runs/${encodeURIComponent(r.id)}/events?cursor=${Math.max(0, (r.cursor || 0) - 200)}&type=progress&limit=1000`, undefined, { signal });
-        const last = page.events?.[page.events.length - 1];
+        const events = await this.fleet.api("GET", `/runs/${encodeURIComponent(r.id)}/events?cursor=${Math.max(0, (r.cursor || 0) - 200)}&type=progress&limit=1000`, undefined, { signal });
+        const last = events.events?.[events.events.length - 1];
         if (last) this.progress[r.id] = last.payload;
       } catch { /* progress is a nicety */ }
     }));
+    return runs;
   }
 
-  renderList() {
-    if (!this.root) return;
-    if (this.listError) {
-      replace(this.list, h("div", { class: "xf-error", role: "alert" }, this.listError.message));
-      return;
-    }
-    if (!this.runs.length) {
-      replace(this.list, h("div", { class: "xf-hint" }, this.filter.size ? t("runs.none_filtered") : t("runs.none")));
-      return;
-    }
-    replace(this.list, this.runs.map((r) => {
-      const prog = this.progress?.[r.id];
-      const bar = r.status === "running" && prog ? progressBar(prog) : null;
-      const where = r.worker_id ? `${r.worker_id}${r.devices?.length ? ` · ${r.devices.join(", ")}` : ""}`
-        : (r.placement === "local" ? `${t("queue.this_server")}${r.devices?.length ? ` · ${r.devices.join(", ")}` : ""}` : (r.target || ""));
-      return h("div", { role: "listitem", class: `xf-run-row${this.selected === r.id ? " xf-selected" : ""}`, dataset: { runId: r.id, status: r.status } },
-        h("button", { type: "button", class: "xf-run-pick", "aria-label": t("runs.open", { name: r.name || shortId(r.id) }),
-          "aria-current": this.selected === r.id ? "true" : "false", onclick: () => this.select(r.id) },
-          h("span", { class: `xf-status xf-status-${r.status}` }, t(`runs.status.${r.status}`)),
-          h("span", { class: "xf-run-name" }, r.name || shortId(r.id)),
-          h("span", { class: "xf-hint" }, ` ${shortId(r.id)} · ${where}`),
-          h("span", { class: "xf-budget-col", dataset: { xpufleet: "budget-col" } }, budgetText(r)),
-          rowMeta(r)),
-        bar,
+  row(r) {
+    const prog = this.progress[r.id];
+    const where = r.worker_id ? `${r.worker_id}${r.devices?.length ? ` · ${r.devices.join(", ")}` : ""}`
+      : (r.placement === "local" ? `${t("queue.this_server")}${r.devices?.length ? ` · ${r.devices.join(", ")}` : ""}` : (r.target || ""));
+    return {
+      statusClass: `xf-status-${r.status}`, status: t(`runs.status.${r.status}`), hint: where,
+      cells: [h("span", { class: "xf-budget-col", dataset: { xpufleet: "budget-col" } }, budgetText(r)), rowMeta(r)],
+      below: [r.status === "running" && prog ? progressBar(prog) : null,
         r.waiting_reason ? h("div", { class: "xf-waiting", dataset: { xpufleet: "waiting" } }, r.waiting_reason) : null,
-        (r.warnings || []).map((w) => h("div", { class: "xf-warn", dataset: { kind: w.kind } }, `${w.kind}: ${w.message}`)));
-    }));
+        (r.warnings || []).map((w) => h("div", { class: "xf-warn", dataset: { kind: w.kind } }, `${w.kind}: ${w.message}`))],
+    };
   }
 
   // --- one run ---
-  async select(runId) {
-    this.selected = runId;
-    this.renderList();
-    this.detailAbort?.abort();
-    this.detailAbort = new AbortController();
-    const signal = this.detailAbort.signal;
-    this.abort.signal.addEventListener("abort", () => this.detailAbort.abort(), { once: true });
-    this.chart?.destroy();
-    this.chart = null;
+  async show(runId, signal) {
     let run;
     try {
       run = await this.fleet.run(runId, { signal });
     } catch (err) {
       if (err?.name === "AbortError") return;
-      replace(this.detail, h("div", { class: "xf-error", role: "alert" }, err.message));
+      replace(this.view.detail, errorBox(err));
       return;
     }
     this.run = run;
-    this.logOffset = undefined; // this run's log is read from its own tail
-    this.head = h("div", { class: "xf-run-head" });
+    this.log.offset = undefined; // this run's log is read from its own tail
     this.progressBox = h("div", { class: "xf-progress-box", dataset: { xpufleet: "progress" } });
     const chartBox = h("div", { class: "xf-chart-box" });
     this.filesBox = h("div", { class: "xf-files", dataset: { xpufleet: "artifacts" } });
     this.logBox = h("pre", { class: "xf-log", tabindex: "0", "aria-label": t("runs.log"), dataset: { xpufleet: "log" } });
-    replace(this.detail, this.head, this.progressBox,
+    replace(this.view.detail, this.view.head, this.progressBox,
       h("h3", {}, t("runs.metrics_heading")), chartBox,
       h("details", { class: "xf-details", open: true }, h("summary", {}, t("runs.artifacts")), this.filesBox),
       h("details", { class: "xf-details" }, h("summary", {}, t("runs.log")), this.logBox));
-    this.chart = new MetricsChart(chartBox);
+    this.chart = this.view.keep(new MetricsChart(chartBox));
     this.renderHead();
     try {
       const m = await this.fleet.metrics(runId, { signal });
@@ -239,23 +180,13 @@ export class RunsPanel {
     const r = this.run;
     const peak = peakText(r);
     const facts = r.execution_facts || {};
-    const actions = [];
-    if (ACTIVE.has(r.status)) {
-      actions.push(h("button", { type: "button", class: "xf-danger", dataset: { xpufleet: "stop" },
-        onclick: async (e) => { e.currentTarget.disabled = true; await this.act(() => this.fleet.cancel(r.id)); } }, t("runs.stop")));
-    } else {
-      actions.push(h("button", { type: "button", dataset: { xpufleet: "delete" },
-        onclick: async () => {
-          this.detailAbort?.abort(); // nothing more is read of a run being deleted (a late read would 404)
-          if (await this.act(() => this.fleet.deleteRun(r.id))) {
-            this.selected = null;
-            replace(this.detail, h("div", { class: "xf-hint" }, t("runs.deleted")));
-            this.refresh();
-          } // refused: the error stays in view; picking the run again reloads it
-        } }, t("runs.delete")));
-    }
+    const actions = ACTIVE.has(r.status)
+      ? h("button", { type: "button", class: "xf-danger", dataset: { xpufleet: "stop" },
+        onclick: async (e) => { e.currentTarget.disabled = true; await this.view.act(() => this.fleet.cancel(r.id)); } }, t("runs.stop"))
+      : h("button", { type: "button", dataset: { xpufleet: "delete" },
+        onclick: () => this.view.remove(() => this.fleet.deleteRun(r.id), t("runs.deleted")) }, t("runs.delete"));
     const aliases = Object.entries(facts.device_aliases || {}).filter(([a, m]) => a !== m).map(([a, m]) => `${m} → ${a}`);
-    replace(this.head,
+    replace(this.view.head,
       h("h3", {}, r.name || shortId(r.id), " ", h("span", { class: `xf-status xf-status-${r.status}`, dataset: { xpufleet: "detail-status" } }, t(`runs.status.${r.status}`))),
       h("div", { class: "xf-kvline" }, `${t("runs.id")}: ${r.id}`),
       h("div", { class: "xf-kvline" }, `${t("runs.where")}: ${r.worker_id || (r.placement === "local" ? t("queue.this_server") : r.target || "—")}`,
@@ -273,16 +204,6 @@ export class RunsPanel {
       (r.warnings || []).map((w) => h("div", { class: "xf-warn", dataset: { kind: w.kind } }, `${w.kind}: ${w.message}`)),
       r.final_metrics ? h("div", { class: "xf-kvline" }, `${t("runs.final")}: ${Object.entries(r.final_metrics).map(([k, v]) => `${k} ${typeof v === "number" ? v.toPrecision(4) : v}`).join(", ")}`) : null,
       h("div", { class: "xf-actions" }, actions));
-  }
-
-  async act(fn) {
-    try {
-      await fn();
-      return true;
-    } catch (err) {
-      this.head.append(h("div", { class: "xf-error", role: "alert" }, err.message));
-      return false;
-    }
   }
 
   async follow(runId, signal) {
@@ -307,8 +228,8 @@ export class RunsPanel {
       }
       for (const ev of page.events) this.apply(ev, true);
       cursor = page.cursor;
-      if (page.status === "running" && Date.now() - (this.logPolled || 0) >= LOG_POLL_MS) {
-        this.logPolled = Date.now();
+      if (page.status === "running" && Date.now() - this.log.polled >= LOG_POLL_MS) {
+        this.log.polled = Date.now();
         await this.loadLog(signal); // the log as it grows (a worker's through its agent)
       }
       if (page.events.some((e) => ["run_started", "run_warning"].includes(e.type)) || this.run.status !== page.status) {
@@ -333,7 +254,7 @@ export class RunsPanel {
       const m = await this.fleet.metrics(runId, { signal });
       this.chart?.setAll(m.metrics);
       await this.loadFiles(signal);
-      this.refresh();
+      this.view.refresh();
     } catch { /* the panel may have closed */ }
   }
 
@@ -362,27 +283,27 @@ export class RunsPanel {
   async loadLog(signal, fromStart = false) {
     const r = this.run;
     const box = this.logBox;
-    if (fromStart) this.logGen = (this.logGen || 0) + 1;
-    else if (this.logLoading === box) return; // one follow-up read at a time: the next round catches up
-    const gen = this.logGen;
-    if (!fromStart) this.logLoading = box;
+    if (fromStart) this.log.gen = this.log.gen + 1;
+    else if (this.log.loading === box) return; // one follow-up read at a time: the next round catches up
+    const gen = this.log.gen;
+    if (!fromStart) this.log.loading = box;
     try {
-      const tailRead = fromStart || this.logOffset === undefined; // decided before the wait, as asked
+      const tailRead = fromStart || this.log.offset === undefined; // decided before the wait, as asked
       const log = tailRead
         ? await this.fleet.logs(r.id, LOG_TAIL, { signal })
-        : await this.fleet.logsFrom(r.id, this.logOffset, { signal });
-      if (box !== this.logBox || gen !== this.logGen) return;
+        : await this.fleet.logsFrom(r.id, this.log.offset, { signal });
+      if (box !== this.logBox || gen !== this.log.gen) return;
       box.dataset.where = log.where || "sidecar";
       box.dataset.connected = String(log.connected !== false);
       if (log.connected === false) {
-        this.logOffset = undefined;
+        this.log.offset = undefined;
         box.textContent = t("runs.log_worker_offline", { worker: log.worker });
         return;
       }
       // a tail starts mid-line: shown from its first whole line
       const fresh = tailRead && log.offset > 0 ? log.text.slice(log.text.indexOf("\n") + 1) : log.text;
       const text = tailRead ? fresh : (box.dataset.text === "true" ? box.textContent : "") + fresh;
-      this.logOffset = log.next_offset;
+      this.log.offset = log.next_offset;
       const follow = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
       box.dataset.text = text ? "true" : "false";
       box.textContent = text ? text.slice(-LOG_KEEP) : t(ACTIVE.has(r.status) ? "runs.log_waiting" : "runs.log_empty");
@@ -390,7 +311,7 @@ export class RunsPanel {
     } catch (err) {
       if (err?.name !== "AbortError" && box === this.logBox) box.textContent = err.message;
     } finally {
-      if (this.logLoading === box) this.logLoading = null;
+      if (this.log.loading === box) this.log.loading = null;
     }
   }
 

@@ -190,3 +190,54 @@ export class HistoryChart extends Base {
     this.el.dataset.drawn = "true";
   }
 }
+
+/**
+ * The controls over a parameter plot (a ParamScatter): which parameter is on x, when there are several,
+ * and the x axis's scale, the default one until the user toggles it. ``kind`` ("sweep" or "study") names
+ * them: data-xpufleet="<kind>-plot-x" and "<kind>-plot-scale".
+ */
+export class ScatterControls {
+  /**
+   * @param {string} kind
+   * @param {ParamScatter} chart
+   */
+  constructor(kind, chart) {
+    this.kind = kind;
+    this.chart = chart;
+    this.xParam = null;
+    this.scale = null; // null until the user toggles it (then theirs)
+    this.scaleSelect = null;
+    this.el = h("div", { class: "xf-sweep-plot-head" });
+  }
+
+  /**
+   * Offer ``params`` (named by ``name(path)``) and draw ``rows`` ({parameters, metric}) against ``metric``.
+   * @param {string[]} params
+   * @param {object[]} rows
+   * @param {string} metric
+   * @param {(path: string) => string} name
+   */
+  set(params, rows, metric, name) {
+    if (!params.includes(this.xParam)) { this.xParam = params[0] || null; this.scale = null; }
+    const draw = () => {
+      const scale = this.scale || ParamScatter.defaultScale(rows, this.xParam);
+      this.chart.set(rows, this.xParam, metric, scale, name(this.xParam));
+      this.scaleSelect.value = scale || "linear";
+      // categories have no scale, and a log axis needs every x above 0
+      this.scaleSelect.disabled = scale === null || !rows.every((r) => !(Number(r.parameters?.[this.xParam]) <= 0));
+    };
+    const parts = [];
+    if (params.length > 1) {
+      const select = h("select", { dataset: { xpufleet: `${this.kind}-plot-x` }, "aria-label": t("sweep.plot_x"),
+        onchange: () => { this.xParam = select.value; this.scale = null; draw(); } },
+      params.map((p) => h("option", { value: p, selected: p === this.xParam }, name(p))));
+      parts.push(h("label", {}, t("sweep.plot_x"), " ", select));
+    }
+    this.scaleSelect = h("select", { dataset: { xpufleet: `${this.kind}-plot-scale` }, "aria-label": t("sweep.axis_scale"),
+      onchange: () => { this.scale = this.scaleSelect.value; draw(); } },
+    h("option", { value: "linear" }, t("sweep.axis_linear")), h("option", { value: "log" }, t("sweep.axis_log")));
+    parts.push(h("label", {}, t("sweep.axis_scale"), " ", this.scaleSelect));
+    this.el.replaceChildren(...parts);
+    if (this.xParam) draw();
+  }
+}

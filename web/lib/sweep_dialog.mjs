@@ -4,13 +4,12 @@
 // count, the first variants and any rejection come from the server, which also expands the grid.
 import { ApiFailure } from "./api.mjs";
 import { field, h, nextId, replace } from "./dom.mjs";
+import { GraphDialog, singleDialog } from "./graph_dialog.mjs";
 import { t } from "./i18n.mjs";
 import { TargetPicker } from "./target_picker.mjs";
 
 const PREVIEW_DEBOUNCE_MS = 250;
 const PREVIEW_SHOWN = 8;
-
-let openDialog = null;
 
 /**
  * The scalar inputs of an API-format graph (links are arrays), grouped by node for the picker:
@@ -81,57 +80,31 @@ export function parseValues(text, current) {
  * @param {(sweepId: string) => void} o.openSweep
  * @param {() => void} o.openWorkers
  */
-export async function openSweepDialog(o) {
-  if (openDialog) { openDialog.focus(); return openDialog; }
-  const dlg = new SweepDialog(o);
-  openDialog = dlg;
-  await dlg.open();
-  return dlg;
-}
+export const openSweepDialog = singleDialog((o, closed) => new SweepDialog(o, closed));
 
 class SweepDialog {
-  constructor({ fleet, graph, localDevices, openSweep, openWorkers }) {
-    this.fleet = fleet;
-    this.getGraph = graph;
-    this.getLocalDevices = localDevices;
-    this.openSweep = openSweep;
-    this.openWorkers = openWorkers;
+  constructor(o, closed) {
+    this.o = o;
+    this.graph = null;
+    this.params = [];
+    this.picker = null;
+    this.frame = new GraphDialog({ kind: "sweep", classes: "xf-sweep-dialog", title: () => t("sweep.new"),
+      onClose: () => { clearTimeout(this.previewTimer); closed(); } });
     this.rows = [];
     this.previewSeq = 0;
-    this.titleId = nextId("xf-stitle");
-    this.el = h("dialog", { class: "xf-dialog xf-sweep-dialog xf-root", "aria-labelledby": this.titleId,
-      dataset: { xpufleet: "sweep-dialog" } });
-    this.el.addEventListener("close", () => this.destroy());
-    this.el.addEventListener("cancel", () => this.destroy());
+    this.previewTimer = null;
   }
 
-  focus() { this.el.querySelector("input, select, button")?.focus(); }
-
   async open() {
-    document.body.append(this.el);
-    replace(this.el, h("h2", { id: this.titleId }, t("sweep.new")), h("p", { class: "xf-hint" }, t("common.loading")));
-    this.el.showModal();
-    const [graph, workers, local] = await Promise.allSettled([this.getGraph(), this.fleet.workers(), this.getLocalDevices()]);
-    this.graph = graph.status === "fulfilled" ? graph.value : { prompt: null, name: "", problem: String(graph.reason?.message || graph.reason) };
-    this.picker = new TargetPicker({
-      workers: workers.status === "fulfilled" ? (workers.value.workers || []) : [],
-      workersError: workers.status === "rejected" ? workers.reason : null,
-      local: local.status === "fulfilled" ? local.value : ["cpu"],
-      onChange: () => this.changed(), openWorkers: () => { this.close(); this.openWorkers(); } });
-    this.params = graphParameters(this.graph.prompt);
+    const { graph, workers, workersError, local } = await this.frame.load(this.o);
+    this.graph = graph;
+    this.picker = new TargetPicker({ workers, workersError, local,
+      onChange: () => this.changed(), openWorkers: () => { this.close(); this.o.openWorkers(); } });
+    this.params = graphParameters(graph.prompt);
     this.build();
   }
 
-  destroy() {
-    if (openDialog === this) openDialog = null;
-    clearTimeout(this.previewTimer);
-    this.el.remove();
-  }
-
-  close() {
-    if (this.el.open) this.el.close();
-    this.destroy();
-  }
+  close() { this.frame.close(); }
 
   // --- form ---
   build() {
@@ -154,13 +127,7 @@ class SweepDialog {
     this.waitInput = h("input", { type: "checkbox", id: nextId("xf-swait"), onchange: changed });
     this.paramsBox = h("div", { class: "xf-sweep-params", dataset: { xpufleet: "sweep-params" } });
     this.previewBox = h("div", { class: "xf-sweep-preview", "aria-live": "polite", dataset: { xpufleet: "sweep-preview" } });
-    this.errorBox = h("div", { class: "xf-error", role: "alert", dataset: { xpufleet: "sweep-error" } });
-    this.submitBtn = h("button", { type: "submit", class: "xf-primary", dataset: { xpufleet: "sweep-submit" } }, t("sweep.submit"));
-    const problem = this.graph.prompt ? null : h("div", { class: "xf-error" }, this.graph.problem || t("queue.no_graph"));
-    if (!this.graph.prompt) this.submitBtn.disabled = true;
-    const form = h("form", { method: "dialog", onsubmit: (e) => { e.preventDefault(); this.submit(); } },
-      h("h2", { id: this.titleId }, t("sweep.new")),
-      problem,
+    this.frame.form(this.graph, t("sweep.submit"), () => this.submit(),
       h("fieldset", {}, h("legend", {}, t("sweep.parameters")), this.paramsBox,
         h("button", { type: "button", dataset: { xpufleet: "sweep-add-param" }, disabled: !this.params.length,
           onclick: () => this.addRow() }, t("sweep.add_parameter"))),
@@ -172,14 +139,10 @@ class SweepDialog {
       h("fieldset", { class: "xf-budget-box" }, h("legend", {}, t("queue.budget")),
         field(t("queue.budget_field"), this.budgetInput, t("sweep.budget_hint")),
         h("div", { class: "xf-choice" }, this.waitInput, h("label", { for: this.waitInput.id }, t("queue.wait")))),
-      this.previewBox,
-      this.errorBox,
-      h("div", { class: "xf-actions" },
-        h("button", { type: "button", onclick: () => this.close() }, t("common.cancel")), this.submitBtn));
-    replace(this.el, form);
+      this.previewBox);
     if (this.params.length) this.addRow(false);
     this.picker.targetChanged();
-    this.focus();
+    this.frame.focus();
   }
 
   addRow(focus = true) {
@@ -304,7 +267,7 @@ class SweepDialog {
     replace(this.previewBox, h("div", { class: "xf-hint" }, t("sweep.checking")));
     let answer;
     try {
-      answer = await this.fleet.sweepDryRun(this.body());
+      answer = await this.o.fleet.sweepDryRun(this.body());
     } catch (err) {
       if (seq !== this.previewSeq) return;
       this.previewBox.dataset.state = "rejected";
@@ -336,17 +299,8 @@ class SweepDialog {
   }
 
   // --- submit ---
-  async submit() {
-    replace(this.errorBox);
-    this.submitBtn.disabled = true;
-    try {
-      const answer = await this.fleet.submitSweep(this.body());
-      this.close();
-      this.openSweep(answer.sweep_id);
-    } catch (err) {
-      replace(this.errorBox, h("div", {}, err instanceof ApiFailure ? err.message : String(err)));
-      this.submitBtn.disabled = false;
-    }
+  submit() {
+    return this.frame.send(() => this.o.fleet.submitSweep(this.body()), (answer) => this.o.openSweep(answer.sweep_id));
   }
 }
 

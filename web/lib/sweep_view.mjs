@@ -4,16 +4,13 @@
 // scatter of a parameter against the objective (a log x axis by default past a 10x range, with a toggle),
 // a running variant's progress, Cancel, Delete and the CSV. The ranking, the counts, the progress and the
 // sweep's status are the server's.
-import { ParamScatter } from "./sweep_charts.mjs";
-import { h, replace, saveBlob, sleep } from "./dom.mjs";
+import { ParamScatter, ScatterControls } from "./sweep_charts.mjs";
+import { h, replace, saveBlob } from "./dom.mjs";
 import { shortId, when } from "./format.mjs";
 import { t } from "./i18n.mjs";
-import { ItemList } from "./item_list.mjs";
+import { ListPanel } from "./item_list.mjs";
 
 const ENDED = new Set(["finished", "cancelled"]);
-const LONG_POLL_S = 20;
-const PROGRESS_POLL_S = 1; // while a variant runs: its progress does not move the sweep's version
-const RETRY_MS = 2000;
 
 /** A child's status text (a variant whose run was deleted says so). */
 function rowStatus(status) {
@@ -43,6 +40,61 @@ function metricText(v) {
   return v === null || v === undefined ? "—" : (typeof v === "number" ? v.toPrecision(4) : String(v));
 }
 
+/** A sweep's or a study's name and status, its head's first line (data-xpufleet="<kind>-status"). */
+export function titleLine(kind, item, statusText) {
+  return h("h3", {}, item.name || shortId(item.id), " ", h("span", { class: `xf-status xf-sweep-${item.status}`,
+    dataset: { xpufleet: `${kind}-status`, status: item.status } }, statusText));
+}
+
+export function objectiveLine(obj = {}) {
+  return h("div", { class: "xf-kvline" },
+    `${t("sweep.objective")}: ${obj.metric} (${obj.direction === "minimize" ? t("sweep.minimize") : t("sweep.maximize")})`);
+}
+
+/**
+ * A sweep's or a study's buttons (data-xpufleet="<kind>-cancel", "-delete", "-csv"): Cancel while it is
+ * ``active``, else Delete; then its CSV.
+ * @param {import("./item_list.mjs").ListPanel} view  the panel's skeleton (its act and remove)
+ * @param {import("./api.mjs").Collection} items  the requests on such items
+ * @param {{cancelText: string, deleted: string}} texts  the Cancel button's, and what a delete leaves
+ */
+export function itemActions(view, kind, item, active, items, { cancelText, deleted }) {
+  return h("div", { class: "xf-actions" },
+    active
+      ? h("button", { type: "button", class: "xf-danger", dataset: { xpufleet: `${kind}-cancel` }, disabled: item.status === "cancelling",
+        onclick: async (e) => { e.currentTarget.disabled = true; await view.act(() => items.cancel(item.id)); } }, cancelText)
+      : h("button", { type: "button", dataset: { xpufleet: `${kind}-delete` }, onclick: () => view.remove(() => items.remove(item.id), deleted) }, t("runs.delete")),
+    h("button", { type: "button", dataset: { xpufleet: `${kind}-csv` }, onclick: () => view.act(async () => {
+      saveBlob(await (await items.csv(item.id)).blob(), `${kind}-${item.id}.csv`);
+    }) }, t("sweep.csv")));
+}
+
+/** A row's run as a link to the Runs panel ("—" when it has none, or it was deleted). */
+export function runLink(r, deleted, openRun) {
+  return r.run_id && !deleted
+    ? h("button", { type: "button", class: "xf-link", "aria-label": t("runs.open", { name: r.name || shortId(r.run_id) }),
+      onclick: () => openRun(r.run_id) }, shortId(r.run_id))
+    : "—";
+}
+
+/** The table of a sweep's variants or a study's trials (data-xpufleet="<kind>-table"). */
+export function itemTable(kind, head, rows) {
+  return h("table", { class: "xf-devices-table xf-sweep-table", dataset: { xpufleet: `${kind}-table` } },
+    h("thead", {}, h("tr", {}, head.map((c) => h("th", { scope: "col" }, c)))), h("tbody", {}, rows));
+}
+
+/**
+ * The list of sweeps or studies (``items``: the first 100), each row with its status, ``hint(item)`` and
+ * its runs' counts (``counts(item.counts)``).
+ */
+export function collectionList(kind, items, { hint, counts }) {
+  return {
+    load: async (signal) => (await items.list({ limit: 100 }, { signal }))[items.key] || [],
+    row: (s) => ({ statusClass: `xf-sweep-${s.status}`, status: t(`${kind}.status.${s.status}`), hint: hint(s),
+      cells: [h("span", { class: "xf-budget-col" }, counts(s.counts))] }),
+  };
+}
+
 export class SweepsPanel {
   /**
    * @param {object} o
@@ -54,169 +106,54 @@ export class SweepsPanel {
   constructor({ fleet, openRun, openRuns, newSweep }) {
     this.fleet = fleet;
     this.openRun = openRun;
-    this.openRuns = openRuns;
-    this.newSweep = newSweep;
-    this.selected = null;
-    this.xParam = null;
-    this.container = null;
-    this.list = new ItemList({
-      kind: "sweep",
-      none: () => t("sweep.none"),
-      open: (name) => t("sweep.open", { name }),
-      load: async (signal) => (await this.fleet.sweeps({ limit: 100 }, { signal })).sweeps || [],
-      row: (s) => ({ status: t(`sweep.status.${s.status}`), counts: countsText(s.counts),
-        hint: `${t("sweep.n_runs", { n: s.n_runs })} · ${s.objective?.metric || ""}` }),
-      onSelect: (id) => this.select(id),
+    this.plot = null;
+    this.tableBox = null;
+    this.view = new ListPanel(this, {
+      kind: "sweep", texts: "sweep", frame: { panel: "sweeps-panel", classes: "xf-sweeps", buttons: () => [
+        h("button", { type: "button", class: "xf-primary", dataset: { xpufleet: "new-sweep" }, onclick: () => newSweep() }, t("sweep.new")),
+        h("button", { type: "button", dataset: { xpufleet: "open-runs" }, onclick: () => openRuns() }, t("runs.title"))] },
+      list: collectionList("sweep", fleet.sweeps,
+        { hint: (s) => `${t("sweep.n_runs", { n: s.n_runs })} · ${s.objective?.metric || ""}`, counts: countsText }),
     });
   }
 
-  mount(container) {
-    if (this.container === container && container.contains(this.root)) return;
-    this.unmount();
-    this.container = container;
-    this.abort = new AbortController();
-    this.detail = h("section", { class: "xf-run-detail", "aria-live": "polite", dataset: { xpufleet: "sweep-detail" } },
-      h("div", { class: "xf-hint" }, t("sweep.pick")));
-    this.root = h("div", { class: "xf-panel xf-sweeps xf-root", dataset: { xpufleet: "sweeps-panel" } },
-      h("header", { class: "xf-panel-head" },
-        h("h2", {}, t("sweep.title")),
-        h("span", { class: "xf-grow" }),
-        h("button", { type: "button", class: "xf-primary", dataset: { xpufleet: "new-sweep" }, onclick: () => this.newSweep() }, t("sweep.new")),
-        h("button", { type: "button", onclick: () => this.refresh() }, t("common.refresh")),
-        h("button", { type: "button", dataset: { xpufleet: "open-runs" }, onclick: () => this.openRuns() }, t("runs.title"))),
-      h("div", { class: "xf-panel-body" }, this.list.el, this.detail));
-    replace(container, this.root);
-    this.list.start(this.abort.signal);
-    if (this.selected) this.select(this.selected);
-  }
-
-  unmount() {
-    this.abort?.abort();
-    this.detailAbort?.abort();
-    this.chart?.destroy();
-    this.chart = null;
-    this.container = null;
-  }
-
-  focus(sweepId) {
-    this.selected = sweepId;
-    if (this.container) { this.refresh(); this.select(sweepId); }
-  }
-
-  refresh() {
-    return this.list.refresh();
-  }
+  mount(container) { this.view.mount(container); }
+  unmount() { this.view.unmount(); }
+  focus(sweepId) { this.view.focus(sweepId); }
 
   // --- one sweep ---
-  async select(sweepId) {
-    this.selected = sweepId;
-    this.list.select(sweepId);
-    this.detailAbort?.abort();
-    this.detailAbort = new AbortController();
-    const signal = this.detailAbort.signal;
-    this.abort.signal.addEventListener("abort", () => this.detailAbort.abort(), { once: true });
-    this.chart?.destroy();
-    this.chart = null;
-    this.head = h("div", { class: "xf-run-head" });
-    this.plotHead = h("div", { class: "xf-sweep-plot-head" });
+  show(sweepId, signal) {
     const chartBox = h("div", { class: "xf-chart-box" });
     this.tableBox = h("div", { class: "xf-sweep-table-box" });
-    replace(this.detail, this.head, h("h3", {}, t("sweep.plot")), this.plotHead, chartBox, h("h3", {}, t("sweep.table")), this.tableBox);
-    this.chart = new ParamScatter(chartBox);
-    this.scale = null; // the x axis's scale: null until the user toggles it (then theirs)
-    this.sweep = null;
-    this.follow(sweepId, signal);
-  }
-
-  async follow(sweepId, signal) {
-    let version = null;
-    while (!signal.aborted) {
-      let sweep;
-      try {
-        const running = (this.sweep?.table || []).some((r) => r.status === "running");
-        sweep = await this.fleet.sweep(sweepId, version === null ? {} : { version, wait: running ? PROGRESS_POLL_S : LONG_POLL_S }, { signal });
-      } catch (err) {
-        if (err?.name === "AbortError") return;
-        if (err?.status === 404) { replace(this.detail, h("div", { class: "xf-error", role: "alert" }, err.message)); return; }
-        replace(this.head, h("div", { class: "xf-error", role: "alert" }, err.message));
-        await sleep(RETRY_MS, signal);
-        continue;
-      }
-      const changed = sweep.version !== version || sweep.status !== this.sweep?.status;
-      const moved = JSON.stringify((sweep.table || []).map((r) => r.progress)) !== JSON.stringify((this.sweep?.table || []).map((r) => r.progress));
-      this.sweep = sweep;
-      version = sweep.version;
-      if (changed) this.render();
-      else if (moved) this.renderTable();
-      if (ENDED.has(sweep.status)) { this.refresh(); return; }
-    }
+    this.plot = new ScatterControls("sweep", this.view.keep(new ParamScatter(chartBox)));
+    replace(this.view.detail, this.view.head, h("h3", {}, t("sweep.plot")), this.plot.el, chartBox, h("h3", {}, t("sweep.table")), this.tableBox);
+    this.view.poll(signal, {
+      get: (query, sig) => this.fleet.sweeps.get(sweepId, query, { signal: sig }),
+      rows: (s) => s.table || [],
+      running: (r) => r.status === "running",
+      ended: (s) => ENDED.has(s.status),
+    });
   }
 
   render() {
-    const s = this.sweep;
-    const actions = [];
-    if (!ENDED.has(s.status)) {
-      actions.push(h("button", { type: "button", class: "xf-danger", dataset: { xpufleet: "sweep-cancel" }, disabled: s.status === "cancelling",
-        onclick: async (e) => { e.currentTarget.disabled = true; await this.act(() => this.fleet.cancelSweep(s.id)); } }, t("sweep.cancel")));
-    } else {
-      actions.push(h("button", { type: "button", dataset: { xpufleet: "sweep-delete" },
-        onclick: async () => {
-          this.detailAbort?.abort(); // nothing more is read of a sweep being deleted
-          if (await this.act(() => this.fleet.deleteSweep(s.id))) {
-            this.selected = null;
-            this.list.select(null);
-            replace(this.detail, h("div", { class: "xf-hint" }, t("sweep.deleted")));
-            this.refresh();
-          } // refused: the error stays in view; picking it again reloads it
-        } }, t("runs.delete")));
-    }
-    actions.push(h("button", { type: "button", dataset: { xpufleet: "sweep-csv" }, onclick: () => this.downloadCsv(s.id) }, t("sweep.csv")));
-    const obj = s.objective || {};
+    const s = this.view.item;
     const best = s.best;
-    replace(this.head,
-      h("h3", {}, s.name || shortId(s.id), " ", h("span", { class: `xf-status xf-sweep-${s.status}`, dataset: { xpufleet: "sweep-status", status: s.status } },
-        t(`sweep.status.${s.status}`))),
+    replace(this.view.head,
+      titleLine("sweep", s, t(`sweep.status.${s.status}`)),
       h("div", { class: "xf-kvline" }, `${t("sweep.id")}: ${s.id}`),
-      h("div", { class: "xf-kvline" }, `${t("sweep.objective")}: ${obj.metric} (${obj.direction === "minimize" ? t("sweep.minimize") : t("sweep.maximize")})`),
+      objectiveLine(s.objective),
       h("div", { class: "xf-kvline", dataset: { xpufleet: "sweep-counts" } }, `${t("sweep.n_runs", { n: s.n_runs })}: ${countsText(s.counts)}`),
       best ? h("div", { class: "xf-kvline", dataset: { xpufleet: "sweep-best" } },
         `${t("sweep.best")}: #${best.variant} ${Object.entries(best.parameters || {}).map(([k, v]) => `${label(s, k)}=${v}`).join(", ")} → ${metricText(best.metric)}`) : null,
       h("div", { class: "xf-kvline" }, `${t("runs.created")}: ${when(s.created_at)}`),
-      h("div", { class: "xf-actions" }, actions));
-    this.renderPlot();
+      itemActions(this.view, "sweep", s, !ENDED.has(s.status), this.fleet.sweeps,
+        { cancelText: t("sweep.cancel"), deleted: t("sweep.deleted") }));
+    this.plot.set(s.parameters || [], s.table || [], s.objective?.metric, (p) => label(s, p));
     this.renderTable();
   }
 
-  renderPlot() {
-    const s = this.sweep;
-    const params = s.parameters || [];
-    if (!params.includes(this.xParam)) { this.xParam = params[0] || null; this.scale = null; }
-    const draw = () => {
-      const rows = s.table || [];
-      const scale = this.scale || ParamScatter.defaultScale(rows, this.xParam);
-      this.chart?.set(rows, this.xParam, s.objective?.metric, scale, label(s, this.xParam));
-      if (this.scaleSelect) {
-        this.scaleSelect.value = scale || "linear";
-        this.scaleSelect.disabled = scale === null || !rows.every((r) => !(Number(r.parameters?.[this.xParam]) <= 0));
-      }
-    };
-    const parts = [];
-    if (params.length > 1) {
-      const select = h("select", { dataset: { xpufleet: "sweep-plot-x" }, "aria-label": t("sweep.plot_x"),
-        onchange: () => { this.xParam = select.value; this.scale = null; draw(); } },
-      params.map((p) => h("option", { value: p, selected: p === this.xParam }, label(s, p))));
-      parts.push(h("label", {}, t("sweep.plot_x"), " ", select));
-    }
-    this.scaleSelect = h("select", { dataset: { xpufleet: "sweep-plot-scale" }, "aria-label": t("sweep.axis_scale"),
-      onchange: () => { this.scale = this.scaleSelect.value; draw(); } },
-    h("option", { value: "linear" }, t("sweep.axis_linear")), h("option", { value: "log" }, t("sweep.axis_log")));
-    parts.push(h("label", {}, t("sweep.axis_scale"), " ", this.scaleSelect));
-    replace(this.plotHead, parts);
-    if (this.xParam) draw();
-  }
-
   renderTable() {
-    const s = this.sweep;
+    const s = this.view.item;
     const params = s.parameters || [];
     const seeded = (s.table || []).some((r) => r.seed !== null && r.seed !== undefined);
     const running = (s.table || []).some((r) => r.status === "running");
@@ -234,29 +171,7 @@ export class SweepsPanel {
       h("td", { dataset: { xpufleet: "sweep-metric" } }, metricText(r.metric)),
       h("td", {}, r.worker_id || "—"),
       h("td", {}, (r.devices || []).join(", ") || "—"),
-      h("td", {}, r.run_id && r.status !== "deleted"
-        ? h("button", { type: "button", class: "xf-link", "aria-label": t("runs.open", { name: r.name || shortId(r.run_id) }),
-          onclick: () => this.openRun(r.run_id) }, shortId(r.run_id)) : "—")));
-    replace(this.tableBox, h("table", { class: "xf-devices-table xf-sweep-table", dataset: { xpufleet: "sweep-table" } },
-      h("thead", {}, h("tr", {}, head.map((c) => h("th", { scope: "col" }, c)))), h("tbody", {}, rows)));
-  }
-
-  async act(fn) {
-    try {
-      await fn();
-      return true;
-    } catch (err) {
-      this.head.append(h("div", { class: "xf-error", role: "alert" }, err.message));
-      return false;
-    }
-  }
-
-  async downloadCsv(sweepId) {
-    try {
-      const resp = await this.fleet.sweepCsv(sweepId);
-      saveBlob(await resp.blob(), `sweep-${sweepId}.csv`);
-    } catch (err) {
-      this.head.append(h("div", { class: "xf-error", role: "alert" }, err.message));
-    }
+      h("td", {}, runLink(r, r.status === "deleted", this.openRun))));
+    replace(this.tableBox, itemTable("sweep", head, rows));
   }
 }
