@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ...common.schema import Schema
 from ...common.secrets import new_secret
 from ...constants import ENV_SSH, ENV_SSH_CONFIG, WORKER_NAME_RE
 from ...nodes.mounts import LABEL_RE
@@ -34,9 +35,7 @@ from .supervisor import STOP_TIMEOUT_S, SshStepError, SshSupervisor
 
 log = logging.getLogger("xpufleet.ssh")
 
-SCHEMA_NAME = "ssh_workers"
-SCHEMA_VERSION = 1
-SCHEMA = """
+SCHEMA = Schema("ssh_workers", 1, """
 CREATE TABLE IF NOT EXISTS ssh_workers (
     name TEXT PRIMARY KEY,
     target TEXT NOT NULL,
@@ -49,7 +48,7 @@ CREATE TABLE IF NOT EXISTS ssh_workers (
     disabled INTEGER NOT NULL DEFAULT 0,
     created_at REAL NOT NULL
 );
-"""
+""")
 FIELDS = {"name", "host", "port", "identity", "python", "remote_dir", "devices", "mounts", "simulate"}
 
 
@@ -107,7 +106,7 @@ class SshWorkers:
         self.providers_changed = providers_changed
         self.tunnel_target = tunnel_target
         self.supervisors: dict[str, SshSupervisor] = {}
-        self.store.ensure_schema(SCHEMA_NAME, SCHEMA, SCHEMA_VERSION)
+        SCHEMA.ensure(self.store)
 
     def _row(self, name: str) -> Any:
         rows = self.store.query("SELECT * FROM ssh_workers WHERE name=?", (name,))

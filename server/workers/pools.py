@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ...common.schema import Schema
 from ...common.secrets import new_secret
 from ..slurm.spec import SpecError, parse_spec
 from . import k8s, protocol
@@ -30,9 +31,7 @@ from .records import hash_secret
 from .state import ServerLinks, WorkerError, WorkerState
 from .table import WorkerTable
 
-SCHEMA_NAME = "pools"
-SCHEMA_VERSION = 1
-SCHEMA = """
+SCHEMA = Schema("pools", 1, """
 CREATE TABLE IF NOT EXISTS worker_pools (
     name TEXT PRIMARY KEY,
     credential_hash TEXT,
@@ -44,7 +43,7 @@ CREATE TABLE IF NOT EXISTS pool_instances (
     pool TEXT NOT NULL,
     joined_at REAL NOT NULL
 );
-"""
+""")
 
 
 class PoolDirectory:
@@ -56,7 +55,7 @@ class PoolDirectory:
     def __init__(self, table: WorkerTable) -> None:
         self.table = table
         self.store = table.store
-        self.store.ensure_schema(SCHEMA_NAME, SCHEMA, SCHEMA_VERSION)
+        SCHEMA.ensure(self.store)
         for row in self.store.query("SELECT name, pool FROM pool_instances"):
             st = table.workers.get(row["name"])
             if st is not None:
