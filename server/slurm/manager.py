@@ -73,8 +73,8 @@ class SlurmPools:
 
     def __init__(self, registry: Any, home: Path, sidecar_url: Callable[[], str | None]) -> None:
         self.registry = registry
-        self.store = registry.store
-        self.dispatcher = registry.dispatcher
+        self.store = registry.ctx.store
+        self.dispatcher = registry.ctx.runs
         self.home = Path(home)
         self.sidecar_url = sidecar_url
         self.errors: dict[str, str] = {}  # pool -> the last Slurm command error (shown with the pool)
