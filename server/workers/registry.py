@@ -44,9 +44,10 @@ class WorkerRegistry:
     """Workers, their connections and their runs (one per sidecar; lives on the event loop).
 
     A facade over its parts, each owning its state and given its dependencies here: the
-    :class:`PartContext` they all share (the :class:`WorkerTable`, the dispatcher, the links), :class:`Rejections`, the Workers panel (:class:`WorkersPanel`), pools
-    (:class:`PoolManagement` over the :class:`PoolDirectory` the dispatcher reads), management, recorded
-    outputs, the resume grace and the agent sessions. The routes call the parts through it.
+    :class:`PartContext` they all share (the :class:`WorkerTable`, the dispatcher, the links),
+    :class:`Rejections`, the Workers panel (:class:`WorkersPanel`), pools (:class:`PoolManagement` over the
+    :class:`PoolDirectory` the dispatcher reads), management, recorded outputs, the resume grace and the
+    agent sessions. The routes call the parts through it.
     """
 
     def __init__(self, table: WorkerTable, runs: RunsPort, links: ServerLinks, directory: PoolDirectory,
