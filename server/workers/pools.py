@@ -228,7 +228,7 @@ class PoolManagement:
         self._pool_row(name)
         failed = []
         for row in self.ctx.store.query("SELECT id FROM runs WHERE status='queued' AND target=? ORDER BY seq",
-                                    (f"pool:{name}",)):
+                                        (f"pool:{name}",)):
             self.ctx.runs.run_ended(row["id"], "failed", f"pool {name} was removed while this run waited for it")
             failed.append(row["id"])
         if self.slurm is not None:
@@ -253,7 +253,7 @@ class PoolManagement:
     def admit_pool(self, token: str, name: str) -> tuple[str | None, str | None]:
         """``(pool, None)`` for a valid pool credential, else ``(None, reason)``."""
         rows = self.ctx.store.query("SELECT name, revoked_at FROM worker_pools WHERE credential_hash=?",
-                                (hash_secret(token),))
+                                    (hash_secret(token),))
         if not rows:
             revoked = self.ctx.store.query("SELECT name FROM worker_pools WHERE revoked_at IS NOT NULL")
             hint = " (a pool's credential was revoked or reissued)" if revoked else ""
@@ -312,7 +312,7 @@ class PoolManagement:
         for i in instances:
             i["instance_state"] = instance_state(i)
         queued = self.ctx.store.query("SELECT COUNT(*) AS n FROM runs WHERE status='queued' AND target=?",
-                                  (f"pool:{name}",))[0]["n"]
+                                      (f"pool:{name}",))[0]["n"]
         slurm = self.slurm.describe(name) if self.slurm is not None else None
         return {
             "name": name,

@@ -348,7 +348,7 @@ class AgentSessions:
                         and not can_cap(st.provider or self.provider(st.name)):
                     # docs/workers.md: a run admitted by budget never starts on an agent that cannot cap it
                     self.ctx.runs.run_ended(run_id, "failed", f"{cap_refusal(st.name)}; it reconnected before "
-                                              f"this run (budget {full['budget_gib']:.1f} GiB) started")
+                                                  f"this run (budget {full['budget_gib']:.1f} GiB) started")
                 elif full is not None:  # sent before the connection broke, never received: send again
                     await self.send_start(conn, full, list(run["devices"]))
                 continue
@@ -418,7 +418,7 @@ class AgentSessions:
             self.outputs.start_upload(st, conn, run, msg)  # the run ends once its outputs are copied here
             return
         self.ctx.runs.ingest(run_id, [{"seq": msg["seq"], "type": msg["event_type"],
-                                         "payload": msg["payload"], "ts": msg.get("ts")}])
+                                             "payload": msg["payload"], "ts": msg.get("ts")}])
         if msg["event_type"] == "run_finished":
             await conn.send("ack", run_id=run_id, seq=msg["seq"])
 

@@ -230,7 +230,7 @@ class WorkersPanel:
                 "admission": admission_rule(mode=mode, slots_used=used, slot_limit=limit, memory=memory),
             })
         queued = self.ctx.store.query("SELECT COUNT(*) AS n FROM runs WHERE status='queued' AND target=?",
-                                  (LOCAL_PROVIDER,))[0]["n"]
+                                      (LOCAL_PROVIDER,))[0]["n"]
         return {
             "name": LOCAL_PROVIDER, "this_server": True, "status": "Online", "status_reason": "",
             "connected": True, "version": VERSION, "environment": this_server_environment(devices),
