@@ -15,12 +15,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ...common.schema import Schema
 from ..ledger.budget import Budget, MeasuredPeak
 from .peaks import CardPeak
 
-SCHEMA_NAME = "memory"
-SCHEMA_VERSION = 1
-SCHEMA = """
+SCHEMA = Schema("memory", 1, """
 CREATE TABLE IF NOT EXISTS run_memory (
     run_id TEXT PRIMARY KEY,
     graph_key TEXT,
@@ -39,7 +38,7 @@ CREATE TABLE IF NOT EXISTS memory_peaks (
     finished_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS memory_peaks_key ON memory_peaks(graph_key, n_cards);
-"""
+""")
 
 
 @dataclass(frozen=True)
@@ -57,7 +56,7 @@ class MemoryRecords:
 
     def __init__(self, store: Any) -> None:
         self.store = store
-        store.ensure_schema(SCHEMA_NAME, SCHEMA, SCHEMA_VERSION)
+        SCHEMA.ensure(store)
 
     # --- runs ---------------------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ...common import atomic
+from ...common.schema import Schema
 from ...constants import SLURM_OUTPUT_TAIL_LINES, SLURM_TICK_S
 from . import slurmctl
 from .scaling import JobView, WaitingRun, plan_scaling, retry_backoff
@@ -32,9 +33,7 @@ from .squeue import GONE, LIVE_STATES, JobStatus, state_text
 
 log = logging.getLogger("xpufleet.slurm")
 
-SCHEMA_NAME = "slurm_pools"
-SCHEMA_VERSION = 1
-SCHEMA = """
+SCHEMA = Schema("slurm_pools", 1, """
 CREATE TABLE IF NOT EXISTS slurm_pools (
     pool TEXT PRIMARY KEY,
     spec TEXT NOT NULL,
@@ -60,7 +59,7 @@ CREATE TABLE IF NOT EXISTS slurm_retries (
     not_before REAL NOT NULL,
     last_error TEXT
 );
-"""
+""")
 ENDED_SHOWN = 10  # ended jobs listed per pool (newest first)
 
 
@@ -74,8 +73,8 @@ class SlurmPools:
 
     def __init__(self, registry: Any, home: Path, sidecar_url: Callable[[], str | None]) -> None:
         self.registry = registry
-        self.store = registry.store
-        self.dispatcher = registry.dispatcher
+        self.store = registry.ctx.store
+        self.dispatcher = registry.ctx.runs
         self.home = Path(home)
         self.sidecar_url = sidecar_url
         self.errors: dict[str, str] = {}  # pool -> the last Slurm command error (shown with the pool)
@@ -83,7 +82,7 @@ class SlurmPools:
         self._shown: dict[str, Any] = {}  # pool -> what its runs' waiting texts were built from
         self._task: asyncio.Task[Any] | None = None
         self._wake = asyncio.Event()
-        self.store.ensure_schema(SCHEMA_NAME, SCHEMA, SCHEMA_VERSION)
+        SCHEMA.ensure(self.store)
         registry.slurm = self
 
     # --- pools --------------------------------------------------------------------------------------

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -30,26 +29,11 @@ from ..workers.records import hash_secret
 from ..workers.state import WorkerError, WorkerState
 from ..workers.table import WorkerTable
 from . import commands
+from .records import SshEntry, SshRecords
 from .supervisor import STOP_TIMEOUT_S, SshStepError, SshSupervisor
 
 log = logging.getLogger("xpufleet.ssh")
 
-SCHEMA_NAME = "ssh_workers"
-SCHEMA_VERSION = 1
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS ssh_workers (
-    name TEXT PRIMARY KEY,
-    target TEXT NOT NULL,
-    port INTEGER,
-    identity TEXT,
-    python TEXT NOT NULL,
-    remote_dir TEXT NOT NULL,
-    agent_args TEXT NOT NULL DEFAULT '[]',
-    credential TEXT NOT NULL,
-    disabled INTEGER NOT NULL DEFAULT 0,
-    created_at REAL NOT NULL
-);
-"""
 FIELDS = {"name", "host", "port", "identity", "python", "remote_dir", "devices", "mounts", "simulate"}
 
 
@@ -103,39 +87,33 @@ class SshWorkers:
         """``table``: the worker table (an SSH worker is a worker); ``providers_changed``: the dispatcher's
         (a connection's state changes what it may place); ``tunnel_target``: where tunnels end here."""
         self.table = table
-        self.store = table.store
+        self.records = SshRecords(table.store)
         self.providers_changed = providers_changed
         self.tunnel_target = tunnel_target
         self.supervisors: dict[str, SshSupervisor] = {}
-        self.store.ensure_schema(SCHEMA_NAME, SCHEMA, SCHEMA_VERSION)
-
-    def _row(self, name: str) -> Any:
-        rows = self.store.query("SELECT * FROM ssh_workers WHERE name=?", (name,))
-        return rows[0] if rows else None
 
     def has(self, name: str) -> bool:
-        return self._row(name) is not None
+        """Whether ``name`` is an SSH worker."""
+        return self.records.get(name) is not None
 
     def is_disabled(self, name: str) -> bool:
-        row = self._row(name)
-        return bool(row is not None and row["disabled"])
+        """Whether ``name`` is an SSH worker the user disabled."""
+        entry = self.records.get(name)
+        return entry is not None and entry.disabled
 
-    def _target(self, row: Any) -> commands.SshTarget:
-        return commands.SshTarget(row["target"], row["port"], row["identity"], row["python"], row["remote_dir"])
-
-    def _supervisor(self, row: Any) -> SshSupervisor:
-        sup = self.supervisors.get(row["name"])
+    def _supervisor(self, entry: SshEntry) -> SshSupervisor:
+        sup = self.supervisors.get(entry.name)
         if sup is None:
-            sup = self.supervisors[row["name"]] = SshSupervisor(
-                row["name"], self._target(row), json.loads(row["agent_args"]), row["credential"], self.tunnel_target,
+            sup = self.supervisors[entry.name] = SshSupervisor(
+                entry.name, entry.target, list(entry.agent_args), entry.credential, self.tunnel_target,
                 ssh_binary(), ssh_config_file(), on_change=self.providers_changed)
         return sup
 
     # --- life cycle ---------------------------------------------------------------------------------------
     def start_all(self) -> None:
         """At sidecar start: connect every enabled SSH worker."""
-        for row in self.store.query("SELECT * FROM ssh_workers WHERE disabled=0 ORDER BY name"):
-            self._supervisor(row).start()
+        for entry in self.records.enabled():
+            self._supervisor(entry).start()
 
     async def close(self) -> None:
         """Sidecar stopping: end every tunnel (agents keep running on their hosts; they reconnect through the
@@ -172,26 +150,24 @@ class SshWorkers:
         args = _agent_args(body, name)
         credential = new_secret("xfc")
         now = time.time()
-        with self.store.transaction() as db:
-            db.execute("INSERT INTO ssh_workers(name, target, port, identity, python, remote_dir, agent_args,"
-                       " credential, created_at) VALUES (?,?,?,?,?,?,?,?,?)",
-                       (name, target, port, identity, python, remote_dir, json.dumps(args), credential, now))
+        with self.table.store.transaction() as db:
+            self.records.insert(db, name, commands.SshTarget(target, port, identity, python, remote_dir), args,
+                                credential, now)
             db.execute("INSERT INTO workers(name, auth, credential_hash, created_at) VALUES (?,?,?,?)",
                        (name, "ssh", hash_secret(credential), now))
         self.table.workers[name] = WorkerState(name=name, auth="ssh", created_at=now)
-        self._supervisor(self._row(name)).start()
+        self._supervisor(self._ssh_entry(name)).start()
         return name
 
     async def disable(self, name: str) -> None:
         """Stop the worker's agent (its running runs end interrupted) and end its ssh connection."""
-        row = self._ssh_row(name)
-        if not row["disabled"]:
-            with self.store.transaction() as db:
-                db.execute("UPDATE ssh_workers SET disabled=1 WHERE name=?", (name,))
-            sup = self._supervisor(row)
+        entry = self._ssh_entry(name)
+        if not entry.disabled:
+            self.records.set_disabled(name, True)
+            sup = self._supervisor(entry)
             stopped = None
             try:  # while the tunnel is still up, so the agent reports its runs (interrupted) as it stops
-                stopped = await sup.run_script(commands.STOP, row["remote_dir"], name, str(STOP_TIMEOUT_S - 15),
+                stopped = await sup.run_script(commands.STOP, entry.target.remote_dir, name, str(STOP_TIMEOUT_S - 15),
                                                timeout=STOP_TIMEOUT_S)
             except SshStepError as exc:
                 log.warning("SSH worker %s: could not stop its agent: %s", name, exc)
@@ -201,48 +177,48 @@ class SshWorkers:
 
     async def enable(self, name: str) -> None:
         """Connect a disabled SSH worker again."""
-        row = self._ssh_row(name)
-        if row["disabled"]:
-            with self.store.transaction() as db:
-                db.execute("UPDATE ssh_workers SET disabled=0 WHERE name=?", (name,))
-        self._supervisor(self._row(name)).start()
+        entry = self._ssh_entry(name)
+        if entry.disabled:
+            self.records.set_disabled(name, False)
+        self._supervisor(entry).start()
         self.providers_changed()
 
-    def _ssh_row(self, name: str) -> Any:
-        row = self._row(name)
-        if row is None:
+    def _ssh_entry(self, name: str) -> SshEntry:
+        entry = self.records.get(name)
+        if entry is None:
             if name in self.table.workers:
                 raise WorkerError(f"worker {name} is not an SSH worker (only SSH workers are disabled and enabled)",
                                   409)
             raise WorkerError(f"no worker named {name!r} (see GET /api/workers)", 404)
-        return row
+        return entry
 
     async def forget(self, name: str) -> dict[str, Any]:
         """End ssh and delete what the worker stored on its host, then the entry (the registry removes the
         worker itself)."""
-        row = self._row(name)
-        sup = self._supervisor(row)
+        entry = self._ssh_entry(name)
+        sup = self._supervisor(entry)
         await sup.stop()
         try:
-            result = await sup.run_script(commands.CLEANUP, row["remote_dir"], name, str(STOP_TIMEOUT_S - 15),
+            result = await sup.run_script(commands.CLEANUP, entry.target.remote_dir, name, str(STOP_TIMEOUT_S - 15),
                                           timeout=STOP_TIMEOUT_S)
         except SshStepError as exc:
             result = {"removed": False, "detail": f"{exc.state}: {exc.detail} (the folder is left on the host)"}
-        with self.store.transaction() as db:
-            db.execute("DELETE FROM ssh_workers WHERE name=?", (name,))
+        self.records.delete(name)
         self.supervisors.pop(name, None)
         return result
 
     def describe(self, name: str) -> dict[str, Any]:
-        row = self._row(name)
+        """The SSH side of the worker's Workers panel row: how it is reached and its connection's state."""
+        entry = self._ssh_entry(name)
         sup = self.supervisors.get(name)
         live = sup.describe() if sup is not None else {"state": "starting", "detail": "", "pid": None,
                                                         "remote_dir_abs": None, "build": None, "connects": 0,
                                                         "tunnel_up_s": None}
-        if row["disabled"]:
+        if entry.disabled:
             live = {**live, "state": "disabled", "pid": None, "tunnel_up_s": None}
+        target = entry.target
         return {
-            "host": row["target"], "port": row["port"], "identity": row["identity"], "python": row["python"],
-            "remote_dir": live.pop("remote_dir_abs") or row["remote_dir"], "agent_args": json.loads(row["agent_args"]),
-            "disabled": bool(row["disabled"]), **live,
+            "host": target.target, "port": target.port, "identity": target.identity, "python": target.python,
+            "remote_dir": live.pop("remote_dir_abs") or target.remote_dir, "agent_args": list(entry.agent_args),
+            "disabled": entry.disabled, **live,
         }

@@ -17,12 +17,11 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ...common.schema import Schema
 from .expand import Variant
 from .ranking import Row, metric_of
 
-SCHEMA_NAME = "sweeps"
-SCHEMA_VERSION = 1
-SCHEMA = """
+SCHEMA = Schema("sweeps", 1, """
 CREATE TABLE IF NOT EXISTS sweeps (
     id TEXT PRIMARY KEY,
     name TEXT NOT NULL,
@@ -78,7 +77,7 @@ CREATE TABLE IF NOT EXISTS xpufleet_study_trials (
     PRIMARY KEY (study_id, number)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS xpufleet_study_trials_run ON xpufleet_study_trials(run_id);
-"""
+""")
 
 TRIAL_STATES = ("running", "complete", "pruned", "failed")
 STUDY_ACTIVE = ("running", "cancelling")
@@ -131,7 +130,7 @@ class SweepRecords:
 
     def __init__(self, store: Any) -> None:
         self.store = store
-        store.ensure_schema(SCHEMA_NAME, SCHEMA, SCHEMA_VERSION)
+        SCHEMA.ensure(store)
 
     def insert(self, sweep_id: str, name: str, spec: Mapping[str, Any], graph: Mapping[str, Any], metric: str,
                direction: str, paths: Sequence[str], variants: Sequence[Variant], run_ids: Sequence[str]) -> None:
@@ -213,7 +212,7 @@ class StudyRecords:
 
     def __init__(self, store: Any) -> None:
         self.store = store
-        store.ensure_schema(SCHEMA_NAME, SCHEMA, SCHEMA_VERSION)
+        SCHEMA.ensure(store)
 
     def insert(self, study_id: str, name: str, spec: Mapping[str, Any], graph: Mapping[str, Any],
                optuna_name: str, metric: str, direction: str, paths: Sequence[str], n_trials: int) -> None:

@@ -10,11 +10,10 @@ import json
 import time
 from typing import Any
 
+from ...common.schema import Schema
 from .records import Service, Unit
 
-SCHEMA_NAME = "units"
-SCHEMA_VERSION = 1
-SCHEMA = """
+SCHEMA = Schema("units", 1, """
 CREATE TABLE IF NOT EXISTS services (
     name TEXT PRIMARY KEY,
     data TEXT NOT NULL,
@@ -27,7 +26,7 @@ CREATE TABLE IF NOT EXISTS service_units (
     updated_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS service_units_service ON service_units(service);
-"""
+""")
 
 
 class UnitStore:
@@ -35,7 +34,7 @@ class UnitStore:
 
     def __init__(self, store: Any) -> None:
         self.store = store
-        store.ensure_schema(SCHEMA_NAME, SCHEMA, SCHEMA_VERSION)
+        SCHEMA.ensure(store)
 
     def load(self) -> list[Service]:
         """Every service with its units (in index order)."""

@@ -10,9 +10,8 @@ import time
 from collections.abc import Callable
 
 from . import protocol
-from .ports import RunsPort
+from .context import PartContext
 from .state import WorkerState
-from .table import WorkerTable
 
 log = logging.getLogger("xpufleet.workers")
 
@@ -20,10 +19,10 @@ log = logging.getLogger("xpufleet.workers")
 class ResumeGrace:
     """Each disconnected worker's timer, and what happens to its runs when it runs out."""
 
-    def __init__(self, table: WorkerTable, runs: RunsPort, maybe_depart: Callable[[WorkerState], bool]) -> None:
-        """``runs``: the dispatcher (runs ended); ``maybe_depart``: forgets a one-shot instance that left."""
-        self.table = table
-        self.runs = runs
+    def __init__(self, ctx: PartContext, maybe_depart: Callable[[WorkerState], bool]) -> None:
+        """``ctx``: the table and the dispatcher (runs ended); ``maybe_depart``: forgets a one-shot instance
+        that left."""
+        self.ctx = ctx
         self.maybe_depart = maybe_depart
         self._started = False
 
@@ -37,8 +36,8 @@ class ResumeGrace:
         if self._started:
             return
         self._started = True
-        workers = self.table.workers
-        for name in sorted({r["worker_id"] for r in self.table.active_runs()}):
+        workers = self.ctx.workers
+        for name in sorted({r["worker_id"] for r in self.ctx.table.active_runs()}):
             st = workers.get(name)
             if st is None:  # a run on a worker removed meanwhile
                 st = workers[name] = WorkerState(name=name, created_at=time.time())
@@ -55,15 +54,15 @@ class ResumeGrace:
 
     def expired(self, name: str) -> None:
         """The grace ran out: the worker's runs end ``interrupted`` (unless it came back)."""
-        st = self.table.workers.get(name)
+        st = self.ctx.workers.get(name)
         if st is not None:
             st.grace_handle = None
             if st.online:
                 return
         grace = protocol.resume_grace_s()
-        for run in self.table.active_runs(name):
+        for run in self.ctx.table.active_runs(name):
             log.warning("run %s: worker %s stayed away longer than the resume grace; interrupted", run["id"], name)
-            self.runs.run_ended(
+            self.ctx.runs.run_ended(
                 run["id"], "interrupted",
                 f"worker {name} was disconnected for more than {grace:g} s (XPUFLEET_WORKER_RESUME_GRACE_S); "
                 f"the run was interrupted",
@@ -73,7 +72,7 @@ class ResumeGrace:
 
     def cancel_all(self) -> None:
         """Server stopping: no timer fires after it."""
-        for st in self.table.workers.values():
+        for st in self.ctx.workers.values():
             if st.grace_handle is not None:
                 st.grace_handle.cancel()
                 st.grace_handle = None

@@ -21,18 +21,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ...common.schema import Schema
 from ...common.secrets import new_secret
 from ..slurm.spec import SpecError, parse_spec
 from . import k8s, protocol
+from .context import PartContext
 from .panel_view import instance_state, waiting_runs
-from .ports import RunsPort
 from .records import hash_secret
-from .state import ServerLinks, WorkerError, WorkerState
+from .state import WorkerError, WorkerState
 from .table import WorkerTable
 
-SCHEMA_NAME = "pools"
-SCHEMA_VERSION = 1
-SCHEMA = """
+SCHEMA = Schema("pools", 1, """
 CREATE TABLE IF NOT EXISTS worker_pools (
     name TEXT PRIMARY KEY,
     credential_hash TEXT,
@@ -44,7 +43,7 @@ CREATE TABLE IF NOT EXISTS pool_instances (
     pool TEXT NOT NULL,
     joined_at REAL NOT NULL
 );
-"""
+""")
 
 
 class PoolDirectory:
@@ -56,7 +55,7 @@ class PoolDirectory:
     def __init__(self, table: WorkerTable) -> None:
         self.table = table
         self.store = table.store
-        self.store.ensure_schema(SCHEMA_NAME, SCHEMA, SCHEMA_VERSION)
+        SCHEMA.ensure(self.store)
         for row in self.store.query("SELECT name, pool FROM pool_instances"):
             st = table.workers.get(row["name"])
             if st is not None:
@@ -112,16 +111,12 @@ class PoolDirectory:
 class PoolManagement:
     """One-shot pools: their credentials, instances joining and leaving, their Workers panel rows."""
 
-    def __init__(self, table: WorkerTable, directory: PoolDirectory, runs: RunsPort, links: ServerLinks,
-                 describe: Callable[[str, Any], dict[str, Any]], slot_state: Callable[[], Any]) -> None:
-        """``runs``: the dispatcher (runs failed, providers changed); ``describe``/``slot_state``: the Workers
-        panel's (status.py)."""
-        self.table = table
-        self.workers = table.workers
-        self.store = table.store
+    def __init__(self, ctx: PartContext, directory: PoolDirectory, describe: Callable[[str, Any], dict[str, Any]],
+                 slot_state: Callable[[], Any]) -> None:
+        """``ctx``: the table, the dispatcher (runs failed, providers changed), the links;
+        ``describe``/``slot_state``: the Workers panel's (status.py)."""
+        self.ctx = ctx
         self.directory = directory
-        self.runs = runs
-        self.links = links
         self.describe = describe
         self.slot_state = slot_state
 
@@ -131,7 +126,7 @@ class PoolManagement:
         return self.directory.slurm
 
     def _pool_row(self, name: str) -> Any:
-        rows = self.store.query("SELECT * FROM worker_pools WHERE name=?", (name,))
+        rows = self.ctx.store.query("SELECT * FROM worker_pools WHERE name=?", (name,))
         if not rows:
             raise WorkerError(f"no pool named {name!r} (see GET /api/pools)", 404)
         return rows[0]
@@ -139,12 +134,12 @@ class PoolManagement:
     def sync(self) -> None:
         """The pools changed: the directory is recomputed and the dispatcher resolves its runs again."""
         self.directory.refresh()
-        self.runs.providers_changed()
+        self.ctx.runs.providers_changed()
 
     # --- credential -----------------------------------------------------------------------------------
     def _command(self, token: str, server_url: str | None) -> str:
-        url = server_url or self.links.server_url() or "http://SERVER:PORT"
-        fingerprint = self.links.tls_fingerprint()
+        url = server_url or self.ctx.links.server_url() or "http://SERVER:PORT"
+        fingerprint = self.ctx.links.tls_fingerprint()
         pin = f" --fingerprint {fingerprint}" if fingerprint and url.startswith("https://") else ""
         return f"xpufleet agent start --one-shot --server {url}{pin} --join {token}"
 
@@ -162,11 +157,11 @@ class PoolManagement:
         if not isinstance(name, str) or protocol.worker_name_problem(name):
             raise WorkerError(f"invalid pool name {name!r}: letters, digits, '.', '_', '-' (up to 64, starting "
                               f"with a letter or digit), not 'local' or 'any'")
-        if self.store.query("SELECT 1 FROM worker_pools WHERE name=?", (name,)):
+        if self.ctx.store.query("SELECT 1 FROM worker_pools WHERE name=?", (name,)):
             raise WorkerError(f"a pool named {name!r} exists already (xpufleet pools reissue {name} gives it a new "
                               f"credential)", 409)
         token = new_secret(protocol.POOL_SECRET_PREFIX)
-        with self.store.transaction() as db:
+        with self.ctx.store.transaction() as db:
             db.execute("INSERT INTO worker_pools(name, credential_hash, created_at) VALUES (?,?,?)",
                        (name, hash_secret(token), time.time()))
             if spec is not None:
@@ -180,7 +175,7 @@ class PoolManagement:
         """A new credential for the pool (the old one stops working; live instances go on)."""
         self._pool_row(name)
         token = new_secret(protocol.POOL_SECRET_PREFIX)
-        with self.store.transaction() as db:
+        with self.ctx.store.transaction() as db:
             db.execute("UPDATE worker_pools SET credential_hash=?, revoked_at=NULL WHERE name=?",
                        (hash_secret(token), name))
         entry = self._slurm_pools().get(name)
@@ -192,7 +187,7 @@ class PoolManagement:
     def revoke_pool(self, name: str) -> dict[str, Any]:
         """The pool's credential stops working: no new instance joins (runs on instances go on)."""
         self._pool_row(name)
-        with self.store.transaction() as db:
+        with self.ctx.store.transaction() as db:
             db.execute("UPDATE worker_pools SET credential_hash=NULL, revoked_at=? WHERE name=?", (time.time(), name))
         self.sync()
         return self.describe_pool(name)
@@ -210,10 +205,10 @@ class PoolManagement:
         unknown = sorted(set(body) - known)
         if unknown:
             raise WorkerError(f"unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        url = body.get("server_url") or server_url or self.links.server_url() or ""
+        url = body.get("server_url") or server_url or self.ctx.links.server_url() or ""
         opts = {k: body[k] for k in ("image", "namespace", "gpus", "instances", "python", "node_selector") if k in body}
         try:
-            ex = k8s.K8sExport(pool=name, server_url=str(url), fingerprint=self.links.tls_fingerprint(), **opts)
+            ex = k8s.K8sExport(pool=name, server_url=str(url), fingerprint=self.ctx.links.tls_fingerprint(), **opts)
             k8s.check_export(ex)
         except (k8s.ExportError, TypeError, AttributeError) as exc:
             raise WorkerError(str(exc)) from None
@@ -232,16 +227,16 @@ class PoolManagement:
         """Delete the pool: revoke its credential, fail the runs waiting for it, let idle instances go."""
         self._pool_row(name)
         failed = []
-        for row in self.store.query("SELECT id FROM runs WHERE status='queued' AND target=? ORDER BY seq",
-                                    (f"pool:{name}",)):
-            self.runs.run_ended(row["id"], "failed", f"pool {name} was removed while this run waited for it")
+        for row in self.ctx.store.query("SELECT id FROM runs WHERE status='queued' AND target=? ORDER BY seq",
+                                        (f"pool:{name}",)):
+            self.ctx.runs.run_ended(row["id"], "failed", f"pool {name} was removed while this run waited for it")
             failed.append(row["id"])
         if self.slurm is not None:
             await self.slurm.remove(name)
-        with self.store.transaction() as db:
+        with self.ctx.store.transaction() as db:
             db.execute("DELETE FROM worker_pools WHERE name=?", (name,))
-        for st in self.table.instances(name):
-            if not self.table.active_runs(st.name):
+        for st in self.ctx.table.instances(name):
+            if not self.ctx.table.active_runs(st.name):
                 await self.dismiss(st, f"pool {name} was removed from the server")
         self.sync()
         return {"removed": name, "failed_runs": failed}
@@ -257,15 +252,15 @@ class PoolManagement:
 
     def admit_pool(self, token: str, name: str) -> tuple[str | None, str | None]:
         """``(pool, None)`` for a valid pool credential, else ``(None, reason)``."""
-        rows = self.store.query("SELECT name, revoked_at FROM worker_pools WHERE credential_hash=?",
-                                (hash_secret(token),))
+        rows = self.ctx.store.query("SELECT name, revoked_at FROM worker_pools WHERE credential_hash=?",
+                                    (hash_secret(token),))
         if not rows:
-            revoked = self.store.query("SELECT name FROM worker_pools WHERE revoked_at IS NOT NULL")
+            revoked = self.ctx.store.query("SELECT name FROM worker_pools WHERE revoked_at IS NOT NULL")
             hint = " (a pool's credential was revoked or reissued)" if revoked else ""
             return None, (f"unknown or revoked pool credential{hint}: ask for the pool's current one "
                           f"(xpufleet pools reissue NAME)")
         pool = rows[0]["name"]
-        st = self.workers.get(name)
+        st = self.ctx.workers.get(name)
         if st is not None and st.pool != pool:
             return None, (f"worker name {name!r} is taken by another worker: start the one-shot agent without "
                           f"--name (it picks a unique one) or with another name")
@@ -275,7 +270,7 @@ class PoolManagement:
     def joined(self, st: WorkerState, pool: str) -> None:
         """An instance joined ``pool`` with its credential: remembered (and told to its Slurm pool)."""
         st.pool, st.one_shot = pool, True
-        with self.store.transaction() as db:
+        with self.ctx.store.transaction() as db:
             db.execute("INSERT INTO pool_instances(name, pool, joined_at) VALUES (?,?,?)"
                        " ON CONFLICT(name) DO UPDATE SET pool=excluded.pool", (st.name, pool, time.time()))
         if self.slurm is not None:
@@ -286,7 +281,7 @@ class PoolManagement:
 
     def maybe_depart(self, st: WorkerState) -> bool:
         """A one-shot worker that is gone and holds no run has left: forget it (True when it did)."""
-        if not st.one_shot or st.online or self.table.active_runs(st.name):
+        if not st.one_shot or st.online or self.ctx.table.active_runs(st.name):
             return False
         if st.pool is None and st.taken is None:
             return False  # a lone one-shot worker that never took its run may come back
@@ -298,14 +293,14 @@ class PoolManagement:
         if st.grace_handle is not None:
             st.grace_handle.cancel()
             st.grace_handle = None
-        with self.store.transaction() as db:
+        with self.ctx.store.transaction() as db:
             db.execute("DELETE FROM pool_instances WHERE name=?", (st.name,))
             db.execute("DELETE FROM workers WHERE name=?", (st.name,))
             db.execute("DELETE FROM worker_device_modes WHERE worker=?", (st.name,))
-        if self.workers.get(st.name) is st:
-            self.workers.pop(st.name, None)
+        if self.ctx.workers.get(st.name) is st:
+            self.ctx.workers.pop(st.name, None)
             if st.provider is not None:
-                self.runs.unregister_provider(st.name)
+                self.ctx.runs.unregister_provider(st.name)
         if st.pool is not None:
             self.sync()
 
@@ -313,11 +308,11 @@ class PoolManagement:
     def describe_pool(self, name: str, state: Any = None) -> dict[str, Any]:
         """One pool as ``GET /api/pools`` lists it (its instances with their states, its waiting runs)."""
         row = self._pool_row(name)
-        instances = [self.describe(st.name, state) for st in self.table.instances(name)]
+        instances = [self.describe(st.name, state) for st in self.ctx.table.instances(name)]
         for i in instances:
             i["instance_state"] = instance_state(i)
-        queued = self.store.query("SELECT COUNT(*) AS n FROM runs WHERE status='queued' AND target=?",
-                                  (f"pool:{name}",))[0]["n"]
+        queued = self.ctx.store.query("SELECT COUNT(*) AS n FROM runs WHERE status='queued' AND target=?",
+                                      (f"pool:{name}",))[0]["n"]
         slurm = self.slurm.describe(name) if self.slurm is not None else None
         return {
             "name": name,
@@ -330,7 +325,7 @@ class PoolManagement:
             "idle": sum(1 for i in instances if i["connected"] and not i["one_shot_taken"]),
             "busy": sum(1 for i in instances if i["one_shot_taken"]),
             "queued": int(queued),
-            "waiting": waiting_runs(self.store, name),  # the first WAITING_SHOWN, with their reasons
+            "waiting": waiting_runs(self.ctx.store, name),  # the first WAITING_SHOWN, with their reasons
         }
 
     def list_pools(self) -> list[dict[str, Any]]:

@@ -9,11 +9,11 @@ import logging
 import time
 from typing import Any
 
+from ...common.schema import Schema
+
 log = logging.getLogger("xpufleet.workers")
 
-SCHEMA_NAME = "workers"
-SCHEMA_VERSION = 1
-SCHEMA = """
+SCHEMA = Schema("workers", 1, """
 CREATE TABLE IF NOT EXISTS workers (
     name TEXT PRIMARY KEY,
     auth TEXT NOT NULL,
@@ -51,7 +51,7 @@ CREATE TABLE IF NOT EXISTS worker_device_modes (
     updated_at REAL NOT NULL,
     PRIMARY KEY (worker, device)
 );
-"""
+""")
 
 MODES = ("exclusive", "shared")
 SHAREABLE_KINDS = ("cuda", "mps")  # docs/workers.md: only CUDA and MPS cards, only on workers

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from . import protocol
+from .context import PartContext
 from .grace import ResumeGrace
 from .management import WorkerManagement
 from .outputs import MAX_READ_BYTES, OutputsAccess
@@ -42,10 +43,11 @@ __all__ = ["WorkerRegistry", "WorkerError", "WorkerState"]
 class WorkerRegistry:
     """Workers, their connections and their runs (one per sidecar; lives on the event loop).
 
-    A facade over its parts, each owning its state and given its dependencies here: the shared
-    :class:`WorkerTable`, :class:`Rejections`, the Workers panel (:class:`WorkersPanel`), pools
-    (:class:`PoolManagement` over the :class:`PoolDirectory` the dispatcher reads), management, recorded
-    outputs, the resume grace and the agent sessions. The routes call the parts through it.
+    A facade over its parts, each owning its state and given its dependencies here: the
+    :class:`PartContext` they all share (the :class:`WorkerTable`, the dispatcher, the links),
+    :class:`Rejections`, the Workers panel (:class:`WorkersPanel`), pools (:class:`PoolManagement` over the
+    :class:`PoolDirectory` the dispatcher reads), management, recorded outputs, the resume grace and the
+    agent sessions. The routes call the parts through it.
     """
 
     def __init__(self, table: WorkerTable, runs: RunsPort, links: ServerLinks, directory: PoolDirectory,
@@ -54,20 +56,22 @@ class WorkerRegistry:
         """``table``: the worker table (also the dispatcher's ``mode_of``); ``runs``: the dispatcher;
         ``directory``: the pools as the dispatcher reads them; ``home``: XPUFLEET_HOME; ``ssh``: the SSH
         workers; ``part_holdings``: the cards of runs spread over workers (sidecar/spread.py)."""
-        self.table = table
-        self.workers = table.workers
-        self.store = table.store
-        self.dispatcher = runs
-        self.links = links
+        ctx = PartContext(table, runs, links)
+        self.ctx = ctx
         self.ssh = ssh
         self.rejection_log = Rejections(table.store)
-        self.panel = WorkersPanel(table, self.rejection_log, runs, links, ssh, part_holdings)
-        self.pools = PoolManagement(table, directory, runs, links, self.panel.describe, self.panel.slot_state)
-        self.management = WorkerManagement(table, runs, links, self.panel.describe, self.pools.depart, ssh)
+        self.panel = WorkersPanel(ctx, self.rejection_log, ssh, part_holdings)
+        self.pools = PoolManagement(ctx, directory, self.panel.describe, self.panel.slot_state)
+        self.management = WorkerManagement(ctx, self.panel.describe, self.pools.depart, ssh)
         self.outputs = OutputsAccess(table.workers, home, runs.ingest)
-        self.grace = ResumeGrace(table, runs, self.pools.maybe_depart)
-        self.sessions = AgentSessions(table, runs, links, self.rejection_log, self.pools, self.outputs, self.grace,
+        self.grace = ResumeGrace(ctx, self.pools.maybe_depart)
+        self.sessions = AgentSessions(ctx, self.rejection_log, self.pools, self.outputs, self.grace,
                                       self.is_disabled, self.panel.limit_warnings)
+
+    @property
+    def workers(self) -> dict[str, WorkerState]:
+        """Every known worker by name (the shared table's)."""
+        return self.ctx.workers
 
     # --- wiring (sidecar/app.py, once) ---------------------------------------------------------------------
     @property
@@ -94,19 +98,19 @@ class WorkerRegistry:
 
     def tls_fingerprint(self) -> str | None:
         """The certificate fingerprint join commands carry (None without --tls)."""
-        return self.links.tls_fingerprint()
+        return self.ctx.links.tls_fingerprint()
 
     def get(self, name: str) -> WorkerState:
         """The worker named ``name`` (404 when unknown)."""
-        return self.table.get(name)
+        return self.ctx.table.get(name)
 
     def instances(self, pool: str) -> list[WorkerState]:
         """The known instances of a one-shot pool."""
-        return self.table.instances(pool)
+        return self.ctx.table.instances(pool)
 
     def device_mode(self, name: str, device: str) -> str:
         """A worker card's mode (exclusive|shared)."""
-        return self.table.device_mode(name, device)
+        return self.ctx.table.device_mode(name, device)
 
     async def serve(self, ws: Any, peer: str | None) -> None:
         """Serve one agent WebSocket (already prepared) until it closes."""

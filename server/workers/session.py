@@ -17,14 +17,13 @@ from ...common.secrets import new_secret
 from ...constants import AGENT_HELLO_TIMEOUT_S, AGENT_PROTOCOL, TERMINAL_STATUSES, VERSION
 from ..memory.admission import can_cap, cap_refusal
 from . import protocol
+from .context import PartContext
 from .grace import ResumeGrace
 from .outputs import OutputsAccess
 from .pools import PoolManagement
-from .ports import RunsPort
 from .provider import WorkerProvider
 from .records import Rejections, hash_secret, secret_matches
-from .state import AgentLink, ServerLinks, WorkerState
-from .table import WorkerTable
+from .state import AgentLink, WorkerState
 
 MessageHandler = Callable[[str, dict[str, Any]], Awaitable[None]]
 ConnectionListener = Callable[[str, bool], None]
@@ -89,16 +88,13 @@ class Connection:
 class AgentSessions:
     """The agents' WebSocket sessions: authentication, attach/detach, and each message's handling."""
 
-    def __init__(self, table: WorkerTable, runs: RunsPort, links: ServerLinks, rejections: Rejections,
-                 pools: PoolManagement, outputs: OutputsAccess, grace: ResumeGrace,
-                 is_disabled: Callable[[str], bool], limit_warnings: Callable[[str], list[str]]) -> None:
-        """``runs``: the dispatcher (providers, run events back); ``is_disabled``: an SSH worker the user
-        disabled; ``limit_warnings``: the slot overrides another provider lowers (logged once on connect)."""
-        self.table = table
-        self.workers = table.workers
-        self.store = table.store
-        self.runs = runs
-        self.links = links
+    def __init__(self, ctx: PartContext, rejections: Rejections, pools: PoolManagement, outputs: OutputsAccess,
+                 grace: ResumeGrace, is_disabled: Callable[[str], bool],
+                 limit_warnings: Callable[[str], list[str]]) -> None:
+        """``ctx``: the table, the dispatcher (providers, run events back), the links; ``is_disabled``: an SSH
+        worker the user disabled; ``limit_warnings``: the slot overrides another provider lowers (logged once
+        on connect)."""
+        self.ctx = ctx
         self.rejections = rejections
         self.pools = pools
         self.outputs = outputs
@@ -123,7 +119,7 @@ class AgentSessions:
 
     def provider(self, name: str) -> WorkerProvider:
         """A worker as the dispatcher sees it."""
-        return WorkerProvider(self.workers, name, self.is_disabled, self.send_start)
+        return WorkerProvider(self.ctx.workers, name, self.is_disabled, self.send_start)
 
     def authenticate(self, hello: dict[str, Any]) -> Admission:
         """Check a hello: refused with a reason, or admitted (with what to record)."""
@@ -138,13 +134,13 @@ class AgentSessions:
         kind, token = auth["kind"], auth["token"]
         out = Admission()
         if kind == "session":
-            expected = self.links.session_token()
+            expected = self.ctx.links.session_token()
             if not expected or not hmac.compare_digest(token.encode("utf-8", "surrogatepass"),
                                                        expected.encode("utf-8", "surrogatepass")):
                 return Admission("wrong session token: a same-machine agent reads it from the running server's "
                                  "runtime.json; a remote worker joins with --join TOKEN")
         elif kind == "credential":
-            rows = self.store.query("SELECT credential_hash FROM workers WHERE name=?", (name,))
+            rows = self.ctx.store.query("SELECT credential_hash FROM workers WHERE name=?", (name,))
             if not rows or not rows[0]["credential_hash"]:
                 return Admission(f"no credential is valid for worker {name!r} (it was removed, or never joined): "
                                  f"join again with a new token (POST /api/workers/join-tokens)")
@@ -160,7 +156,7 @@ class AgentSessions:
                                  f"--one-shot --join ... (pool {pool})")
             out.pool = pool
         else:  # join
-            rows = self.store.query("SELECT * FROM worker_join_tokens WHERE token_hash=?", (hash_secret(token),))
+            rows = self.ctx.store.query("SELECT * FROM worker_join_tokens WHERE token_hash=?", (hash_secret(token),))
             row = rows[0] if rows else None
             if row is None:
                 return Admission("unknown join token: ask the server for a new one (POST /api/workers/join-tokens)")
@@ -185,7 +181,7 @@ class AgentSessions:
         ``instance``) replaces its old connection; so does anyone once the holder has been silent
         past the heartbeat deadline (three missed beats)."""
         name = hello["name"]
-        st = self.workers.get(name)
+        st = self.ctx.workers.get(name)
         old = st.conn if st is not None else None
         if old is None or old.closed or old.identity == agent_identity(hello):
             return None
@@ -270,9 +266,9 @@ class AgentSessions:
         name = hello["name"]
         now = time.time()
         join_hash, credential = admission.join_hash, admission.credential
-        st = self.workers.get(name)
+        st = self.ctx.workers.get(name)
         if st is None:
-            st = self.workers[name] = WorkerState(name=name, created_at=now)
+            st = self.ctx.workers[name] = WorkerState(name=name, created_at=now)
         if credential is not None:
             st.auth = "credential"
         elif admission.pool is not None:
@@ -290,7 +286,7 @@ class AgentSessions:
             st.taken = held[0]  # after a server restart: the run it took before
         st.capabilities = tuple(hello.get("capabilities") or ())
         st.last_seen = now
-        with self.store.transaction() as db:
+        with self.ctx.store.transaction() as db:
             db.execute(
                 "INSERT INTO workers(name, auth, credential_hash, drained, version, env, node_types, devices,"
                 " created_at, last_seen, last_connected) VALUES (?,?,?,?,?,?,?,?,?,?,?)"
@@ -319,8 +315,8 @@ class AgentSessions:
             log.info("worker %s: a new connection replaces the old one", name)
             with contextlib.suppress(Exception):
                 await old.ws.close(code=4409, message=b"replaced by a new connection")
-        active = {r["id"]: r for r in self.table.active_runs(name)}
-        known = {rid: self.store.last_source_seq(rid) for rid in active}
+        active = {r["id"]: r for r in self.ctx.table.active_runs(name)}
+        known = {rid: self.ctx.store.last_source_seq(rid) for rid in active}
         await conn.send("welcome", name=name, server_version=VERSION, runs=known, credential=credential,
                         heartbeat_interval_s=protocol.heartbeat_interval_s(),
                         resume_grace_s=protocol.resume_grace_s())
@@ -328,9 +324,9 @@ class AgentSessions:
                  name, conn.peer, len(st.devices), len(known))
         if st.provider is None:
             st.provider = self.provider(name)
-            self.runs.register_provider(st.provider)
+            self.ctx.runs.register_provider(st.provider)
         else:
-            self.runs.providers_changed()
+            self.ctx.runs.providers_changed()
         if st.pool is not None:
             self.pools.sync()
         await self._reconcile(st, conn, hello, active)
@@ -346,17 +342,17 @@ class AgentSessions:
                 if run.get("cancel_requested"):
                     await conn.send("cancel_run", run_id=run_id, reason="cancelled while the worker was away")
                 continue
-            if run["status"] == "assigned" and self.store.last_source_seq(run_id) == 0:
-                full = self.store.get_run(run_id, with_graph=True)
+            if run["status"] == "assigned" and self.ctx.store.last_source_seq(run_id) == 0:
+                full = self.ctx.store.get_run(run_id, with_graph=True)
                 if full is not None and full.get("budget_gib") is not None \
                         and not can_cap(st.provider or self.provider(st.name)):
                     # docs/workers.md: a run admitted by budget never starts on an agent that cannot cap it
-                    self.runs.run_ended(run_id, "failed", f"{cap_refusal(st.name)}; it reconnected before "
-                                              f"this run (budget {full['budget_gib']:.1f} GiB) started")
+                    self.ctx.runs.run_ended(run_id, "failed", f"{cap_refusal(st.name)}; it reconnected before "
+                                                  f"this run (budget {full['budget_gib']:.1f} GiB) started")
                 elif full is not None:  # sent before the connection broke, never received: send again
                     await self.send_start(conn, full, list(run["devices"]))
                 continue
-            self.runs.run_ended(
+            self.ctx.runs.run_ended(
                 run_id, "interrupted",
                 f"worker {st.name} reconnected without this run (its agent was restarted); the run was interrupted",
             )
@@ -367,13 +363,13 @@ class AgentSessions:
         st.conn = None
         st.disconnected_at = time.monotonic()
         with contextlib.suppress(Exception):
-            with self.store.transaction() as db:
+            with self.ctx.store.transaction() as db:
                 db.execute("UPDATE workers SET last_seen=? WHERE name=?", (st.last_seen, st.name))
-        if self.workers.get(st.name) is st and self.table.active_runs(st.name):
+        if self.ctx.workers.get(st.name) is st and self.ctx.table.active_runs(st.name):
             self.grace.schedule(st)
         log.info("worker %s disconnected", st.name)
         if not self.pools.maybe_depart(st):  # a one-shot instance that left is forgotten
-            self.runs.providers_changed()
+            self.ctx.runs.providers_changed()
             if st.pool is not None:
                 self.pools.sync()
         for listener in self.connection_listeners:
@@ -392,23 +388,23 @@ class AgentSessions:
         devices = _clean_devices(msg["devices"])
         changed = _offer_key(devices) != _offer_key(st.devices)
         st.devices = devices
-        with self.store.transaction() as db:
+        with self.ctx.store.transaction() as db:
             db.execute("UPDATE workers SET devices=?, last_seen=? WHERE name=?",
                        (json.dumps(devices), st.last_seen, st.name))
         if changed:
-            self.runs.providers_changed()
-        self.runs.memory.report(st.name, devices)  # shared cards: total and free for the ledger
-        self.runs.memory.run_usage(st.name, [r for r in msg.get("runs") or [] if r.get("memory")])
+            self.ctx.runs.providers_changed()
+        self.ctx.runs.memory.report(st.name, devices)  # shared cards: total and free for the ledger
+        self.ctx.runs.memory.run_usage(st.name, [r for r in msg.get("runs") or [] if r.get("memory")])
         for r in msg.get("runs") or []:
-            run = self.store.get_run(r["run_id"])
+            run = self.ctx.store.get_run(r["run_id"])
             if run is None or run["worker_id"] != st.name or run["status"] in TERMINAL_STATUSES:
                 await conn.send("forget_run", run_id=r["run_id"], reason="the server does not expect this run")
             else:
-                await conn.send("ack", run_id=r["run_id"], seq=self.store.last_source_seq(r["run_id"]))
+                await conn.send("ack", run_id=r["run_id"], seq=self.ctx.store.last_source_seq(r["run_id"]))
 
     async def _on_event(self, st: WorkerState, conn: Connection, msg: dict[str, Any]) -> None:
         run_id = msg["run_id"]
-        run = self.store.get_run(run_id)
+        run = self.ctx.store.get_run(run_id)
         if run is None or run["worker_id"] != st.name:
             log.warning("worker %s sent an event for run %s, which is not its run; ignored", st.name, run_id)
             await conn.send("forget_run", run_id=run_id, reason="not a run of this worker")
@@ -417,12 +413,12 @@ class AgentSessions:
             await conn.send("forget_run", run_id=run_id, reason=f"the run already ended ({run['status']})")
             return
         if run["status"] == "assigned":
-            self.runs.run_process_started(run_id, None)
+            self.ctx.runs.run_process_started(run_id, None)
         if msg["event_type"] == "run_finished" and self.outputs.wants_upload(run):
             self.outputs.start_upload(st, conn, run, msg)  # the run ends once its outputs are copied here
             return
-        self.runs.ingest(run_id, [{"seq": msg["seq"], "type": msg["event_type"],
-                                         "payload": msg["payload"], "ts": msg.get("ts")}])
+        self.ctx.runs.ingest(run_id, [{"seq": msg["seq"], "type": msg["event_type"],
+                                             "payload": msg["payload"], "ts": msg.get("ts")}])
         if msg["event_type"] == "run_finished":
             await conn.send("ack", run_id=run_id, seq=msg["seq"])
 

@@ -11,11 +11,10 @@ from ..memory.admission import can_cap
 from ..memory.views import card_view
 from ..scheduling import build_state
 from . import protocol
+from .context import PartContext
 from .panel_view import admission_rule, recent_runs, run_row, this_server_environment
-from .ports import RunsPort, SshPort
+from .ports import SshPort
 from .records import Rejections
-from .state import ServerLinks
-from .table import WorkerTable
 
 
 def node_type_diff(server_types: list[str] | set[str], worker_types: list[str] | set[str]) -> dict[str, Any]:
@@ -77,16 +76,12 @@ def ssh_status(status: str, reason: str, ssh: dict[str, Any]) -> tuple[str, str]
 class WorkersPanel:
     """The Workers panel's data: each worker's row, this server's row, the slot view they share."""
 
-    def __init__(self, table: WorkerTable, rejections: Rejections, runs: RunsPort, links: ServerLinks,
-                 ssh: SshPort | None = None,
+    def __init__(self, ctx: PartContext, rejections: Rejections, ssh: SshPort | None = None,
                  part_holdings: Callable[[], dict[str, tuple[str, tuple[str, ...]]]] | None = None) -> None:
-        """``runs``: the dispatcher (providers, overrides, the memory views); ``part_holdings``: the other
-        workers' cards of runs spread over workers (sidecar/spread.py)."""
-        self.table = table
-        self.store = table.store
+        """``ctx``: the table, the dispatcher (providers, overrides, the memory views), the links;
+        ``part_holdings``: the other workers' cards of runs spread over workers (sidecar/spread.py)."""
+        self.ctx = ctx
         self.rejections = rejections
-        self.runs = runs
-        self.links = links
         self.ssh = ssh
         self.part_holdings = part_holdings
         self._local_inventory: Any = None  # this machine's probe (devices/inventory.py), made on first use
@@ -94,9 +89,9 @@ class WorkersPanel:
     # --- slots view -------------------------------------------------------------------------------------
     def slot_state(self) -> Any:
         """The slot state of now (every provider's offers, the runs holding them)."""
-        holdings = {r["id"]: (r["worker_id"] or LOCAL_PROVIDER, tuple(r["devices"])) for r in self.store.active()}
+        holdings = {r["id"]: (r["worker_id"] or LOCAL_PROVIDER, tuple(r["devices"])) for r in self.ctx.store.active()}
         holdings.update(self.part_holdings() if self.part_holdings is not None else {})
-        return build_state(self.runs.provider_infos(), self.runs.overrides, holdings)
+        return build_state(self.ctx.runs.provider_infos(), self.ctx.runs.overrides, holdings)
 
     def limit_warnings(self, name: str | None = None, state: Any = None) -> list[str]:
         """Overrides lowered by another provider of the same card (all, or those naming ``name``)."""
@@ -108,12 +103,12 @@ class WorkersPanel:
     # --- the Workers panel -----------------------------------------------------------------------------
     def describe(self, name: str, state: Any = None) -> dict[str, Any]:
         """One worker as ``GET /api/workers`` lists it (every field of docs/workers.md's Workers panel)."""
-        st = self.table.get(name)
+        st = self.ctx.table.get(name)
         state = state if state is not None else self.slot_state()
         now_m = time.monotonic()
         hb_age = None if st.last_heartbeat is None or not st.online else now_m - st.last_heartbeat
-        types = node_type_diff(self.links.server_node_types(), st.node_types) if st.version else None
-        active = self.table.active_runs(name)
+        types = node_type_diff(self.ctx.links.server_node_types(), st.node_types) if st.version else None
+        active = self.ctx.table.active_runs(name)
         disconnected_for = None if st.disconnected_at is None else now_m - st.disconnected_at
         status, reason = worker_status(
             connected=st.online, drained=st.drained, heartbeat_age_s=hb_age,
@@ -124,7 +119,7 @@ class WorkersPanel:
         ssh = self.ssh.describe(name) if self.ssh is not None and self.ssh.has(name) else None
         if ssh is not None:
             status, reason = ssh_status(status, reason, ssh)
-        modes = self.table.modes(name)
+        modes = self.ctx.table.modes(name)
         devices: list[dict[str, Any]] = []
         for d in st.devices:
             slot = state.slot_for(name, d["name"]) if st.provider is not None else None
@@ -136,7 +131,7 @@ class WorkersPanel:
                 limit = slot.limit if slot.limit > 0 else own  # offline: its own limit, not 0
             used = slot.used if slot is not None else sum(1 for r in active if d["name"] in r["devices"])
             mode = modes.get(d["name"], "exclusive")
-            memory = card_view(self.runs.memory, name, d["name"]) if st.provider is not None else None
+            memory = card_view(self.ctx.runs.memory, name, d["name"]) if st.provider is not None else None
             devices.append({
                 "name": d["name"], "kind": d["kind"], "label": d.get("label"), "uuid": d.get("uuid"),
                 "total_gib": d.get("total_gib"), "free_gib": d.get("free_gib"),
@@ -173,9 +168,9 @@ class WorkersPanel:
                       "budget_gib": r["budget_gib"], "budget_source": r["budget_source"],
                       "memory_in_use": (r.get("execution_facts") or {}).get("memory_in_use"),
                       "started_at": r.get("started_at")} for r in active],
-            "recent_runs": recent_runs(self.store, name),
+            "recent_runs": recent_runs(self.ctx.store, name),
             "agent_caps_memory": can_cap(st.provider) if st.provider is not None else None,
-            "queued": len(self.table.queued_for(name)),
+            "queued": len(self.ctx.table.queued_for(name)),
             "warnings": self.limit_warnings(name, state),
             "peer": st.conn.peer if st.conn is not None else None,
             "mounts": [{"label": k, "folder": v} for k, v in sorted(st.mounts.items())],
@@ -192,7 +187,7 @@ class WorkersPanel:
 
     def _confirm_texts(self, name: str, st: Any, ssh: dict[str, Any] | None,
                        active: list[dict[str, Any]]) -> dict[str, str]:
-        queued = len(self.table.queued_for(name))
+        queued = len(self.ctx.table.queued_for(name))
         remove = (f"Remove {name}: " + ("end its ssh connection, delete the entry and everything it stored on "
                                         f"{ssh['host']} ({ssh['remote_dir']})" if ssh is not None
                                         else "revoke its credential and disconnect it")
@@ -209,20 +204,20 @@ class WorkersPanel:
         """This server's own machine as a Workers panel row (it runs local runs and takes sweep variants):
         its devices with slots, mode and admission rule, its running and recent runs, the runs queued for
         it. None when the sidecar has no local provider."""
-        local = self.runs.providers.get(LOCAL_PROVIDER)
+        local = self.ctx.runs.providers.get(LOCAL_PROVIDER)
         if local is None:
             return None
         state = state if state is not None else self.slot_state()
         live = self._local_probe(local)
-        active = [r for r in self.store.active() if r["worker_id"] is None and r.get("placement") == "local"]
+        active = [r for r in self.ctx.store.active() if r["worker_id"] is None and r.get("placement") == "local"]
         devices: list[dict[str, Any]] = []
         for d in local.device_details():
             now = live.get(d["name"])
             slot = state.slot_for(LOCAL_PROVIDER, d["name"])
             used = slot.used if slot is not None else sum(1 for r in active if d["name"] in r["devices"])
             limit = slot.limit if slot is not None else None
-            mode = self.runs.memory.mode(local, d["name"])
-            memory = card_view(self.runs.memory, LOCAL_PROVIDER, d["name"])
+            mode = self.ctx.runs.memory.mode(local, d["name"])
+            memory = card_view(self.ctx.runs.memory, LOCAL_PROVIDER, d["name"])
             devices.append({
                 "name": d["name"], "kind": d.get("kind"), "label": d.get("label"), "uuid": d.get("uuid"),
                 "total_gib": (now or d).get("total_gib"), "free_gib": (now or d).get("free_gib"),
@@ -234,14 +229,14 @@ class WorkersPanel:
                 "memory": memory,
                 "admission": admission_rule(mode=mode, slots_used=used, slot_limit=limit, memory=memory),
             })
-        queued = self.store.query("SELECT COUNT(*) AS n FROM runs WHERE status='queued' AND target=?",
-                                  (LOCAL_PROVIDER,))[0]["n"]
+        queued = self.ctx.store.query("SELECT COUNT(*) AS n FROM runs WHERE status='queued' AND target=?",
+                                      (LOCAL_PROVIDER,))[0]["n"]
         return {
             "name": LOCAL_PROVIDER, "this_server": True, "status": "Online", "status_reason": "",
             "connected": True, "version": VERSION, "environment": this_server_environment(devices),
             "simulated": any(d["simulated"] for d in devices), "devices": devices,
             "runs": [{**run_row(r), "budget_gib": r["budget_gib"]} for r in active],
-            "recent_runs": recent_runs(self.store, LOCAL_PROVIDER),
+            "recent_runs": recent_runs(self.ctx.store, LOCAL_PROVIDER),
             "queued": int(queued),
             "warnings": self.limit_warnings(LOCAL_PROVIDER, state),
         }
@@ -260,5 +255,5 @@ class WorkersPanel:
     def list(self) -> list[dict[str, Any]]:
         """Every known worker but pool instances (listed with their pool), by name."""
         state = self.slot_state()
-        workers = self.table.workers
+        workers = self.ctx.workers
         return [self.describe(n, state) for n in sorted(workers) if workers[n].pool is None]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .records import SCHEMA, SCHEMA_NAME, SCHEMA_VERSION
+from .records import SCHEMA
 from .state import WorkerError, WorkerState
 
 
@@ -16,7 +16,7 @@ class WorkerTable:
 
     def __init__(self, store: Any) -> None:
         self.store = store
-        store.ensure_schema(SCHEMA_NAME, SCHEMA, SCHEMA_VERSION)
+        SCHEMA.ensure(store)
         self.workers: dict[str, WorkerState] = {}
         for row in store.query("SELECT * FROM workers ORDER BY name"):
             self.workers[row["name"]] = WorkerState(

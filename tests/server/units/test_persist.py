@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from xpufleet.server.sidecar.store import Store
-from xpufleet.server.units.persist import SCHEMA_NAME, UnitStore
+from xpufleet.server.units.persist import SCHEMA, UnitStore
 from xpufleet.server.units.records import Instance, Service, Unit, Update
 from xpufleet.server.units.spec import parse_service
 
@@ -13,7 +13,7 @@ BODY = {"name": "digits", "program": {"model": {"path": "models/m.safetensors"}}
 def test_a_service_round_trips(tmp_path):
     store = Store(tmp_path / "state.db")
     us = UnitStore(store)
-    assert store.schema_version(SCHEMA_NAME) == 1
+    assert store.schema_version(SCHEMA.name) == SCHEMA.version == 1
     spec1 = parse_service(BODY)
     spec2 = parse_service({**BODY, "replicas": 2})
     unit = Unit(id="digits-1", service="digits", version=1, index=1, state="ready", generation=3, barrier_passed=True,
