@@ -15,7 +15,7 @@ from xpufleet.common.errors import ApiError, RequestError, StoreError
 from xpufleet.server.run.requests import parse_run_request
 from xpufleet.server.sidecar.dispatcher import Dispatcher
 from xpufleet.server.sweeps.driver import SweepService
-from xpufleet.server.sweeps.records import SCHEMA_NAME, SCHEMA_VERSION
+from xpufleet.server.sweeps.records import SCHEMA
 
 GRAPH = json.loads((Path(__file__).resolve().parents[3] / "samples" / "mlp_digits.json").read_text())
 OBJ = {"metric": "val_accuracy"}
@@ -41,7 +41,7 @@ def nothing_written(dispatcher: Dispatcher) -> None:
 
 def test_the_schema_is_registered_through_the_store(dispatcher):
     service(dispatcher)
-    assert dispatcher.store.schema_version(SCHEMA_NAME) == SCHEMA_VERSION
+    assert dispatcher.store.schema_version(SCHEMA.name) == SCHEMA.version
 
 
 def test_a_sweep_queues_every_child_as_post_api_runs_would(dispatcher):
