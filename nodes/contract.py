@@ -11,40 +11,49 @@ order and the options given as keywords (``step``, ``round``, ``advanced``, ``mu
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 Input = tuple[Any, dict[str, Any]]
 
 
-def int_input(default: int, lo: int, hi: int, tooltip: str, **options: Any) -> Input:
+def widget(kind: Any, default: Any, tooltip: str, **options: Any) -> Input:
+    """A widget without a range: ``"BOOLEAN"``, ``"STRING"`` (``multiline=True`` for a text area) or a combo, whose
+    kind is its list of choices (a list: ComfyUI validates only lists)."""
+    return (kind, {"default": default, **options, "tooltip": tooltip})
+
+
+def int_widget(default: int, lo: int, hi: int, tooltip: str, **options: Any) -> Input:
     """An INT widget from ``lo`` to ``hi``."""
     return ("INT", {"default": default, "min": lo, "max": hi, **options, "tooltip": tooltip})
 
 
-def float_input(default: float, lo: float, hi: float, step: float, tooltip: str, **options: Any) -> Input:
+def float_widget(default: float, lo: float, hi: float, step: float, tooltip: str, **options: Any) -> Input:
     """A FLOAT widget from ``lo`` to ``hi`` moving by ``step``."""
     return ("FLOAT", {"default": default, "min": lo, "max": hi, "step": step, **options, "tooltip": tooltip})
 
 
-def bool_input(default: bool, tooltip: str, **options: Any) -> Input:
-    """A BOOLEAN toggle."""
-    return ("BOOLEAN", {"default": default, **options, "tooltip": tooltip})
-
-
-def string_input(default: str, tooltip: str, **options: Any) -> Input:
-    """A STRING text box (``multiline=True`` for a text area)."""
-    return ("STRING", {"default": default, **options, "tooltip": tooltip})
-
-
-def choice_input(choices: list[str], default: str, tooltip: str, **options: Any) -> Input:
-    """A combo of ``choices`` (a list: ComfyUI validates only lists)."""
-    return (choices, {"default": default, **options, "tooltip": tooltip})
-
-
-def link_input(type_name: str, tooltip: str) -> Input:
-    """A socket another node's output of ``type_name`` connects to."""
+def socket(type_name: str, tooltip: str) -> Input:
+    """An input another node's output of ``type_name`` connects to."""
     return (type_name, {"tooltip": tooltip})
+
+
+def option(spec: Input) -> Any:
+    """A dataclass field that is also a widget: its default is the widget's, and :func:`inputs_of` reads the
+    widget back, so a node's options class and its ``INPUT_TYPES`` are written once."""
+    return dataclasses.field(default=spec[1]["default"], metadata={"input": spec})
+
+
+def inputs_of(options: type, required: tuple[str, ...]) -> tuple[dict[str, Input], dict[str, Input]]:
+    """``(REQUIRED, OPTIONAL)`` of a node from the :func:`option` fields of the dataclass ``options``, in field
+    order; the names in ``required`` are required, the others optional."""
+    fields = {f.name: f.metadata["input"] for f in dataclasses.fields(options) if "input" in f.metadata}
+    unknown = set(required) - set(fields)
+    if unknown:
+        raise TypeError(f"{options.__name__} has no widget field {', '.join(sorted(unknown))}")
+    return ({name: spec for name, spec in fields.items() if name in required},
+            {name: spec for name, spec in fields.items() if name not in required})
 
 
 class Node:

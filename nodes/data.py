@@ -17,7 +17,7 @@ from typing import Any
 
 from . import mounts
 from . import types as T
-from .contract import Node, bool_input, choice_input, float_input, int_input, link_input, string_input
+from .contract import Node, float_widget, inputs_of, int_widget, option, socket, widget
 from .lib import datasets
 from .lib.datasets import SYNTHETIC_IMAGE_SIZE, SYNTHETIC_SEQ_LEN, split_indices
 
@@ -42,25 +42,29 @@ class RawData:
 
 @dataclass
 class DatasetOptions:
-    """Everything the Dataset node's widgets say, with the node's defaults."""
+    """Everything the Dataset node's widgets say: each field is its widget (nodes/contract.py's ``option``),
+    so the defaults here are the node's."""
 
-    name: str = "digits"
-    val_split: float = 0.2
-    seed: int = 0
-    normalize: str = "standard"
-    as_image: bool = False
-    n_samples: int = 1000
-    n_features: int = 20
-    num_classes: int = 2
-    image_size: int = 0
-    channels: int = 1
-    seq_len: int = 0
-    noise: float = 0.1
-    path: str = ""
-    target_column: str = "target"
-    x_key: str = "x"
-    y_key: str = "y"
-    task: str = "auto"
+    name: str = option(widget(T.DATASET_CHOICES, "digits", "bundled (no download), synthetic, or a csv / "
+                                                           "safetensors file (set path)"))
+    val_split: float = option(float_widget(0.2, 0.0, 0.9, 0.05, "fraction of samples held out for validation"))
+    seed: int = option(int_widget(0, 0, 2**31 - 1, "seed of the split and of synthetic data"))
+    normalize: str = option(widget(T.NORMALIZE_CHOICES, "standard",
+                                   "scale inputs with statistics of the train split"))
+    as_image: bool = option(widget("BOOLEAN", False, "digits as 1x8x8 images (for the CNN)"))
+    n_samples: int = option(int_widget(1000, 2, 10_000_000, "synthetic datasets only"))
+    n_features: int = option(int_widget(20, 1, 100_000,
+                                        "synthetic datasets: features per sample (per step for sequences)"))
+    num_classes: int = option(int_widget(2, 2, 100_000, "synthetic classification, images and sequences"))
+    image_size: int = option(int_widget(0, 0, 4096, "side of square images; 0 = the dataset's own"))
+    channels: int = option(int_widget(1, 1, 64, "synthetic_images: channels per image"))
+    seq_len: int = option(int_widget(0, 0, 1_000_000, "synthetic_sequences length; 0 = 32"))
+    noise: float = option(float_widget(0.1, 0.0, 10.0, 0.01, "synthetic datasets: how noisy the samples are"))
+    path: str = option(widget("STRING", "", "CSV or safetensors file"))
+    target_column: str = option(widget("STRING", "target", "CSV column holding the target"))
+    x_key: str = option(widget("STRING", "x", "safetensors tensor with the inputs"))
+    y_key: str = option(widget("STRING", "y", "safetensors tensor with the targets"))
+    task: str = option(widget(T.TASK_CHOICES, "auto", "csv / safetensors: auto = integer labels are classes"))
 
 
 def _unknown_dataset(name: str) -> ValueError:
@@ -173,28 +177,7 @@ class XPUDataset(Node, category=T.CATEGORY_DATA, function="load", display="Datas
         "synthetic ones; CSV or safetensors files), splits it into train/val with a seed and normalises the "
         "inputs with train statistics. 'info' tells model builders the input shape and number of classes."
     )
-    REQUIRED = {
-        "name": choice_input(T.DATASET_CHOICES, "digits", "bundled (no download), synthetic, or a csv / safetensors "
-                                                          "file (set path)"),
-        "val_split": float_input(0.2, 0.0, 0.9, 0.05, "fraction of samples held out for validation"),
-        "seed": int_input(0, 0, 2**31 - 1, "seed of the split and of synthetic data"),
-        "normalize": choice_input(T.NORMALIZE_CHOICES, "standard", "scale inputs with statistics of the train split"),
-    }
-    OPTIONAL = {
-        "as_image": bool_input(False, "digits as 1x8x8 images (for the CNN)"),
-        "n_samples": int_input(1000, 2, 10_000_000, "synthetic datasets only"),
-        "n_features": int_input(20, 1, 100_000, "synthetic datasets: features per sample (per step for sequences)"),
-        "num_classes": int_input(2, 2, 100_000, "synthetic classification, images and sequences"),
-        "image_size": int_input(0, 0, 4096, "side of square images; 0 = the dataset's own"),
-        "channels": int_input(1, 1, 64, "synthetic_images: channels per image"),
-        "seq_len": int_input(0, 0, 1_000_000, "synthetic_sequences length; 0 = 32"),
-        "noise": float_input(0.1, 0.0, 10.0, 0.01, "synthetic datasets: how noisy the samples are"),
-        "path": string_input("", "CSV or safetensors file"),
-        "target_column": string_input("target", "CSV column holding the target"),
-        "x_key": string_input("x", "safetensors tensor with the inputs"),
-        "y_key": string_input("y", "safetensors tensor with the targets"),
-        "task": choice_input(T.TASK_CHOICES, "auto", "csv / safetensors: auto = integer labels are classes"),
-    }
+    REQUIRED, OPTIONAL = inputs_of(DatasetOptions, required=("name", "val_split", "seed", "normalize"))
 
     @classmethod
     def IS_CHANGED(cls, name: str = "", path: str = "", **_: Any) -> Any:
@@ -225,13 +208,13 @@ class XPUDataLoader(Node, category=T.CATEGORY_DATA, function="make", display="Da
         "share with this batch size)."
     )
     REQUIRED = {
-        "dataset": link_input(T.DATASET, "a Dataset node's train or val output"),
-        "batch_size": int_input(32, 1, 65536, "samples per batch (per device)"),
-        "shuffle": bool_input(True, "a new order every epoch (train); off for val"),
-        "num_workers": int_input(0, 0, 64, "loader worker processes (0 = load in the training process)"),
-        "drop_last": bool_input(False, "skip a last batch smaller than batch_size"),
+        "dataset": socket(T.DATASET, "a Dataset node's train or val output"),
+        "batch_size": int_widget(32, 1, 65536, "samples per batch (per device)"),
+        "shuffle": widget("BOOLEAN", True, "a new order every epoch (train); off for val"),
+        "num_workers": int_widget(0, 0, 64, "loader worker processes (0 = load in the training process)"),
+        "drop_last": widget("BOOLEAN", False, "skip a last batch smaller than batch_size"),
     }
-    OPTIONAL = {"pin_memory": bool_input(False, "page-locked batches for faster copies to a GPU")}
+    OPTIONAL = {"pin_memory": widget("BOOLEAN", False, "page-locked batches for faster copies to a GPU")}
 
     def make(self, dataset: Any, batch_size: int, shuffle: bool, num_workers: int = 0, drop_last: bool = False,
              pin_memory: bool = False) -> tuple[Any]:

@@ -16,7 +16,7 @@ from ..common import atomic
 from . import device as devmod
 from . import hostmode, mounts, paths, runtime
 from . import types as T
-from .contract import Node, bool_input, choice_input, int_input, link_input, string_input
+from .contract import Node, int_widget, socket, widget
 from .lib.evaluation import summarise_predictions
 from .lib.modelfile import MODEL_FORMAT, MODEL_VERSION, load_weights, read_model_file, write_model_file
 from .models import build_model, spec_of
@@ -66,13 +66,13 @@ class XPUModelSaver(Node, category=T.CATEGORY_IO, function="save", display="Mode
                    "directory, and stays inside it (no '..', no absolute path, no symlink leading out). The file "
                    "is written to a temp file and renamed, never half written.")
     REQUIRED = {
-        "model": link_input(T.MODEL, "the model to save (from a builder, TrainingLoop or ModelLoader)"),
-        "filename": string_input("models/model.safetensors", "relative to the location below, and inside it "
-                                                             "(no '..', not absolute)"),
-        "format": choice_input(T.MODEL_FORMATS, "safetensors", "safetensors (.safetensors) or PyTorch (.pt / .pth)"),
-        "location": choice_input(T.SAVE_LOCATIONS, "outputs", "the outputs folder, or this run's directory"),
+        "model": socket(T.MODEL, "the model to save (from a builder, TrainingLoop or ModelLoader)"),
+        "filename": widget("STRING", "models/model.safetensors", "relative to the location below, and inside it "
+                                                                 "(no '..', not absolute)"),
+        "format": widget(T.MODEL_FORMATS, "safetensors", "safetensors (.safetensors) or PyTorch (.pt / .pth)"),
+        "location": widget(T.SAVE_LOCATIONS, "outputs", "the outputs folder, or this run's directory"),
     }
-    OPTIONAL = {"overwrite": bool_input(True, "replace an existing file")}
+    OPTIONAL = {"overwrite": widget("BOOLEAN", True, "replace an existing file")}
 
     @classmethod
     def VALIDATE_INPUTS(cls, filename: Any = None) -> bool | str:
@@ -101,9 +101,9 @@ class XPUModelLoader(Node, category=T.CATEGORY_IO, function="load", display="Mod
     DESCRIPTION = ("Loads a model saved by ModelSaver (safetensors or PyTorch) or a TrainingLoop checkpoint and "
                    "rebuilds its architecture. A relative path is looked up in the outputs folder, then (in "
                    "ComfyUI) the models/xpufleet folder, then the run directory, then the current directory.")
-    REQUIRED = {"path": string_input("models/model.safetensors", "a file ModelSaver wrote (relative: outputs folder, "
-                                                                 "models/xpufleet in ComfyUI, the run directory, "
-                                                                 "then the current directory)")}
+    REQUIRED = {"path": widget("STRING", "models/model.safetensors",
+                               "a file ModelSaver wrote (relative: outputs folder, models/xpufleet in ComfyUI, the "
+                               "run directory, then the current directory)")}
 
     @classmethod
     def IS_CHANGED(cls, path: str = "", **_: Any) -> Any:
@@ -138,17 +138,17 @@ class XPUPredict(Node, category=T.CATEGORY_IO, function="predict", display="Pred
                    "outputs otherwise; probabilities = softmax (sigmoid for one output). Shows accuracy when the "
                    "data has labels.")
     REQUIRED = {
-        "model": link_input(T.MODEL, "the model to run"),
-        "output": choice_input(T.PREDICT_OUTPUTS, "auto",
-                               "auto = class indices for classifiers, raw outputs otherwise"),
-        "device": choice_input(devmod.DEVICE_CHOICES, "auto", "auto follows the run's first device"),
-        "batch_size": int_input(256, 1, 65536, "samples per forward pass"),
+        "model": socket(T.MODEL, "the model to run"),
+        "output": widget(T.PREDICT_OUTPUTS, "auto",
+                         "auto = class indices for classifiers, raw outputs otherwise"),
+        "device": widget(devmod.DEVICE_CHOICES, "auto", "auto follows the run's first device"),
+        "batch_size": int_widget(256, 1, 65536, "samples per forward pass"),
     }
     OPTIONAL = {
-        "dataset": link_input(T.DATASET, "the inputs (connect this or a dataloader)"),
-        "dataloader": link_input(T.DATALOADER, "the inputs as batches (used when connected)"),
-        "precision": choice_input(T.PRECISION_CHOICES, "fp32", "autocast precision"),
-        "show": int_input(20, 0, 10_000, "predictions shown in the UI"),
+        "dataset": socket(T.DATASET, "the inputs (connect this or a dataloader)"),
+        "dataloader": socket(T.DATALOADER, "the inputs as batches (used when connected)"),
+        "precision": widget(T.PRECISION_CHOICES, "fp32", "autocast precision"),
+        "show": int_widget(20, 0, 10_000, "predictions shown in the UI"),
     }
 
     def predict(self, model: Any, output: str = "auto", device: str = "auto", batch_size: int = 256,

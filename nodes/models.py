@@ -13,7 +13,7 @@ from typing import Any
 
 from . import hostmode, runtime
 from . import types as T
-from .contract import Node, bool_input, choice_input, float_input, int_input, link_input, string_input
+from .contract import Node, float_widget, int_widget, socket, widget
 from .layerspec import LayerSpecError, check_resolved, output_shape, resolve_layers
 from .lib import layers
 from .lib.layers import SPEC_ATTR, SPEC_FORMAT, cnn_layers, layers_of, make_spec, mlp_layers
@@ -75,15 +75,15 @@ def _finish(builder: str, kwargs: dict[str, Any], info: dict[str, Any] | None, i
     return (model,)
 
 
-_SEED_INPUT = int_input(0, -1, 2**31 - 1, "weight init seed (-1 = unseeded); a run's seed overrides it")
+_SEED_INPUT = int_widget(0, -1, 2**31 - 1, "weight init seed (-1 = unseeded); a run's seed overrides it")
 # What the MLP's and the CNN's blocks take after their sizes.
 _BLOCK_INPUTS = {
-    "activation": choice_input(T.ACTIVATION_CHOICES, "relu", "activation after each hidden layer"),
-    "dropout": float_input(0.0, 0.0, 0.95, 0.05, "dropout probability (0 = none)"),
+    "activation": widget(T.ACTIVATION_CHOICES, "relu", "activation after each hidden layer"),
+    "dropout": float_widget(0.0, 0.0, 0.95, 0.05, "dropout probability (0 = none)"),
     "seed": _SEED_INPUT,
 }
-_INFO_INPUT = link_input(T.DATASET_INFO, "the Dataset's info: sizes left at 0 / auto come from it")
-_OUT_FEATURES_INPUT = int_input(0, 0, 1 << 30, "0 = from info")
+_INFO_INPUT = socket(T.DATASET_INFO, "the Dataset's info: sizes left at 0 / auto come from it")
+_OUT_FEATURES_INPUT = int_widget(0, 0, 1 << 30, "0 = from info")
 
 
 class _UnseededReruns(Node):
@@ -99,12 +99,12 @@ class XPUMLP(_UnseededReruns, category=T.CATEGORY_MODELS, function="build", disp
 
     DESCRIPTION = ("A multi-layer perceptron. in/out features 0 = taken from the Dataset's info (inputs are "
                    "flattened, outputs = number of classes or target size).")
-    REQUIRED = {"hidden": string_input("64,32", "hidden layer sizes, e.g. 128,64"), **_BLOCK_INPUTS}
+    REQUIRED = {"hidden": widget("STRING", "64,32", "hidden layer sizes, e.g. 128,64"), **_BLOCK_INPUTS}
     OPTIONAL = {
         "dataset_info": _INFO_INPUT,
-        "in_features": int_input(0, 0, 1 << 30, "0 = from info"),
+        "in_features": int_widget(0, 0, 1 << 30, "0 = from info"),
         "out_features": _OUT_FEATURES_INPUT,
-        "batch_norm": bool_input(False, "BatchNorm after each hidden layer"),
+        "batch_norm": widget("BOOLEAN", False, "BatchNorm after each hidden layer"),
     }
 
     def build(self, hidden: str = "64,32", activation: str = "relu", dropout: float = 0.0, seed: int = 0,
@@ -133,17 +133,17 @@ class XPUCNN(_UnseededReruns, category=T.CATEGORY_MODELS, function="build", disp
     DESCRIPTION = ("A small convolutional network for images (C x H x W): conv blocks with 2x2 max-pooling, "
                    "then a linear head. in_channels/image_size/out_features 0 = from the Dataset's info.")
     REQUIRED = {
-        "channels": string_input("16,32", "output channels of each conv block"),
-        "kernel_size": int_input(3, 1, 15, "odd convolution size (padding keeps the image size)", step=2),
+        "channels": widget("STRING", "16,32", "output channels of each conv block"),
+        "kernel_size": int_widget(3, 1, 15, "odd convolution size (padding keeps the image size)", step=2),
         **_BLOCK_INPUTS,
     }
     OPTIONAL = {
         "dataset_info": _INFO_INPUT,
-        "in_channels": int_input(0, 0, 4096, "0 = from info"),
-        "image_size": int_input(0, 0, 8192, "0 = from info"),
+        "in_channels": int_widget(0, 0, 4096, "0 = from info"),
+        "image_size": int_widget(0, 0, 8192, "0 = from info"),
         "out_features": _OUT_FEATURES_INPUT,
-        "batch_norm": bool_input(True, "BatchNorm after each convolution"),
-        "fc_hidden": int_input(0, 0, 1 << 20, "size of a hidden linear layer in the head (0 = none)"),
+        "batch_norm": widget("BOOLEAN", True, "BatchNorm after each convolution"),
+        "fc_hidden": int_widget(0, 0, 1 << 20, "size of a hidden linear layer in the head (0 = none)"),
     }
 
     def build(self, channels: str = "16,32", kernel_size: int = 3, activation: str = "relu",
@@ -183,8 +183,8 @@ class XPUSequential(_UnseededReruns, category=T.CATEGORY_MODELS, function="build
                    "previous layer's output, given the Dataset's info). Every layer is checked with errors "
                    "that name it.")
     REQUIRED = {
-        "layers": string_input(_SEQUENTIAL_EXAMPLE, "a JSON or YAML list of layers; sizes may be \"auto\"",
-                               multiline=True),
+        "layers": widget("STRING", _SEQUENTIAL_EXAMPLE, "a JSON or YAML list of layers; sizes may be \"auto\"",
+                         multiline=True),
         "seed": _SEED_INPUT,
     }
     OPTIONAL = {"dataset_info": _INFO_INPUT}

@@ -9,12 +9,12 @@ from ..constants import CANVAS_CURVE_POINTS
 from . import device as devmod
 from . import hostmode, paths, runtime
 from . import types as T
-from .contract import Node, bool_input, choice_input, float_input, int_input, link_input, string_input
+from .contract import Node, float_widget, inputs_of, int_widget, socket, widget
 from .models import resolve_seed, spec_of
 from .specs import LossSpec, OptimizerSpec, SchedulerSpec
 
-_DEVICE_INPUT = choice_input(devmod.DEVICE_CHOICES, "auto", "auto follows the run's first device")
-_PRECISION_INPUT = choice_input(T.PRECISION_CHOICES, "fp32", "autocast precision (fp16 on a CPU runs bf16)")
+_DEVICE_INPUT = widget(devmod.DEVICE_CHOICES, "auto", "auto follows the run's first device")
+_PRECISION_INPUT = widget(T.PRECISION_CHOICES, "fp32", "autocast precision (fp16 on a CPU runs bf16)")
 
 
 def node_label(name: str, class_type: str) -> str:
@@ -46,19 +46,7 @@ class XPUOptimizer(Node, category=T.CATEGORY_TRAINING, function="make", display=
 
     DESCRIPTION = ("Chooses the optimizer: SGD (plain or with momentum), Adam, AdamW or RMSprop. The TrainingLoop "
                    "builds it over the model's parameters.")
-    REQUIRED = {
-        "name": choice_input(T.OPTIMIZER_CHOICES, "adam", "sgd_momentum = SGD with momentum"),
-        "lr": float_input(1e-3, 1e-8, 10.0, 1e-4, "learning rate", round=False),
-        "weight_decay": float_input(0.0, 0.0, 1.0, 1e-4, "L2 penalty (decoupled for adamw)", round=False),
-        "momentum": float_input(0.9, 0.0, 0.999, 0.01, "sgd_momentum and rmsprop"),
-    }
-    OPTIONAL = {
-        "nesterov": bool_input(False, "sgd_momentum only"),
-        "beta1": float_input(0.9, 0.0, 0.9999, 0.01, "adam / adamw", advanced=True),
-        "beta2": float_input(0.999, 0.0, 0.99999, 0.001, "adam / adamw", advanced=True),
-        "eps": float_input(1e-8, 1e-12, 1.0, 1e-9, "adam / adamw / rmsprop numerical stability term", round=False,
-                           advanced=True),
-    }
+    REQUIRED, OPTIONAL = inputs_of(OptimizerSpec, required=("name", "lr", "weight_decay", "momentum"))
 
     def make(self, name: str = "adam", lr: float = 1e-3, weight_decay: float = 0.0, momentum: float = 0.9,
              nesterov: bool = False, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8) -> tuple[Any]:
@@ -73,18 +61,7 @@ class XPULRScheduler(Node, category=T.CATEGORY_TRAINING, function="make", displa
     DESCRIPTION = ("A learning-rate schedule for the TrainingLoop. interval: step the schedule once per epoch or "
                    "once per optimizer step (one-cycle is always per step). cosine t_max 0 = the whole run; "
                    "onecycle max_lr 0 = 10 x the optimizer's lr.")
-    REQUIRED = {
-        "name": choice_input(T.SCHEDULER_CHOICES, "cosine", "the schedule (none = constant lr)"),
-        "interval": choice_input(T.SCHEDULER_INTERVALS, "epoch", "step the schedule per epoch or per optimizer step"),
-    }
-    OPTIONAL = {
-        "step_size": int_input(10, 1, 1 << 30, "step: decay every step_size intervals"),
-        "gamma": float_input(0.1, 1e-6, 1.0, 0.01, "step / exponential: decay factor"),
-        "t_max": int_input(0, 0, 1 << 30, "cosine: period in intervals (0 = the whole run)"),
-        "eta_min": float_input(0.0, 0.0, 10.0, 1e-5, "cosine: lowest lr", round=False),
-        "max_lr": float_input(0.0, 0.0, 10.0, 1e-4, "onecycle: peak lr (0 = 10 x the optimizer's lr)", round=False),
-        "pct_start": float_input(0.3, 0.01, 0.99, 0.01, "onecycle: fraction of the run spent warming up"),
-    }
+    REQUIRED, OPTIONAL = inputs_of(SchedulerSpec, required=("name", "interval"))
 
     def make(self, name: str = "cosine", interval: str = "epoch", step_size: int = 10, gamma: float = 0.1,
              t_max: int = 0, eta_min: float = 0.0, max_lr: float = 0.0, pct_start: float = 0.3) -> tuple[Any]:
@@ -98,9 +75,7 @@ class XPULoss(Node, category=T.CATEGORY_TRAINING, function="make", display="Loss
 
     DESCRIPTION = ("The loss: cross_entropy (class labels), bce_with_logits (binary / multi-label), mse, l1, "
                    "smooth_l1 (regression; integer labels are one-hot encoded against multi-column outputs).")
-    REQUIRED = {"name": choice_input(T.LOSS_CHOICES, "cross_entropy", "cross_entropy / bce_with_logits for classes; "
-                                                                      "mse / l1 / smooth_l1 for regression")}
-    OPTIONAL = {"label_smoothing": float_input(0.0, 0.0, 0.99, 0.01, "cross_entropy only")}
+    REQUIRED, OPTIONAL = inputs_of(LossSpec, required=("name",))
 
     def make(self, name: str = "cross_entropy", label_smoothing: float = 0.0) -> tuple[Any]:
         return (LossSpec(name=name, label_smoothing=float(label_smoothing)),)
@@ -119,31 +94,33 @@ class XPUTrainingLoop(Node, category=T.CATEGORY_TRAINING, function="train", disp
         "trains one model on several cards of a worker run; elsewhere it falls back to single."
     )
     REQUIRED = {
-        "model": link_input(T.MODEL, "the model to train (a copy is trained; the input stays as built)"),
-        "dataloader": link_input(T.DATALOADER, "training batches"),
-        "optimizer": link_input(T.OPTIMIZER, "an Optimizer node"),
-        "loss": link_input(T.LOSS, "a Loss node"),
-        "epochs": int_input(10, 1, 1_000_000, "passes over the dataloader"),
-        "max_steps": int_input(0, 0, 1 << 40, "stop after this many optimizer steps (0 = no limit)"),
+        "model": socket(T.MODEL, "the model to train (a copy is trained; the input stays as built)"),
+        "dataloader": socket(T.DATALOADER, "training batches"),
+        "optimizer": socket(T.OPTIMIZER, "an Optimizer node"),
+        "loss": socket(T.LOSS, "a Loss node"),
+        "epochs": int_widget(10, 1, 1_000_000, "passes over the dataloader"),
+        "max_steps": int_widget(0, 0, 1 << 40, "stop after this many optimizer steps (0 = no limit)"),
         "device": _DEVICE_INPUT,
         "precision": _PRECISION_INPUT,
     }
     OPTIONAL = {
-        "val_dataloader": link_input(T.DATALOADER, "validated after every epoch: val_loss, val_accuracy"),
-        "lr_scheduler": link_input(T.LR_SCHEDULER, "an LR Scheduler node"),
-        "accumulate_steps": int_input(1, 1, 4096, "batches whose gradients make one optimizer step"),
-        "grad_clip_norm": float_input(0.0, 0.0, 1e6, 0.1, "clip the gradient norm (0 = off)"),
-        "checkpoint_every": int_input(0, 0, 1_000_000, "write a checkpoint every N epochs (0 = off)"),
-        "checkpoint_every_steps": int_input(0, 0, 1 << 40, "write a checkpoint every N optimizer steps (0 = off)"),
-        "val_every_steps": int_input(0, 0, 1 << 40, "also validate every N optimizer steps (val_loss_step)"),
-        "seed": int_input(0, -1, 2**31 - 1, "seed of shuffling and dropout (-1 = unseeded); a run's seed overrides it"),
-        "tensorboard": bool_input(True, "write TensorBoard event files"),
-        "strategy": choice_input(T.STRATEGY_CHOICES, "single", "ddp: one model on every card of a worker run",
+        "val_dataloader": socket(T.DATALOADER, "validated after every epoch: val_loss, val_accuracy"),
+        "lr_scheduler": socket(T.LR_SCHEDULER, "an LR Scheduler node"),
+        "accumulate_steps": int_widget(1, 1, 4096, "batches whose gradients make one optimizer step"),
+        "grad_clip_norm": float_widget(0.0, 0.0, 1e6, 0.1, "clip the gradient norm (0 = off)"),
+        "checkpoint_every": int_widget(0, 0, 1_000_000, "write a checkpoint every N epochs (0 = off)"),
+        "checkpoint_every_steps": int_widget(0, 0, 1 << 40, "write a checkpoint every N optimizer steps (0 = off)"),
+        "val_every_steps": int_widget(0, 0, 1 << 40, "also validate every N optimizer steps (val_loss_step)"),
+        "seed": int_widget(0, -1, 2**31 - 1,
+                           "seed of shuffling and dropout (-1 = unseeded); a run's seed overrides it"),
+        "tensorboard": widget("BOOLEAN", True, "write TensorBoard event files"),
+        "strategy": widget(T.STRATEGY_CHOICES, "single", "ddp: one model on every card of a worker run",
+                           advanced=True),
+        "resume_from": widget("STRING", "", "checkpoint to continue from (an interrupted epoch restarts)",
+                              advanced=True),
+        "checkpoint_dir": widget("STRING", "", "'' = the run directory's checkpoints folder; else a folder inside the "
+                                 "run directory (outside a run: inside the outputs folder); no '..', not absolute",
                                  advanced=True),
-        "resume_from": string_input("", "checkpoint to continue from (an interrupted epoch restarts)", advanced=True),
-        "checkpoint_dir": string_input("", "'' = the run directory's checkpoints folder; else a folder inside the "
-                                       "run directory (outside a run: inside the outputs folder); no '..', not "
-                                       "absolute", advanced=True),
     }
 
     @classmethod
@@ -234,12 +211,12 @@ class XPUEvaluate(Node, category=T.CATEGORY_TRAINING, function="evaluate", displ
 
     DESCRIPTION = "Loss and accuracy of a model on a dataloader (e.g. the validation split)."
     REQUIRED = {
-        "model": link_input(T.MODEL, "the model to evaluate"),
-        "dataloader": link_input(T.DATALOADER, "the data to evaluate on (e.g. the val split)"),
+        "model": socket(T.MODEL, "the model to evaluate"),
+        "dataloader": socket(T.DATALOADER, "the data to evaluate on (e.g. the val split)"),
         "device": _DEVICE_INPUT,
         "precision": _PRECISION_INPUT,
     }
-    OPTIONAL = {"loss": link_input(T.LOSS, "default: cross_entropy for classifiers, else mse")}
+    OPTIONAL = {"loss": socket(T.LOSS, "default: cross_entropy for classifiers, else mse")}
 
     def evaluate(self, model: Any, dataloader: Any, device: str = "auto", precision: str = "fp32",
                  loss: LossSpec | None = None) -> dict[str, Any]:
