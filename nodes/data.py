@@ -17,6 +17,7 @@ from typing import Any
 
 from . import mounts
 from . import types as T
+from .contract import Node, float_widget, inputs_of, int_widget, option, socket, widget
 from .lib import datasets
 from .lib.datasets import SYNTHETIC_IMAGE_SIZE, SYNTHETIC_SEQ_LEN, split_indices
 
@@ -41,25 +42,29 @@ class RawData:
 
 @dataclass
 class DatasetOptions:
-    """Everything the Dataset node's widgets say, with the node's defaults."""
+    """Everything the Dataset node's widgets say: each field is its widget (nodes/contract.py's ``option``),
+    so the defaults here are the node's."""
 
-    name: str = "digits"
-    val_split: float = 0.2
-    seed: int = 0
-    normalize: str = "standard"
-    as_image: bool = False
-    n_samples: int = 1000
-    n_features: int = 20
-    num_classes: int = 2
-    image_size: int = 0
-    channels: int = 1
-    seq_len: int = 0
-    noise: float = 0.1
-    path: str = ""
-    target_column: str = "target"
-    x_key: str = "x"
-    y_key: str = "y"
-    task: str = "auto"
+    name: str = option(widget(T.DATASET_CHOICES, "digits", "bundled (no download), synthetic, or a csv / "
+                                                           "safetensors file (set path)"))
+    val_split: float = option(float_widget(0.2, 0.0, 0.9, 0.05, "fraction of samples held out for validation"))
+    seed: int = option(int_widget(0, 0, 2**31 - 1, "seed of the split and of synthetic data"))
+    normalize: str = option(widget(T.NORMALIZE_CHOICES, "standard",
+                                   "scale inputs with statistics of the train split"))
+    as_image: bool = option(widget("BOOLEAN", False, "digits as 1x8x8 images (for the CNN)"))
+    n_samples: int = option(int_widget(1000, 2, 10_000_000, "synthetic datasets only"))
+    n_features: int = option(int_widget(20, 1, 100_000,
+                                        "synthetic datasets: features per sample (per step for sequences)"))
+    num_classes: int = option(int_widget(2, 2, 100_000, "synthetic classification, images and sequences"))
+    image_size: int = option(int_widget(0, 0, 4096, "side of square images; 0 = the dataset's own"))
+    channels: int = option(int_widget(1, 1, 64, "synthetic_images: channels per image"))
+    seq_len: int = option(int_widget(0, 0, 1_000_000, "synthetic_sequences length; 0 = 32"))
+    noise: float = option(float_widget(0.1, 0.0, 10.0, 0.01, "synthetic datasets: how noisy the samples are"))
+    path: str = option(widget("STRING", "", "CSV or safetensors file"))
+    target_column: str = option(widget("STRING", "target", "CSV column holding the target"))
+    x_key: str = option(widget("STRING", "x", "safetensors tensor with the inputs"))
+    y_key: str = option(widget("STRING", "y", "safetensors tensor with the targets"))
+    task: str = option(widget(T.TASK_CHOICES, "auto", "csv / safetensors: auto = integer labels are classes"))
 
 
 def _unknown_dataset(name: str) -> ValueError:
@@ -163,7 +168,8 @@ def build_datasets(opts: DatasetOptions) -> tuple[Any, Any, dict[str, Any]]:
 # --- nodes ----------------------------------------------------------------------------------------------
 
 
-class XPUDataset:
+class XPUDataset(Node, category=T.CATEGORY_DATA, function="load", display="Dataset",
+                 returns={"train": T.DATASET, "val": T.DATASET, "info": T.DATASET_INFO}):
     """Dataset node: bundled, synthetic, CSV or safetensors data, split into train and val."""
 
     DESCRIPTION = (
@@ -171,48 +177,7 @@ class XPUDataset:
         "synthetic ones; CSV or safetensors files), splits it into train/val with a seed and normalises the "
         "inputs with train statistics. 'info' tells model builders the input shape and number of classes."
     )
-    CATEGORY = T.CATEGORY_DATA
-    FUNCTION = "load"
-    RETURN_TYPES = (T.DATASET, T.DATASET, T.DATASET_INFO)
-    RETURN_NAMES = ("train", "val", "info")
-    OUTPUT_NODE = False
-
-    @classmethod
-    def INPUT_TYPES(cls) -> dict[str, Any]:
-        return {
-            "required": {
-                "name": (T.DATASET_CHOICES, {"default": "digits", "tooltip": "bundled (no download), synthetic, or a csv / "
-                                                                          "safetensors file (set path)"}),
-                "val_split": ("FLOAT", {"default": 0.2, "min": 0.0, "max": 0.9, "step": 0.05,
-                                        "tooltip": "fraction of samples held out for validation"}),
-                "seed": ("INT", {"default": 0, "min": 0, "max": 2**31 - 1,
-                                 "tooltip": "seed of the split and of synthetic data"}),
-                "normalize": (T.NORMALIZE_CHOICES, {"default": "standard",
-                                                    "tooltip": "scale inputs with statistics of the train split"}),
-            },
-            "optional": {
-                "as_image": ("BOOLEAN", {"default": False, "tooltip": "digits as 1x8x8 images (for the CNN)"}),
-                "n_samples": ("INT", {"default": 1000, "min": 2, "max": 10_000_000,
-                                      "tooltip": "synthetic datasets only"}),
-                "n_features": ("INT", {"default": 20, "min": 1, "max": 100_000,
-                                       "tooltip": "synthetic datasets: features per sample (per step for sequences)"}),
-                "num_classes": ("INT", {"default": 2, "min": 2, "max": 100_000,
-                                        "tooltip": "synthetic classification, images and sequences"}),
-                "image_size": ("INT", {"default": 0, "min": 0, "max": 4096,
-                                       "tooltip": "side of square images; 0 = the dataset's own"}),
-                "channels": ("INT", {"default": 1, "min": 1, "max": 64, "tooltip": "synthetic_images: channels per image"}),
-                "seq_len": ("INT", {"default": 0, "min": 0, "max": 1_000_000,
-                                    "tooltip": "synthetic_sequences length; 0 = 32"}),
-                "noise": ("FLOAT", {"default": 0.1, "min": 0.0, "max": 10.0, "step": 0.01,
-                                    "tooltip": "synthetic datasets: how noisy the samples are"}),
-                "path": ("STRING", {"default": "", "tooltip": "CSV or safetensors file"}),
-                "target_column": ("STRING", {"default": "target", "tooltip": "CSV column holding the target"}),
-                "x_key": ("STRING", {"default": "x", "tooltip": "safetensors tensor with the inputs"}),
-                "y_key": ("STRING", {"default": "y", "tooltip": "safetensors tensor with the targets"}),
-                "task": (T.TASK_CHOICES, {"default": "auto",
-                                          "tooltip": "csv / safetensors: auto = integer labels are classes"}),
-            },
-        }
+    REQUIRED, OPTIONAL = inputs_of(DatasetOptions, required=("name", "val_split", "seed", "normalize"))
 
     @classmethod
     def IS_CHANGED(cls, name: str = "", path: str = "", **_: Any) -> Any:
@@ -234,35 +199,22 @@ class XPUDataset:
         return build_datasets(opts)
 
 
-class XPUDataLoader:
+class XPUDataLoader(Node, category=T.CATEGORY_DATA, function="make", display="DataLoader",
+                    returns={"dataloader": T.DATALOADER}):
     """DataLoader node: batches a dataset with a real torch DataLoader."""
 
     DESCRIPTION = (
         "Wraps a dataset in a torch DataLoader. batch_size is per device (under ddp each card reads its own "
         "share with this batch size)."
     )
-    CATEGORY = T.CATEGORY_DATA
-    FUNCTION = "make"
-    RETURN_TYPES = (T.DATALOADER,)
-    RETURN_NAMES = ("dataloader",)
-    OUTPUT_NODE = False
-
-    @classmethod
-    def INPUT_TYPES(cls) -> dict[str, Any]:
-        return {
-            "required": {
-                "dataset": (T.DATASET, {"tooltip": "a Dataset node's train or val output"}),
-                "batch_size": ("INT", {"default": 32, "min": 1, "max": 65536, "tooltip": "samples per batch (per device)"}),
-                "shuffle": ("BOOLEAN", {"default": True, "tooltip": "a new order every epoch (train); off for val"}),
-                "num_workers": ("INT", {"default": 0, "min": 0, "max": 64,
-                                        "tooltip": "loader worker processes (0 = load in the training process)"}),
-                "drop_last": ("BOOLEAN", {"default": False, "tooltip": "skip a last batch smaller than batch_size"}),
-            },
-            "optional": {
-                "pin_memory": ("BOOLEAN", {"default": False,
-                                           "tooltip": "page-locked batches for faster copies to a GPU"}),
-            },
-        }
+    REQUIRED = {
+        "dataset": socket(T.DATASET, "a Dataset node's train or val output"),
+        "batch_size": int_widget(32, 1, 65536, "samples per batch (per device)"),
+        "shuffle": widget("BOOLEAN", True, "a new order every epoch (train); off for val"),
+        "num_workers": int_widget(0, 0, 64, "loader worker processes (0 = load in the training process)"),
+        "drop_last": widget("BOOLEAN", False, "skip a last batch smaller than batch_size"),
+    }
+    OPTIONAL = {"pin_memory": widget("BOOLEAN", False, "page-locked batches for faster copies to a GPU")}
 
     def make(self, dataset: Any, batch_size: int, shuffle: bool, num_workers: int = 0, drop_last: bool = False,
              pin_memory: bool = False) -> tuple[Any]:
@@ -289,13 +241,3 @@ class XPUDataLoader:
             persistent_workers=False,
         )
         return (loader,)
-
-
-NODE_CLASS_MAPPINGS: dict[str, type] = {
-    T.DATASET_NODE: XPUDataset,
-    T.DATALOADER_NODE: XPUDataLoader,
-}
-NODE_DISPLAY_NAME_MAPPINGS: dict[str, str] = {
-    T.DATASET_NODE: "Dataset",
-    T.DATALOADER_NODE: "DataLoader",
-}

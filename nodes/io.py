@@ -16,8 +16,9 @@ from ..common import atomic
 from . import device as devmod
 from . import hostmode, mounts, paths, runtime
 from . import types as T
+from .contract import Node, int_widget, socket, widget
 from .lib.evaluation import summarise_predictions
-from .lib.modelfile import MODEL_FORMAT, MODEL_VERSION, read_model_file, write_model_file
+from .lib.modelfile import MODEL_FORMAT, MODEL_VERSION, load_weights, read_model_file, write_model_file
 from .models import build_model, spec_of
 
 __all__ = ["MODEL_FORMAT", "MODEL_VERSION", "XPUModelLoader", "XPUModelSaver", "XPUPredict", "load_model",
@@ -53,56 +54,32 @@ def load_model(path: Path) -> Any:
     if spec is None:
         raise ValueError(f"{path} holds weights but no architecture spec, so the model cannot be rebuilt; save "
                          f"models built by the MLP/CNN/Sequential nodes with ModelSaver")
-    model = build_model(spec)
-    try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as exc:
-        raise ValueError(f"{path}: the weights do not fit the recorded architecture: "
-                         f"{str(exc).splitlines()[0]}") from None
-    model.eval()
-    return model
+    return load_weights(build_model(spec), state, path)
 
 
-class XPUModelSaver:
+class XPUModelSaver(Node, category=T.CATEGORY_IO, function="save", display="Model Saver",
+                    returns={"path": "STRING"}, output=True):
     """ModelSaver node (output node): weights + architecture, safetensors or PyTorch format."""
 
     DESCRIPTION = ("Saves a model with its architecture so ModelLoader can rebuild it. The filename is relative "
                    "to the outputs folder (ComfyUI's output/xpufleet, else $XPUFLEET_HOME/outputs) or the run "
                    "directory, and stays inside it (no '..', no absolute path, no symlink leading out). The file "
                    "is written to a temp file and renamed, never half written.")
-    CATEGORY = T.CATEGORY_IO
-    FUNCTION = "save"
-    RETURN_TYPES = ("STRING",)
-    RETURN_NAMES = ("path",)
-    OUTPUT_NODE = True
-
-    @classmethod
-    def INPUT_TYPES(cls) -> dict[str, Any]:
-        return {
-            "required": {
-                "model": (T.MODEL, {"tooltip": "the model to save (from a builder, TrainingLoop or ModelLoader)"}),
-                "filename": ("STRING", {"default": "models/model.safetensors",
-                                        "tooltip": "relative to the location below, and inside it "
-                                                   "(no '..', not absolute)"}),
-                "format": (T.MODEL_FORMATS, {"default": "safetensors",
-                                             "tooltip": "safetensors (.safetensors) or PyTorch (.pt / .pth)"}),
-                "location": (T.SAVE_LOCATIONS, {"default": "outputs",
-                                                "tooltip": "the outputs folder, or this run's directory"}),
-            },
-            "optional": {"overwrite": ("BOOLEAN", {"default": True, "tooltip": "replace an existing file"})},
-        }
+    REQUIRED = {
+        "model": socket(T.MODEL, "the model to save (from a builder, TrainingLoop or ModelLoader)"),
+        "filename": widget("STRING", "models/model.safetensors", "relative to the location below, and inside it "
+                                                                 "(no '..', not absolute)"),
+        "format": widget(T.MODEL_FORMATS, "safetensors", "safetensors (.safetensors) or PyTorch (.pt / .pth)"),
+        "location": widget(T.SAVE_LOCATIONS, "outputs", "the outputs folder, or this run's directory"),
+    }
+    OPTIONAL = {"overwrite": widget("BOOLEAN", True, "replace an existing file")}
 
     @classmethod
     def VALIDATE_INPUTS(cls, filename: Any = None) -> bool | str:
         """Refuse a filename that cannot stay inside its folder before anything runs (a linked
         filename, known only at run time, is checked when the node saves)."""
-        if filename is None:
-            return True
-        if not isinstance(filename, str):
-            return "filename must be a string"
-        problem = paths.relative_path_problem(filename)
-        return True if problem is None else (f"filename {problem}; files go inside the outputs folder or the run "
-                                             f"directory: give a relative path like 'models/mlp.safetensors'")
+        return paths.path_input_check("filename", filename, "files go inside the outputs folder or the run "
+                                      "directory: give a relative path like 'models/mlp.safetensors'")
 
     def save(self, model: Any, filename: str, format: str = "safetensors", location: str = "outputs",
              overwrite: bool = True) -> dict[str, Any]:
@@ -118,24 +95,15 @@ class XPUModelSaver:
         return {"ui": {"text": [str(saved)]}, "result": (str(saved),)}
 
 
-class XPUModelLoader:
+class XPUModelLoader(Node, category=T.CATEGORY_IO, function="load", display="Model Loader", returns={"model": T.MODEL}):
     """ModelLoader node: rebuilds a model saved by ModelSaver (either format) or a checkpoint."""
 
     DESCRIPTION = ("Loads a model saved by ModelSaver (safetensors or PyTorch) or a TrainingLoop checkpoint and "
                    "rebuilds its architecture. A relative path is looked up in the outputs folder, then (in "
                    "ComfyUI) the models/xpufleet folder, then the run directory, then the current directory.")
-    CATEGORY = T.CATEGORY_IO
-    FUNCTION = "load"
-    RETURN_TYPES = (T.MODEL,)
-    RETURN_NAMES = ("model",)
-    OUTPUT_NODE = False
-
-    @classmethod
-    def INPUT_TYPES(cls) -> dict[str, Any]:
-        return {"required": {"path": ("STRING", {"default": "models/model.safetensors",
-                                                 "tooltip": "a file ModelSaver wrote (relative: outputs folder, "
-                                                            "models/xpufleet in ComfyUI, the run directory, then "
-                                                            "the current directory)"})}}
+    REQUIRED = {"path": widget("STRING", "models/model.safetensors",
+                               "a file ModelSaver wrote (relative: outputs folder, models/xpufleet in ComfyUI, the "
+                               "run directory, then the current directory)")}
 
     @classmethod
     def IS_CHANGED(cls, path: str = "", **_: Any) -> Any:
@@ -162,35 +130,26 @@ class XPUModelLoader:
         return (model,)
 
 
-class XPUPredict:
+class XPUPredict(Node, category=T.CATEGORY_IO, function="predict", display="Predict",
+                 returns={"predictions": T.TENSOR, "summary": "STRING"}, output=True):
     """Predict node (output node): model outputs for a dataset or dataloader."""
 
     DESCRIPTION = ("Runs the model on a dataset or dataloader. output auto = class indices for classifiers, raw "
                    "outputs otherwise; probabilities = softmax (sigmoid for one output). Shows accuracy when the "
                    "data has labels.")
-    CATEGORY = T.CATEGORY_IO
-    FUNCTION = "predict"
-    RETURN_TYPES = (T.TENSOR, "STRING")
-    RETURN_NAMES = ("predictions", "summary")
-    OUTPUT_NODE = True
-
-    @classmethod
-    def INPUT_TYPES(cls) -> dict[str, Any]:
-        return {
-            "required": {
-                "model": (T.MODEL, {"tooltip": "the model to run"}),
-                "output": (T.PREDICT_OUTPUTS, {"default": "auto",
-                                               "tooltip": "auto = class indices for classifiers, raw outputs otherwise"}),
-                "device": (devmod.DEVICE_CHOICES, {"default": "auto", "tooltip": "auto follows the run's first device"}),
-                "batch_size": ("INT", {"default": 256, "min": 1, "max": 65536, "tooltip": "samples per forward pass"}),
-            },
-            "optional": {
-                "dataset": (T.DATASET, {"tooltip": "the inputs (connect this or a dataloader)"}),
-                "dataloader": (T.DATALOADER, {"tooltip": "the inputs as batches (used when connected)"}),
-                "precision": (T.PRECISION_CHOICES, {"default": "fp32", "tooltip": "autocast precision"}),
-                "show": ("INT", {"default": 20, "min": 0, "max": 10_000, "tooltip": "predictions shown in the UI"}),
-            },
-        }
+    REQUIRED = {
+        "model": socket(T.MODEL, "the model to run"),
+        "output": widget(T.PREDICT_OUTPUTS, "auto",
+                         "auto = class indices for classifiers, raw outputs otherwise"),
+        "device": widget(devmod.DEVICE_CHOICES, "auto", "auto follows the run's first device"),
+        "batch_size": int_widget(256, 1, 65536, "samples per forward pass"),
+    }
+    OPTIONAL = {
+        "dataset": socket(T.DATASET, "the inputs (connect this or a dataloader)"),
+        "dataloader": socket(T.DATALOADER, "the inputs as batches (used when connected)"),
+        "precision": widget(T.PRECISION_CHOICES, "fp32", "autocast precision"),
+        "show": int_widget(20, 0, 10_000, "predictions shown in the UI"),
+    }
 
     def predict(self, model: Any, output: str = "auto", device: str = "auto", batch_size: int = 256,
                 dataset: Any = None, dataloader: Any = None, precision: str = "fp32",
@@ -214,15 +173,3 @@ class XPUPredict:
         summary = "\n".join(lines)
         runtime.info(f"{label}: " + lines[0] + (f"; {lines[1]}" if len(lines) > 1 and "accuracy" in lines[1] else ""))
         return {"ui": {"text": [summary]}, "result": (preds, summary)}
-
-
-NODE_CLASS_MAPPINGS: dict[str, type] = {
-    T.MODEL_SAVER_NODE: XPUModelSaver,
-    T.MODEL_LOADER_NODE: XPUModelLoader,
-    T.PREDICT_NODE: XPUPredict,
-}
-NODE_DISPLAY_NAME_MAPPINGS: dict[str, str] = {
-    T.MODEL_SAVER_NODE: "Model Saver",
-    T.MODEL_LOADER_NODE: "Model Loader",
-    T.PREDICT_NODE: "Predict",
-}

@@ -13,6 +13,7 @@ from typing import Any
 
 from . import hostmode, runtime
 from . import types as T
+from .contract import Node, float_widget, int_widget, socket, widget
 from .layerspec import LayerSpecError, check_resolved, output_shape, resolve_layers
 from .lib import layers
 from .lib.layers import SPEC_ATTR, SPEC_FORMAT, cnn_layers, layers_of, make_spec, mlp_layers
@@ -74,15 +75,18 @@ def _finish(builder: str, kwargs: dict[str, Any], info: dict[str, Any] | None, i
     return (model,)
 
 
-_SEED_INPUT = ("INT", {"default": 0, "min": -1, "max": 2**31 - 1,
-                       "tooltip": "weight init seed (-1 = unseeded); a run's seed overrides it"})
-_ACTIVATION_INPUT = (T.ACTIVATION_CHOICES, {"default": "relu", "tooltip": "activation after each hidden layer"})
-_DROPOUT_INPUT = ("FLOAT", {"default": 0.0, "min": 0.0, "max": 0.95, "step": 0.05,
-                            "tooltip": "dropout probability (0 = none)"})
-_INFO_INPUT = (T.DATASET_INFO, {"tooltip": "the Dataset's info: sizes left at 0 / auto come from it"})
+_SEED_INPUT = int_widget(0, -1, 2**31 - 1, "weight init seed (-1 = unseeded); a run's seed overrides it")
+# What the MLP's and the CNN's blocks take after their sizes.
+_BLOCK_INPUTS = {
+    "activation": widget(T.ACTIVATION_CHOICES, "relu", "activation after each hidden layer"),
+    "dropout": float_widget(0.0, 0.0, 0.95, 0.05, "dropout probability (0 = none)"),
+    "seed": _SEED_INPUT,
+}
+_INFO_INPUT = socket(T.DATASET_INFO, "the Dataset's info: sizes left at 0 / auto come from it")
+_OUT_FEATURES_INPUT = int_widget(0, 0, 1 << 30, "0 = from info")
 
 
-class _UnseededReruns:
+class _UnseededReruns(Node):
     """ComfyUI's caching rule for builders (nodes/hostmode.py): seed -1 builds fresh weights each queue."""
 
     @classmethod
@@ -90,33 +94,18 @@ class _UnseededReruns:
         return hostmode.seed_rerun_key(seed)
 
 
-class XPUMLP(_UnseededReruns):
+class XPUMLP(_UnseededReruns, category=T.CATEGORY_MODELS, function="build", display="MLP", returns={"model": T.MODEL}):
     """MLP builder node."""
 
     DESCRIPTION = ("A multi-layer perceptron. in/out features 0 = taken from the Dataset's info (inputs are "
                    "flattened, outputs = number of classes or target size).")
-    CATEGORY = T.CATEGORY_MODELS
-    FUNCTION = "build"
-    RETURN_TYPES = (T.MODEL,)
-    RETURN_NAMES = ("model",)
-    OUTPUT_NODE = False
-
-    @classmethod
-    def INPUT_TYPES(cls) -> dict[str, Any]:
-        return {
-            "required": {
-                "hidden": ("STRING", {"default": "64,32", "tooltip": "hidden layer sizes, e.g. 128,64"}),
-                "activation": _ACTIVATION_INPUT,
-                "dropout": _DROPOUT_INPUT,
-                "seed": _SEED_INPUT,
-            },
-            "optional": {
-                "dataset_info": _INFO_INPUT,
-                "in_features": ("INT", {"default": 0, "min": 0, "max": 1 << 30, "tooltip": "0 = from info"}),
-                "out_features": ("INT", {"default": 0, "min": 0, "max": 1 << 30, "tooltip": "0 = from info"}),
-                "batch_norm": ("BOOLEAN", {"default": False, "tooltip": "BatchNorm after each hidden layer"}),
-            },
-        }
+    REQUIRED = {"hidden": widget("STRING", "64,32", "hidden layer sizes, e.g. 128,64"), **_BLOCK_INPUTS}
+    OPTIONAL = {
+        "dataset_info": _INFO_INPUT,
+        "in_features": int_widget(0, 0, 1 << 30, "0 = from info"),
+        "out_features": _OUT_FEATURES_INPUT,
+        "batch_norm": widget("BOOLEAN", False, "BatchNorm after each hidden layer"),
+    }
 
     def build(self, hidden: str = "64,32", activation: str = "relu", dropout: float = 0.0, seed: int = 0,
               dataset_info: dict[str, Any] | None = None, in_features: int = 0, out_features: int = 0,
@@ -137,38 +126,25 @@ class XPUMLP(_UnseededReruns):
         return _finish("mlp", kwargs, info, shape, seed, "MLP")
 
 
-class XPUCNN(_UnseededReruns):
+class XPUCNN(_UnseededReruns, category=T.CATEGORY_MODELS, function="build", display="CNN (small)",
+             returns={"model": T.MODEL}):
     """Small CNN builder node (image inputs C x H x W)."""
 
     DESCRIPTION = ("A small convolutional network for images (C x H x W): conv blocks with 2x2 max-pooling, "
                    "then a linear head. in_channels/image_size/out_features 0 = from the Dataset's info.")
-    CATEGORY = T.CATEGORY_MODELS
-    FUNCTION = "build"
-    RETURN_TYPES = (T.MODEL,)
-    RETURN_NAMES = ("model",)
-    OUTPUT_NODE = False
-
-    @classmethod
-    def INPUT_TYPES(cls) -> dict[str, Any]:
-        return {
-            "required": {
-                "channels": ("STRING", {"default": "16,32", "tooltip": "output channels of each conv block"}),
-                "kernel_size": ("INT", {"default": 3, "min": 1, "max": 15, "step": 2,
-                                        "tooltip": "odd convolution size (padding keeps the image size)"}),
-                "activation": _ACTIVATION_INPUT,
-                "dropout": _DROPOUT_INPUT,
-                "seed": _SEED_INPUT,
-            },
-            "optional": {
-                "dataset_info": _INFO_INPUT,
-                "in_channels": ("INT", {"default": 0, "min": 0, "max": 4096, "tooltip": "0 = from info"}),
-                "image_size": ("INT", {"default": 0, "min": 0, "max": 8192, "tooltip": "0 = from info"}),
-                "out_features": ("INT", {"default": 0, "min": 0, "max": 1 << 30, "tooltip": "0 = from info"}),
-                "batch_norm": ("BOOLEAN", {"default": True, "tooltip": "BatchNorm after each convolution"}),
-                "fc_hidden": ("INT", {"default": 0, "min": 0, "max": 1 << 20,
-                                      "tooltip": "size of a hidden linear layer in the head (0 = none)"}),
-            },
-        }
+    REQUIRED = {
+        "channels": widget("STRING", "16,32", "output channels of each conv block"),
+        "kernel_size": int_widget(3, 1, 15, "odd convolution size (padding keeps the image size)", step=2),
+        **_BLOCK_INPUTS,
+    }
+    OPTIONAL = {
+        "dataset_info": _INFO_INPUT,
+        "in_channels": int_widget(0, 0, 4096, "0 = from info"),
+        "image_size": int_widget(0, 0, 8192, "0 = from info"),
+        "out_features": _OUT_FEATURES_INPUT,
+        "batch_norm": widget("BOOLEAN", True, "BatchNorm after each convolution"),
+        "fc_hidden": int_widget(0, 0, 1 << 20, "size of a hidden linear layer in the head (0 = none)"),
+    }
 
     def build(self, channels: str = "16,32", kernel_size: int = 3, activation: str = "relu",
               dropout: float = 0.0, seed: int = 0, dataset_info: dict[str, Any] | None = None,
@@ -198,29 +174,20 @@ _SEQUENTIAL_EXAMPLE = (
 )
 
 
-class XPUSequential(_UnseededReruns):
+class XPUSequential(_UnseededReruns, category=T.CATEGORY_MODELS, function="build",
+                    display="Sequential (layer spec)", returns={"model": T.MODEL}):
     """Sequential builder node: a model from a JSON/YAML layer list."""
 
     DESCRIPTION = ("A torch nn.Sequential from a layer list (JSON or YAML), e.g. "
                    '[{"type":"Linear","in":64,"out":32},{"type":"ReLU"}]. Sizes may be "auto" (from the '
                    "previous layer's output, given the Dataset's info). Every layer is checked with errors "
                    "that name it.")
-    CATEGORY = T.CATEGORY_MODELS
-    FUNCTION = "build"
-    RETURN_TYPES = (T.MODEL,)
-    RETURN_NAMES = ("model",)
-    OUTPUT_NODE = False
-
-    @classmethod
-    def INPUT_TYPES(cls) -> dict[str, Any]:
-        return {
-            "required": {
-                "layers": ("STRING", {"default": _SEQUENTIAL_EXAMPLE, "multiline": True,
-                                      "tooltip": "a JSON or YAML list of layers; sizes may be \"auto\""}),
-                "seed": _SEED_INPUT,
-            },
-            "optional": {"dataset_info": _INFO_INPUT},
-        }
+    REQUIRED = {
+        "layers": widget("STRING", _SEQUENTIAL_EXAMPLE, "a JSON or YAML list of layers; sizes may be \"auto\"",
+                         multiline=True),
+        "seed": _SEED_INPUT,
+    }
+    OPTIONAL = {"dataset_info": _INFO_INPUT}
 
     def build(self, layers: str, seed: int = 0, dataset_info: dict[str, Any] | None = None) -> tuple[Any]:
         info = dataset_info or {}
@@ -236,15 +203,3 @@ class XPUSequential(_UnseededReruns):
                 runtime.warn("model_shape", f"Sequential: the last layer gives {out[-1]} outputs per sample but the "
                              f"dataset has {want} {'classes' if info.get('task') == 'classification' else 'targets'}")
         return _finish("sequential", {"layers": resolved}, info, shape, seed, "Sequential")
-
-
-NODE_CLASS_MAPPINGS: dict[str, type] = {
-    T.MLP_NODE: XPUMLP,
-    T.CNN_NODE: XPUCNN,
-    T.SEQUENTIAL_NODE: XPUSequential,
-}
-NODE_DISPLAY_NAME_MAPPINGS: dict[str, str] = {
-    T.MLP_NODE: "MLP",
-    T.CNN_NODE: "CNN (small)",
-    T.SEQUENTIAL_NODE: "Sequential (layer spec)",
-}

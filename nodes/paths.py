@@ -78,6 +78,18 @@ class OutsideFolderError(ValueError):
 _SEPARATORS = re.compile(r"[\\/]+")
 
 
+def path_input_check(name: str, value: Any, advice: str, *, empty_ok: bool = False) -> bool | str:
+    """A ``VALIDATE_INPUTS`` answer for a path input that must stay inside its folder: True, or the refusal
+    (``name``, what is wrong, then ``advice``). None passes: a linked input is known only at run time, where
+    the node checks it again; ``""`` passes when ``empty_ok``."""
+    if value is None or (empty_ok and value == ""):
+        return True
+    if not isinstance(value, str):
+        return f"{name} must be a string"
+    problem = relative_path_problem(value)
+    return True if problem is None else f"{name} {problem}; {advice}"
+
+
 def relative_path_problem(path: str) -> str | None:
     """Why ``path`` cannot name a file inside a folder, or None when it can. Lexical only (no disk):
     empty, NUL, too long, not Unicode text, absolute (``/``, ``~``, a drive or UNC path), ``..``, or a

@@ -3,7 +3,8 @@
 An optimizer or scheduler cannot exist before the model's parameters (and, for one-cycle, the number
 of steps) are known, and under ddp each rank builds its own; so those nodes output a spec and the
 TrainingLoop builds the torch object. The specs are frozen dataclasses, hashable and JSON-friendly
-(``asdict``), which also lets the memory estimator read the optimizer kind without torch.
+(``asdict``), which also lets the memory estimator read the optimizer kind without torch. Each field is the
+node's widget (nodes/contract.py's ``option``), so the nodes' inputs and their defaults are read from here.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from . import types as T
+from .contract import float_widget, int_widget, option, widget
 from .lib.losses import LossFn
 from .lib.optim import make_optimizer, make_scheduler, steps_per_interval
 
@@ -23,14 +25,15 @@ __all__ = ["LossFn", "LossSpec", "OptimizerSpec", "SchedulerSpec"]
 class OptimizerSpec:
     """An optimizer to build against a model's parameters."""
 
-    name: str = "adam"
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    momentum: float = 0.9  # SGD with momentum, RMSprop
-    nesterov: bool = False
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
+    name: str = option(widget(T.OPTIMIZER_CHOICES, "adam", "sgd_momentum = SGD with momentum"))
+    lr: float = option(float_widget(1e-3, 1e-8, 10.0, 1e-4, "learning rate", round=False))
+    weight_decay: float = option(float_widget(0.0, 0.0, 1.0, 1e-4, "L2 penalty (decoupled for adamw)", round=False))
+    momentum: float = option(float_widget(0.9, 0.0, 0.999, 0.01, "sgd_momentum and rmsprop"))
+    nesterov: bool = option(widget("BOOLEAN", False, "sgd_momentum only"))
+    beta1: float = option(float_widget(0.9, 0.0, 0.9999, 0.01, "adam / adamw", advanced=True))
+    beta2: float = option(float_widget(0.999, 0.0, 0.99999, 0.001, "adam / adamw", advanced=True))
+    eps: float = option(float_widget(1e-8, 1e-12, 1.0, 1e-9, "adam / adamw / rmsprop numerical stability term",
+                                     round=False, advanced=True))
 
     def __post_init__(self) -> None:
         if self.name not in T.OPTIMIZER_CHOICES:
@@ -57,14 +60,16 @@ class OptimizerSpec:
 class SchedulerSpec:
     """A learning-rate schedule; ``interval`` says whether it steps per epoch or per optimizer step."""
 
-    name: str = "none"
-    interval: str = "epoch"
-    step_size: int = 10  # step: decay every step_size intervals
-    gamma: float = 0.1  # step / exponential decay factor
-    t_max: int = 0  # cosine period in intervals; 0 = the whole run
-    eta_min: float = 0.0  # cosine floor
-    max_lr: float = 0.0  # onecycle peak; 0 = 10 x the optimizer's lr
-    pct_start: float = 0.3  # onecycle warm-up fraction
+    name: str = option(widget(T.SCHEDULER_CHOICES, "cosine", "the schedule (none = constant lr)"))
+    interval: str = option(widget(T.SCHEDULER_INTERVALS, "epoch",
+                                  "step the schedule per epoch or per optimizer step"))
+    step_size: int = option(int_widget(10, 1, 1 << 30, "step: decay every step_size intervals"))
+    gamma: float = option(float_widget(0.1, 1e-6, 1.0, 0.01, "step / exponential: decay factor"))
+    t_max: int = option(int_widget(0, 0, 1 << 30, "cosine: period in intervals (0 = the whole run)"))
+    eta_min: float = option(float_widget(0.0, 0.0, 10.0, 1e-5, "cosine: lowest lr", round=False))
+    max_lr: float = option(float_widget(0.0, 0.0, 10.0, 1e-4, "onecycle: peak lr (0 = 10 x the optimizer's lr)",
+                                        round=False))
+    pct_start: float = option(float_widget(0.3, 0.01, 0.99, 0.01, "onecycle: fraction of the run spent warming up"))
 
     def __post_init__(self) -> None:
         if self.name not in T.SCHEDULER_CHOICES:
@@ -95,8 +100,9 @@ class SchedulerSpec:
 class LossSpec:
     """A loss function; targets are adapted to the model's output shape (see ``LossFn``)."""
 
-    name: str = "cross_entropy"
-    label_smoothing: float = 0.0
+    name: str = option(widget(T.LOSS_CHOICES, "cross_entropy", "cross_entropy / bce_with_logits for classes; "
+                                                               "mse / l1 / smooth_l1 for regression"))
+    label_smoothing: float = option(float_widget(0.0, 0.0, 0.99, 0.01, "cross_entropy only"))
 
     def __post_init__(self) -> None:
         if self.name not in T.LOSS_CHOICES:

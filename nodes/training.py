@@ -9,11 +9,12 @@ from ..constants import CANVAS_CURVE_POINTS
 from . import device as devmod
 from . import hostmode, paths, runtime
 from . import types as T
+from .contract import Node, float_widget, inputs_of, int_widget, socket, widget
 from .models import resolve_seed, spec_of
 from .specs import LossSpec, OptimizerSpec, SchedulerSpec
 
-_DEVICE_INPUT = (devmod.DEVICE_CHOICES, {"default": "auto", "tooltip": "auto follows the run's first device"})
-_PRECISION_INPUT = (T.PRECISION_CHOICES, {"default": "fp32", "tooltip": "autocast precision (fp16 on a CPU runs bf16)"})
+_DEVICE_INPUT = widget(devmod.DEVICE_CHOICES, "auto", "auto follows the run's first device")
+_PRECISION_INPUT = widget(T.PRECISION_CHOICES, "fp32", "autocast precision (fp16 on a CPU runs bf16)")
 
 
 def node_label(name: str, class_type: str) -> str:
@@ -39,39 +40,13 @@ def _format_metrics(metrics: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-class XPUOptimizer:
+class XPUOptimizer(Node, category=T.CATEGORY_TRAINING, function="make", display="Optimizer",
+                   returns={"optimizer": T.OPTIMIZER}):
     """Optimizer node: which optimizer and its hyper-parameters (built by the TrainingLoop)."""
 
     DESCRIPTION = ("Chooses the optimizer: SGD (plain or with momentum), Adam, AdamW or RMSprop. The TrainingLoop "
                    "builds it over the model's parameters.")
-    CATEGORY = T.CATEGORY_TRAINING
-    FUNCTION = "make"
-    RETURN_TYPES = (T.OPTIMIZER,)
-    RETURN_NAMES = ("optimizer",)
-    OUTPUT_NODE = False
-
-    @classmethod
-    def INPUT_TYPES(cls) -> dict[str, Any]:
-        return {
-            "required": {
-                "name": (T.OPTIMIZER_CHOICES, {"default": "adam", "tooltip": "sgd_momentum = SGD with momentum"}),
-                "lr": ("FLOAT", {"default": 1e-3, "min": 1e-8, "max": 10.0, "step": 1e-4, "round": False,
-                                 "tooltip": "learning rate"}),
-                "weight_decay": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 1.0, "step": 1e-4, "round": False,
-                                           "tooltip": "L2 penalty (decoupled for adamw)"}),
-                "momentum": ("FLOAT", {"default": 0.9, "min": 0.0, "max": 0.999, "step": 0.01,
-                                       "tooltip": "sgd_momentum and rmsprop"}),
-            },
-            "optional": {
-                "nesterov": ("BOOLEAN", {"default": False, "tooltip": "sgd_momentum only"}),
-                "beta1": ("FLOAT", {"default": 0.9, "min": 0.0, "max": 0.9999, "step": 0.01, "advanced": True,
-                                    "tooltip": "adam / adamw"}),
-                "beta2": ("FLOAT", {"default": 0.999, "min": 0.0, "max": 0.99999, "step": 0.001,
-                                    "advanced": True, "tooltip": "adam / adamw"}),
-                "eps": ("FLOAT", {"default": 1e-8, "min": 1e-12, "max": 1.0, "step": 1e-9, "round": False,
-                                  "advanced": True, "tooltip": "adam / adamw / rmsprop numerical stability term"}),
-            },
-        }
+    REQUIRED, OPTIONAL = inputs_of(OptimizerSpec, required=("name", "lr", "weight_decay", "momentum"))
 
     def make(self, name: str = "adam", lr: float = 1e-3, weight_decay: float = 0.0, momentum: float = 0.9,
              nesterov: bool = False, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8) -> tuple[Any]:
@@ -79,41 +54,14 @@ class XPUOptimizer:
                               nesterov=bool(nesterov), beta1=float(beta1), beta2=float(beta2), eps=float(eps)),)
 
 
-class XPULRScheduler:
+class XPULRScheduler(Node, category=T.CATEGORY_TRAINING, function="make", display="LR Scheduler",
+                     returns={"lr_scheduler": T.LR_SCHEDULER}):
     """LR scheduler node: step, cosine, exponential, one-cycle, or none."""
 
     DESCRIPTION = ("A learning-rate schedule for the TrainingLoop. interval: step the schedule once per epoch or "
                    "once per optimizer step (one-cycle is always per step). cosine t_max 0 = the whole run; "
                    "onecycle max_lr 0 = 10 x the optimizer's lr.")
-    CATEGORY = T.CATEGORY_TRAINING
-    FUNCTION = "make"
-    RETURN_TYPES = (T.LR_SCHEDULER,)
-    RETURN_NAMES = ("lr_scheduler",)
-    OUTPUT_NODE = False
-
-    @classmethod
-    def INPUT_TYPES(cls) -> dict[str, Any]:
-        return {
-            "required": {
-                "name": (T.SCHEDULER_CHOICES, {"default": "cosine", "tooltip": "the schedule (none = constant lr)"}),
-                "interval": (T.SCHEDULER_INTERVALS, {"default": "epoch",
-                                                     "tooltip": "step the schedule per epoch or per optimizer step"}),
-            },
-            "optional": {
-                "step_size": ("INT", {"default": 10, "min": 1, "max": 1 << 30,
-                                      "tooltip": "step: decay every step_size intervals"}),
-                "gamma": ("FLOAT", {"default": 0.1, "min": 1e-6, "max": 1.0, "step": 0.01,
-                                    "tooltip": "step / exponential: decay factor"}),
-                "t_max": ("INT", {"default": 0, "min": 0, "max": 1 << 30,
-                                  "tooltip": "cosine: period in intervals (0 = the whole run)"}),
-                "eta_min": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 10.0, "step": 1e-5, "round": False,
-                                      "tooltip": "cosine: lowest lr"}),
-                "max_lr": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 10.0, "step": 1e-4, "round": False,
-                                     "tooltip": "onecycle: peak lr (0 = 10 x the optimizer's lr)"}),
-                "pct_start": ("FLOAT", {"default": 0.3, "min": 0.01, "max": 0.99, "step": 0.01,
-                                        "tooltip": "onecycle: fraction of the run spent warming up"}),
-            },
-        }
+    REQUIRED, OPTIONAL = inputs_of(SchedulerSpec, required=("name", "interval"))
 
     def make(self, name: str = "cosine", interval: str = "epoch", step_size: int = 10, gamma: float = 0.1,
              t_max: int = 0, eta_min: float = 0.0, max_lr: float = 0.0, pct_start: float = 0.3) -> tuple[Any]:
@@ -122,33 +70,22 @@ class XPULRScheduler:
                               pct_start=float(pct_start)),)
 
 
-class XPULoss:
+class XPULoss(Node, category=T.CATEGORY_TRAINING, function="make", display="Loss", returns={"loss": T.LOSS}):
     """Loss node."""
 
     DESCRIPTION = ("The loss: cross_entropy (class labels), bce_with_logits (binary / multi-label), mse, l1, "
                    "smooth_l1 (regression; integer labels are one-hot encoded against multi-column outputs).")
-    CATEGORY = T.CATEGORY_TRAINING
-    FUNCTION = "make"
-    RETURN_TYPES = (T.LOSS,)
-    RETURN_NAMES = ("loss",)
-    OUTPUT_NODE = False
-
-    @classmethod
-    def INPUT_TYPES(cls) -> dict[str, Any]:
-        return {
-            "required": {"name": (T.LOSS_CHOICES, {"default": "cross_entropy",
-                                                   "tooltip": "cross_entropy / bce_with_logits for classes; "
-                                                              "mse / l1 / smooth_l1 for regression"})},
-            "optional": {"label_smoothing": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 0.99, "step": 0.01,
-                                                       "tooltip": "cross_entropy only"})},
-        }
+    REQUIRED, OPTIONAL = inputs_of(LossSpec, required=("name",))
 
     def make(self, name: str = "cross_entropy", label_smoothing: float = 0.0) -> tuple[Any]:
         return (LossSpec(name=name, label_smoothing=float(label_smoothing)),)
 
 
-class XPUTrainingLoop:
-    """TrainingLoop node: trains a copy of the model and outputs it with its metrics."""
+class XPUTrainingLoop(Node, category=T.CATEGORY_TRAINING, function="train", display="Training Loop",
+                      returns={"model": T.MODEL, "metrics": T.METRICS}, output=True):
+    """TrainingLoop node: trains a copy of the model and outputs it with its metrics; an output node:
+    training is the job (checkpoints, TensorBoard, metrics), so a graph that ends at the TrainingLoop runs,
+    in ComfyUI's executor as in ours."""
 
     DESCRIPTION = (
         "Trains the model: epochs (or max_steps optimizer steps), gradient accumulation and clipping, fp32/bf16/"
@@ -156,54 +93,35 @@ class XPUTrainingLoop:
         "and metrics train_loss, train_loss_batch, val_loss, val_accuracy, val_loss_step. strategy ddp (Advanced) "
         "trains one model on several cards of a worker run; elsewhere it falls back to single."
     )
-    CATEGORY = T.CATEGORY_TRAINING
-    FUNCTION = "train"
-    RETURN_TYPES = (T.MODEL, T.METRICS)
-    RETURN_NAMES = ("model", "metrics")
-    # An output node: training is the job (checkpoints, TensorBoard, metrics), so a graph that ends at
-    # the TrainingLoop runs, in ComfyUI's executor as in ours.
-    OUTPUT_NODE = True
-
-    @classmethod
-    def INPUT_TYPES(cls) -> dict[str, Any]:
-        return {
-            "required": {
-                "model": (T.MODEL, {"tooltip": "the model to train (a copy is trained; the input stays as built)"}),
-                "dataloader": (T.DATALOADER, {"tooltip": "training batches"}),
-                "optimizer": (T.OPTIMIZER, {"tooltip": "an Optimizer node"}),
-                "loss": (T.LOSS, {"tooltip": "a Loss node"}),
-                "epochs": ("INT", {"default": 10, "min": 1, "max": 1_000_000, "tooltip": "passes over the dataloader"}),
-                "max_steps": ("INT", {"default": 0, "min": 0, "max": 1 << 40,
-                                      "tooltip": "stop after this many optimizer steps (0 = no limit)"}),
-                "device": _DEVICE_INPUT,
-                "precision": _PRECISION_INPUT,
-            },
-            "optional": {
-                "val_dataloader": (T.DATALOADER, {"tooltip": "validated after every epoch: val_loss, val_accuracy"}),
-                "lr_scheduler": (T.LR_SCHEDULER, {"tooltip": "an LR Scheduler node"}),
-                "accumulate_steps": ("INT", {"default": 1, "min": 1, "max": 4096,
-                                             "tooltip": "batches whose gradients make one optimizer step"}),
-                "grad_clip_norm": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 1e6, "step": 0.1,
-                                             "tooltip": "clip the gradient norm (0 = off)"}),
-                "checkpoint_every": ("INT", {"default": 0, "min": 0, "max": 1_000_000,
-                                             "tooltip": "write a checkpoint every N epochs (0 = off)"}),
-                "checkpoint_every_steps": ("INT", {"default": 0, "min": 0, "max": 1 << 40,
-                                                   "tooltip": "write a checkpoint every N optimizer steps (0 = off)"}),
-                "val_every_steps": ("INT", {"default": 0, "min": 0, "max": 1 << 40,
-                                            "tooltip": "also validate every N optimizer steps (val_loss_step)"}),
-                "seed": ("INT", {"default": 0, "min": -1, "max": 2**31 - 1,
-                                 "tooltip": "seed of shuffling and dropout (-1 = unseeded); a run's seed overrides it"}),
-                "tensorboard": ("BOOLEAN", {"default": True, "tooltip": "write TensorBoard event files"}),
-                "strategy": (T.STRATEGY_CHOICES, {"default": "single", "advanced": True,
-                                                  "tooltip": "ddp: one model on every card of a worker run"}),
-                "resume_from": ("STRING", {"default": "", "advanced": True,
-                                           "tooltip": "checkpoint to continue from (an interrupted epoch restarts)"}),
-                "checkpoint_dir": ("STRING", {"default": "", "advanced": True,
-                                              "tooltip": "'' = the run directory's checkpoints folder; else a "
-                                                         "folder inside the run directory (outside a run: "
-                                                         "inside the outputs folder); no '..', not absolute"}),
-            },
-        }
+    REQUIRED = {
+        "model": socket(T.MODEL, "the model to train (a copy is trained; the input stays as built)"),
+        "dataloader": socket(T.DATALOADER, "training batches"),
+        "optimizer": socket(T.OPTIMIZER, "an Optimizer node"),
+        "loss": socket(T.LOSS, "a Loss node"),
+        "epochs": int_widget(10, 1, 1_000_000, "passes over the dataloader"),
+        "max_steps": int_widget(0, 0, 1 << 40, "stop after this many optimizer steps (0 = no limit)"),
+        "device": _DEVICE_INPUT,
+        "precision": _PRECISION_INPUT,
+    }
+    OPTIONAL = {
+        "val_dataloader": socket(T.DATALOADER, "validated after every epoch: val_loss, val_accuracy"),
+        "lr_scheduler": socket(T.LR_SCHEDULER, "an LR Scheduler node"),
+        "accumulate_steps": int_widget(1, 1, 4096, "batches whose gradients make one optimizer step"),
+        "grad_clip_norm": float_widget(0.0, 0.0, 1e6, 0.1, "clip the gradient norm (0 = off)"),
+        "checkpoint_every": int_widget(0, 0, 1_000_000, "write a checkpoint every N epochs (0 = off)"),
+        "checkpoint_every_steps": int_widget(0, 0, 1 << 40, "write a checkpoint every N optimizer steps (0 = off)"),
+        "val_every_steps": int_widget(0, 0, 1 << 40, "also validate every N optimizer steps (val_loss_step)"),
+        "seed": int_widget(0, -1, 2**31 - 1,
+                           "seed of shuffling and dropout (-1 = unseeded); a run's seed overrides it"),
+        "tensorboard": widget("BOOLEAN", True, "write TensorBoard event files"),
+        "strategy": widget(T.STRATEGY_CHOICES, "single", "ddp: one model on every card of a worker run",
+                           advanced=True),
+        "resume_from": widget("STRING", "", "checkpoint to continue from (an interrupted epoch restarts)",
+                              advanced=True),
+        "checkpoint_dir": widget("STRING", "", "'' = the run directory's checkpoints folder; else a folder inside the "
+                                 "run directory (outside a run: inside the outputs folder); no '..', not absolute",
+                                 advanced=True),
+    }
 
     @classmethod
     def IS_CHANGED(cls, seed: int = 0, resume_from: str = "", **_: Any) -> Any:
@@ -214,13 +132,9 @@ class XPUTrainingLoop:
     @classmethod
     def VALIDATE_INPUTS(cls, checkpoint_dir: Any = None) -> bool | str:
         """A checkpoint_dir that cannot stay inside the run directory is refused before anything runs."""
-        if checkpoint_dir is None or checkpoint_dir == "":
-            return True
-        if not isinstance(checkpoint_dir, str):
-            return "checkpoint_dir must be a string"
-        problem = paths.relative_path_problem(checkpoint_dir)
-        return True if problem is None else (f"checkpoint_dir {problem}; checkpoints go inside the run directory "
-                                             f"(outside a run: the outputs folder): give a relative folder name")
+        return paths.path_input_check("checkpoint_dir", checkpoint_dir, "checkpoints go inside the run directory "
+                                      "(outside a run: the outputs folder): give a relative folder name",
+                                      empty_ok=True)
 
     def train(self, model: Any, dataloader: Any, optimizer: OptimizerSpec, loss: LossSpec, epochs: int = 10,
               max_steps: int = 0, device: str = "auto", precision: str = "fp32", val_dataloader: Any = None,
@@ -291,27 +205,18 @@ def default_loss_for(model: Any, loader: Any) -> LossSpec:
     return LossSpec("cross_entropy" if task == "classification" else "mse")
 
 
-class XPUEvaluate:
+class XPUEvaluate(Node, category=T.CATEGORY_TRAINING, function="evaluate", display="Evaluate",
+                  returns={"metrics": T.METRICS}, output=True):
     """Evaluate node: loss and accuracy of a model on a dataloader (an output node)."""
 
     DESCRIPTION = "Loss and accuracy of a model on a dataloader (e.g. the validation split)."
-    CATEGORY = T.CATEGORY_TRAINING
-    FUNCTION = "evaluate"
-    RETURN_TYPES = (T.METRICS,)
-    RETURN_NAMES = ("metrics",)
-    OUTPUT_NODE = True
-
-    @classmethod
-    def INPUT_TYPES(cls) -> dict[str, Any]:
-        return {
-            "required": {
-                "model": (T.MODEL, {"tooltip": "the model to evaluate"}),
-                "dataloader": (T.DATALOADER, {"tooltip": "the data to evaluate on (e.g. the val split)"}),
-                "device": _DEVICE_INPUT,
-                "precision": _PRECISION_INPUT,
-            },
-            "optional": {"loss": (T.LOSS, {"tooltip": "default: cross_entropy for classifiers, else mse"})},
-        }
+    REQUIRED = {
+        "model": socket(T.MODEL, "the model to evaluate"),
+        "dataloader": socket(T.DATALOADER, "the data to evaluate on (e.g. the val split)"),
+        "device": _DEVICE_INPUT,
+        "precision": _PRECISION_INPUT,
+    }
+    OPTIONAL = {"loss": socket(T.LOSS, "default: cross_entropy for classifiers, else mse")}
 
     def evaluate(self, model: Any, dataloader: Any, device: str = "auto", precision: str = "fp32",
                  loss: LossSpec | None = None) -> dict[str, Any]:
@@ -333,19 +238,3 @@ class XPUEvaluate:
         text = _format_metrics(metrics)
         runtime.info(f"{label}: {text}")
         return {"ui": {"text": [text], "metrics": [ui_metrics(metrics)]}, "result": (metrics,)}
-
-
-NODE_CLASS_MAPPINGS: dict[str, type] = {
-    T.OPTIMIZER_NODE: XPUOptimizer,
-    T.LR_SCHEDULER_NODE: XPULRScheduler,
-    T.LOSS_NODE: XPULoss,
-    T.TRAINING_LOOP_NODE: XPUTrainingLoop,
-    T.EVALUATE_NODE: XPUEvaluate,
-}
-NODE_DISPLAY_NAME_MAPPINGS: dict[str, str] = {
-    T.OPTIMIZER_NODE: "Optimizer",
-    T.LR_SCHEDULER_NODE: "LR Scheduler",
-    T.LOSS_NODE: "Loss",
-    T.TRAINING_LOOP_NODE: "Training Loop",
-    T.EVALUATE_NODE: "Evaluate",
-}

@@ -141,11 +141,11 @@ class _Work:
             return self.built[ref.node_id]
         import torch
 
-        from ..nodes import models
+        from ..nodes import NODE_CLASS_MAPPINGS, models
 
         data = ref.data
         info = dict(data.info) if data is not None and data.info is not None else None
-        cls = models.NODE_CLASS_MAPPINGS[ref.class_type]
+        cls = NODE_CLASS_MAPPINGS[ref.class_type]
         result: _Built | None = None
         try:
             with torch.device("meta"):

@@ -168,6 +168,18 @@ def _loss_fn(loss: Mapping[str, Any], task: str | None) -> Any:
     return LossSpec(name, float(loss.get("label_smoothing", 0.0))).build()
 
 
+def _start(model: Any, input_shape: list[int], out_shape: list[int] | None, loss: Mapping[str, Any],
+           task: str | None, precision: str) -> tuple[list[int], Any, int, LiveBytes]:
+    """What a simulated step starts from: the per-sample output shape, the loss, the bytes of the weights
+    (parameters and buffers) and a ``LiveBytes`` that already counts them."""
+    if out_shape is None:
+        out_shape = sample_output_shape(model, input_shape, precision)
+    resident = [*model.parameters(), *model.buffers()]
+    mode = LiveBytes()
+    mode.track_all(resident)
+    return out_shape, _loss_fn(loss, task), _nbytes(resident), mode
+
+
 def simulate_train(model: Any, input_shape: list[int], batch: int, *, optimizer: Mapping[str, Any],
                    loss: Mapping[str, Any], task: str | None, precision: str = "fp32",
                    grad_clip_norm: float = 0.0, out_shape: list[int] | None = None) -> StepMemory:
@@ -191,12 +203,7 @@ def simulate_train(model: Any, input_shape: list[int], batch: int, *, optimizer:
             p.grad = torch.zeros_like(p)
         opt.step()
         opt.zero_grad(set_to_none=True)
-    if out_shape is None:
-        out_shape = sample_output_shape(model, input_shape, precision)
-    loss_fn = _loss_fn(loss, task)
-    weights = _nbytes([*model.parameters(), *model.buffers()])
-    mode = LiveBytes()
-    mode.track_all([*model.parameters(), *model.buffers()])
+    out_shape, loss_fn, weights, mode = _start(model, input_shape, out_shape, loss, task, precision)
     if opt is not None:
         mode.track_all(t for st in opt.state.values() for t in st.values()
                        if isinstance(t, torch.Tensor) and t.device.type == "meta")
@@ -221,12 +228,7 @@ def simulate_eval(model: Any, input_shape: list[int], batch: int, *, loss: Mappi
                   task: str | None, precision: str = "fp32", out_shape: list[int] | None = None) -> StepMemory:
     """One evaluation batch of a meta ``model`` under ``torch.no_grad()`` and autocast, with its loss."""
     model.eval()
-    if out_shape is None:
-        out_shape = sample_output_shape(model, input_shape, precision)
-    loss_fn = _loss_fn(loss, task)
-    weights = _nbytes([*model.parameters(), *model.buffers()])
-    mode = LiveBytes()
-    mode.track_all([*model.parameters(), *model.buffers()])
+    out_shape, loss_fn, weights, mode = _start(model, input_shape, out_shape, loss, task, precision)
     with mode, torch.no_grad():
         x = torch.empty((batch, *input_shape), device="meta")
         y = _target(batch, out_shape, loss, task)

@@ -69,3 +69,15 @@ def read_model_file(path):
     if isinstance(payload, dict) and all(isinstance(v, torch.Tensor) for v in payload.values()):
         return None, payload  # a bare state_dict: weights without an architecture
     raise ValueError(f"{path} is not a model saved by XPU Fleet (ModelSaver or a TrainingLoop checkpoint)")
+
+
+def load_weights(module, state, path, error=ValueError):
+    """Load ``state`` into ``module`` strictly and put it in eval mode; weights that do not fit the module's
+    architecture are an ``error`` naming ``path`` and torch's first line."""
+    try:
+        module.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        raise error(f"{path}: the weights do not fit the recorded architecture: "
+                    f"{str(exc).splitlines()[0]}") from None
+    module.eval()
+    return module

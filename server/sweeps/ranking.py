@@ -16,19 +16,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .expand import format_value
+from .expand import Variant, format_value
 
 ACTIVE = ("queued", "assigned", "running")
 
 
 @dataclass(frozen=True)
-class Row:
-    """One variant (sweep) or trial (study) with what its run reports now."""
+class Row(Variant):
+    """One variant (sweep) or trial (study) with what its run reports now (the variant's own fields
+    first, so a row is built as ``Row(index, point, values, seed, run_id, status, ...)``)."""
 
-    index: int
-    point: int
-    values: dict[str, Any]
-    seed: int | None
     run_id: str | None
     status: str  # the run's status; "deleted" when its record was deleted; "not queued" for no run
     metric: float | None = None
