@@ -57,6 +57,10 @@ from .usage import run_memory
 
 log = logging.getLogger("xpufleet.agent")
 
+
+def _bad_message(exc: Exception) -> None:
+    log.warning("ignoring a bad message from the server: %s", exc)
+
 class Agent:
     """The agent process: its connection to the sidecar, heartbeats and the state file (one asyncio event
     loop), composed of parts that own their state: the runs (runs.py), unit instances (instances.py), spread
@@ -259,14 +263,7 @@ class Agent:
             await self.instances.after_welcome()
             hb = asyncio.create_task(self._heartbeat_loop(ws))
             try:
-                async for frame in ws:
-                    if frame.type != aiohttp.WSMsgType.TEXT:
-                        break
-                    try:
-                        m = protocol.decode(frame.data, protocol.SIDECAR_TO_AGENT)
-                    except protocol.ProtocolError as exc:
-                        log.warning("ignoring a bad message from the server: %s", exc)
-                        continue
+                async for m in protocol.messages(ws, protocol.SIDECAR_TO_AGENT, _bad_message):
                     await self._handle(m)
             finally:
                 hb.cancel()
