@@ -24,6 +24,7 @@ from typing import Any
 
 from ...common import tls
 from ...common.backoff import Backoff
+from ...common.signals import cancel_and_wait
 from ...constants import (
     AGENT_CAP_MEMORY,
     AGENT_HELLO_TIMEOUT_S,
@@ -266,9 +267,7 @@ class Agent:
                 async for m in protocol.messages(ws, protocol.SIDECAR_TO_AGENT, _bad_message):
                     await self._handle(m)
             finally:
-                hb.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await hb
+                await cancel_and_wait([hb])
             return True
 
     async def _heartbeat_loop(self, ws: Any) -> None:
@@ -366,12 +365,7 @@ class Agent:
                 if rs.process is not None:
                     rs.process.kill()
         await self.runs.await_acks(self.connected, SHUTDOWN_ACK_WAIT_S)
-        grace.cancel()
-        conn.cancel()
-        warm.cancel()
-        for t in (grace, conn, warm):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_and_wait((grace, conn, warm))
         self._write_state("removed" if self.removed else ("done" if self.runs.took_run and self.cfg.one_shot else "stopped"))
         return 0
 
