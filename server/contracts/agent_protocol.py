@@ -1,6 +1,6 @@
 """The agent protocol's messages as typed models (docs/workers.md, "The agent protocol"): one model per
 message type, the one source of what each message carries, of its validation (``server/workers/protocol.py``)
-and of the field table in the docs (``python -m xpufleet.server.workers.make_protocol_docs``).
+and of the field table in the docs (``python -m xpufleet.server.sidecar.make_protocol_docs``).
 
 The models only validate: a message travels and is read as the JSON object it is, so the wire format is the
 dicts both sides have always sent. Unknown fields are ignored (not refused, unlike an HTTP body), as they
@@ -20,7 +20,7 @@ from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from ...constants import WORKER_NAME_RE
+from ...constants import DEVICE_KINDS, WORKER_NAME_RE
 from ...nodes.mounts import LABEL_RE as MOUNT_LABEL_RE
 from .base import Contract, ContractError
 
@@ -29,7 +29,6 @@ READ_SCOPES = ("outputs", "run", "listing")  # read_outputs' folders (server/age
 OUTPUTS_CHUNK_BYTES = 4 * 1024 * 1024  # raw bytes per outputs_data answer (base64 keeps it under the frame cap)
 INSTANCE_STATES = ("starting", "running", "arrived", "exited")
 STOP_MODES = ("kill", "graceful")
-DEVICE_KINDS = ("cpu", "cuda", "xpu", "mps")
 PART_STATUSES = ("succeeded", "cancelled", "failed")
 FINGERPRINT_CHARS = 200
 
@@ -85,7 +84,7 @@ class Device(Shape):
     """One card (or the CPU) an agent offers, with its memory figures in GiB."""
 
     TEXTS = {"name": "a device lacks its 'name' (e.g. 'cuda:0')",
-             "kind": "device {name!r} has kind {kind!r}; use cpu, cuda, xpu or mps",
+             "kind": f"device {{name!r}} has kind {{kind!r}}; use {', '.join(DEVICE_KINDS[:-1])} or {DEVICE_KINDS[-1]}",
              "total_gib": "device {name!r} field 'total_gib' must be a number or null",
              "free_gib": "device {name!r} field 'free_gib' must be a number or null",
              "uuid": "device {name!r} field 'uuid' must be a string or null"}
