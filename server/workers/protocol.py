@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import Any
 
 from ...constants import (
@@ -131,7 +131,8 @@ def encode(mtype: str, **fields: Any) -> str:
     return json.dumps(msg, separators=(",", ":"))
 
 
-async def messages(frames: AsyncIterable[Any], allowed: frozenset[str], on_bad: Any) -> AsyncIterator[dict[str, Any]]:
+async def messages(frames: AsyncIterable[Any], allowed: frozenset[str],
+                   on_bad: Callable[[ProtocolError], None]) -> AsyncIterator[dict[str, Any]]:
     """The valid messages of a WebSocket's ``frames`` until one is not text (the peer closed): a bad one
     is given to ``on_bad(error)`` and skipped (one wrong message does not end the session)."""
     import aiohttp
@@ -140,6 +141,8 @@ async def messages(frames: AsyncIterable[Any], allowed: frozenset[str], on_bad: 
         if frame.type != aiohttp.WSMsgType.TEXT:
             return
         try:
-            yield decode(frame.data, allowed)
+            msg = decode(frame.data, allowed)
         except ProtocolError as exc:
             on_bad(exc)
+            continue
+        yield msg

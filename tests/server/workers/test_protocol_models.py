@@ -76,3 +76,24 @@ def test_refusals_name_the_field(msg, text):
     with pytest.raises(protocol.ProtocolError) as info:
         protocol.validate(msg)
     assert str(info.value) == text
+
+
+async def test_messages_skips_a_bad_frame_and_ends_at_the_close():
+    import aiohttp
+
+    class Frame:
+        def __init__(self, type_: aiohttp.WSMsgType, data: str = "") -> None:
+            self.type = type_
+            self.data = data
+
+    async def frames():
+        for f in (Frame(aiohttp.WSMsgType.TEXT, json.dumps(EVENT)), Frame(aiohttp.WSMsgType.TEXT, "{oops"),
+                  Frame(aiohttp.WSMsgType.TEXT, json.dumps({**EVENT, "type": "welcome"})),
+                  Frame(aiohttp.WSMsgType.TEXT, json.dumps({**EVENT, "seq": 3})), Frame(aiohttp.WSMsgType.CLOSE),
+                  Frame(aiohttp.WSMsgType.TEXT, json.dumps(EVENT))):
+            yield f
+
+    bad: list[protocol.ProtocolError] = []
+    got = [m async for m in protocol.messages(frames(), protocol.AGENT_TO_SIDECAR, bad.append)]
+    assert [m["seq"] for m in got] == [2, 3]
+    assert ["must be JSON" in str(bad[0]), "unknown message type 'welcome'" in str(bad[1])] == [True, True]
