@@ -24,6 +24,7 @@ from typing import Any
 
 from ...common import tls
 from ...common.backoff import Backoff
+from ...common.signals import cancel_and_wait
 from ...constants import (
     AGENT_CAP_MEMORY,
     AGENT_HELLO_TIMEOUT_S,
@@ -56,6 +57,10 @@ from .runs import AgentRuns
 from .usage import run_memory
 
 log = logging.getLogger("xpufleet.agent")
+
+
+def _bad_message(exc: Exception) -> None:
+    log.warning("ignoring a bad message from the server: %s", exc)
 
 class Agent:
     """The agent process: its connection to the sidecar, heartbeats and the state file (one asyncio event
@@ -259,19 +264,10 @@ class Agent:
             await self.instances.after_welcome()
             hb = asyncio.create_task(self._heartbeat_loop(ws))
             try:
-                async for frame in ws:
-                    if frame.type != aiohttp.WSMsgType.TEXT:
-                        break
-                    try:
-                        m = protocol.decode(frame.data, protocol.SIDECAR_TO_AGENT)
-                    except protocol.ProtocolError as exc:
-                        log.warning("ignoring a bad message from the server: %s", exc)
-                        continue
+                async for m in protocol.messages(ws, protocol.SIDECAR_TO_AGENT, _bad_message):
                     await self._handle(m)
             finally:
-                hb.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await hb
+                await cancel_and_wait([hb])
             return True
 
     async def _heartbeat_loop(self, ws: Any) -> None:
@@ -369,12 +365,7 @@ class Agent:
                 if rs.process is not None:
                     rs.process.kill()
         await self.runs.await_acks(self.connected, SHUTDOWN_ACK_WAIT_S)
-        grace.cancel()
-        conn.cancel()
-        warm.cancel()
-        for t in (grace, conn, warm):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_and_wait((grace, conn, warm))
         self._write_state("removed" if self.removed else ("done" if self.runs.took_run and self.cfg.one_shot else "stopped"))
         return 0
 

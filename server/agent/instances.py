@@ -20,8 +20,7 @@ import logging
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -48,24 +47,34 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-@dataclass
+IDENTITY = ("unit_id", "rank", "generation", "attempt")  # what names an instance in every instance message
+
+
 class HostedInstance:
-    unit_id: str
-    rank: int
-    generation: int
-    attempt: int
-    state: str = "starting"
-    pid: int | None = None
-    port: int | None = None
-    master_port: int | None = None
-    group: ProcessGroup | None = None
-    task: asyncio.Task[None] | None = None
-    error: str | None = None  # what the program said before it ended (its unit_error event)
-    killed: bool = False
+    """One instance this agent runs: who it is (from its ``start_instance``), how far it got, its process."""
+
+    def __init__(self, start: Mapping[str, Any]) -> None:
+        self.unit_id: str = start["unit_id"]
+        self.rank: int = start["rank"]
+        self.generation: int = start["generation"]
+        self.attempt: int = start["attempt"]
+        self.state = "starting"
+        self.pid: int | None = None
+        self.port: int | None = None
+        self.master_port: int | None = None
+        self.group: ProcessGroup | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.error: str | None = None  # what the program said before it ended (its unit_error event)
+        self.killed = False
+
+    def identity(self) -> dict[str, Any]:
+        """The fields that name this instance (``instance_state``, ``instances``, its ``instance.json``)."""
+        return {key: getattr(self, key) for key in IDENTITY}
 
     def summary(self) -> dict[str, Any]:
-        return {"unit_id": self.unit_id, "rank": self.rank, "generation": self.generation, "attempt": self.attempt,
-                "state": self.state, "pid": self.pid, "port": self.port, "master_port": self.master_port}
+        """This instance as an entry of the ``instances`` message."""
+        return {**self.identity(), "state": self.state, "pid": self.pid, "port": self.port,
+                "master_port": self.master_port}
 
 
 class InstanceHost:
@@ -83,9 +92,8 @@ class InstanceHost:
     # --- messages ------------------------------------------------------------------------------------
     async def _report(self, inst: HostedInstance, state: str, **fields: Any) -> None:
         inst.state = state if state != "starting" else inst.state
-        await self.send(protocol.encode(
-            "instance_state", unit_id=inst.unit_id, rank=inst.rank, generation=inst.generation,
-            attempt=inst.attempt, state=state, **{k: v for k, v in fields.items() if v is not None}))
+        await self.send(protocol.encode("instance_state", **inst.identity(), state=state,
+                                        **{k: v for k, v in fields.items() if v is not None}))
 
     async def after_welcome(self) -> None:
         """Tell a (new) sidecar which instances run here; it takes them over or stops them."""
@@ -113,7 +121,7 @@ class InstanceHost:
             if (old.generation, old.attempt) >= (msg["generation"], msg["attempt"]):
                 return  # a duplicate
             self.stop(old, "kill")
-        inst = HostedInstance(msg["unit_id"], msg["rank"], msg["generation"], msg["attempt"])
+        inst = HostedInstance(msg)
         self.instances[key] = inst
         inst.task = asyncio.create_task(self._run(inst, msg, old.task if old is not None else None))
 
@@ -169,8 +177,7 @@ class InstanceHost:
             starter = ColdStarter()
         member_environ = member_env(None, extra)
         (run_dir / "instance.json").write_text(json.dumps({
-            "unit_id": inst.unit_id, "rank": inst.rank, "generation": inst.generation, "attempt": inst.attempt,
-            "argv": argv, "env": contract_of(member_environ), "device": device, "started_at": time.time()}, indent=1))
+            **inst.identity(), "argv": argv, "env": contract_of(member_environ), "device": device, "started_at": time.time()}, indent=1))
         log_path = run_dir / "output.log"
         with open(log_path, "a") as fh:
             fh.write(f"--- generation {inst.generation} attempt {inst.attempt}: {' '.join(argv)}\n")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...common.client import Client
-from .common import EXIT_OK, client_or_exit, err
+from .common import EXIT_OK, client_or_exit, command_group, err
 from .specs import LiveTable, item_path, render, resolve_id
 from .specs import follow as follow_item
 
@@ -63,22 +63,24 @@ def counts_text(item: Item) -> str:
 def add_commands(sub: Any, kind: Kind, texts: dict[str, str], start: Callable[[argparse.Namespace], int],
                  manage_command: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
     """``xpufleet <noun> SPEC.yaml`` (``start``) and ``xpufleet <collection> [list | show | cancel]``
-    (``manage_command``); ``texts``: the helps that differ (start, description, csv, show, show_csv,
-    cancel). The start parser, for options of its own."""
-    p = sub.add_parser(kind.noun, help=texts["start"], description=texts["description"])
+    (``manage_command``); ``texts``: the words that differ (``start``: its help, ``verb``: what start does,
+    ``table``: what the CSV holds, ``show`` and ``cancel``: their helps). The start parser, for options of
+    its own."""
+    p = sub.add_parser(kind.noun, help=texts["start"], description=(
+        f"{texts['verb']} a {kind.noun} (the body of POST /api/{kind.collection} written as YAML; graph may be a "
+        f"path to a graph JSON file next to the spec) and follow it."))
     p.add_argument("spec", help=f"{kind.noun} spec (YAML)")
     p.add_argument("--no-wait", action="store_true", help=f"print the {kind.noun} id and return")
-    p.add_argument("--csv", metavar="FILE", help=texts["csv"])
+    p.add_argument("--csv", metavar="FILE", help=f"write {texts['table']} as CSV at the end")
     p.add_argument("--json", action="store_true", help=f"print the final {kind.noun} as JSON")
     p.set_defaults(func=start)
 
-    s = sub.add_parser(kind.collection, help=f"list {kind.collection}, show one, cancel one")
-    s.add_argument("--json", action="store_true", help="machine-readable output")
-    ssub = s.add_subparsers(dest=f"{kind.collection}_command", metavar="{list,show,cancel}")
-    ssub.add_parser("list", help=f"{kind.collection}, newest first")
+    s, ssub, _ = command_group(sub, kind.collection, f"list {kind.collection}, show one, cancel one",
+                               f"The {kind.collection} of the running sidecar", ("show", "cancel"),
+                               f"{kind.collection}, newest first")
     show = ssub.add_parser("show", help=texts["show"])
     show.add_argument(f"{kind.noun}_id")
-    show.add_argument("--csv", metavar="FILE", help=texts["show_csv"])
+    show.add_argument("--csv", metavar="FILE", help=f"write {texts['table']} as CSV ('-': standard output)")
     show.add_argument("--watch", action="store_true", help="follow it live until it ends")
     cancel = ssub.add_parser("cancel", help=texts["cancel"])
     cancel.add_argument(f"{kind.noun}_id")

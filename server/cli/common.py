@@ -56,6 +56,19 @@ def json_option() -> argparse.ArgumentParser:
     return parent
 
 
+def command_group(subparsers: Any, name: str, help: str, what: str, commands: tuple[str, ...], list_help: str
+                  ) -> tuple[argparse.ArgumentParser, Any, argparse.ArgumentParser]:
+    """``xpufleet NAME [--json] [list | COMMAND ...]``, ``list`` by default: the group's parser, its subparsers
+    (``list`` added, ``commands`` named in the usage) and the ``--json`` parent (:func:`json_option`) for
+    the subcommands. ``what``: the description's subject ("Workers known to the running sidecar")."""
+    p = subparsers.add_parser(name, help=help, description=f"{what} (default: list them).")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    sub = p.add_subparsers(dest=f"{name}_command", metavar="{" + ",".join(("list", *commands)) + "}")
+    json_opt = json_option()
+    sub.add_parser("list", help=list_help, parents=[json_opt])
+    return p, sub, json_opt
+
+
 def read_input(load: Callable[[str], T], path: str) -> T | None:
     """``load(path)`` (a graph or spec file); None, the reason said on stderr, where it is refused (the
     command then exits EXIT_USAGE)."""

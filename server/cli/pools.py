@@ -13,18 +13,16 @@ import urllib.parse
 from typing import Any
 
 from ...common.client import Client
-from .common import EXIT_OK, json_option
+from .common import EXIT_OK, command_group
 from .pools_slurm import add_export_parser, add_slurm_options, print_jobs, run_export, slurm_body
 
 
 def add_parser(subparsers: Any) -> None:
     """Add ``pools ...`` to the ``xpufleet`` command's subparsers."""
-    p = subparsers.add_parser("pools", help="one-shot worker pools: a shared credential for many instances",
-                              description="One-shot worker pools of the running sidecar (default: list them).")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    sub = p.add_subparsers(dest="pools_command", metavar="{list,create,revoke,reissue,remove,export}")
-    json_opt = json_option()
-    sub.add_parser("list", help="every pool with its live instances", parents=[json_opt])
+    p, sub, json_opt = command_group(
+        subparsers, "pools", "one-shot worker pools: a shared credential for many instances",
+        "One-shot worker pools of the running sidecar", ("create", "revoke", "reissue", "remove", "export"),
+        "every pool with its live instances")
     for cmd, text in (("create", "a new pool: its shared credential and the command instances run"),
                       ("revoke", "the pool's credential stops working (no new instance joins)"),
                       ("reissue", "a new credential for the pool (the old one stops working)"),

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ...common.client import Client
-from .common import EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, client_or_exit, err, json_option
+from .common import EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, client_or_exit, command_group, err
 
 POLL_S = 0.5  # services have no push channel: a bounded poll
 
@@ -40,12 +40,9 @@ def add_parser(sub: Any) -> None:
     _wait_options(p)
     p.set_defaults(func=cmd_serve)
 
-    s = sub.add_parser("services", help="list and manage services (distributed inference units)",
-                       description="Services of the running sidecar (default: list them).")
-    s.add_argument("--json", action="store_true", help="machine-readable output")
-    ssub = s.add_subparsers(dest="services_command", metavar="{list,show,update,delete,export,infer}")
-    json_opt = json_option()
-    ssub.add_parser("list", help="every service with its units", parents=[json_opt])
+    s, ssub, json_opt = command_group(sub, "services", "list and manage services (distributed inference units)",
+                                      "Services of the running sidecar",
+                                      ("show", "update", "delete", "export", "infer"), "every service with its units")
     c = ssub.add_parser("show", help="one service: units and instances (exit 1 when it failed)", parents=[json_opt])
     c.add_argument("name")
     c = ssub.add_parser("update", help="rolling update to a new spec (whole units, make-before-break)",

@@ -20,13 +20,9 @@ ACTIVE = ("running", "cancelling")
 
 def add_parser(sub: Any) -> None:
     """The ``study`` and ``studies`` commands."""
-    add_commands(sub, STUDIES, {
-        "start": "start an Optuna study from a YAML spec and show its trials live",
-        "description": "Start a study (the body of POST /api/studies written as YAML; graph may be a path to a "
-                       "graph JSON file next to the spec) and follow it.",
-        "csv": "write the trials as CSV at the end", "show": "one study's trials and best trial",
-        "show_csv": "write the trials as CSV ('-': standard output)",
-        "cancel": "cancel: no new trial; queued and running trials stop"}, cmd_study, cmd_studies)
+    add_commands(sub, STUDIES, {"start": "start an Optuna study from a YAML spec and show its trials live",
+                                "verb": "Start", "table": "the trials", "show": "one study's trials and best trial",
+                                "cancel": "cancel: no new trial; queued and running trials stop"}, cmd_study, cmd_studies)
 
 
 def trial_lines(study: dict[str, Any], limit: int) -> list[str]:

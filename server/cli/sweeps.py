@@ -21,13 +21,9 @@ ENDED = ("finished", "cancelled")
 
 def add_parser(sub: Any) -> None:
     """The ``sweep`` and ``sweeps`` commands."""
-    p = add_commands(sub, SWEEPS, {
-        "start": "queue a sweep from a YAML spec and show its ranked table live",
-        "description": "Queue a sweep (the body of POST /api/sweeps written as YAML; graph may be a path to a "
-                       "graph JSON file next to the spec) and follow it.",
-        "csv": "write the final ranked table as CSV", "show": "one sweep's ranked table",
-        "show_csv": "write the ranked table as CSV ('-': standard output)",
-        "cancel": "cancel: queued variants end now, running ones stop"}, cmd_sweep, cmd_sweeps)
+    p = add_commands(sub, SWEEPS, {"start": "queue a sweep from a YAML spec and show its ranked table live",
+                                   "verb": "Queue", "table": "the ranked table", "show": "one sweep's ranked table",
+                                   "cancel": "cancel: queued variants end now, running ones stop"}, cmd_sweep, cmd_sweeps)
     p.add_argument("--dry-run", action="store_true", help="check and expand only; queue nothing")
 
 

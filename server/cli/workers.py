@@ -10,7 +10,7 @@ import urllib.parse
 from typing import Any
 
 from ...common.client import Client
-from .common import EXIT_OK, EXIT_RUN_FAILED, json_option
+from .common import EXIT_OK, EXIT_RUN_FAILED, command_group
 from .text import safe
 
 
@@ -21,14 +21,10 @@ def add_parser(subparsers: Any) -> None:
 
 def _add_workers_parser(subparsers: Any) -> None:
     """``xpufleet workers [list|drain|undrain|remove|reissue|join-token|rejected|mode]`` (docs/sidecar.md)."""
-    w = subparsers.add_parser("workers", help="list and manage the sidecar's workers",
-                              description="Workers known to the running sidecar (default: list them).")
-    w.add_argument("--json", action="store_true", help="machine-readable output")
-    wsub = w.add_subparsers(
-        dest="workers_command",
-        metavar="{list,drain,undrain,remove,reissue,join-token,rejected,mode,add-ssh,disable,enable}")
-    json_opt = json_option()
-    wsub.add_parser("list", help="every worker with status, devices and runs", parents=[json_opt])
+    w, wsub, json_opt = command_group(
+        subparsers, "workers", "list and manage the sidecar's workers", "Workers known to the running sidecar",
+        ("drain", "undrain", "remove", "reissue", "join-token", "rejected", "mode", "add-ssh", "disable", "enable"),
+        "every worker with status, devices and runs")
     for cmd, text in (("drain", "no new runs on this worker"), ("undrain", "take new runs again"),
                       ("remove", "revoke, disconnect, fail the runs waiting for it"),
                       ("reissue", "a new credential for a joined worker")):

@@ -158,7 +158,7 @@ def _json_line(obj: Any) -> str:
     try:
         return json.dumps(obj, separators=(",", ":"), allow_nan=False, default=_default)
     except ValueError:  # NaN/inf in a metric: JSON has no such numbers
-        return json.dumps(_finite(obj), separators=(",", ":"), default=_default)
+        return json.dumps(finite(obj), separators=(",", ":"), default=_default)
 
 
 def _default(value: Any) -> Any:
@@ -172,11 +172,12 @@ def _default(value: Any) -> Any:
     return repr(value)
 
 
-def _finite(value: Any) -> Any:
+def finite(value: Any) -> Any:
+    """``value`` with every NaN and infinity (a diverged loss) replaced by None, so it is plain JSON."""
     if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
         return None
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: finite(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
+        return [finite(v) for v in value]
     return value

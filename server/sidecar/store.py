@@ -27,7 +27,7 @@ from typing import Any
 
 from ...common.errors import StoreError
 from ...constants import RUN_STATUSES, STORE_FLUSH_ON_CLOSE_S, TERMINAL_STATUSES
-from ..run.events import NewEvent
+from ..run.events import NewEvent, finite
 from .store_writer import DiskWriter, Recorder, writes
 
 SCHEMA_VERSION = 1
@@ -100,17 +100,7 @@ def _dumps_lenient(value: Any) -> str:
     try:
         return _dumps(value)
     except ValueError:
-        return _dumps(_nan_to_none(value))
-
-
-def _nan_to_none(value: Any) -> Any:
-    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
-        return None
-    if isinstance(value, dict):
-        return {k: _nan_to_none(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_nan_to_none(v) for v in value]
-    return value
+        return _dumps(finite(value))
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...common.errors import ApiError, RequestError, StoreError
+from ...common.signals import wait_for_change
 from ...constants import SWEEP_ADMIT_BATCH
 from ..memory.graph_facts import GraphFacts, graph_facts
 from ..run.requests import RunRequest, parse_run_request
@@ -291,22 +292,14 @@ class SweepService:
     async def wait_change(self, sweep_id: str, version: int, timeout: float) -> None:
         """Return when the sweep's version differs from ``version`` or after ``timeout`` seconds."""
         self.require(sweep_id)
-        hub = self.dispatcher.hub
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            active = self.records.active_run_ids(sweep_id)
-            waiters = [asyncio.ensure_future(hub.waiter(rid).wait()) for rid in active]  # before the check
-            try:
-                left = deadline - loop.time()
-                if self.records.version(sweep_id) != version or not active or left <= 0:
-                    return
-                await asyncio.wait(waiters, timeout=left, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for w in waiters:
-                    w.cancel()
-            # A run's news is mostly progress, which the table does not show: look again at most this often.
-            await asyncio.sleep(min(VERSION_RECHECK_S, max(0.0, deadline - loop.time())))
+        active: list[str] = []
+
+        def signals() -> list[asyncio.Event]:
+            active[:] = self.records.active_run_ids(sweep_id)
+            return [self.dispatcher.hub.waiter(rid) for rid in active]
+
+        await wait_for_change(lambda: self.records.version(sweep_id) != version or not active, signals, timeout,
+                              VERSION_RECHECK_S)
 
     # --- cancel / delete ------------------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ...common.errors import ApiError, RequestError, StoreError
+from ...common.signals import KeyedSignals, cancel_and_wait, wait_for_change
 from ...constants import TERMINAL_STATUSES
 from .driver import (
     VERSION_RECHECK_S,
@@ -63,7 +64,7 @@ class StudyService:
         self.bridge = OptunaBridge(db_path)
         self.known_inputs = known_inputs or known_inputs_of_nodes()
         self._drivers: dict[str, asyncio.Task[None]] = {}
-        self._events: dict[str, asyncio.Event] = {}  # study id -> set at its next change (long-polls)
+        self._signals = KeyedSignals()  # by study id: its next change (long-polls)
         self._label_cache: dict[str, dict[str, str]] = {}
         self.closing = False
 
@@ -89,12 +90,7 @@ class StudyService:
     async def close(self) -> None:
         """Stop the drivers (their studies stay running and resume at the next start) and Optuna."""
         self.closing = True
-        tasks = list(self._drivers.values())
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_and_wait(self._drivers.values())
         await self.bridge.close()
 
     def _start(self, study_id: str, spec: StudySpec, resume: bool) -> None:
@@ -387,41 +383,24 @@ class StudyService:
                             | {"objective": {"metric": s["metric"], "direction": s["direction"]},
                                "parameters": s["paths"]} for s in studies], "total": total}
 
-    def _waiter(self, study_id: str) -> asyncio.Event:
-        """The event set at the study's next change (get it BEFORE reading, as with the run hub)."""
-        ev = self._events.get(study_id)
-        if ev is None:
-            ev = self._events[study_id] = asyncio.Event()
-        return ev
-
     def _changed(self, study_id: str) -> None:
-        ev = self._events.pop(study_id, None)
-        if ev is not None:
-            ev.set()
+        self._signals.notify(study_id)
 
     async def wait_change(self, study_id: str, version: int, timeout: float) -> None:
         """Return when the study's version differs from ``version`` (a trial asked, pruned or told, a
         trial's run moved on, the study ended) or after ``timeout`` seconds."""
         self.require(study_id)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
+
+        def signals() -> list[asyncio.Event]:
             active = [t["run_id"] for t in self.records.trials(study_id)
                       if t["run_id"] and t["row"].status in ("queued", "assigned", "running")]
-            waiters = [asyncio.ensure_future(self._waiter(study_id).wait())]  # before the check
-            waiters += [asyncio.ensure_future(self.dispatcher.hub.waiter(rid).wait()) for rid in active]
-            try:
-                left = deadline - loop.time()
-                rec = self.records.get(study_id)
-                if self.records.version(study_id) != version or left <= 0 or rec is None \
-                        or rec["status"] not in STUDY_ACTIVE:
-                    return
-                await asyncio.wait(waiters, timeout=left, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for w in waiters:
-                    w.cancel()
-            # A run's news is mostly progress, which the trials do not show: look again at most this often.
-            await asyncio.sleep(min(VERSION_RECHECK_S, max(0.0, deadline - loop.time())))
+            return [self._signals.waiter(study_id), *(self.dispatcher.hub.waiter(rid) for rid in active)]
+
+        def done() -> bool:
+            rec = self.records.get(study_id)
+            return self.records.version(study_id) != version or rec is None or rec["status"] not in STUDY_ACTIVE
+
+        await wait_for_change(done, signals, timeout, VERSION_RECHECK_S)
 
     # --- cancel / delete --------------------------------------------------------------------------
 

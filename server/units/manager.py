@@ -12,13 +12,13 @@ queued with the runs in submission order (``Dispatcher.request_slots``), one car
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ...common.errors import ApiError
+from ...common.signals import cancel_and_wait
 from ..scheduling import TargetError
 from . import lifecycle as lc
 from .control import HEALTH_INTERVAL_S, Slots, UnitControl, holder_id
@@ -105,12 +105,7 @@ class UnitManager:
         """Server stopping: stop orchestrating. Instances keep running on their workers and are taken
         over by the next sidecar (like runs)."""
         self.control.cancel_timers()
-        tasks = [*self._rollouts.values(), *self.changes.tasks(), *([self._monitor] if self._monitor else [])]
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_and_wait([*self._rollouts.values(), *self.changes.tasks(), *([self._monitor] if self._monitor else [])])
         await self.client.close()
 
     # --- the API -----------------------------------------------------------------------------------------
@@ -220,9 +215,7 @@ class UnitManager:
         svc.deleting = True
         task = self._rollouts.pop(name, None)
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            await cancel_and_wait([task])
         units = list(svc.units)
         await asyncio.gather(*(self.control.retire(u, "the service is being deleted") for u in units if u.state != "failed"),
                              *(self.control.stop_unit(u, graceful=False, reason="the service is being deleted")
