@@ -9,7 +9,7 @@ from __future__ import annotations
 # In a script these precede this code in one namespace; imported as a module (tests), from here.
 from ...nodes.lib.evaluation import evaluate, summarise_predictions
 from ...nodes.lib.losses import LossFn
-from ...nodes.lib.modelfile import checkpoint_state, read_model_file, write_model_file
+from ...nodes.lib.modelfile import checkpoint_state, load_weights, read_model_file, write_model_file
 from ...nodes.lib.optim import optimizer_step, optimizer_steps
 from ...nodes.lib.precision import autocast, autocast_dtype, choose_precision
 from .export_data import OUTPUTS, RUN_DIR, build_model, device_for, output_path, seed_for, warn, write_atomic
@@ -200,9 +200,7 @@ def load_model(filename):
         raise SystemExit(f"ModelLoader: model file {filename!r} not found; looked in: "
                          f"{', '.join(map(str, candidates))}")
     spec, state = read_model_file(found)
-    model = build_model(spec)
-    model.load_state_dict(state, strict=True)
-    model.eval()
+    model = load_weights(build_model(spec), state, found)  # nodes/lib/modelfile.py, inlined
     print(f"ModelLoader: loaded {found}")
     return model
 

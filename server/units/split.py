@@ -147,20 +147,14 @@ def _stage_state(path: Path, start: int, end: int) -> dict[str, Any]:
 def load_stage(path: Path, rank: int, size: int) -> Stage:
     """Rank ``rank``'s pipeline stage of the model at ``path`` (a unit of ``size``)."""
     from ...nodes.layerspec import build_sequential
+    from ...nodes.lib.modelfile import load_weights
     from ...nodes.models import layers_of
 
     spec = read_spec(path)
     layers = layers_of(spec)
     bounds = stage_bounds(_layer_weights(layers), size)
     start, end = bounds[rank]
-    module = build_sequential(layers[start:end])
-    state = _stage_state(path, start, end)
-    try:
-        module.load_state_dict(state, strict=True)
-    except RuntimeError as exc:
-        raise SplitError(f"{path}: the weights do not fit the recorded architecture: "
-                         f"{str(exc).splitlines()[0]}") from None
-    module.eval()
+    module = load_weights(build_sequential(layers[start:end]), _stage_state(path, start, end), path, SplitError)
     return Stage(module=module, start=start, end=end, layers=len(layers),
                  parameters=sum(p.numel() for p in module.parameters()),
                  input_shape=list(spec["input_shape"]) if spec.get("input_shape") else None,
