@@ -1,11 +1,32 @@
-"""What the scheduler benchmarks (bench_slots.py, bench_ledger.py, bench_submit_latency.py) measure alike:
-the percentile, the decision-latency figures, the verdict word and the queue benchmarks' arguments.
+"""What the benchmarks share: the test suite's helpers (:func:`tests_module`), and what the scheduler
+benchmarks (bench_slots.py, bench_ledger.py, bench_submit_latency.py) measure alike: the percentile, the
+decision-latency figures, the verdict word and the queue benchmarks' arguments.
 Imported by name: a benchmark runs as ``python bench/<name>.py``, so this folder is on ``sys.path``."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
+import sys
+from pathlib import Path
+from types import ModuleType
+
+TESTS = Path(__file__).resolve().parents[1] / "tests"
+
+
+def tests_module(path: str) -> ModuleType:
+    """``tests/<path>`` (``graph_parts.py``, ``server/sidecar_harness.py``, ...) imported by path under its
+    file's name, after the helpers the test modules import by name (``graph_parts``, ``processes``), as
+    tests/conftest.py registers them: the test folders are not packages."""
+    for rel in ("graph_parts.py", "processes.py", path):
+        name = Path(rel).stem
+        if name not in sys.modules:
+            spec = importlib.util.spec_from_file_location(name, TESTS / rel)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+    return sys.modules[Path(path).stem]
 
 
 def pct(values: list[float], q: float) -> float:

@@ -8,10 +8,10 @@ cards instead (``--simulate cuda:0=24``): the same routes, run processes and rec
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
+
+from benchlib import tests_module  # bench/ (the scripts' folder) is on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = "gpu-check"
@@ -19,16 +19,8 @@ ENV = {"XPUFLEET_HEARTBEAT_INTERVAL_S": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBU
 
 
 def harness() -> Any:
-    """tests/server/sidecar_harness.py, loaded by path (test folders are not packages), after the
-    tests/graph_parts.py and tests/processes.py it imports."""
-    for name, path in (("graph_parts", ROOT / "tests" / "graph_parts.py"), ("processes", ROOT / "tests" / "processes.py"),
-                       ("sidecar_harness", ROOT / "tests" / "server" / "sidecar_harness.py")):
-        if name not in sys.modules:
-            spec = importlib.util.spec_from_file_location(name, path)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            spec.loader.exec_module(module)
-    return sys.modules["sidecar_harness"]
+    """tests/server/sidecar_harness.py (test folders are not packages: benchlib loads it by path)."""
+    return tests_module("server/sidecar_harness.py")
 
 
 def simulate_spec(cards: int) -> str:

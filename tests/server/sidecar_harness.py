@@ -30,12 +30,7 @@ from xpufleet.common.runtime_file import read_runtime
 CLI = [sys.executable, "-m", "xpufleet.server"]
 
 # A trivial but real graph: iris, a small MLP, a TrainingLoop and an Evaluate (output node).
-IRIS_GRAPH: dict[str, Any] = {
-    "1": gp.dataset(), "2": gp.loader("1"), "3": gp.loader("1", 1, batch_size=64, shuffle=False), "4": gp.mlp("1"),
-    "5": gp.optimizer(), "6": gp.loss(),
-    "7": gp.training_loop("4", "2", "5", "6", val_dataloader=["3", 0], strategy="single"),
-    "8": gp.evaluate("7", "3"),
-}
+IRIS_GRAPH: dict[str, Any] = gp.iris(strategy="single")
 
 
 def iris_graph(epochs: int = 1, **loop_inputs: Any) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import graph_parts as gp  # registered by tests/conftest.py
 import psutil
 import pytest
 import sidecar_harness as harness  # registered by tests/server/conftest.py
@@ -26,26 +27,8 @@ RAISE_AT_BATCH = 4
 
 
 def digits_graph(epochs: int, **loop: Any) -> dict[str, Any]:
-    inputs = {"model": ["4", 0], "dataloader": ["2", 0], "optimizer": ["5", 0], "loss": ["6", 0], "epochs": epochs,
-              "max_steps": 0, "device": "auto", "precision": "fp32", "val_dataloader": ["3", 0],
-              "tensorboard": False, "strategy": "ddp", "seed": 0}
-    inputs.update(loop)
-    return {
-        "1": {"class_type": "XPUDataset", "inputs": {"name": "digits", "val_split": 0.2, "seed": 0,
-                                                     "normalize": "standard"}},
-        "2": {"class_type": "XPUDataLoader", "inputs": {"dataset": ["1", 0], "batch_size": 16, "shuffle": True,
-                                                        "num_workers": 0, "drop_last": False}},
-        "3": {"class_type": "XPUDataLoader", "inputs": {"dataset": ["1", 1], "batch_size": 128, "shuffle": False,
-                                                        "num_workers": 0, "drop_last": False}},
-        "4": {"class_type": "XPUMLP", "inputs": {"hidden": "32", "activation": "relu", "dropout": 0.1, "seed": 0,
-                                                 "dataset_info": ["1", 2]}},
-        "5": {"class_type": "XPUOptimizer", "inputs": {"name": "adam", "lr": 0.002, "weight_decay": 0.0,
-                                                       "momentum": 0.9}},
-        "6": {"class_type": "XPULoss", "inputs": {"name": "cross_entropy"}},
-        "7": {"class_type": "XPUTrainingLoop", "inputs": inputs},
-        "8": {"class_type": "XPUEvaluate", "inputs": {"model": ["7", 0], "dataloader": ["3", 0], "device": "auto",
-                                                      "precision": "fp32"}},
-    }
+    """The ddp suites' digits graph with dropout 0.1, and an Evaluate (8) on the validation loader."""
+    return {**gp.digits_ddp(epochs, dropout=0.1, **loop), "8": gp.evaluate("7", "3")}
 
 
 class Fleet:

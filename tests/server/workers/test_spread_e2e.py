@@ -5,7 +5,6 @@ CPU) meeting through rank 0's TCPStore, and a real kill -9 of one agent's proces
 
 from __future__ import annotations
 
-import copy
 import os
 import signal
 import subprocess
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import fleet_harness as fh  # registered by tests/server/conftest.py
+import graph_parts as gp  # registered by tests/conftest.py
 import psutil
 import pytest
 
@@ -21,29 +21,9 @@ from xpufleet.constants import ENV_TEST_DDP_RAISE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
-GRAPH: dict[str, Any] = {
-    "1": {"class_type": "XPUDataset", "inputs": {"name": "digits", "val_split": 0.2, "seed": 0,
-                                                 "normalize": "standard"}},
-    "2": {"class_type": "XPUDataLoader", "inputs": {"dataset": ["1", 0], "batch_size": 16, "shuffle": True,
-                                                    "num_workers": 0, "drop_last": False}},
-    "3": {"class_type": "XPUDataLoader", "inputs": {"dataset": ["1", 1], "batch_size": 128, "shuffle": False,
-                                                    "num_workers": 0, "drop_last": False}},
-    "4": {"class_type": "XPUMLP", "inputs": {"hidden": "32", "activation": "relu", "dropout": 0.0, "seed": 0,
-                                             "dataset_info": ["1", 2]}},
-    "5": {"class_type": "XPUOptimizer", "inputs": {"name": "adam", "lr": 0.002, "weight_decay": 0.0,
-                                                   "momentum": 0.9}},
-    "6": {"class_type": "XPULoss", "inputs": {"name": "cross_entropy"}},
-    "7": {"class_type": "XPUTrainingLoop", "inputs": {
-        "model": ["4", 0], "dataloader": ["2", 0], "optimizer": ["5", 0], "loss": ["6", 0], "epochs": 2,
-        "max_steps": 0, "device": "auto", "precision": "fp32", "val_dataloader": ["3", 0], "tensorboard": False,
-        "strategy": "ddp", "seed": 0, "checkpoint_every": 1}},
-}
-
-
 def graph(epochs: int) -> dict[str, Any]:
-    g = copy.deepcopy(GRAPH)
-    g["7"]["inputs"]["epochs"] = epochs
-    return g
+    """The ddp suites' digits graph, checkpointing every epoch (the weights compared below)."""
+    return gp.digits_ddp(epochs, checkpoint_every=1)
 
 
 class Agent:
