@@ -39,6 +39,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchlib import tests_module  # bench/ (this script's folder) is on sys.path
+
+wait_until = tests_module("processes.py").wait_until  # the tests' bounded poll
 PY = sys.executable
 CLIENTS = 8
 GOAL_OVERHEAD_MS = 1.0
@@ -133,15 +136,6 @@ class Fleet:
             [PY, "-m", "xpufleet.server", "agent", "start", "--foreground", "--name", name, "--simulate", simulate],
             env=self.env, stdout=open(self.home / f"agent-{name}.out", "ab"), stderr=subprocess.STDOUT))
 
-    def wait(self, pred: Any, timeout: float, what: str) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = pred()
-            if value:
-                return value
-            time.sleep(0.05)
-        raise RuntimeError(f"timed out waiting for {what}")
-
     def stop(self) -> None:
         for p in reversed(self.procs):
             if p.poll() is None:
@@ -220,7 +214,7 @@ def guard_recovery(fleet: Fleet, kills: int) -> list[float]:
                 break
             if time.monotonic() - t_kill > 300:
                 raise RuntimeError("no answer from the new generation within 300 s")
-        fleet.wait(lambda: fleet.call("GET", "/api/services/bench")["state"] == "ready", 300, "ready again")
+        wait_until(lambda: fleet.call("GET", "/api/services/bench")["state"] == "ready", "ready again", 300, 0.05)
     return out
 
 
@@ -312,14 +306,14 @@ def main() -> int:
     try:
         fleet.agent("a", "cuda:0=24")
         fleet.agent("b", "cuda:0=24")
-        fleet.wait(lambda: sum(w["status"] == "Online" for w in fleet.call("GET", "/api/workers")["workers"]) == 2,
-                   300, "two agents online")
+        wait_until(lambda: sum(w["status"] == "Online" for w in fleet.call("GET", "/api/workers")["workers"]) == 2,
+                   "two agents online", 300, 0.05)
         fleet.call("POST", "/api/services", {
             "name": "bench", "program": {"model": {"path": str(model)}}, "unit": {"size": 2, "guard": True},
             "target": {"device": "cuda"}, "routing": {"wait_s": 120},
             "restart": {"max_restarts": 100, "backoff_s": 0.0, "backoff_max_s": 0.0}})
-        svc = fleet.wait(lambda: (s := fleet.call("GET", "/api/services/bench"))["state"] == "ready" and s, 600,
-                         "the unit ready")
+        svc = wait_until(lambda: (s := fleet.call("GET", "/api/services/bench"))["state"] == "ready" and s,
+                         "the unit ready", 600, 0.05)
         unit = svc["units"][0]
         results: dict[str, Any] = {"load_avg_1m": os.getloadavg()[0], "cores": os.cpu_count()}
         results.update(overhead(fleet, unit, args.requests))

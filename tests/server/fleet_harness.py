@@ -150,9 +150,14 @@ class SidecarProc:
         kill9(self.proc.pid)
         self.proc.wait(timeout=10)
 
+    @property
+    def client(self) -> Client:
+        """The one sidecar client (common/client.py) for this sidecar's current address and token."""
+        return Client(self.url, self.token, timeout=60, fingerprint=self.fingerprint)
+
     def call(self, method: str, path: str, body: Any = None, raw: bool = False) -> tuple[int, Any]:
-        """``(status, answer)`` through the one sidecar client (common/client.py)."""
-        return Client(self.url, self.token, timeout=60, fingerprint=self.fingerprint).call(method, path, body, raw=raw)
+        """``(status, answer)`` through :attr:`client`."""
+        return self.client.call(method, path, body, raw=raw)
 
     def ok(self, method: str, path: str, body: Any = None, status: int = 200) -> Any:
         code, out = self.call(method, path, body)

@@ -23,6 +23,7 @@ from typing import Any
 import graph_parts as gp  # registered by tests/conftest.py
 import psutil
 from processes import stop_process  # registered by tests/conftest.py
+from processes import wait_until as wait_until  # re-exported: the tests call harness.wait_until
 
 from xpufleet.common.client import Client
 from xpufleet.common.runtime_file import read_runtime
@@ -95,22 +96,28 @@ class Sidecar:
     def wait_for(self, run_id: str, event_type: str, timeout: float = 60.0) -> dict[str, Any]:
         """The first event of ``event_type`` (long-polls; bounded by ``timeout``)."""
         assert self.client is not None
-        cursor, deadline = 0, time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            page = self.client.events(run_id, cursor=cursor, wait=min(10.0, max(0.1, deadline - time.monotonic())))
-            for ev in page["events"]:
-                if ev["type"] == event_type:
-                    return ev
-            cursor = page["cursor"]
-            if page["done"]:
-                break
-        raise AssertionError(f"no {event_type} event for run {run_id} within {timeout} s")
+        return first_event(self.client, run_id, event_type, timeout)
 
     def finish(self, run_id: str, timeout: float = 90.0) -> dict[str, Any]:
         """Wait for the run's run_finished event; return the run."""
         self.wait_for(run_id, "run_finished", timeout)
         assert self.client is not None
         return self.client.run(run_id)
+
+
+def first_event(client: Client, run_id: str, event_type: str, timeout: float = 60.0, after: int = 0) -> dict[str, Any]:
+    """The run's first event of ``event_type`` past cursor ``after`` (long-polls; bounded by ``timeout``)."""
+    cursor, deadline = after, time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        page = client.events(run_id, cursor=cursor, wait=min(10.0, max(0.1, deadline - time.monotonic())))
+        for ev in page["events"]:
+            if ev["type"] == event_type:
+                return ev
+        cursor = page["cursor"]
+        if page["done"]:
+            break
+    seen = [e["type"] for e in client.events(run_id, limit=1000)["events"]][-20:]
+    raise AssertionError(f"no {event_type} event for run {run_id} within {timeout} s; its last events: {seen}")
 
 
 class AgentProcess:
@@ -139,18 +146,6 @@ class AgentProcess:
 
     def stop(self) -> None:
         stop_process(self.proc)
-
-
-def wait_until(check, what: str, timeout: float = 60.0, every: float = 0.1) -> Any:
-    """Poll ``check()`` until it returns something true (for state with no push channel)."""
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"not {what} after {timeout} s")
 
 
 def write_graph(path: Path, graph: dict[str, Any]) -> Path:

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import sidecar_harness as harness  # registered by tests/server/conftest.py
+from processes import wait_until  # registered by tests/conftest.py
 
 from xpufleet.server.devices import set_simulated_free
 
@@ -105,24 +106,13 @@ def submit(sc: harness.Sidecar, g: dict[str, Any], **target: Any) -> tuple[int, 
         return getattr(exc, "status", 0), getattr(exc, "body", None)
 
 
-def until(check: Any, what: str, timeout: float = 60.0) -> Any:
-    """Poll ``check()`` (the Workers data and waiting_reason have no push channel); bounded."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout} s: {what}")
-
-
 def card(sc: harness.Sidecar, worker: str, device: str) -> dict[str, Any]:
     w = sc.client.request("GET", f"/api/workers/{worker}")
     return next(d for d in w["devices"] if d["name"] == device)
 
 
 def free_shows(sc: harness.Sidecar, worker: str, device: str, free: float) -> None:
-    until(lambda: card(sc, worker, device)["free_gib"] == free, f"{worker} {device} reports {free} GiB free")
+    wait_until(lambda: card(sc, worker, device)["free_gib"] == free, f"{worker} {device} reports {free} GiB free")
 
 
 def share(sc: harness.Sidecar, worker: str, *devices: str) -> None:
@@ -133,8 +123,8 @@ def share(sc: harness.Sidecar, worker: str, *devices: str) -> None:
 
 
 def reason(sc: harness.Sidecar, run_id: str, text: str, timeout: float = 60.0) -> dict[str, Any]:
-    return until(lambda: (r := sc.client.run(run_id))["status"] == "queued" and text in (r["waiting_reason"] or "")
-                 and r, f"run {run_id} waiting with {text!r}", timeout)
+    return wait_until(lambda: (r := sc.client.run(run_id))["status"] == "queued"
+                      and text in (r["waiting_reason"] or "") and r, f"run {run_id} waiting with {text!r}", timeout)
 
 
 def test_admit_reject_wait_and_an_oom_under_a_budget_on_simulated_cards(fleet):

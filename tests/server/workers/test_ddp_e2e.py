@@ -73,16 +73,7 @@ class Fleet:
 
     def first(self, run_id: str, type_: str, after: int = 0, timeout: float = 180.0) -> dict[str, Any]:
         """The first event of ``type_`` past cursor ``after`` (long-polls)."""
-        cursor, deadline = after, time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            page = self.client.events(run_id, cursor=cursor, wait=5)
-            for ev in page["events"]:
-                if ev["type"] == type_:
-                    return ev
-            cursor = page["cursor"]
-            if page["done"]:
-                break
-        raise AssertionError(f"no {type_} for run {run_id}: {[e['type'] for e in self.events(run_id)][-20:]}")
+        return harness.first_event(self.client, run_id, type_, timeout, after)
 
     def rank_pids(self, run_id: str) -> list[int]:
         started = self.first(run_id, "ddp_started")
