@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -34,7 +32,6 @@ from typing import Any
 from benchlib import pct, tests_module  # bench/ (this script's folder) is on sys.path
 
 from xpufleet.common.client import Client
-from xpufleet.common.runtime_file import read_runtime
 
 GOAL_MS = 100.0
 gp = tests_module("graph_parts.py")  # the test suite's graph nodes
@@ -49,16 +46,14 @@ def graph(n_samples: int = 0, max_steps: int = 0) -> dict[str, Any]:
 
 
 @contextmanager
-def sidecar(warm: bool):
+def sidecar(warm: bool) -> Iterator[Client]:
+    """A sidecar (the e2e suites' harness) in a temporary XPUFLEET_HOME, warm or cold start; its client."""
     home = Path(tempfile.mkdtemp(prefix=f"xpufleet-bench-{'warm' if warm else 'cold'}-"))
-    env = {**os.environ, "XPUFLEET_HOME": str(home), "XPUFLEET_WARM_START": "1" if warm else "0"}
-    cli = [sys.executable, "-m", "xpufleet.server"]
-    subprocess.run([*cli, "start", "--port", "0"], env=env, check=True, capture_output=True)
+    sc = tests_module("server/sidecar_harness.py").Sidecar(home, {"XPUFLEET_WARM_START": "1" if warm else "0"})
     try:
-        info = read_runtime(home)
-        yield Client(info["url"], info["token"])
+        yield sc.start().client
     finally:
-        subprocess.run([*cli, "stop"], env=env, capture_output=True)
+        sc.stop()
         shutil.rmtree(home, ignore_errors=True)
 
 
