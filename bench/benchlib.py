@@ -76,13 +76,17 @@ def steady_state_loop(decide: Callable[[int], tuple[int, float]], end_one: Calla
     return first, first_dt, lat, placed
 
 
+Result = dict[str, Any]
+
+
 def against_reference(description: str | None, baseline_decisions: int, fleet: str, runs: str,
-                      steady_state: Callable[..., dict[str, Any]], labels: tuple[str, str],
-                      show: Callable[[dict[str, Any]], None]) -> tuple[argparse.Namespace, dict[str, Any], dict[str, Any]]:
+                      steady_state: Callable[..., Result], labels: tuple[str, str],
+                      show: Callable[[Result], None]) -> tuple[argparse.Namespace, Result, Result]:
     """A queue benchmark's run: its arguments (:func:`queue_arguments`), the ``fleet`` and the ``runs`` that
-    wait (both benchmarks draw the same mix of targets), then ``steady_state(incremental, queued, decisions, seed)`` for the structure under test
-    and for the reference rule (the baseline: ``--baseline-decisions``), driven by the same random sequence,
-    each printed under its label by ``show``. Returns the arguments and both results."""
+    wait (both benchmarks draw the same mix of targets), then ``steady_state(incremental, queued, decisions,
+    seed)`` for the structure under test and for the reference rule (the baseline: ``--baseline-decisions``),
+    driven by the same random sequence, each printed under its label by ``show``. Returns the arguments and
+    both results."""
     args = queue_arguments(description, baseline_decisions)
     print(f"fleet: {fleet}; {args.queued} {runs} (70% one card, 20% any card, 10% sets of 2-4)")
     fast = steady_state(True, args.queued, args.decisions, args.seed)
@@ -93,7 +97,7 @@ def against_reference(description: str | None, baseline_decisions: int, fleet: s
     return args, fast, base
 
 
-def same_placements(fast: dict[str, Any], base: dict[str, Any], upto: int) -> bool:
+def same_placements(fast: Result, base: Result, upto: int) -> bool:
     """Whether both placed the same runs on the same devices over the fill and ``upto`` steady decisions
     (their ``log`` rows start with the decision's number); printed."""
     same = [e for e in fast["log"] if e[0] < upto] == [e for e in base["log"] if e[0] < upto]

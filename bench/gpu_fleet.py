@@ -61,11 +61,7 @@ class GpuFleet:
         h = harness()
         sim = (self.device != "cuda") if simulate is None else simulate
         args = ["--simulate", simulate_spec(cards)] if sim else ["--devices", ",".join(f"cuda:{i}" for i in range(cards))]
-        self.sidecar.env["XPUFLEET_WARM_START"] = "1" if warm else "0"
-        try:
-            proc = h.AgentProcess(self.sidecar, name, None, *args)
-        finally:
-            self.sidecar.env.pop("XPUFLEET_WARM_START", None)
+        proc = h.AgentProcess(self.sidecar, name, None, *args, env={"XPUFLEET_WARM_START": "1" if warm else "0"})
         self.agents[name] = proc
         h.wait_until(lambda: self._online(name, proc), f"worker {name} online", timeout=90, every=0.2)
         return proc

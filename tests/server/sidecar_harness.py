@@ -124,17 +124,27 @@ class AgentProcess:
     """``xpufleet agent start --foreground --name NAME`` as a child of the test, for the sidecar's
     machine (it reads ``home``'s runtime file), logging to ``<home>/test-agent-<name>.log``."""
 
-    def __init__(self, sidecar: Sidecar, name: str, home: Path | None = None, *args: str) -> None:
+    def __init__(self, sidecar: Sidecar, name: str, home: Path | None = None, *args: str,
+                 env: dict[str, str] | None = None) -> None:
         self.name = name
         self.home = Path(home or sidecar.home)
         self.log = self.home / f"test-agent-{name}.log"
-        env = {**sidecar.env, "XPUFLEET_HOME": str(self.home), "OMP_NUM_THREADS": "1"}
+        env = {**sidecar.env, "XPUFLEET_HOME": str(self.home), "OMP_NUM_THREADS": "1", **(env or {})}
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen([*CLI, "agent", "start", "--foreground", "--name", name, *args],
                                          env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
+
+    def wait_connected(self, timeout: float = 90.0) -> None:
+        """Until the agent's log says it connected (no push channel to the test); fails if it exits first."""
+
+        def connected() -> bool:
+            assert self.proc.poll() is None, f"agent {self.name} exited:\n{self.text()[-3000:]}"
+            return "connected to" in self.text()
+
+        wait_until(connected, f"agent {self.name} connected", timeout)
 
     def state(self) -> dict[str, Any]:
         """The agent's own state file (``agents/<name>.json``): state, reason, server."""

@@ -8,8 +8,6 @@ import copy
 import json
 import os
 import signal
-import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +36,7 @@ class Fleet:
         self.home = home
         env = {"XPUFLEET_HEARTBEAT_INTERVAL_S": "1"}
         self.sidecar = harness.Sidecar(home, env).start()
-        self.agents: dict[str, subprocess.Popen] = {}
+        self.agents: dict[str, harness.AgentProcess] = {}
         self.start_agent("gpu2")
         self.start_agent("gpu2raise", **{ENV_TEST_DDP_RAISE: f"1:{RAISE_AT_BATCH}"})
         for name in self.agents:
@@ -49,21 +47,15 @@ class Fleet:
         return self.sidecar.client
 
     def start_agent(self, name: str, **env: str) -> None:
-        log = open(self.home / f"agent-{name}.log", "ab")  # noqa: SIM115 - the agent writes it until stopped
-        self.agents[name] = subprocess.Popen(
-            [*harness.CLI, "agent", "start", "--foreground", "--name", name, "--simulate", "cuda:0=24,cuda:1=24"],
-            env={**self.sidecar.env, **env}, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.agents[name] = harness.AgentProcess(self.sidecar, name, None, "--simulate", "cuda:0=24,cuda:1=24",
+                                                 env=env)
 
     def wait_online(self, name: str, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if self.client.request("GET", f"/api/workers/{name}")["status"] == "Online":
-                    return
-            except Exception:  # noqa: BLE001 - not connected yet (404)
-                pass
-            time.sleep(0.2)  # worker status has no push channel: bounded poll
-        raise AssertionError(f"worker {name} not online after {timeout} s")
+        def online() -> bool:  # 404 until the agent has said hello
+            code, worker = self.client.call("GET", f"/api/workers/{name}")
+            return code == 200 and worker["status"] == "Online"
+
+        harness.wait_until(online, f"worker {name} online", timeout, every=0.2)
 
     def submit(self, graph: dict[str, Any], agent: str = "gpu2", devices: list[str] = CARDS) -> str:
         return self.sidecar.submit(graph, target={"worker": agent, "devices": devices})
@@ -95,14 +87,8 @@ class Fleet:
         return self.home / "agents" / agent / "runs" / run_id
 
     def close(self) -> None:
-        for proc in self.agents.values():
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=10)
+        for agent in self.agents.values():
+            agent.stop()
         self.sidecar.stop()
 
 
