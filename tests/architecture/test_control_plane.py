@@ -4,7 +4,6 @@ local run is refused with what to install (docs/install.md)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import venv
 from pathlib import Path
 
 import arch_imports as arch
+import graph_parts as gp  # registered by tests/conftest.py
 import pytest
 from processes import wait_until  # registered by tests/conftest.py
 
@@ -21,15 +21,7 @@ from xpufleet.constants import TERMINAL_STATUSES
 
 pytestmark = pytest.mark.e2e
 
-def _iris_graph() -> dict:
-    """The e2e suites' iris graph (tests/server/fleet_harness.py: test folders are not packages)."""
-    spec = importlib.util.spec_from_file_location("fleet_harness", arch.REPO / "tests" / "server" / "fleet_harness.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.iris_graph()
-
-
-GRAPH = _iris_graph()
+GRAPH = gp.iris(strategy="single")  # the e2e suites' iris graph (tests/graph_parts.py)
 
 
 @pytest.mark.timeout(900)
