@@ -17,13 +17,13 @@ Figures are printed, not asserted. Needs COMFYUI_DIR and COMFYUI_PYTHON (as the 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from benchlib import tests_module  # bench/ (this script's folder) is on sys.path
+
 CHANGE_JS = """async ([value, target, timeoutMs]) => {
     const n = app.graph.nodes.find((x) => x.type === 'CheckpointLoaderSimple');
     const w = n.widgets.find((x) => x.name === 'ckpt_name');
@@ -43,11 +43,7 @@ READY_JS = "() => (window.app && window.app.graph && document.querySelector('.co
 
 
 def load_harness():
-    spec = importlib.util.spec_from_file_location("browser_harness", HERE.parent / "tests" / "frontend" / "browser_harness.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["browser_harness"] = module
-    spec.loader.exec_module(module)
-    return module
+    return tests_module("frontend/browser_harness.py")
 
 
 def pct(values: list[float], q: float) -> float:

@@ -26,7 +26,14 @@ import sys
 import time
 from typing import Any
 
-from benchlib import latency_ms, pct, queue_arguments, verdict  # bench/ (this script's folder) is on sys.path
+from benchlib import (  # bench/ (this script's folder) is on sys.path
+    against_reference,
+    latency_ms,
+    pct,
+    print_goals,
+    same_placements,
+    steady_state_loop,
+)
 
 from xpufleet.server.ledger.fit import Ledger
 from xpufleet.server.ledger.queue import MemoryHolds, MemoryQueue, MemoryRun, plan_reference
@@ -109,21 +116,19 @@ def steady_state(incremental: bool, queued: int, decisions: int, seed: int) -> d
         log.extend((i, p.run_id, p.keys) for p in placed)
         return len(placed), dt
 
-    first, first_dt = decide(-1)  # an empty fleet fills up
-    lat: list[float] = []
-    placed = 0
-    for i in range(decisions):
+    def end_one() -> None:  # and its cards' heartbeats
         if running:
             run_id = running.pop(rng.randrange(len(running)))
             keys = ledger.runs[run_id].keys
-            ledger.release(run_id)  # one run ends
+            ledger.release(run_id)
             for key in keys:
                 heartbeat(key)
-        k, dt = decide(i)
-        lat.append(dt)
-        placed += k
+
+    def refill() -> None:
         while (len(queue) if incremental else len(waiting)) < queued:
             submit()
+
+    first, first_dt, lat, placed = steady_state_loop(decide, end_one, refill, decisions)
     total = sum(lat)
     holds = queue.holds if incremental else ref_holds
     return {"holds": len(holds.by_key), "first": first, "first_ms": first_dt * 1e3, "decisions": decisions,
@@ -134,31 +139,25 @@ def steady_state(incremental: bool, queued: int, decisions: int, seed: int) -> d
             "verdicts": verdicts, "running": len(running), "log": log}
 
 
+def show(r: dict[str, Any]) -> None:
+    print(f"  fill an empty fleet: {r['first']} placements in {r['first_ms']:.1f} ms")
+    print(f"  steady state (a run ends, a heartbeat, one decision): {r['decisions']} decisions placing "
+          f"{r['placements']} runs; {r['decisions_per_s']:,.0f} decisions/s, {r['placements_per_s']:,.0f} "
+          f"placements/s of decision time; decision mean {r['mean_ms']:.3f} ms, p50 {r['p50_ms']:.3f} ms, "
+          f"p99 {r['p99_ms']:.3f} ms, max {r['max_ms']:.3f} ms; {r['running']} runs on the cards at the end, "
+          f"{r['holds']} cards held for an overtaken run")
+
+
 def main() -> None:
-    args = queue_arguments(__doc__, baseline_decisions=100)
-    print(f"fleet: {WORKERS} workers x {CARDS} CUDA cards shared by memory = {WORKERS * CARDS} cards "
-          f"(80 and 48 GiB); {args.queued} waiting budgeted runs (70% one card, 20% any card, 10% sets of 2-4)")
-    fast = steady_state(True, args.queued, args.decisions, args.seed)
-    base = steady_state(False, args.queued, args.baseline_decisions, args.seed)
-    for label, r in (("MemoryQueue (incremental)", fast), ("plan_reference (walks the whole queue, baseline)", base)):
-        print(f"{label}:")
-        print(f"  fill an empty fleet: {r['first']} placements in {r['first_ms']:.1f} ms")
-        print(f"  steady state (a run ends, a heartbeat, one decision): {r['decisions']} decisions placing "
-              f"{r['placements']} runs; {r['decisions_per_s']:,.0f} decisions/s, {r['placements_per_s']:,.0f} "
-              f"placements/s of decision time; decision mean {r['mean_ms']:.3f} ms, p50 {r['p50_ms']:.3f} ms, "
-              f"p99 {r['p99_ms']:.3f} ms, max {r['max_ms']:.3f} ms; {r['running']} runs on the cards at the end, "
-              f"{r['holds']} cards held for an overtaken run")
+    fleet_text = f"{WORKERS} workers x {CARDS} CUDA cards shared by memory = {WORKERS * CARDS} cards (80 and 48 GiB)"
+    labels = ("MemoryQueue (incremental)", "plan_reference (walks the whole queue, baseline)")
+    args, fast, base = against_reference(__doc__, 100, fleet_text, "waiting budgeted runs", steady_state, labels, show)
     print(f"submit-time decisions (ledger.decide with the text): {fast['submit_per_s']:,.0f}/s, p50 "
           f"{fast['submit_p50_ms']:.4f} ms, p99 {fast['submit_p99_ms']:.4f} ms; verdicts {fast['verdicts']}")
-    upto = args.baseline_decisions
-    same = [e for e in fast["log"] if e[0] < upto] == [e for e in base["log"] if e[0] < upto]
-    print(f"same placements as the reference over the first fill and {upto} steady decisions: "
-          f"{'yes' if same else 'NO'}")
+    same = same_placements(fast, base, args.baseline_decisions)
     print(f"MemoryQueue vs baseline: decisions/s {fast['decisions_per_s'] / base['decisions_per_s']:.0f}x, "
           f"p99 {base['p99_ms'] / fast['p99_ms']:.0f}x lower")
-    print("goal (issue 12, MemoryQueue, steady state):")
-    print(f"  >= 5,000 decisions/s: {fast['decisions_per_s']:,.0f}/s, {verdict(fast['decisions_per_s'] >= 5000)}")
-    print(f"  p99 decision <= 2 ms: {fast['p99_ms']:.3f} ms, {verdict(fast['p99_ms'] <= 2.0)}")
+    print_goals("issue 12, MemoryQueue", "decisions/s", fast["decisions_per_s"], fast["p99_ms"])
     if not same:
         sys.exit("MemoryQueue placed differently from the reference rule")
 

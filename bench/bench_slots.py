@@ -23,12 +23,18 @@ import sys
 import time
 from typing import Any
 
-from benchlib import latency_ms, queue_arguments, verdict  # bench/ (this script's folder) is on sys.path
+from benchlib import (  # bench/ (this script's folder) is on sys.path
+    against_reference,
+    latency_ms,
+    print_goals,
+    same_placements,
+    steady_state_loop,
+    verdict,
+)
 
 from xpufleet.server.scheduling import (
     Candidate,
     DeviceOffer,
-    LimitOverrides,
     ProviderInfo,
     QueuedRun,
     SlotQueue,
@@ -67,7 +73,6 @@ def make_run(rng: random.Random, n: int, provs: list[ProviderInfo]) -> QueuedRun
 def steady_state(use_index: bool, queued: int, decisions: int, seed: int) -> dict[str, Any]:
     rng = random.Random(seed)
     provs = fleet()
-    overrides = LimitOverrides()
     q = SlotQueue()
     n = 0
     for _ in range(queued):
@@ -75,7 +80,7 @@ def steady_state(use_index: bool, queued: int, decisions: int, seed: int) -> dic
         n += 1
     # Like the dispatcher: one slot state, built when providers change, updated as runs start/end;
     # plans make no waiting_reason texts (the dispatcher refreshes those at most twice a second).
-    state = build_state(provs, overrides)
+    state = build_state(provs)
     reason_ms: list[float] = []
     log: list[tuple[int, str, str, tuple[str, ...]]] = []  # (decision, run, provider, devices)
     looked: list[int] = []
@@ -95,18 +100,17 @@ def steady_state(use_index: bool, queued: int, decisions: int, seed: int) -> dic
             reason_ms.append((time.perf_counter() - t1) * 1e3)
         return len(result.placements), dt
 
-    first, first_dt = decide(-1)  # an empty fleet fills up
-    lat: list[float] = []
-    placed = 0
-    for i in range(decisions):
+    def end_one() -> None:
         if state.held:
-            state.release(rng.choice(list(state.held)))  # one run ends
-        k, dt = decide(i)
-        lat.append(dt)
-        placed += k
-        while len(q) < queued:  # new submissions keep the queue full
+            state.release(rng.choice(list(state.held)))
+
+    def refill() -> None:
+        nonlocal n
+        while len(q) < queued:
             q.add(make_run(rng, n, provs))
             n += 1
+
+    first, first_dt, lat, placed = steady_state_loop(decide, end_one, refill, decisions)
     total = sum(lat)
     return {"first_fill_placements": first, "first_fill_ms": first_dt * 1e3,
             "fill_per_s": first / first_dt, "placements": placed,
@@ -115,33 +119,26 @@ def steady_state(use_index: bool, queued: int, decisions: int, seed: int) -> dic
             "reasons_ms": statistics.median(reason_ms), "log": log}
 
 
+def show(r: dict[str, Any]) -> None:
+    print(f"  fill an empty fleet: {r['first_fill_placements']} placements in {r['first_fill_ms']:.1f} ms "
+          f"= {r['fill_per_s']:,.0f} placements/s (the rest of the 512 slots are held for waiting sets)")
+    print(f"  steady state (one run ends, one decision): {r['placements']} placements in {r['decisions']} "
+          f"decisions, {r['placements_per_s']:,.0f} placements/s of decision time; decision mean "
+          f"{r['mean_ms']:.3f} ms, p50 {r['p50_ms']:.3f} ms, p99 {r['p99_ms']:.3f} ms, max {r['max_ms']:.3f} ms; "
+          f"runs looked at per decision: {r['looked_at']:.1f}")
+    print(f"  waiting_reason texts for the runs a decision looked at: {r['reasons_ms']:.3f} ms (median; "
+          f"made at most twice a second)")
+
+
 def main() -> None:
-    args = queue_arguments(__doc__, baseline_decisions=200)
-    print(f"fleet: {PROVIDERS} providers x {CARDS} CUDA cards = {PROVIDERS * CARDS} slots (limit 1); "
-          f"{args.queued} queued runs (70% one card, 20% any card, 10% sets of 2-4)")
-    fast = steady_state(True, args.queued, args.decisions, args.seed)
-    base = steady_state(False, args.queued, args.baseline_decisions, args.seed)
-    for label, r in (("SlotQueue (what the dispatcher uses)", fast), ("reference plan() (baseline)", base)):
-        print(f"{label}:")
-        print(f"  fill an empty fleet: {r['first_fill_placements']} placements in {r['first_fill_ms']:.1f} ms "
-              f"= {r['fill_per_s']:,.0f} placements/s (the rest of the 512 slots are held for waiting sets)")
-        print(f"  steady state (one run ends, one decision): {r['placements']} placements in {r['decisions']} "
-              f"decisions, {r['placements_per_s']:,.0f} placements/s of decision time; decision mean "
-              f"{r['mean_ms']:.3f} ms, p50 {r['p50_ms']:.3f} ms, p99 {r['p99_ms']:.3f} ms, max {r['max_ms']:.3f} ms; "
-              f"runs looked at per decision: {r['looked_at']:.1f}")
-        print(f"  waiting_reason texts for the runs a decision looked at: {r['reasons_ms']:.3f} ms (median; "
-              f"made at most twice a second)")
-    upto = args.baseline_decisions
-    same = [e for e in fast["log"] if e[0] < upto] == [e for e in base["log"] if e[0] < upto]
-    print(f"same placements as the reference over the first fill and {upto} steady decisions: "
-          f"{'yes' if same else 'NO'}")
+    fleet_text = f"{PROVIDERS} providers x {CARDS} CUDA cards = {PROVIDERS * CARDS} slots (limit 1)"
+    labels = ("SlotQueue (what the dispatcher uses)", "reference plan() (baseline)")
+    args, fast, base = against_reference(__doc__, 200, fleet_text, "queued runs", steady_state, labels, show)
+    same = same_placements(fast, base, args.baseline_decisions)
     print(f"SlotQueue vs baseline: fill {fast['fill_per_s'] / base['fill_per_s']:.1f}x, steady placements/s "
           f"{fast['placements_per_s'] / base['placements_per_s']:.1f}x, steady p99 "
           f"{base['p99_ms'] / fast['p99_ms']:.1f}x lower")
-    print("goal (issue 3, SlotQueue, steady state):")
-    print(f"  >= 5,000 placements/s of decision time: {fast['placements_per_s']:,.0f}/s, "
-          f"{verdict(fast['placements_per_s'] >= 5000)}")
-    print(f"  p99 decision <= 2 ms: {fast['p99_ms']:.3f} ms, {verdict(fast['p99_ms'] <= 2.0)}")
+    print_goals("issue 3, SlotQueue", "placements/s of decision time", fast["placements_per_s"], fast["p99_ms"])
     print(f"  (filling an empty fleet: {fast['fill_per_s']:,.0f} placements/s, "
           f"{verdict(fast['fill_per_s'] >= 5000)} against the same 5,000/s)")
     if not same:

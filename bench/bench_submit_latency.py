@@ -20,61 +20,40 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from benchlib import pct  # bench/ (this script's folder) is on sys.path
+from benchlib import pct, tests_module  # bench/ (this script's folder) is on sys.path
 
 from xpufleet.common.client import Client
-from xpufleet.common.runtime_file import read_runtime
 
 GOAL_MS = 100.0
+gp = tests_module("graph_parts.py")  # the test suite's graph nodes
 
 
 def graph(n_samples: int = 0, max_steps: int = 0) -> dict[str, Any]:
     """The iris graph (``n_samples`` > 0: synthetic data of that size instead) training one epoch."""
-    if n_samples:
-        data = {"class_type": "XPUDataset", "inputs": {"name": "synthetic_classification", "val_split": 0.25,
-                                                       "seed": 0, "normalize": "none", "n_samples": n_samples,
-                                                       "n_features": 4, "n_classes": 2}}
-    else:
-        data = {"class_type": "XPUDataset", "inputs": {"name": "iris", "val_split": 0.2, "seed": 0,
-                                                       "normalize": "standard"}}
-    return {
-        "1": data,
-        "2": {"class_type": "XPUDataLoader", "inputs": {"dataset": ["1", 0], "batch_size": 16, "shuffle": True,
-                                                        "num_workers": 0, "drop_last": False}},
-        "3": {"class_type": "XPUMLP", "inputs": {"hidden": "16", "activation": "relu", "dropout": 0.0, "seed": 0,
-                                                 "dataset_info": ["1", 2]}},
-        "4": {"class_type": "XPUOptimizer", "inputs": {"name": "adam", "lr": 0.01, "weight_decay": 0.0,
-                                                       "momentum": 0.9}},
-        "5": {"class_type": "XPULoss", "inputs": {"name": "cross_entropy"}},
-        "6": {"class_type": "XPUTrainingLoop", "inputs": {
-            "model": ["3", 0], "dataloader": ["2", 0], "optimizer": ["4", 0], "loss": ["5", 0], "epochs": 1,
-            "max_steps": max_steps, "device": "cpu", "precision": "fp32", "tensorboard": False,
-            "strategy": "single"}},
-    }
+    data = gp.dataset("synthetic_classification", val_split=0.25, normalize="none", n_samples=n_samples,
+                      n_features=4, n_classes=2) if n_samples else gp.dataset()
+    return {"1": data, "2": gp.loader("1"), "3": gp.mlp("1"), "4": gp.optimizer(), "5": gp.loss(),
+            "6": gp.training_loop("3", "2", "4", "5", max_steps=max_steps, device="cpu", strategy="single")}
 
 
 @contextmanager
-def sidecar(warm: bool):
+def sidecar(warm: bool) -> Iterator[Client]:
+    """A sidecar (the e2e suites' harness) in a temporary XPUFLEET_HOME, warm or cold start; its client."""
     home = Path(tempfile.mkdtemp(prefix=f"xpufleet-bench-{'warm' if warm else 'cold'}-"))
-    env = {**os.environ, "XPUFLEET_HOME": str(home), "XPUFLEET_WARM_START": "1" if warm else "0"}
-    cli = [sys.executable, "-m", "xpufleet.server"]
-    subprocess.run([*cli, "start", "--port", "0"], env=env, check=True, capture_output=True)
+    sc = tests_module("server/sidecar_harness.py").Sidecar(home, {"XPUFLEET_WARM_START": "1" if warm else "0"})
     try:
-        info = read_runtime(home)
-        yield Client(info["url"], info["token"])
+        yield sc.start().client
     finally:
-        subprocess.run([*cli, "stop"], env=env, capture_output=True)
+        sc.stop()
         shutil.rmtree(home, ignore_errors=True)
 
 

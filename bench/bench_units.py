@@ -26,10 +26,8 @@ import argparse
 import http.client
 import json
 import os
-import select
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,6 +37,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchlib import tests_module  # bench/ (this script's folder) is on sys.path
+
+fh = tests_module("server/fleet_harness.py")  # the e2e suites' sidecar and agents, stopped by PID
+wait_until = tests_module("processes.py").wait_until  # the tests' bounded poll
 PY = sys.executable
 CLIENTS = 8
 GOAL_OVERHEAD_MS = 1.0
@@ -53,12 +55,6 @@ def save_model(path: Path) -> None:
                              "dropout": 0.0, "batch_norm": False}, {"task": "classification", "num_classes": 10}, [64])
     path.parent.mkdir(parents=True, exist_ok=True)
     save(build_model(spec, seed=0), path, "safetensors")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Conn:
@@ -91,66 +87,9 @@ class Conn:
             return -1
 
 
-class Fleet:
-    """A sidecar (``start --foreground``) and agents as children, in one XPUFLEET_HOME."""
-
-    def __init__(self, home: Path) -> None:
-        self.home = home
-        self.env = {**os.environ, "XPUFLEET_HOME": str(home), "XPUFLEET_HEARTBEAT_INTERVAL_S": "1",
-                    "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-        self.env.pop("CUDA_VISIBLE_DEVICES", None)
-        self.procs: list[subprocess.Popen] = []
-        r, w = os.pipe()
-        self.procs.append(subprocess.Popen(
-            [PY, "-m", "xpufleet.server", "start", "--foreground", "--port", "0", "--ready-fd", str(w)],
-            env=self.env, stdout=open(home / "sidecar.out", "ab"), stderr=subprocess.STDOUT, pass_fds=(w,)))
-        os.close(w)
-        ready, _, _ = select.select([r], [], [], 180)
-        url = os.read(r, 4096).decode().strip() if ready else ""
-        os.close(r)
-        if not url.startswith("http"):
-            raise RuntimeError("the sidecar did not start (see sidecar.out)")
-        self.host, port = url.split("//")[1].split(":")
-        self.port = int(port)
-        self.token = json.loads((home / "runtime.json").read_text())["token"]
-
-    def api(self) -> Conn:
-        return Conn(self.host, self.port, {"Authorization": f"Bearer {self.token}"})
-
-    def call(self, method: str, path: str, body: Any = None) -> Any:
-        c = http.client.HTTPConnection(self.host, self.port, timeout=600)
-        c.request(method, path, None if body is None else json.dumps(body),
-                  {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})
-        r = c.getresponse()
-        out = json.loads(r.read() or b"null")
-        c.close()
-        if r.status >= 400:
-            raise RuntimeError(f"{method} {path}: {r.status} {out}")
-        return out
-
-    def agent(self, name: str, simulate: str) -> None:
-        self.procs.append(subprocess.Popen(
-            [PY, "-m", "xpufleet.server", "agent", "start", "--foreground", "--name", name, "--simulate", simulate],
-            env=self.env, stdout=open(self.home / f"agent-{name}.out", "ab"), stderr=subprocess.STDOUT))
-
-    def wait(self, pred: Any, timeout: float, what: str) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = pred()
-            if value:
-                return value
-            time.sleep(0.05)
-        raise RuntimeError(f"timed out waiting for {what}")
-
-    def stop(self) -> None:
-        for p in reversed(self.procs):
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(60)
-            except subprocess.TimeoutExpired:
-                p.kill()
+def api(sc: Any) -> Conn:
+    """A kept-alive connection to the sidecar (a ``fleet_harness.SidecarProc``), with its token."""
+    return Conn(sc.url.split("//")[1].rsplit(":", 1)[0], sc.port, {"Authorization": f"Bearer {sc.token}"})
 
 
 def pct(values: list[float], q: float) -> float:
@@ -158,10 +97,10 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
 
 
-def overhead(fleet: Fleet, unit: dict[str, Any], n: int) -> dict[str, float]:
+def overhead(sc: Any, unit: dict[str, Any], n: int) -> dict[str, float]:
     body = json.dumps({"inputs": [[0.1] * 64]}).encode()
     direct = Conn(unit["master_addr"], unit["instances"][0]["port"])
-    routed = fleet.api()
+    routed = api(sc)
     for _ in range(30):  # warm both paths (connections, caches)
         direct.post("/infer", body)
         routed.post("/api/services/bench/infer", body)
@@ -178,14 +117,14 @@ def overhead(fleet: Fleet, unit: dict[str, Any], n: int) -> dict[str, float]:
             "overhead_p99_ms": pct(r_ms, 99) - pct(d_ms, 99)}
 
 
-def throughput(fleet: Fleet, seconds: float) -> dict[str, float]:
+def throughput(sc: Any, seconds: float) -> dict[str, float]:
     body = json.dumps({"inputs": [[0.1] * 64]}).encode()
     stop = time.monotonic() + seconds
     counts = [0] * CLIENTS
     errors = [0] * CLIENTS
 
     def client(i: int) -> None:
-        c = fleet.api()
+        c = api(sc)
         while time.monotonic() < stop:
             if c.post("/api/services/bench/infer", body)[0] == 200:
                 counts[i] += 1
@@ -202,14 +141,14 @@ def throughput(fleet: Fleet, seconds: float) -> dict[str, float]:
     return {"clients": CLIENTS, "requests_per_s": sum(counts) / elapsed, "errors": sum(errors)}
 
 
-def guard_recovery(fleet: Fleet, kills: int) -> list[float]:
+def guard_recovery(sc: Any, kills: int) -> list[float]:
     body = json.dumps({"inputs": [[0.1] * 64]}).encode()
     out = []
     for _ in range(kills):
-        svc = fleet.call("GET", "/api/services/bench")
+        svc = sc.ok("GET", "/api/services/bench")
         unit = svc["units"][0]
         gen, pid1 = unit["generation"], unit["instances"][1]["pid"]
-        c = fleet.api()
+        c = api(sc)
         assert c.post("/api/services/bench/infer", body)[0] == 200
         t_kill = time.monotonic()
         os.kill(pid1, signal.SIGKILL)
@@ -220,7 +159,7 @@ def guard_recovery(fleet: Fleet, kills: int) -> list[float]:
                 break
             if time.monotonic() - t_kill > 300:
                 raise RuntimeError("no answer from the new generation within 300 s")
-        fleet.wait(lambda: fleet.call("GET", "/api/services/bench")["state"] == "ready", 300, "ready again")
+        wait_until(lambda: sc.ok("GET", "/api/services/bench")["state"] == "ready", "ready again", 300, 0.05)
     return out
 
 
@@ -228,7 +167,7 @@ def torchrun_recovery(home: Path, model: Path, kills: int) -> list[float]:
     """The baseline: a torchrun pair of the same model server, restarted by hand after kill -9 of rank 1."""
     body = json.dumps({"inputs": [[0.1] * 64]}).encode()
     out = []
-    http_port = free_port()
+    http_port = fh.free_port()
     env = {**os.environ, "XPUFLEET_HOME": str(home), "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
            "XPUFLEET_UNIT_PROGRAM": json.dumps({"model": {"path": str(model), "max_batch": 64}}),
            "XPUFLEET_UNIT_PORT": str(http_port), "XPUFLEET_UNIT_HOST": "127.0.0.1"}
@@ -238,7 +177,7 @@ def torchrun_recovery(home: Path, model: Path, kills: int) -> list[float]:
     def launch() -> subprocess.Popen:
         env["XPUFLEET_UNIT_RENDEZVOUS"] = f"torchrun-{time.monotonic_ns()}"
         return subprocess.Popen([PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "0",
-                                 "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+                                 "--master-addr", "127.0.0.1", "--master-port", str(fh.free_port()),
                                  "-m", "xpufleet.server.units.model_server", str(workdir)],
                                 env=env, stdout=open(home / "torchrun.out", "ab"), stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -305,30 +244,31 @@ def main() -> int:
     parser.add_argument("--kills", type=int, default=3, help="guard recoveries (and torchrun restarts) measured")
     parser.add_argument("--keep", action="store_true", help="keep the temporary XPUFLEET_HOME")
     args = parser.parse_args()
-    home = Path(tempfile.mkdtemp(prefix="xpufleet-bench-units-"))
+    fleet = fh.Fleet(Path(tempfile.mkdtemp(prefix="xpufleet-bench-units-")))
+    home = fleet.home
     model = home / "outputs" / "models" / "bench.safetensors"
     save_model(model)
-    fleet = Fleet(home)
     try:
-        fleet.agent("a", "cuda:0=24")
-        fleet.agent("b", "cuda:0=24")
-        fleet.wait(lambda: sum(w["status"] == "Online" for w in fleet.call("GET", "/api/workers")["workers"]) == 2,
-                   300, "two agents online")
-        fleet.call("POST", "/api/services", {
+        sc = fleet.sidecar()
+        for name in ("a", "b"):
+            fleet.agent("--name", name, "--simulate", "cuda:0=24", label=name)
+        wait_until(lambda: sum(w["status"] == "Online" for w in sc.ok("GET", "/api/workers")["workers"]) == 2,
+                   "two agents online", 300, 0.05)
+        sc.ok("POST", "/api/services", {
             "name": "bench", "program": {"model": {"path": str(model)}}, "unit": {"size": 2, "guard": True},
             "target": {"device": "cuda"}, "routing": {"wait_s": 120},
-            "restart": {"max_restarts": 100, "backoff_s": 0.0, "backoff_max_s": 0.0}})
-        svc = fleet.wait(lambda: (s := fleet.call("GET", "/api/services/bench"))["state"] == "ready" and s, 600,
-                         "the unit ready")
+            "restart": {"max_restarts": 100, "backoff_s": 0.0, "backoff_max_s": 0.0}}, 201)
+        svc = wait_until(lambda: (s := sc.ok("GET", "/api/services/bench"))["state"] == "ready" and s,
+                         "the unit ready", 600, 0.05)
         unit = svc["units"][0]
         results: dict[str, Any] = {"load_avg_1m": os.getloadavg()[0], "cores": os.cpu_count()}
-        results.update(overhead(fleet, unit, args.requests))
-        results.update(throughput(fleet, args.seconds))
-        guard = guard_recovery(fleet, args.kills)
+        results.update(overhead(sc, unit, args.requests))
+        results.update(throughput(sc, args.seconds))
+        guard = guard_recovery(sc, args.kills)
         results["guard_recovery_s"] = [round(v, 3) for v in guard]
         results["guard_recovery_median_s"] = statistics.median(guard)
     finally:
-        fleet.stop()
+        fleet.close()
     by_hand = torchrun_recovery(home, model, args.kills)
     results["torchrun_by_hand_s"] = [round(v, 3) for v in by_hand]
     results["torchrun_by_hand_median_s"] = statistics.median(by_hand)
@@ -348,7 +288,7 @@ def main() -> int:
           f"(median {results['torchrun_by_hand_median_s']:.2f} s)")
     print(json.dumps(results))
     if not args.keep:
-        shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(fleet.tmp, ignore_errors=True)
     return 0
 
 

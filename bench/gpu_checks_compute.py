@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import gpu_report as R
+from benchlib import tests_module
 from gpu_fleet import ROOT, WORKER, GpuFleet
 
 GIB = 1024**3
 MIB = 1024**2
+gp = tests_module("graph_parts.py")  # the test suite's graph nodes
 
 
 # --- 1. TrainingLoop vs the hand-written loop -----------------------------------------------------------
@@ -103,19 +105,9 @@ def check_estimate_peaks(device: str, work: Path) -> R.Outcome:
 def ddp_graph(name: str) -> dict[str, Any]:
     """A small ddp training graph that saves its model (MLP on synthetic data, 8 steps, no dropout)."""
     return {
-        "1": {"class_type": "XPUDataset", "inputs": {"name": "synthetic_classification", "val_split": 0.0, "seed": 0,
-                                                     "normalize": "standard", "n_samples": 1024, "n_features": 32,
-                                                     "num_classes": 4}},
-        "2": {"class_type": "XPUDataLoader", "inputs": {"dataset": ["1", 0], "batch_size": 32, "shuffle": True,
-                                                        "num_workers": 0, "drop_last": False}},
-        "3": {"class_type": "XPUMLP", "inputs": {"hidden": "64,32", "activation": "relu", "dropout": 0.0, "seed": 0,
-                                                 "dataset_info": ["1", 2]}},
-        "4": {"class_type": "XPUOptimizer", "inputs": {"name": "sgd", "lr": 0.05, "weight_decay": 0.0,
-                                                       "momentum": 0.0}},
-        "5": {"class_type": "XPULoss", "inputs": {"name": "cross_entropy"}},
-        "6": {"class_type": "XPUTrainingLoop", "inputs": {
-            "model": ["3", 0], "dataloader": ["2", 0], "optimizer": ["4", 0], "loss": ["5", 0], "epochs": 1,
-            "max_steps": 8, "device": "auto", "precision": "fp32", "tensorboard": False, "strategy": "ddp", "seed": 0}},
+        "1": gp.dataset("synthetic_classification", val_split=0.0, n_samples=1024, n_features=32, num_classes=4),
+        "2": gp.loader("1", batch_size=32), "3": gp.mlp("1", "64,32"), "4": gp.optimizer("sgd", 0.05, 0.0),
+        "5": gp.loss(), "6": gp.training_loop("3", "2", "4", "5", max_steps=8, strategy="ddp", seed=0),
         "7": {"class_type": "XPUModelSaver", "inputs": {"model": ["6", 0], "filename": f"models/{name}.safetensors",
                                                         "format": "safetensors", "location": "outputs",
                                                         "overwrite": True}},

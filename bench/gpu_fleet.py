@@ -8,10 +8,10 @@ cards instead (``--simulate cuda:0=24``): the same routes, run processes and rec
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
+
+from benchlib import tests_module  # bench/ (the scripts' folder) is on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = "gpu-check"
@@ -19,16 +19,8 @@ ENV = {"XPUFLEET_HEARTBEAT_INTERVAL_S": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBU
 
 
 def harness() -> Any:
-    """tests/server/sidecar_harness.py, loaded by path (test folders are not packages), after the
-    tests/graph_parts.py and tests/processes.py it imports."""
-    for name, path in (("graph_parts", ROOT / "tests" / "graph_parts.py"), ("processes", ROOT / "tests" / "processes.py"),
-                       ("sidecar_harness", ROOT / "tests" / "server" / "sidecar_harness.py")):
-        if name not in sys.modules:
-            spec = importlib.util.spec_from_file_location(name, path)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            spec.loader.exec_module(module)
-    return sys.modules["sidecar_harness"]
+    """tests/server/sidecar_harness.py (test folders are not packages: benchlib loads it by path)."""
+    return tests_module("server/sidecar_harness.py")
 
 
 def simulate_spec(cards: int) -> str:
@@ -69,11 +61,7 @@ class GpuFleet:
         h = harness()
         sim = (self.device != "cuda") if simulate is None else simulate
         args = ["--simulate", simulate_spec(cards)] if sim else ["--devices", ",".join(f"cuda:{i}" for i in range(cards))]
-        self.sidecar.env["XPUFLEET_WARM_START"] = "1" if warm else "0"
-        try:
-            proc = h.AgentProcess(self.sidecar, name, None, *args)
-        finally:
-            self.sidecar.env.pop("XPUFLEET_WARM_START", None)
+        proc = h.AgentProcess(self.sidecar, name, None, *args, env={"XPUFLEET_WARM_START": "1" if warm else "0"})
         self.agents[name] = proc
         h.wait_until(lambda: self._online(name, proc), f"worker {name} online", timeout=90, every=0.2)
         return proc

@@ -24,9 +24,9 @@ def loader(data: str, output: int = 0, batch_size: int = 16, shuffle: bool = Tru
                                                       "shuffle": shuffle, "num_workers": 0, "drop_last": False}}
 
 
-def mlp(data: str, hidden: str = "16", seed: int = 0) -> Node:
+def mlp(data: str, hidden: str = "16", seed: int = 0, dropout: float = 0.0) -> Node:
     """An ``XPUMLP`` shaped by the dataset node ``data``'s dataset_info."""
-    return {"class_type": "XPUMLP", "inputs": {"hidden": hidden, "activation": "relu", "dropout": 0.0, "seed": seed,
+    return {"class_type": "XPUMLP", "inputs": {"hidden": hidden, "activation": "relu", "dropout": dropout, "seed": seed,
                                                "dataset_info": [data, 2]}}
 
 
@@ -50,3 +50,23 @@ def evaluate(model: str, data: str) -> Node:
     """An ``XPUEvaluate`` (an output node) of the model node ``model`` on loader ``data``."""
     return {"class_type": "XPUEvaluate", "inputs": {"model": [model, 0], "dataloader": [data, 0], "device": "auto",
                                                     "precision": "fp32"}}
+
+
+def with_validation(name: str, batch_size: int, val_batch_size: int, hidden: str, lr: float, dropout: float = 0.0,
+                    **loop: Any) -> dict[str, Node]:
+    """Dataset ``name`` (1), its train (2) and validation (3) loaders, an MLP (4), adam at ``lr`` (5), cross
+    entropy (6) and a TrainingLoop (7) that validates on loader 3; ``loop`` sets the loop's other inputs."""
+    return {"1": dataset(name), "2": loader("1", batch_size=batch_size),
+            "3": loader("1", 1, batch_size=val_batch_size, shuffle=False), "4": mlp("1", hidden, dropout=dropout),
+            "5": optimizer(lr=lr), "6": loss(), "7": training_loop("4", "2", "5", "6", val_dataloader=["3", 0], **loop)}
+
+
+def iris(**loop: Any) -> dict[str, Node]:
+    """The sidecar suites' iris graph: :func:`with_validation` on iris, then an Evaluate (8) on loader 3."""
+    return {**with_validation("iris", 16, 64, "16", 0.01, **loop), "8": evaluate("7", "3")}
+
+
+def digits_ddp(epochs: int, dropout: float = 0.0, **loop: Any) -> dict[str, Node]:
+    """The ddp suites' graph: :func:`with_validation` on digits, trained with ``strategy="ddp"``, seed 0."""
+    return with_validation("digits", 16, 128, "32", 0.002, dropout,
+                           **{"epochs": epochs, "strategy": "ddp", "seed": 0, **loop})

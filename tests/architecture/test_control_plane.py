@@ -4,16 +4,16 @@ local run is refused with what to install (docs/install.md)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
-import time
 import venv
 from pathlib import Path
 
 import arch_imports as arch
+import graph_parts as gp  # registered by tests/conftest.py
 import pytest
+from processes import wait_until  # registered by tests/conftest.py
 
 from xpufleet.common.client import ApiError, Client
 from xpufleet.common.runtime_file import read_runtime
@@ -21,25 +21,7 @@ from xpufleet.constants import TERMINAL_STATUSES
 
 pytestmark = pytest.mark.e2e
 
-def _iris_graph() -> dict:
-    """The e2e suites' iris graph (tests/server/fleet_harness.py: test folders are not packages)."""
-    spec = importlib.util.spec_from_file_location("fleet_harness", arch.REPO / "tests" / "server" / "fleet_harness.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.iris_graph()
-
-
-GRAPH = _iris_graph()
-
-
-def _until(check, what: str, bound_s: float = 120.0):
-    deadline = time.monotonic() + bound_s
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"not within {bound_s:g} s: {what}")
+GRAPH = gp.iris(strategy="single")  # the e2e suites' iris graph (tests/graph_parts.py)
 
 
 @pytest.mark.timeout(900)
@@ -83,9 +65,9 @@ def test_a_server_without_torch_routes_runs_to_a_worker_with_torch(tmp_path):
                 assert exc.status == 404, exc
                 return False
 
-        _until(online, "the agent joins")
+        wait_until(online, "the agent joins", 120)
         run_id = client.submit(GRAPH, {"target": "any"})["run_id"]
-        run = _until(lambda: (r := client.run(run_id))["status"] in TERMINAL_STATUSES and r, "the run ends")
+        run = wait_until(lambda: (r := client.run(run_id))["status"] in TERMINAL_STATUSES and r, "the run ends", 120)
         assert run["status"] == "succeeded", run.get("error")
         assert run["worker_id"] == "gpu-box" and run["final_metrics"]["train_loss"] > 0
         with pytest.raises(ApiError) as refused:

@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import graph_parts as gp  # registered by tests/conftest.py
 import pytest
 import torch
 
@@ -20,23 +21,7 @@ from xpufleet.server.run.executor import execute_graph
 EXAMPLES = Path(__file__).resolve().parents[2] / "samples"
 
 # iris, a small MLP, a TrainingLoop (node 7) and an Evaluate (node 8, an output node).
-IRIS: dict[str, Any] = {
-    "1": {"class_type": "XPUDataset", "inputs": {"name": "iris", "val_split": 0.2, "seed": 0, "normalize": "standard"}},
-    "2": {"class_type": "XPUDataLoader", "inputs": {"dataset": ["1", 0], "batch_size": 16, "shuffle": True,
-                                                    "num_workers": 0, "drop_last": False}},
-    "3": {"class_type": "XPUDataLoader", "inputs": {"dataset": ["1", 1], "batch_size": 64, "shuffle": False,
-                                                    "num_workers": 0, "drop_last": False}},
-    "4": {"class_type": "XPUMLP", "inputs": {"hidden": "16", "activation": "relu", "dropout": 0.0, "seed": 0,
-                                             "dataset_info": ["1", 2]}},
-    "5": {"class_type": "XPUOptimizer", "inputs": {"name": "adam", "lr": 0.01, "weight_decay": 0.0, "momentum": 0.9}},
-    "6": {"class_type": "XPULoss", "inputs": {"name": "cross_entropy"}},
-    "7": {"class_type": "XPUTrainingLoop", "inputs": {
-        "model": ["4", 0], "dataloader": ["2", 0], "optimizer": ["5", 0], "loss": ["6", 0], "epochs": 3,
-        "max_steps": 0, "device": "auto", "precision": "fp32", "val_dataloader": ["3", 0], "tensorboard": False,
-        "strategy": "single", "seed": 0}},
-    "8": {"class_type": "XPUEvaluate", "inputs": {"model": ["7", 0], "dataloader": ["3", 0], "device": "auto",
-                                                  "precision": "fp32"}},
-}
+IRIS: dict[str, Any] = gp.iris(epochs=3, strategy="single", seed=0)
 
 
 def iris(**loop: Any) -> dict[str, Any]:

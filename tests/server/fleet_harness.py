@@ -39,11 +39,11 @@ IRIS: dict[str, Any] = {
 }
 
 
-def iris_graph(epochs: int = 1, **dataset: Any) -> dict[str, Any]:
-    """The iris graph (``epochs`` huge = a run that lasts until stopped); ``dataset`` replaces the Dataset
-    node's inputs (e.g. ``name="csv", path="datasets:iris.csv"``)."""
+def iris_graph(epochs: int = 1, *, device: str = "auto", **dataset: Any) -> dict[str, Any]:
+    """The iris graph (``epochs`` huge = a run that lasts until stopped) training on ``device``; ``dataset``
+    replaces the Dataset node's inputs (e.g. ``name="csv", path="datasets:iris.csv"``)."""
     g = copy.deepcopy(IRIS)
-    g["8"]["inputs"]["epochs"] = epochs
+    g["8"]["inputs"].update(epochs=epochs, device=device)
     g["1"]["inputs"].update(dataset)
     return g
 
@@ -144,9 +144,20 @@ class SidecarProc:
         if self.proc is not None:
             stop_process(self.proc)
 
+    def kill9(self) -> None:
+        """SIGKILL the sidecar (its state stays in the home, as after a crash; :meth:`start` takes over)."""
+        assert self.proc is not None
+        kill9(self.proc.pid)
+        self.proc.wait(timeout=10)
+
+    @property
+    def client(self) -> Client:
+        """The one sidecar client (common/client.py) for this sidecar's current address and token."""
+        return Client(self.url, self.token, timeout=60, fingerprint=self.fingerprint)
+
     def call(self, method: str, path: str, body: Any = None, raw: bool = False) -> tuple[int, Any]:
-        """``(status, answer)`` through the one sidecar client (common/client.py)."""
-        return Client(self.url, self.token, timeout=60, fingerprint=self.fingerprint).call(method, path, body, raw=raw)
+        """``(status, answer)`` through :attr:`client`."""
+        return self.client.call(method, path, body, raw=raw)
 
     def ok(self, method: str, path: str, body: Any = None, status: int = 200) -> Any:
         code, out = self.call(method, path, body)
@@ -158,6 +169,9 @@ class SidecarProc:
 
     def run(self, run_id: str) -> dict[str, Any]:
         return self.ok("GET", f"/api/runs/{run_id}")
+
+    def events(self, run_id: str) -> list[dict[str, Any]]:
+        return self.ok("GET", f"/api/runs/{run_id}/events?limit=1000")["events"]
 
     def wait_run(self, run_id: str, statuses: set[str], timeout: float = 180.0) -> dict[str, Any]:
         """Long-poll the run's events until its status is one of ``statuses``."""
@@ -242,12 +256,14 @@ def websocket_plaintext(stream: bytes) -> bytes:
 
 
 class Proxy:
-    """A loopback TCP proxy; it records every byte that crosses it (each direction of each connection)."""
+    """A loopback TCP proxy; it records every byte that crosses it (each direction of each connection), and
+    a test can cut it (every connection closed, new ones refused) and restore it."""
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
+        self.blocked = False
         self.streams: list[bytearray] = []
         self.lock = threading.Lock()
         self.conns: list[socket.socket] = []
@@ -264,6 +280,9 @@ class Proxy:
                 client, _ = self.listener.accept()
             except OSError:
                 return
+            if self.blocked:
+                client.close()
+                continue
             try:
                 upstream = socket.create_connection(("127.0.0.1", self.target_port))
             except OSError:
@@ -298,8 +317,9 @@ class Proxy:
         needle = secret.encode()
         return any(needle in s or needle in websocket_plaintext(s) for s in streams)
 
-    def close(self) -> None:
-        self.listener.close()
+    def cut(self) -> None:
+        """Close every connection and refuse new ones until :meth:`restore`."""
+        self.blocked = True
         with self.lock:
             conns, self.conns = self.conns, []
         for s in conns:
@@ -308,6 +328,13 @@ class Proxy:
             except OSError:
                 pass
             s.close()
+
+    def restore(self) -> None:
+        self.blocked = False
+
+    def close(self) -> None:
+        self.listener.close()
+        self.cut()
 
 
 class Fleet:

@@ -23,6 +23,7 @@ from typing import Any
 import graph_parts as gp  # registered by tests/conftest.py
 import psutil
 from processes import stop_process  # registered by tests/conftest.py
+from processes import wait_until as wait_until  # re-exported: the tests call harness.wait_until
 
 from xpufleet.common.client import Client
 from xpufleet.common.runtime_file import read_runtime
@@ -30,12 +31,7 @@ from xpufleet.common.runtime_file import read_runtime
 CLI = [sys.executable, "-m", "xpufleet.server"]
 
 # A trivial but real graph: iris, a small MLP, a TrainingLoop and an Evaluate (output node).
-IRIS_GRAPH: dict[str, Any] = {
-    "1": gp.dataset(), "2": gp.loader("1"), "3": gp.loader("1", 1, batch_size=64, shuffle=False), "4": gp.mlp("1"),
-    "5": gp.optimizer(), "6": gp.loss(),
-    "7": gp.training_loop("4", "2", "5", "6", val_dataloader=["3", 0], strategy="single"),
-    "8": gp.evaluate("7", "3"),
-}
+IRIS_GRAPH: dict[str, Any] = gp.iris(strategy="single")
 
 
 def iris_graph(epochs: int = 1, **loop_inputs: Any) -> dict[str, Any]:
@@ -100,16 +96,7 @@ class Sidecar:
     def wait_for(self, run_id: str, event_type: str, timeout: float = 60.0) -> dict[str, Any]:
         """The first event of ``event_type`` (long-polls; bounded by ``timeout``)."""
         assert self.client is not None
-        cursor, deadline = 0, time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            page = self.client.events(run_id, cursor=cursor, wait=min(10.0, max(0.1, deadline - time.monotonic())))
-            for ev in page["events"]:
-                if ev["type"] == event_type:
-                    return ev
-            cursor = page["cursor"]
-            if page["done"]:
-                break
-        raise AssertionError(f"no {event_type} event for run {run_id} within {timeout} s")
+        return first_event(self.client, run_id, event_type, timeout)
 
     def finish(self, run_id: str, timeout: float = 90.0) -> dict[str, Any]:
         """Wait for the run's run_finished event; return the run."""
@@ -118,21 +105,46 @@ class Sidecar:
         return self.client.run(run_id)
 
 
+def first_event(client: Client, run_id: str, event_type: str, timeout: float = 60.0, after: int = 0) -> dict[str, Any]:
+    """The run's first event of ``event_type`` past cursor ``after`` (long-polls; bounded by ``timeout``)."""
+    cursor, deadline = after, time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        page = client.events(run_id, cursor=cursor, wait=min(10.0, max(0.1, deadline - time.monotonic())))
+        for ev in page["events"]:
+            if ev["type"] == event_type:
+                return ev
+        cursor = page["cursor"]
+        if page["done"]:
+            break
+    seen = [e["type"] for e in client.events(run_id, limit=1000)["events"]][-20:]
+    raise AssertionError(f"no {event_type} event for run {run_id} within {timeout} s; its last events: {seen}")
+
+
 class AgentProcess:
     """``xpufleet agent start --foreground --name NAME`` as a child of the test, for the sidecar's
     machine (it reads ``home``'s runtime file), logging to ``<home>/test-agent-<name>.log``."""
 
-    def __init__(self, sidecar: Sidecar, name: str, home: Path | None = None, *args: str) -> None:
+    def __init__(self, sidecar: Sidecar, name: str, home: Path | None = None, *args: str,
+                 env: dict[str, str] | None = None) -> None:
         self.name = name
         self.home = Path(home or sidecar.home)
         self.log = self.home / f"test-agent-{name}.log"
-        env = {**sidecar.env, "XPUFLEET_HOME": str(self.home), "OMP_NUM_THREADS": "1"}
+        env = {**sidecar.env, "XPUFLEET_HOME": str(self.home), "OMP_NUM_THREADS": "1", **(env or {})}
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen([*CLI, "agent", "start", "--foreground", "--name", name, *args],
                                          env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
+
+    def wait_connected(self, timeout: float = 90.0) -> None:
+        """Until the agent's log says it connected (no push channel to the test); fails if it exits first."""
+
+        def connected() -> bool:
+            assert self.proc.poll() is None, f"agent {self.name} exited:\n{self.text()[-3000:]}"
+            return "connected to" in self.text()
+
+        wait_until(connected, f"agent {self.name} connected", timeout)
 
     def state(self) -> dict[str, Any]:
         """The agent's own state file (``agents/<name>.json``): state, reason, server."""
@@ -144,18 +156,6 @@ class AgentProcess:
 
     def stop(self) -> None:
         stop_process(self.proc)
-
-
-def wait_until(check, what: str, timeout: float = 60.0, every: float = 0.1) -> Any:
-    """Poll ``check()`` until it returns something true (for state with no push channel)."""
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"not {what} after {timeout} s")
 
 
 def write_graph(path: Path, graph: dict[str, Any]) -> Path:

@@ -8,16 +8,11 @@ simulated cap: there is no CUDA allocator here), and what a simulated card repor
 from __future__ import annotations
 
 import copy
-import os
-import subprocess
-import sys
-import threading
-import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 import sidecar_harness as harness  # registered by tests/server/conftest.py
+from processes import wait_until  # registered by tests/conftest.py
 
 from xpufleet.server.devices import set_simulated_free
 
@@ -33,52 +28,14 @@ def graph(hidden: str = "16", epochs: int = 1) -> dict[str, Any]:
     return g
 
 
-class Agent:
-    """``xpufleet agent start --foreground`` next to the sidecar (same home: it reads the session token)."""
-
-    def __init__(self, home: Path, name: str, simulate: str) -> None:
-        env = {**os.environ, "XPUFLEET_HOME": str(home), **ENV}
-        env.pop("CUDA_VISIBLE_DEVICES", None)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "xpufleet.server", "agent", "start", "--foreground", "--name", name,
-             "--simulate", simulate], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, text=True)
-        self.lines: list[str] = []
-        self.cond = threading.Condition()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            with self.cond:
-                self.lines.append(line)
-                self.cond.notify_all()
-
-    def wait_connected(self, timeout: float = 90.0) -> None:
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            while not any("connected to" in line for line in self.lines):
-                left = deadline - time.monotonic()
-                assert left > 0 and self.proc.poll() is None, "".join(self.lines[-20:])
-                self.cond.wait(left)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-
-
 @pytest.fixture
 def fleet(tmp_path):
     home = tmp_path / "home"
     sidecar = harness.Sidecar(home, env=ENV).start()
-    agents: list[Agent] = []
+    agents: list[harness.AgentProcess] = []
 
-    def agent(name: str, simulate: str) -> Agent:
-        a = Agent(home, name, simulate)
+    def agent(name: str, simulate: str) -> harness.AgentProcess:
+        a = harness.AgentProcess(sidecar, name, None, "--simulate", simulate)
         agents.append(a)
         a.wait_connected()
         return a
@@ -105,24 +62,13 @@ def submit(sc: harness.Sidecar, g: dict[str, Any], **target: Any) -> tuple[int, 
         return getattr(exc, "status", 0), getattr(exc, "body", None)
 
 
-def until(check: Any, what: str, timeout: float = 60.0) -> Any:
-    """Poll ``check()`` (the Workers data and waiting_reason have no push channel); bounded."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout} s: {what}")
-
-
 def card(sc: harness.Sidecar, worker: str, device: str) -> dict[str, Any]:
     w = sc.client.request("GET", f"/api/workers/{worker}")
     return next(d for d in w["devices"] if d["name"] == device)
 
 
 def free_shows(sc: harness.Sidecar, worker: str, device: str, free: float) -> None:
-    until(lambda: card(sc, worker, device)["free_gib"] == free, f"{worker} {device} reports {free} GiB free")
+    wait_until(lambda: card(sc, worker, device)["free_gib"] == free, f"{worker} {device} reports {free} GiB free")
 
 
 def share(sc: harness.Sidecar, worker: str, *devices: str) -> None:
@@ -133,8 +79,8 @@ def share(sc: harness.Sidecar, worker: str, *devices: str) -> None:
 
 
 def reason(sc: harness.Sidecar, run_id: str, text: str, timeout: float = 60.0) -> dict[str, Any]:
-    return until(lambda: (r := sc.client.run(run_id))["status"] == "queued" and text in (r["waiting_reason"] or "")
-                 and r, f"run {run_id} waiting with {text!r}", timeout)
+    return wait_until(lambda: (r := sc.client.run(run_id))["status"] == "queued"
+                      and text in (r["waiting_reason"] or "") and r, f"run {run_id} waiting with {text!r}", timeout)
 
 
 def test_admit_reject_wait_and_an_oom_under_a_budget_on_simulated_cards(fleet):

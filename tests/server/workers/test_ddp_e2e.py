@@ -8,11 +8,10 @@ import copy
 import json
 import os
 import signal
-import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
+import graph_parts as gp  # registered by tests/conftest.py
 import psutil
 import pytest
 import sidecar_harness as harness  # registered by tests/server/conftest.py
@@ -26,26 +25,8 @@ RAISE_AT_BATCH = 4
 
 
 def digits_graph(epochs: int, **loop: Any) -> dict[str, Any]:
-    inputs = {"model": ["4", 0], "dataloader": ["2", 0], "optimizer": ["5", 0], "loss": ["6", 0], "epochs": epochs,
-              "max_steps": 0, "device": "auto", "precision": "fp32", "val_dataloader": ["3", 0],
-              "tensorboard": False, "strategy": "ddp", "seed": 0}
-    inputs.update(loop)
-    return {
-        "1": {"class_type": "XPUDataset", "inputs": {"name": "digits", "val_split": 0.2, "seed": 0,
-                                                     "normalize": "standard"}},
-        "2": {"class_type": "XPUDataLoader", "inputs": {"dataset": ["1", 0], "batch_size": 16, "shuffle": True,
-                                                        "num_workers": 0, "drop_last": False}},
-        "3": {"class_type": "XPUDataLoader", "inputs": {"dataset": ["1", 1], "batch_size": 128, "shuffle": False,
-                                                        "num_workers": 0, "drop_last": False}},
-        "4": {"class_type": "XPUMLP", "inputs": {"hidden": "32", "activation": "relu", "dropout": 0.1, "seed": 0,
-                                                 "dataset_info": ["1", 2]}},
-        "5": {"class_type": "XPUOptimizer", "inputs": {"name": "adam", "lr": 0.002, "weight_decay": 0.0,
-                                                       "momentum": 0.9}},
-        "6": {"class_type": "XPULoss", "inputs": {"name": "cross_entropy"}},
-        "7": {"class_type": "XPUTrainingLoop", "inputs": inputs},
-        "8": {"class_type": "XPUEvaluate", "inputs": {"model": ["7", 0], "dataloader": ["3", 0], "device": "auto",
-                                                      "precision": "fp32"}},
-    }
+    """The ddp suites' digits graph with dropout 0.1, and an Evaluate (8) on the validation loader."""
+    return {**gp.digits_ddp(epochs, dropout=0.1, **loop), "8": gp.evaluate("7", "3")}
 
 
 class Fleet:
@@ -55,7 +36,7 @@ class Fleet:
         self.home = home
         env = {"XPUFLEET_HEARTBEAT_INTERVAL_S": "1"}
         self.sidecar = harness.Sidecar(home, env).start()
-        self.agents: dict[str, subprocess.Popen] = {}
+        self.agents: dict[str, harness.AgentProcess] = {}
         self.start_agent("gpu2")
         self.start_agent("gpu2raise", **{ENV_TEST_DDP_RAISE: f"1:{RAISE_AT_BATCH}"})
         for name in self.agents:
@@ -66,21 +47,15 @@ class Fleet:
         return self.sidecar.client
 
     def start_agent(self, name: str, **env: str) -> None:
-        log = open(self.home / f"agent-{name}.log", "ab")  # noqa: SIM115 - the agent writes it until stopped
-        self.agents[name] = subprocess.Popen(
-            [*harness.CLI, "agent", "start", "--foreground", "--name", name, "--simulate", "cuda:0=24,cuda:1=24"],
-            env={**self.sidecar.env, **env}, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.agents[name] = harness.AgentProcess(self.sidecar, name, None, "--simulate", "cuda:0=24,cuda:1=24",
+                                                 env=env)
 
     def wait_online(self, name: str, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if self.client.request("GET", f"/api/workers/{name}")["status"] == "Online":
-                    return
-            except Exception:  # noqa: BLE001 - not connected yet (404)
-                pass
-            time.sleep(0.2)  # worker status has no push channel: bounded poll
-        raise AssertionError(f"worker {name} not online after {timeout} s")
+        def online() -> bool:  # 404 until the agent has said hello
+            code, worker = self.client.call("GET", f"/api/workers/{name}")
+            return code == 200 and worker["status"] == "Online"
+
+        harness.wait_until(online, f"worker {name} online", timeout, every=0.2)
 
     def submit(self, graph: dict[str, Any], agent: str = "gpu2", devices: list[str] = CARDS) -> str:
         return self.sidecar.submit(graph, target={"worker": agent, "devices": devices})
@@ -90,16 +65,7 @@ class Fleet:
 
     def first(self, run_id: str, type_: str, after: int = 0, timeout: float = 180.0) -> dict[str, Any]:
         """The first event of ``type_`` past cursor ``after`` (long-polls)."""
-        cursor, deadline = after, time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            page = self.client.events(run_id, cursor=cursor, wait=5)
-            for ev in page["events"]:
-                if ev["type"] == type_:
-                    return ev
-            cursor = page["cursor"]
-            if page["done"]:
-                break
-        raise AssertionError(f"no {type_} for run {run_id}: {[e['type'] for e in self.events(run_id)][-20:]}")
+        return harness.first_event(self.client, run_id, type_, timeout, after)
 
     def rank_pids(self, run_id: str) -> list[int]:
         started = self.first(run_id, "ddp_started")
@@ -121,14 +87,8 @@ class Fleet:
         return self.home / "agents" / agent / "runs" / run_id
 
     def close(self) -> None:
-        for proc in self.agents.values():
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=10)
+        for agent in self.agents.values():
+            agent.stop()
         self.sidecar.stop()
 
 

@@ -5,45 +5,25 @@ CPU) meeting through rank 0's TCPStore, and a real kill -9 of one agent's proces
 
 from __future__ import annotations
 
-import copy
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 import fleet_harness as fh  # registered by tests/server/conftest.py
+import graph_parts as gp  # registered by tests/conftest.py
 import psutil
 import pytest
+import sidecar_harness as harness  # registered by tests/server/conftest.py
 
 from xpufleet.constants import ENV_TEST_DDP_RAISE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
-GRAPH: dict[str, Any] = {
-    "1": {"class_type": "XPUDataset", "inputs": {"name": "digits", "val_split": 0.2, "seed": 0,
-                                                 "normalize": "standard"}},
-    "2": {"class_type": "XPUDataLoader", "inputs": {"dataset": ["1", 0], "batch_size": 16, "shuffle": True,
-                                                    "num_workers": 0, "drop_last": False}},
-    "3": {"class_type": "XPUDataLoader", "inputs": {"dataset": ["1", 1], "batch_size": 128, "shuffle": False,
-                                                    "num_workers": 0, "drop_last": False}},
-    "4": {"class_type": "XPUMLP", "inputs": {"hidden": "32", "activation": "relu", "dropout": 0.0, "seed": 0,
-                                             "dataset_info": ["1", 2]}},
-    "5": {"class_type": "XPUOptimizer", "inputs": {"name": "adam", "lr": 0.002, "weight_decay": 0.0,
-                                                   "momentum": 0.9}},
-    "6": {"class_type": "XPULoss", "inputs": {"name": "cross_entropy"}},
-    "7": {"class_type": "XPUTrainingLoop", "inputs": {
-        "model": ["4", 0], "dataloader": ["2", 0], "optimizer": ["5", 0], "loss": ["6", 0], "epochs": 2,
-        "max_steps": 0, "device": "auto", "precision": "fp32", "val_dataloader": ["3", 0], "tensorboard": False,
-        "strategy": "ddp", "seed": 0, "checkpoint_every": 1}},
-}
-
-
 def graph(epochs: int) -> dict[str, Any]:
-    g = copy.deepcopy(GRAPH)
-    g["7"]["inputs"]["epochs"] = epochs
-    return g
+    """The ddp suites' digits graph, checkpointing every epoch (the weights compared below)."""
+    return gp.digits_ddp(epochs, checkpoint_every=1)
 
 
 class Agent:
@@ -93,20 +73,8 @@ class SpreadFleet:
         self.sc.wait_worker(name, "Online", timeout=120)
         return agent
 
-    def events(self, run_id: str) -> list[dict[str, Any]]:
-        return self.sc.ok("GET", f"/api/runs/{run_id}/events?limit=1000")["events"]
-
     def first(self, run_id: str, kind: str, timeout: float = 240.0) -> dict[str, Any]:
-        deadline, cursor = time.monotonic() + timeout, 0
-        while time.monotonic() < deadline:
-            page = self.sc.ok("GET", f"/api/runs/{run_id}/events?cursor={cursor}&wait=5")
-            for ev in page["events"]:
-                if ev["type"] == kind:
-                    return ev
-            cursor = page["cursor"]
-            if page["done"]:
-                break
-        raise AssertionError(f"no {kind} in run {run_id}: {[e['type'] for e in self.events(run_id)][-20:]}")
+        return harness.first_event(self.sc.client, run_id, kind, timeout)
 
     def slots_used(self, worker: str) -> dict[str, int]:
         return {d["name"]: d["slots_used"] for d in self.sc.worker(worker)["devices"] if d["name"].startswith("cuda")}
@@ -185,7 +153,7 @@ def test_a_stop_reaches_the_ranks_on_both_workers_on_the_same_batch(spread_fleet
     part = f.agents["b"].home / "agents" / "b" / "runs" / f"{wide}-part1"
     rank1 = [json.loads(line) for line in (part / "ddp" / "events-rank1.jsonl").read_text().splitlines()]
     assert rank1[-1]["payload"]["status"] == "cancelled"
-    assert _stopped_at(f.events(wide)) == _stopped_at(rank1)  # "epoch E, batch B, step S" on both workers
+    assert _stopped_at(f.sc.events(wide)) == _stopped_at(rank1)  # "epoch E, batch B, step S" on both workers
     assert [p["status"] for p in run["execution_facts"]["spread_parts"][1:]] == ["cancelled"]
 
 
@@ -244,6 +212,17 @@ def test_a_spread_run_waits_for_every_worker_s_card_at_once(spread_fleet):
     assert f.sc.wait_run(behind, {"succeeded", "failed"}, timeout=600)["status"] == "succeeded"
 
 
+def kill_9(f: SpreadFleet, agent: Agent, rank_pid: int, run_id: str) -> dict[str, Any]:
+    """kill -9 of ``agent``'s process group and of its rank (a session of its own), by PID; the run, which
+    must have failed."""
+    os.killpg(agent.proc.pid, signal.SIGKILL)
+    fh.kill9(rank_pid)
+    agent.proc.wait(timeout=30)
+    run = f.sc.wait_run(run_id, {"failed", "succeeded", "cancelled", "interrupted"}, timeout=300)
+    assert run["status"] == "failed", run
+    return run
+
+
 def test_kill_9_of_one_agent_fails_the_run_naming_that_worker_and_rank_and_leaves_nothing_on_the_other(
         spread_fleet):
     f = spread_fleet
@@ -255,12 +234,7 @@ def test_kill_9_of_one_agent_fails_the_run_naming_that_worker_and_rank_and_leave
     pids = [r["pid"] for r in started["ranks"]]
     assert len(pids) == 2 and pids[0] in a.descendants() and pids[1] in b.descendants()
     assert f.slots_used("a") == {"cuda:0": 1} and f.slots_used("b") == {"cuda:0": 1}
-    # kill -9 of agent b: its process group, and its rank (a session of its own), by PID
-    os.killpg(b.proc.pid, signal.SIGKILL)
-    fh.kill9(pids[1])
-    b.proc.wait(timeout=30)
-    run = f.sc.wait_run(wide, {"failed", "succeeded", "cancelled", "interrupted"}, timeout=300)
-    assert run["status"] == "failed"
+    run = kill_9(f, b, pids[1], wide)
     assert run["error"].startswith("DDP rank 1 of 2 failed on worker b: "), run["error"]
     assert run["execution_facts"]["ddp_failed_rank"] == 1 and run["execution_facts"]["ddp_failed_worker"] == "b"
     # nothing of the run is left on worker a: its rank and whatever the agent started for it are gone
@@ -281,11 +255,7 @@ def test_kill_9_of_rank_0_s_agent_fails_the_run_naming_rank_0_and_leaves_nothing
     wide = f.sc.submit(graph(10**5), target={"spread": SPREAD})
     pids = [r["pid"] for r in f.first(wide, "ddp_started")["payload"]["ranks"]]
     f.first(wide, "progress")
-    os.killpg(a.proc.pid, signal.SIGKILL)
-    fh.kill9(pids[0])
-    a.proc.wait(timeout=30)
-    run = f.sc.wait_run(wide, {"failed", "succeeded", "cancelled", "interrupted"}, timeout=300)
-    assert run["status"] == "failed"
+    run = kill_9(f, a, pids[0], wide)
     assert run["error"].startswith("DDP rank 0 of 2 failed on worker a: worker a disconnected"), run["error"]
     assert b.descendants() - before == set()  # b reported its part once its rank had exited
     assert not psutil.pid_exists(pids[1]) or psutil.Process(pids[1]).status() == psutil.STATUS_ZOMBIE

@@ -3,286 +3,34 @@
 Every run here is a real graph (scikit-learn's iris, a small MLP) executed by the run child on the
 agent, on the CPU, while scheduling, renumbering and the agent protocol work as for real cards.
 Network cuts go through a loopback TCP proxy the test opens and closes; crashes are real SIGKILLs.
+The processes come from tests/server/fleet_harness.py (the ``fleet`` fixture stops them, by PID).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import select
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
+import fleet_harness as fh  # registered by tests/server/conftest.py
 import pytest
-from fleet_harness import LineWatcher  # registered by tests/server/conftest.py
+from fleet_harness import HEARTBEAT_S, LineWatcher, iris_graph
+from processes import stop_process  # registered by tests/conftest.py
 
 from xpufleet.server.agent.agent import default_name
 from xpufleet.server.devices import set_simulated_free
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
-HEARTBEAT_S = "1"  # Degraded after 3 s without one: room for a loaded 2-core machine
 
-
-def iris_graph(epochs: int, device: str = "auto", max_steps: int = 0) -> dict[str, Any]:
-    """Train a small MLP on iris for ``epochs`` (each epoch is a few batches), then evaluate it."""
-    return {
-        "1": {"class_type": "XPUDataset", "inputs": {"name": "iris", "val_split": 0.2, "seed": 0,
-                                                       "normalize": "standard"}},
-        "2": {"class_type": "XPUDataLoader", "inputs": {"dataset": ["1", 0], "batch_size": 32, "shuffle": True,
-                                                          "num_workers": 0, "drop_last": False}},
-        "4": {"class_type": "XPUMLP", "inputs": {"hidden": "16", "activation": "relu", "dropout": 0.0, "seed": 0,
-                                                   "dataset_info": ["1", 2]}},
-        "5": {"class_type": "XPUOptimizer", "inputs": {"name": "adam", "lr": 0.01, "weight_decay": 0.0,
-                                                         "momentum": 0.9}},
-        "6": {"class_type": "XPULoss", "inputs": {"name": "cross_entropy"}},
-        "8": {"class_type": "XPUTrainingLoop", "inputs": {
-            "model": ["4", 0], "dataloader": ["2", 0], "optimizer": ["5", 0], "loss": ["6", 0],
-            "epochs": epochs, "max_steps": max_steps, "device": device, "precision": "fp32",
-            "accumulate_steps": 1, "grad_clip_norm": 0.0, "checkpoint_every": 0, "checkpoint_every_steps": 0,
-            "seed": 0, "tensorboard": False, "strategy": "single"}},
-        "9": {"class_type": "XPUEvaluate", "inputs": {"model": ["8", 0], "dataloader": ["2", 0], "device": "auto",
-                                                        "precision": "fp32"}},
-    }
-
-
-# --- processes --------------------------------------------------------------------------------------
-
-def base_env(home: Path, **extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update({"XPUFLEET_HOME": str(home), "XPUFLEET_HEARTBEAT_INTERVAL_S": HEARTBEAT_S,
-                "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
-    env.pop("XPUFLEET_RUN_QUEUE_MAX_CONCURRENT", None)
-    env.update(extra)
-    return env
-
-
-class SidecarProc:
-    """``xpufleet start --foreground --port 0`` as a child; its URL from the ready pipe."""
-
-    def __init__(self, home: Path, env: dict[str, str]) -> None:
-        self.home = home
-        self.env = env
-        self.proc: subprocess.Popen | None = None
-        self.url = ""
-        self.token = ""
-        self.start()
-
-    def start(self) -> None:
-        read_fd, write_fd = os.pipe()
-        with open(self.home / "test-sidecar.log", "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "xpufleet.server", "start", "--foreground", "--port", "0",
-                 "--ready-fd", str(write_fd)],
-                env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, pass_fds=(write_fd,),
-            )
-        os.close(write_fd)
-        ready, _, _ = select.select([read_fd], [], [], 60)
-        line = os.read(read_fd, 4096).decode().strip() if ready else ""
-        os.close(read_fd)
-        assert line.startswith("http"), f"sidecar did not start: {line!r}"
-        self.url = line
-        self.token = json.loads((self.home / "runtime.json").read_text())["token"]
-
-    def kill9(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-
-    def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Authorization": f"Bearer {self.token}",
-                                              "Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
-                return resp.status, json.loads(resp.read() or b"null")
-        except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read() or b"null")
-
-    def submit(self, graph: dict[str, Any], **options: Any) -> str:
-        status, body = self.call("POST", "/api/runs", {"graph": graph, "options": options})
-        assert status == 201, body
-        return body["run_id"]
-
-    def run(self, run_id: str) -> dict[str, Any]:
-        return self.call("GET", f"/api/runs/{run_id}")[1]
-
-    def wait_run(self, run_id: str, statuses: set[str], timeout: float = 120.0) -> dict[str, Any]:
-        """Long-poll the run's events until its status is one of ``statuses``."""
-        deadline = time.monotonic() + timeout
-        cursor = 0
-        while time.monotonic() < deadline:
-            status, body = self.call("GET", f"/api/runs/{run_id}/events?cursor={cursor}&wait=5")
-            assert status == 200, body
-            cursor = body["cursor"]
-            if body["status"] in statuses:
-                return self.run(run_id)
-        raise AssertionError(f"run {run_id} is {self.run(run_id)['status']}, not {statuses}, after {timeout} s")
-
-    def events(self, run_id: str) -> list[dict[str, Any]]:
-        return self.call("GET", f"/api/runs/{run_id}/events?limit=1000")[1]["events"]
-
-    def worker(self, name: str) -> dict[str, Any]:
-        status, body = self.call("GET", f"/api/workers/{name}")
-        assert status == 200, body
-        return body
-
-    def wait_worker(self, name: str, status: str, timeout: float = 30.0) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            code, w = self.call("GET", f"/api/workers/{name}")
-            if code == 200 and w["status"] == status:
-                return w
-            time.sleep(0.1)  # worker status has no push channel; bounded poll
-        raise AssertionError(f"worker {name} not {status} after {timeout} s: {self.call('GET', '/api/workers')}")
-
-
-class AgentProc:
-    """``xpufleet agent start --foreground`` as a child, simulating cards."""
-
-    def __init__(self, home: Path, env: dict[str, str], name: str, simulate: str, *extra: str) -> None:
-        self.name = name
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "xpufleet.server", "agent", "start", "--foreground", "--name", name,
-             "--simulate", simulate, *extra],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )
-        self.out = LineWatcher(self.proc.stdout, home / f"test-agent-{name}.log")
-        self.out.start()
-
-    def wait_connected(self, start: int = 0, timeout: float = 60.0) -> int:
-        return self.out.wait_for("connected to", start, timeout)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-
-
-class Proxy:
-    """A loopback TCP proxy a test can cut (every connection closed, new ones refused) and restore."""
-
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.blocked = False
-        self.conns: list[socket.socket] = []
-        self.lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            if self.blocked:
-                client.close()
-                continue
-            try:
-                upstream = socket.create_connection(("127.0.0.1", self.target_port))
-            except OSError:
-                client.close()
-                continue
-            with self.lock:
-                self.conns += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def cut(self) -> None:
-        self.blocked = True
-        with self.lock:
-            conns, self.conns = self.conns, []
-        for s in conns:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
-
-    def restore(self) -> None:
-        self.blocked = False
-
-    def close(self) -> None:
-        self.cut()
-        self.listener.close()
-
-
-@pytest.fixture
-def fleet(tmp_path):
-    """Start processes through ``fleet``; everything started is stopped at the end."""
-    started: list[Any] = []
-
-    class Fleet:
-        home = tmp_path / "home"
-
-        def env(self, **extra: str) -> dict[str, str]:
-            return base_env(self.home, **extra)
-
-        def sidecar(self, **extra: str) -> SidecarProc:
-            self.home.mkdir(exist_ok=True)
-            sc = SidecarProc(self.home, self.env(**extra))
-            started.append(sc)
-            return sc
-
-        def agent(self, name: str, simulate: str, *args: str, env: dict[str, str] | None = None) -> AgentProc:
-            a = AgentProc(self.home, env or self.env(), name, simulate, *args)
-            started.append(a)
-            return a
-
-        def proxy(self, port: int) -> Proxy:
-            p = Proxy(port)
-            started.append(p)
-            return p
-
-    yield Fleet()
-    for thing in reversed(started):
-        if isinstance(thing, AgentProc):
-            thing.stop()
-    for thing in reversed(started):
-        if isinstance(thing, SidecarProc):
-            thing.stop()
-        elif isinstance(thing, Proxy):
-            thing.close()
-
-
-def _port(url: str) -> int:
-    return int(url.rsplit(":", 1)[1])
+def simulated(fleet: fh.Fleet, name: str, cards: str, *args: str, env: dict[str, str] | None = None) -> fh.AgentProc:
+    """An agent named ``name`` simulating ``cards`` (``cuda:0=24,...``)."""
+    return fleet.agent("--name", name, "--simulate", cards, *args, env=env, label=name)
 
 
 def _child_events(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -308,7 +56,7 @@ def _wait_agent_finished(home: Path, agent: str, run_id: str, timeout: float = 1
     raise AssertionError(f"run {run_id} did not finish on agent {agent}")
 
 
-def _run_pid(sc: SidecarProc, run_id: str, timeout: float = 60.0) -> int:
+def _run_pid(sc: fh.SidecarProc, run_id: str, timeout: float = 60.0) -> int:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for e in sc.events(run_id):
@@ -322,7 +70,7 @@ def _run_pid(sc: SidecarProc, run_id: str, timeout: float = 60.0) -> int:
 
 def test_run_lands_on_the_named_worker_and_card_renumbered(fleet):
     sc = fleet.sidecar()
-    agent = fleet.agent("box", "cuda:0=24,cuda:1=24,cuda:2=24")
+    agent = simulated(fleet, "box", "cuda:0=24,cuda:1=24,cuda:2=24")
     agent.wait_connected()
     renumbered = sc.submit(iris_graph(2, device="cuda:1"), target={"worker": "box", "devices": ["cuda:2", "cuda:0"]})
     fallback = sc.submit(iris_graph(2, device="cuda:1"), target={"worker": "box", "devices": ["cuda:1"]})
@@ -354,27 +102,26 @@ def test_run_lands_on_the_named_worker_and_card_renumbered(fleet):
         time.sleep(float(HEARTBEAT_S) / 5)  # heartbeats have no push channel to the test: bounded poll
     assert card["free_gib"] == 5.5 and card["total_gib"] == 24.0 and card["simulated"] is True, card
     # the CLI shows the same (the Workers panel's fields), and drains
-    cli = [sys.executable, "-m", "xpufleet.server", "workers"]
-    shown = subprocess.run(cli, env=fleet.env(), capture_output=True, text=True, timeout=60)
+    shown = fleet.cli("workers")
     assert shown.returncode == 0 and "box: Online" in shown.stdout, shown.stdout + shown.stderr
     assert "cuda:2 [simulated]: 5.5/24.0 GiB free, slots 0/1, exclusive" in shown.stdout
     assert "cuda:0 [simulated]: 24.0/24.0 GiB free" in shown.stdout and "simulated cards" in shown.stdout
-    listed = subprocess.run([*cli, "list", "--json"], env=fleet.env(), capture_output=True, text=True, timeout=60)
+    listed = fleet.cli("workers", "list", "--json")
     assert json.loads(listed.stdout)["workers"][0]["devices"][3]["simulated"] is True
-    drained = subprocess.run([*cli, "drain", "box"], env=fleet.env(), capture_output=True, text=True, timeout=60)
+    drained = fleet.cli("workers", "drain", "box")
     assert drained.returncode == 0 and "box: Draining" in drained.stdout
     assert sc.worker("box")["status"] == "Draining"
-    undrained = subprocess.run([*cli, "undrain", "box"], env=fleet.env(), capture_output=True, text=True, timeout=60)
+    undrained = fleet.cli("workers", "undrain", "box")
     assert undrained.returncode == 0 and "worker box: Online" in undrained.stdout
-    missing = subprocess.run([*cli, "drain", "nobody"], env=fleet.env(), capture_output=True, text=True, timeout=60)
+    missing = fleet.cli("workers", "drain", "nobody")
     assert missing.returncode == 2 and "no worker named 'nobody'" in missing.stderr
 
 
 def test_any_goes_by_name_sidecar_last_and_bad_targets_are_400(fleet):
     sc = fleet.sidecar(XPUFLEET_RUN_QUEUE_MAX_CONCURRENT="alpha/cpu=1,zeta/cpu=1")
-    zeta = fleet.agent("zeta", "cuda:0=24")
+    zeta = simulated(fleet, "zeta", "cuda:0=24")
     zeta.wait_connected()  # zeta connects first; alpha still comes first by name
-    alpha = fleet.agent("alpha", "cuda:0=24,cuda:1=24")
+    alpha = simulated(fleet, "alpha", "cuda:0=24,cuda:1=24")
     alpha.wait_connected()
     for options, needle in [
         ({"target": "nobody"}, "unknown worker 'nobody'"),
@@ -398,7 +145,7 @@ def test_any_goes_by_name_sidecar_last_and_bad_targets_are_400(fleet):
 
 def test_kill9_of_one_run_fails_that_run_only(fleet):
     sc = fleet.sidecar()
-    agent = fleet.agent("box", "cuda:0=24,cuda:1=24")
+    agent = simulated(fleet, "box", "cuda:0=24,cuda:1=24")
     agent.wait_connected()
     doomed = sc.submit(iris_graph(2000), target={"worker": "box", "devices": ["cuda:0"]})
     other = sc.submit(iris_graph(15), target={"worker": "box", "devices": ["cuda:1"]})
@@ -420,12 +167,12 @@ def test_kill9_of_one_run_fails_that_run_only(fleet):
     assert run["status"] == "interrupted" and "the agent on worker box was stopped" in run["error"]
 
 
-def _joined_agent_through_proxy(fleet: Any, sc: SidecarProc, name: str, simulate: str, env: dict[str, str]):
-    proxy = fleet.proxy(_port(sc.url))
+def _joined_agent_through_proxy(fleet: fh.Fleet, sc: fh.SidecarProc, name: str, simulate: str, env: dict[str, str]):
+    proxy = fleet.proxy(sc.port)
     status, tok = sc.call("POST", "/api/workers/join-tokens", {"name": name})
     assert status == 201
-    agent = fleet.agent(name, simulate, "--server", f"http://127.0.0.1:{proxy.port}", "--join", tok["join_token"],
-                        env=env)
+    agent = simulated(fleet, name, simulate, "--server", f"http://127.0.0.1:{proxy.port}", "--join", tok["join_token"],
+                      env=env)
     agent.wait_connected()
     assert sc.worker(name)["auth"] == "credential"
     return proxy, agent
@@ -475,24 +222,23 @@ def test_cut_longer_than_the_grace_interrupts(fleet):
 
 def test_agent_start_with_zero_arguments_next_to_the_sidecar_then_status_and_stop(fleet):
     sc = fleet.sidecar()
-    cli = [sys.executable, "-m", "xpufleet.server", "agent"]
     name = default_name()
-    start = subprocess.run([*cli, "start"], env=fleet.env(), capture_output=True, text=True, timeout=90)
+    start = fleet.cli("agent", "start")
     try:
         assert start.returncode == 0, start.stdout + start.stderr
         assert f"worker agent {name} connected to {sc.url}" in start.stdout
         w = sc.wait_worker(name, "Online", timeout=10)
         assert w["auth"] == "session" and w["version_match"] is True and w["simulated"] is False
         assert w["devices"][0]["name"] == "cpu" and not any(d["simulated"] for d in w["devices"])
-        again = subprocess.run([*cli, "start"], env=fleet.env(), capture_output=True, text=True, timeout=60)
+        again = fleet.cli("agent", "start")
         assert again.returncode == 0 and "already running" in again.stdout
-        status = subprocess.run([*cli, "status"], env=fleet.env(), capture_output=True, text=True, timeout=30)
+        status = fleet.cli("agent", "status")
         assert status.returncode == 0 and f"{name}: connected" in status.stdout, status.stdout
         assert "[simulated cards]" not in status.stdout
     finally:
-        stop = subprocess.run([*cli, "stop"], env=fleet.env(), capture_output=True, text=True, timeout=90)
+        stop = fleet.cli("agent", "stop")
     assert stop.returncode == 0 and f"worker agent {name} stopped" in stop.stdout, stop.stdout + stop.stderr
-    status = subprocess.run([*cli, "status"], env=fleet.env(), capture_output=True, text=True, timeout=30)
+    status = fleet.cli("agent", "status")
     assert status.returncode == 1 and f"{name}: not running" in status.stdout
     assert sc.wait_worker(name, "Disconnected", timeout=10)["connected"] is False
 
@@ -500,13 +246,10 @@ def test_agent_start_with_zero_arguments_next_to_the_sidecar_then_status_and_sto
 def test_sidecar_kill9_mid_run_is_taken_over(fleet):
     sc = fleet.sidecar()
     # zero arguments on the sidecar's machine: address and session token from the runtime file
-    start = subprocess.run(
-        [sys.executable, "-m", "xpufleet.server", "agent", "start", "--name", "box", "--simulate", "cuda:0=8"],
-        env=fleet.env(), capture_output=True, text=True, timeout=90)
+    start = fleet.cli("agent", "start", "--name", "box", "--simulate", "cuda:0=8")
     assert start.returncode == 0 and "connected to" in start.stdout, start.stdout + start.stderr
     try:
-        status = subprocess.run([sys.executable, "-m", "xpufleet.server", "agent", "status"], env=fleet.env(),
-                                capture_output=True, text=True, timeout=30)
+        status = fleet.cli("agent", "status")
         assert status.returncode == 0 and "box: connected" in status.stdout and "[simulated cards]" in status.stdout
         sc.wait_worker("box", "Online", timeout=10)
         run_id = sc.submit(iris_graph(40), target={"worker": "box", "devices": ["cuda:0"]})
@@ -521,31 +264,25 @@ def test_sidecar_kill9_mid_run_is_taken_over(fleet):
         w = sc.wait_worker("box", "Online")
         assert w["connected_since_start"] is True
     finally:
-        stop = subprocess.run([sys.executable, "-m", "xpufleet.server", "agent", "stop", "--name", "box"],
-                              env=fleet.env(), capture_output=True, text=True, timeout=90)
+        stop = fleet.cli("agent", "stop", "--name", "box")
     assert stop.returncode == 0 and "stopped" in stop.stdout
-
-
-def _workers_cli(fleet: Any, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "xpufleet.server", "workers", *args], env=fleet.env(),
-                          capture_output=True, text=True, timeout=60)
 
 
 def test_revoked_and_wrong_credentials_are_refused(fleet, tmp_path):
     sc = fleet.sidecar()
-    shown = _workers_cli(fleet, "join-token", "--name", "remote")
+    shown = fleet.cli("workers", "join-token", "--name", "remote")
     assert shown.returncode == 0 and "on the worker machine, run:" in shown.stdout, shown.stdout + shown.stderr
     assert f"xpufleet agent start --server {sc.url} --join " in shown.stdout and "--name remote" in shown.stdout
-    tok = json.loads(_workers_cli(fleet, "join-token", "--name", "remote", "--json").stdout)
+    tok = json.loads(fleet.cli("workers", "join-token", "--name", "remote", "--json").stdout)
     remote_home = tmp_path / "remote-machine"  # a remote worker keeps its own state
-    agent = fleet.agent("remote", "cuda:0=16", "--server", sc.url, "--join", tok["join_token"],
-                        env=base_env(remote_home))
+    agent = simulated(fleet, "remote", "cuda:0=16", "--server", sc.url, "--join", tok["join_token"],
+                      env=fleet.env(remote_home))
     agent.wait_connected()
     cred_file = remote_home / "agents" / "remote.credential.json"
     assert oct(cred_file.stat().st_mode & 0o777) == "0o600"
     joined = json.loads(cred_file.read_text())["credential"]
     # reissue: the connected worker gets (and stores) a new credential
-    reissued = _workers_cli(fleet, "reissue", "remote")
+    reissued = fleet.cli("workers", "reissue", "remote")
     assert reissued.returncode == 0 and "new credential delivered" in reissued.stdout, reissued.stdout
     cred = joined
     deadline = time.monotonic() + 30
@@ -558,7 +295,7 @@ def test_revoked_and_wrong_credentials_are_refused(fleet, tmp_path):
     (other_home / "agents").mkdir(parents=True)
     forged = other_home / "agents" / "remote.credential.json"
     forged.write_text(json.dumps({"server": sc.url, "credential": "not-the-credential"}))
-    impostor = fleet.agent("remote", "cuda:0=16", "--server", sc.url, env=base_env(other_home))
+    impostor = simulated(fleet, "remote", "cuda:0=16", "--server", sc.url, env=fleet.env(other_home))
     impostor.out.wait_for("refused this agent")
     impostor.stop()
     rejected = sc.call("GET", "/api/workers/rejected")[1]["rejected"]
@@ -566,11 +303,11 @@ def test_revoked_and_wrong_credentials_are_refused(fleet, tmp_path):
     w = sc.worker("remote")
     assert w["last_rejection"]["reason"].startswith("bad credential") and w["connected"] is True
     # remove: the credential is revoked and the agent is told so (it exits)
-    removed = _workers_cli(fleet, "remove", "remote")
+    removed = fleet.cli("workers", "remove", "remote")
     assert removed.returncode == 0 and "worker remote removed (0 waiting run(s) failed" in removed.stdout
     assert agent.proc.wait(timeout=60) == 0 and agent.out.count("was removed") >= 1
     forged.write_text(json.dumps({"server": sc.url, "credential": cred}))  # the revoked credential
-    again = fleet.agent("remote", "cuda:0=16", "--server", sc.url, env=base_env(other_home))
+    again = simulated(fleet, "remote", "cuda:0=16", "--server", sc.url, env=fleet.env(other_home))
     again.out.wait_for("refused this agent")
     again.stop()
     assert "no credential is valid" in sc.call("GET", "/api/workers/rejected")[1]["rejected"][0]["reason"]
@@ -587,21 +324,19 @@ def test_revoked_and_wrong_credentials_are_refused(fleet, tmp_path):
         first = out.wait_for("refused this agent: version mismatch")
         out.wait_for("refused this agent: version mismatch", first + 1)  # it retried
     finally:
-        old_agent.terminate()
-        old_agent.wait(timeout=60)
+        stop_process(old_agent)
     rows = [r for r in sc.call("GET", "/api/workers/rejected")[1]["rejected"] if r["name"] == "old-box"]
     assert len(rows) == 1 and rows[0]["version"] == "0.0.9", rows
     assert rows[0]["reason"].startswith("version mismatch: the agent runs xpufleet 0.0.9, the server ")
     assert sc.call("GET", "/api/workers/old-box")[0] == 404  # refused agents get no worker card
-    shown = subprocess.run([sys.executable, "-m", "xpufleet.server", "workers", "rejected"], env=fleet.env(),
-                           capture_output=True, text=True, timeout=60)
+    shown = fleet.cli("workers", "rejected")
     assert shown.returncode == 0 and "old-box from 127.0.0.1: version mismatch" in shown.stdout, shown.stdout
 
 
 def test_two_agents_simulating_one_uuid_are_one_card(fleet):
     sc = fleet.sidecar(XPUFLEET_RUN_QUEUE_MAX_CONCURRENT="a-box/cuda:0=3,b-box/cuda:0=2")
-    a = fleet.agent("a-box", "cuda:0=24@GPU-shared-card")
-    b = fleet.agent("b-box", "cuda:0=24@GPU-shared-card")
+    a = simulated(fleet, "a-box", "cuda:0=24@GPU-shared-card")
+    b = simulated(fleet, "b-box", "cuda:0=24@GPU-shared-card")
     a.wait_connected()
     b.wait_connected()
     wa, wb = sc.worker("a-box"), sc.worker("b-box")
