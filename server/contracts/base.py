@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError, WrapValidator, model_validator
+from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError, WrapValidator, model_validator
 
 from ...common.errors import not_available  # noqa: F401 - re-exported to the contract modules
 
@@ -75,6 +75,12 @@ def refuse(text: str | Callable[[Any], str]) -> WrapValidator:
                    ) from None
 
     return WrapValidator(wrap)
+
+
+def ruled(documented: Any) -> PlainValidator:
+    """A field passed as sent, documented as ``documented``: a rule function checks it after the model
+    (its rules need more than the field: the graph a sweep parameter names, another field)."""
+    return PlainValidator(lambda value: value, json_schema_input_type=documented)
 
 
 def first_contract_error(exc: ValidationError) -> ContractError | None:

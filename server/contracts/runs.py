@@ -23,7 +23,7 @@ from ...constants import (
     RUN_STATUSES,
 )
 from ..scheduling.routing import MEMORY_SOURCES, RunTarget, TargetError
-from .base import Contract, ContractError, refuse
+from .base import Contract, ContractError, refuse, ruled
 from .graph_shape import check_graph_shape
 from .run_target import TARGET_FIELDS, parse_target
 
@@ -92,12 +92,6 @@ class Target(Contract):
 assert tuple(Target.model_fields) == TARGET_FIELDS  # the rule function's "known" list is the model's fields
 
 
-def _ruled(documented: Any) -> PlainValidator:
-    """A field the model's ``after`` validator checks with a rule function (its texts, its cross-field
-    rules), documented as ``documented``."""
-    return PlainValidator(lambda value: value, json_schema_input_type=documented)
-
-
 class RunOptions(Contract):
     """``options`` of a run."""
 
@@ -112,8 +106,8 @@ class RunOptions(Contract):
         "the run ends) or false")] = Field(
         None, description="record each node's outputs (docs/workers.md): true = kept where the run runs, "
                           "\"upload\" = also copied to this server at the end; refused for a pool target")
-    device: Annotated[Any, _ruled(str | None)] = Field(None, description="auto, cpu, cuda, cuda:N, xpu:N, mps (no set)")
-    target: Annotated[Any, _ruled(str | Target | None)] = Field(None, description="a worker name, or an object")
+    device: Annotated[Any, ruled(str | None)] = Field(None, description="auto, cpu, cuda, cuda:N, xpu:N, mps (no set)")
+    target: Annotated[Any, ruled(str | Target | None)] = Field(None, description="a worker name, or an object")
     _target: RunTarget | None = PrivateAttr(None)  # (a default_factory would cost an inspect() per body)
     shape_texts = ("options: must be an object", "options: unknown field(s) {unknown}; known: {known}")
 

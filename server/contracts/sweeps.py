@@ -11,8 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from ...constants import SWEEP_DEFAULT_MAX_RUNS, SWEEP_MAX_RUNS
-from .base import Contract
+from ...constants import STUDY_MAX_PARALLEL, SWEEP_DEFAULT_MAX_RUNS, SWEEP_MAX_RUNS
+from .base import Contract, refuse, ruled
 from .runs import RunOptions
 
 DIRECTIONS = ("maximize", "minimize")
@@ -23,7 +23,6 @@ MODES = ("grid", "random")
 Direction = Literal[DIRECTIONS]  # type: ignore[valid-type]
 Scalar = float | str | bool
 Values = Annotated[list[Scalar], Field(min_length=1)]
-GraphObject = Annotated[dict[str, Any], Field(min_length=1, description="the base graph, ComfyUI API format")]
 
 
 class ParamRange(Contract):
@@ -72,35 +71,72 @@ class Sampler(Contract):
     seed: int | None = Field(None, ge=0)
 
 
+def _int_text(field: str, lo: int, hi: int) -> Any:
+    return refuse(lambda v: f"{field}: must be an integer between {lo} and {hi}, got {v!r}")
+
+
+def _graph_text(value: Any) -> str:
+    if isinstance(value, str):
+        return ("graph: must be the graph object in ComfyUI's API format (the CLI reads a file path for you; the "
+                "API takes the graph itself)")
+    return GRAPH_MISSING
+
+
+OBJECTIVE_MISSING = "objective: missing; give {\"metric\": \"val_accuracy\", \"direction\": \"maximize\"}"
+GRAPH_MISSING = "graph: missing; send the base graph in ComfyUI's API format as \"graph\""
+Name = Annotated[str | None, refuse("name: must be a non-empty string")]
+GraphField = Annotated[dict[str, Any], Field(min_length=1, description="the base graph, ComfyUI API format"),
+                       refuse(_graph_text)]
+MaxRuns = Annotated[int | None, Field(ge=1, le=SWEEP_MAX_RUNS), _int_text("max_runs", 1, SWEEP_MAX_RUNS)]
+# Checked by sweeps/spec.py after the model: the paths need the graph, the options are checked per child
+# as POST /api/runs checks a run (its texts name the variant), seeds and options.seed exclude each other.
+OptionsField = Annotated[Any, ruled(RunOptions | None)]
+ObjectiveField = Annotated[Any, ruled(Objective)]
+
+
+def _texts(what: str, needs: str) -> tuple[str, str]:
+    return (f"the body must be an object with {needs} (a {what} spec)",
+            f"unknown field(s) {{unknown}}; a {what} has {{known}}")
+
+
 class SweepSubmit(Contract):
     """The body of ``POST /api/sweeps``."""
 
-    name: str | None = None
-    graph: GraphObject
-    mode: Literal[MODES] = "grid"  # type: ignore[valid-type]
-    parameters: Parameters | None = None
-    samples: int | None = Field(None, ge=1, description="random mode: points to draw")
-    random_seed: int | None = Field(None, ge=0, description="random mode: reproducible draws")
-    seeds: Annotated[int, Field(ge=1)] | list[int] | None = Field(
+    shape_texts = _texts("sweep", "graph, parameters and objective")
+    missing_texts = {"graph": GRAPH_MISSING, "objective": OBJECTIVE_MISSING}
+    name: Name = None
+    graph: GraphField
+    mode: Annotated[Literal[MODES], refuse(lambda v: f"mode: must be grid or random, got {v!r}")] = "grid"  # type: ignore[valid-type]
+    parameters: Annotated[Any, ruled(Parameters | None)] = None
+    samples: Annotated[int | None, Field(ge=1, le=SWEEP_MAX_RUNS), _int_text("samples", 1, SWEEP_MAX_RUNS)] = Field(
+        None, description="random mode: points to draw")
+    random_seed: Annotated[int | None, Field(ge=0, lt=2**63), _int_text("random_seed", 0, 2**63 - 1)] = Field(
+        None, description="random mode: reproducible draws")
+    seeds: Annotated[Any, ruled(Annotated[int, Field(ge=1)] | list[int] | None)] = Field(
         None, description="seed variants: N (seeds 0..N-1) or a list; each point once per seed")
-    set: SetValues | None = None
-    objective: Objective
-    options: RunOptions | None = Field(None, description="POST /api/runs options given to every child (no name)")
-    max_runs: int | None = Field(None, ge=1, le=SWEEP_MAX_RUNS, description="a larger expansion is rejected (never "
-                                 f"truncated); default {SWEEP_DEFAULT_MAX_RUNS}")
+    set: Annotated[Any, ruled(SetValues | None)] = None
+    objective: ObjectiveField
+    options: OptionsField = Field(None, description="POST /api/runs options given to every child (no name)")
+    max_runs: MaxRuns = Field(None, description="a larger expansion is rejected (never truncated); default "
+                              f"{SWEEP_DEFAULT_MAX_RUNS}")
 
 
 class StudySubmit(Contract):
     """The body of ``POST /api/studies``."""
 
-    name: str | None = None
-    graph: GraphObject
-    parameters: Parameters
-    n_trials: int = Field(ge=1, description="the trial budget: runs the study may queue")
-    parallel: int = Field(1, ge=1, description="trials in flight at once")
-    objective: Objective
-    pruner: Literal[PRUNERS] | Pruner | None = None  # type: ignore[valid-type]
-    sampler: Literal[SAMPLERS] | Sampler | None = None  # type: ignore[valid-type]
-    set: SetValues | None = None
-    options: RunOptions | None = Field(None, description="POST /api/runs options given to every trial (no name)")
-    max_runs: int | None = Field(None, ge=1, le=SWEEP_MAX_RUNS, description="n_trials above it is a 400")
+    shape_texts = _texts("study", "graph, parameters and objective")
+    missing_texts = {"graph": GRAPH_MISSING, "objective": OBJECTIVE_MISSING,
+                     "n_trials": "n_trials: the study's trial budget (how many runs it may queue), e.g. 20"}
+    name: Name = None
+    graph: GraphField
+    parameters: Annotated[Any, ruled(Parameters)] = None
+    n_trials: Annotated[int, Field(ge=1, le=SWEEP_MAX_RUNS), _int_text("n_trials", 1, SWEEP_MAX_RUNS),
+                        Field(description="the trial budget: runs the study may queue")]
+    parallel: Annotated[int, Field(ge=1, le=STUDY_MAX_PARALLEL), _int_text("parallel", 1, STUDY_MAX_PARALLEL)] = Field(
+        1, description="trials in flight at once")
+    objective: ObjectiveField
+    pruner: Annotated[Any, ruled(Literal[PRUNERS] | Pruner | None)] = None  # type: ignore[valid-type]
+    sampler: Annotated[Any, ruled(Literal[SAMPLERS] | Sampler | None)] = None  # type: ignore[valid-type]
+    set: Annotated[Any, ruled(SetValues | None)] = None
+    options: OptionsField = Field(None, description="POST /api/runs options given to every trial (no name)")
+    max_runs: MaxRuns = Field(None, description="n_trials above it is a 400")

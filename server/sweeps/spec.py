@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...constants import STUDY_MAX_PARALLEL, SWEEP_DEFAULT_MAX_RUNS, SWEEP_MAX_RUNS
+from ..contracts.base import ContractError, validate
 from ..contracts.sweeps import DIRECTIONS, PRUNERS, SAMPLERS, StudySubmit, SweepSubmit
 from .params import (
     KnownInputs,
@@ -120,7 +121,7 @@ class StudySpec:
     fixed: dict[str, Any]
 
 
-# The fields of each body: its contract model's (the same model gives the OpenAPI schema).
+# The fields of each body: its contract model's (the same model validates it first and gives the OpenAPI schema).
 SWEEP_FIELDS = tuple(SweepSubmit.model_fields)
 STUDY_FIELDS = tuple(StudySubmit.model_fields)
 
@@ -131,22 +132,18 @@ def _int(raw: Any, field: str, lo: int, hi: int) -> int:
     return raw
 
 
-def _common(body: Any, fields: tuple[str, ...], what: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
-    """name, graph and options: the parts every spec shares."""
-    if not isinstance(body, Mapping):
-        raise SpecError(f"the body must be an object with graph, parameters and objective (a {what} spec)")
-    unknown = sorted(set(body) - set(fields))
-    if unknown:
-        raise SpecError(f"unknown field(s) {', '.join(unknown)}; a {what} has {', '.join(fields)}")
+def _common(body: Any, model: type[SweepSubmit] | type[StudySubmit], what: str
+            ) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """The body validated by its contract ``model`` first (shape, fields, types: its texts), then name,
+    graph and options: the parts every spec shares, with the rules that need more than the model."""
+    try:
+        validate(model, body)
+    except ContractError as exc:
+        raise SpecError(exc.message) from None
     name = body.get("name", what)
     if not isinstance(name, str) or not name.strip():
         raise SpecError("name: must be a non-empty string")
-    graph = body.get("graph")
-    if isinstance(graph, str):
-        raise SpecError("graph: must be the graph object in ComfyUI's API format (the CLI reads a file path "
-                        "for you; the API takes the graph itself)")
-    if not isinstance(graph, Mapping) or not graph:
-        raise SpecError("graph: missing; send the base graph in ComfyUI's API format as \"graph\"")
+    graph = body["graph"]
     for nid, node in graph.items():
         if not isinstance(node, Mapping) or not isinstance(node.get("class_type"), str):
             raise SpecError(f"graph[{nid!r}]: a node must be an object with class_type and inputs")
@@ -228,7 +225,7 @@ def _overlap(params: tuple[Param, ...], fixed: Mapping[str, Any]) -> None:
 
 def parse_sweep(body: Any, known_inputs: KnownInputs = _no_inputs) -> SweepSpec:
     """Validate a ``POST /api/sweeps`` body; SpecError (400) names the field to fix."""
-    name, graph, options = _common(body, SWEEP_FIELDS, "sweep")
+    name, graph, options = _common(body, SweepSubmit, "sweep")
     mode = body.get("mode", "grid")
     if mode not in ("grid", "random"):
         raise SpecError(f"mode: must be grid or random, got {mode!r}")
@@ -320,7 +317,7 @@ def parse_sampler(raw: Any) -> SamplerSpec:
 
 def parse_study(body: Any, known_inputs: KnownInputs = _no_inputs) -> StudySpec:
     """Validate a ``POST /api/studies`` body; SpecError (400) names the field to fix."""
-    name, graph, options = _common(body, STUDY_FIELDS, "study")
+    name, graph, options = _common(body, StudySubmit, "study")
     params = parse_params(body.get("parameters"), graph, "study", known_inputs=known_inputs)
     fixed = parse_fixed(body.get("set"), graph, known_inputs)
     _overlap(params, fixed)

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from ....common.http import float_param, int_param, read_json
+from ....common.http import float_param, int_param
 from ....constants import EVENTS_LONG_POLL_MAX_S, RUNS_PAGE_MAX, STATE_DB_NAME
+from ...contracts.runs import Cancel
+from ...contracts.sweeps import StudySubmit
 from ...sweeps.study import StudyService
 from .. import openapi
 from ..keys import CONFIG_KEY, DISPATCHER_KEY, STORE_KEY
+from .common import Body, body
 from .sweeps import (
     OBJECTIVE,
-    cancel_reason,
     errors,
     json_body,
     query,
@@ -26,17 +28,23 @@ def service(request: web.Request) -> StudyService:
     return request.app[STUDIES_KEY]
 
 
-async def submit_study(request: web.Request) -> web.Response:
-    body = await read_json(request)
-    return web.json_response(await service(request).create(body), status=201)
+routes = web.RouteTableDef()
 
 
+@routes.post("/api/studies")
+@body(StudySubmit)
+async def submit_study(request: web.Request, sent: Body[StudySubmit]) -> web.Response:
+    return web.json_response(await service(request).create(sent.raw), status=201)
+
+
+@routes.get("/api/studies")
 async def list_studies(request: web.Request) -> web.Response:
     limit = int_param(request, "limit", 50, 1, RUNS_PAGE_MAX)
     offset = int_param(request, "offset", 0, 0)
     return web.json_response({**service(request).list(limit, offset), "limit": limit, "offset": offset})
 
 
+@routes.get("/api/studies/{study_id}")
 async def get_study(request: web.Request) -> web.Response:
     svc = service(request)
     study_id = request.match_info["study_id"]
@@ -47,19 +55,20 @@ async def get_study(request: web.Request) -> web.Response:
     return web.json_response(svc.get(study_id))
 
 
+@routes.get("/api/studies/{study_id}/trials.csv")
 async def study_csv(request: web.Request) -> web.Response:
     study_id = request.match_info["study_id"]
     return web.Response(text=service(request).csv(study_id), content_type="text/csv", charset="utf-8",
                         headers={"Content-Disposition": f'attachment; filename="study-{study_id}.csv"'})
 
 
-async def cancel_study(request: web.Request) -> web.Response:
-    svc = service(request)
-    svc.require(request.match_info["study_id"])
-    reason = await cancel_reason(request)
-    return web.json_response(await svc.cancel(request.match_info["study_id"], reason))
+@routes.post("/api/studies/{study_id}/cancel")
+@body(Cancel, required=False)
+async def cancel_study(request: web.Request, sent: Body[Cancel]) -> web.Response:
+    return web.json_response(await service(request).cancel(request.match_info["study_id"], sent.model.reason))
 
 
+@routes.delete("/api/studies/{study_id}")
 async def delete_study(request: web.Request) -> web.Response:
     return web.json_response(await service(request).delete(request.match_info["study_id"]))
 
@@ -68,13 +77,7 @@ def setup(app: web.Application) -> None:
     """Create the study service, add the study routes, start and stop the drivers with the app."""
     svc = StudyService(app[STORE_KEY], app[DISPATCHER_KEY], app[CONFIG_KEY].home / STATE_DB_NAME)
     app[STUDIES_KEY] = svc
-    r = app.router
-    r.add_post("/api/studies", submit_study)
-    r.add_get("/api/studies", list_studies)
-    r.add_get("/api/studies/{study_id}", get_study)
-    r.add_get("/api/studies/{study_id}/trials.csv", study_csv)
-    r.add_post("/api/studies/{study_id}/cancel", cancel_study)
-    r.add_delete("/api/studies/{study_id}", delete_study)
+    app.add_routes(routes)
     describe(app)
 
     async def on_startup(app: web.Application) -> None:  # after the dispatcher started (cleanup_ctx first)

@@ -10,13 +10,14 @@ from typing import Any
 from aiohttp import web
 
 from ....common.errors import ApiError
-from ....common.http import float_param, int_param, read_json, read_object
+from ....common.http import float_param, int_param
 from ....constants import EVENTS_LONG_POLL_MAX_S, RUNS_PAGE_MAX
 from ...contracts.runs import Cancel
-from ...run.requests import parse_body
+from ...contracts.sweeps import SweepSubmit
 from ...sweeps.driver import SweepService
 from .. import openapi
 from ..keys import DISPATCHER_KEY, STORE_KEY
+from .common import Body, body
 
 SWEEPS_KEY = web.AppKey("xpufleet_sweeps", SweepService)
 
@@ -32,19 +33,18 @@ def bool_param(request: web.Request, name: str, default: bool = False) -> bool:
     raise ApiError(400, f"{name}: must be true or false, got {raw!r}")
 
 
-async def cancel_reason(request: web.Request) -> str | None:
-    """The optional ``{"reason"}`` body of a cancel."""
-    body = await read_object(request, {"reason"}, optional=True)
-    return parse_body(Cancel, body).reason
-
-
 def service(request: web.Request) -> SweepService:
     return request.app[SWEEPS_KEY]
 
 
-async def submit_sweep(request: web.Request) -> web.Response:
+routes = web.RouteTableDef()
+
+
+@routes.post("/api/sweeps")
+@body(SweepSubmit)
+async def submit_sweep(request: web.Request, sent: Body[SweepSubmit]) -> web.Response:
     dry_run = bool_param(request, "dry_run")
-    body = await read_json(request)
+    body = sent.raw  # the spec's rules read the values as sent (sweeps/spec.py)
     svc = service(request)
     # Parsing, expanding, validating and keying every child off the event loop (issue 19); then only
     # the admission decisions and the one write transaction run on it.
@@ -59,12 +59,14 @@ async def json_off_loop(obj: Any, status: int = 200) -> web.Response:
     return web.Response(text=text, status=status, content_type="application/json")
 
 
+@routes.get("/api/sweeps")
 async def list_sweeps(request: web.Request) -> web.Response:
     limit = int_param(request, "limit", 50, 1, RUNS_PAGE_MAX)
     offset = int_param(request, "offset", 0, 0)
     return web.json_response({**service(request).list(limit, offset), "limit": limit, "offset": offset})
 
 
+@routes.get("/api/sweeps/{sweep_id}")
 async def get_sweep(request: web.Request) -> web.Response:
     svc = service(request)
     sweep_id = request.match_info["sweep_id"]
@@ -75,6 +77,7 @@ async def get_sweep(request: web.Request) -> web.Response:
     return await json_off_loop(await asyncio.to_thread(svc.get, sweep_id))
 
 
+@routes.get("/api/sweeps/{sweep_id}/table.csv")
 async def sweep_csv(request: web.Request) -> web.Response:
     sweep_id = request.match_info["sweep_id"]
     text = service(request).csv(sweep_id)
@@ -82,13 +85,13 @@ async def sweep_csv(request: web.Request) -> web.Response:
                         headers={"Content-Disposition": f'attachment; filename="sweep-{sweep_id}.csv"'})
 
 
-async def cancel_sweep(request: web.Request) -> web.Response:
-    svc = service(request)
-    svc.require(request.match_info["sweep_id"])  # 404 before reading the body
-    reason = await cancel_reason(request)
-    return await json_off_loop(await svc.cancel(request.match_info["sweep_id"], reason))
+@routes.post("/api/sweeps/{sweep_id}/cancel")
+@body(Cancel, required=False)
+async def cancel_sweep(request: web.Request, sent: Body[Cancel]) -> web.Response:
+    return await json_off_loop(await service(request).cancel(request.match_info["sweep_id"], sent.model.reason))
 
 
+@routes.delete("/api/sweeps/{sweep_id}")
 async def delete_sweep(request: web.Request) -> web.Response:
     return web.json_response(service(request).delete(request.match_info["sweep_id"]))
 
@@ -96,13 +99,7 @@ async def delete_sweep(request: web.Request) -> web.Response:
 def setup(app: web.Application) -> None:
     """Create the sweep service and add the sweep routes."""
     app[SWEEPS_KEY] = SweepService(app[STORE_KEY], app[DISPATCHER_KEY])
-    r = app.router
-    r.add_post("/api/sweeps", submit_sweep)
-    r.add_get("/api/sweeps", list_sweeps)
-    r.add_get("/api/sweeps/{sweep_id}", get_sweep)
-    r.add_get("/api/sweeps/{sweep_id}/table.csv", sweep_csv)
-    r.add_post("/api/sweeps/{sweep_id}/cancel", cancel_sweep)
-    r.add_delete("/api/sweeps/{sweep_id}", delete_sweep)
+    app.add_routes(routes)
     describe(app)
 
 
