@@ -45,11 +45,13 @@ BODY_ATTR = "xpufleet_body"  # the BodySpec a route's handler carries (routes/co
 
 @dataclass(frozen=True)
 class BodySpec:
-    """What a route's body is: its contract ``model`` (None: the route takes no body), and whether it
-    must be sent (an optional body left out is validated as ``{}``)."""
+    """What a route's body is: its contract ``model`` (None: the route takes no body), whether it must be
+    sent (an optional body left out is validated as ``{}``), and whether the route passes it on unread (a
+    service's request, which its program validates: the model documents it)."""
 
     model: type[BaseModel] | None
     required: bool = True
+    passed_on: bool = False
 
 
 def body_spec(handler: Any) -> BodySpec | None:

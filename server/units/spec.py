@@ -24,8 +24,17 @@ from typing import Any
 
 from ...common.errors import ApiError
 from ...constants import WORKER_NAME_RE
-from ..contracts.base import not_available
-from ..contracts.services import MAX_REPLICAS, MAX_UNIT_SIZE, SERVICE_NAME_PATTERN, Restart, Routing, Unit
+from ..contracts.base import ContractError, not_available, validate
+from ..contracts.services import (
+    MAX_REPLICAS,
+    MAX_UNIT_SIZE,
+    NAME_TEXT,
+    SERVICE_NAME_PATTERN,
+    Restart,
+    Routing,
+    ServiceUpdate,
+    Unit,
+)
 from ..contracts.services import ServiceSpec as ServiceSpecBody
 from ..devices.names import DeviceSpecError, normalize_device
 
@@ -269,19 +278,15 @@ def _target(raw: Any) -> tuple[str, str]:
 
 def parse_service(body: Any, name: str | None = None) -> ServiceSpec:
     """Validate a service body (``name``: the name from the URL of a PUT, which the body may omit)."""
-    if not isinstance(body, Mapping):
-        raise SpecError("the body must be a JSON object {\"name\", \"program\", \"unit\", \"replicas\", \"target\"}")
-    unknown = sorted(set(body) - set(TOP_FIELDS))
-    if unknown:
-        raise SpecError(f"unknown field(s) {', '.join(unknown)}; known: {', '.join(TOP_FIELDS)}")
+    try:  # the contract first: the shape, the known fields, the name (its texts)
+        validate(ServiceSpecBody if name is None else ServiceUpdate, body)
+    except ContractError as exc:
+        raise SpecError(exc.message, exc.status) from None
     svc_name = body.get("name", name)
     if name is not None and svc_name != name:
         raise SpecError(f"name: the body names {svc_name!r} but the URL names {name!r}; a service cannot be renamed")
-    if not isinstance(svc_name, str) or not SERVICE_NAME_RE.match(svc_name):
-        raise SpecError("name: 1-42 lowercase letters, digits and '-', starting and ending with a letter or digit "
-                        "(a Kubernetes name), e.g. \"digits\"")
-    if "program" not in body:
-        raise SpecError("program: missing; give {\"model\": {\"path\": ...}} or {\"command\": [...]}")
+    if not SERVICE_NAME_RE.match(svc_name):  # (the URL's name of a PUT)
+        raise SpecError(NAME_TEXT)
     program = _program(body["program"])
     unit = _object(body.get("unit"), "unit", tuple(Unit.model_fields))
     size = _int(unit, "size", "unit", 1, 1, MAX_UNIT_SIZE)

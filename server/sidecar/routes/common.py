@@ -58,6 +58,17 @@ def body(model: type[M], *, required: bool = True, off_loop: bool = False
     return declare
 
 
+def passed_through(model: type[BaseModel]) -> Callable[[Handler], Handler]:
+    """Declare a body the route passes on as sent (to a service's program, which validates it): ``model``
+    documents it; the handler reads the bytes itself."""
+
+    def declare(handler: Handler) -> Handler:
+        setattr(handler, BODY_ATTR, BodySpec(model, True, passed_on=True))
+        return handler
+
+    return declare
+
+
 def no_body(handler: Handler) -> Handler:
     """Declare a route that takes no body: it may send nothing or ``{}`` (a field is refused by name)."""
 
