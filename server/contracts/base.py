@@ -36,7 +36,7 @@ class Contract(BaseModel):
     """A JSON body: unknown fields are refused, nothing is coerced (``"1"`` is not an integer).
 
     ``shape_texts`` (optional): the route's own answers for a body that is not an object and for unknown
-    fields, ``{unknown}`` and ``{known}`` replaced by the field names; ``missing_texts``: a required field's
+    fields, ``{unknown}``, ``{known}`` and ``{sorted}`` replaced by the field names; ``missing_texts``: a required field's
     own answer when it is left out (the API's 400 texts, checked in this order before the fields)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
@@ -55,7 +55,8 @@ class Contract(BaseModel):
             unknown = sorted(set(data) - set(cls.model_fields))
             if unknown:
                 raise ContractError(unknown_text.replace("{unknown}", ", ".join(map(str, unknown)))
-                                    .replace("{known}", ", ".join(cls.model_fields)))
+                                    .replace("{known}", ", ".join(cls.model_fields))
+                                    .replace("{sorted}", ", ".join(sorted(cls.model_fields)) or "none"))
         for name, text in cls.missing_texts.items():
             if name not in data:
                 raise ContractError(text)
@@ -75,6 +76,10 @@ def refuse(text: str | Callable[[Any], str]) -> WrapValidator:
                    ) from None
 
     return WrapValidator(wrap)
+
+
+# The answers of common/http.py read_object, for the bodies that kept them.
+OBJECT_TEXTS = ("the body must be a JSON object", "unknown field(s) {unknown}; known: {sorted}")
 
 
 def ruled(documented: Any) -> PlainValidator:

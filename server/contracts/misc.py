@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import AfterValidator, Field, PlainValidator, model_validator
 
 from ...constants import CANVAS_EVENT_TYPES, CANVAS_EVENTS_MAX, MAX_RUN_NAME_CHARS, TERMINAL_STATUSES
-from .base import Contract, ContractError, refuse, validate
+from .base import OBJECT_TEXTS, Contract, ContractError, refuse, ruled, validate
 from .runs import Graph
 
 PROMPT_ID_CHARS = 100  # ComfyUI's prompt ids are UUIDs; this bounds what a canvas run records
@@ -123,23 +123,28 @@ class PredictOptions(Contract):
 class PredictRequest(Contract):
     """``POST /api/predict``: a workflow's memory prediction."""
 
+    shape_texts = OBJECT_TEXTS
+    missing_texts = {"workflow": "request body needs \"workflow\": a ComfyUI workflow (UI or API format)"}
     model_config = {"json_schema_extra": {"example": {"workflow": {"1": {
         "class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "sd15.safetensors"}}}}}}
-    workflow: dict[str, Any] = Field(description="UI or API format workflow")
-    platform: str | None = Field(None, description="nvidia, intel or a configured name")
-    worker: str | None = None
-    device: str | None = None
-    options: PredictOptions | None = None
-    snapshot: dict[str, Any] | None = Field(None, description="figures that replace the measured ones")
-    prompt: dict[str, Any] | None = Field(None, description="the same graph in API format: a training graph's peak "
-                                                            "is its static estimate")
+    # The predictor checks what these hold (predictor/service.py, the card lookup): its own texts.
+    workflow: Annotated[Any, ruled(dict[str, Any])] = Field(description="UI or API format workflow")
+    platform: Annotated[Any, ruled(str | None)] = Field(None, description="nvidia, intel or a configured name")
+    worker: Annotated[Any, ruled(str | None)] = None
+    device: Annotated[str | None, refuse("device must be a string such as cuda:0")] = None
+    options: Annotated[Any, ruled(PredictOptions | None)] = None
+    snapshot: Annotated[Any, ruled(dict[str, Any] | None)] = Field(None, description="figures that replace the "
+                                                                                     "measured ones")
+    prompt: Annotated[Any, ruled(dict[str, Any] | None)] = Field(
+        None, description="the same graph in API format: a training graph's peak is its static estimate")
+
+
+LOGIN_TEXT = "send {\"login\": \"<key>\"}: the key of the login link `xpufleet ui` printed"
 
 
 class Login(Contract):
     """``POST /api/ui/session``: a login link's secret, exchanged for a session cookie."""
 
-    login: str
-
-
-class LoginLinks(Contract):
-    """``POST /api/ui/login-links``: no fields."""
+    shape_texts = OBJECT_TEXTS
+    missing_texts = {"login": LOGIN_TEXT}
+    login: Annotated[str, Field(min_length=1), refuse(LOGIN_TEXT)]

@@ -36,16 +36,20 @@ class Body(Generic[M]):
     raw: dict[str, Any]
 
 
-def body(model: type[M], *, required: bool = True, off_loop: bool = False
+def body(model: type[M], *, required: bool = True, off_loop: bool = False,
+         url_checks: Callable[[web.Request], object] | None = None
          ) -> Callable[[Callable[[web.Request, Body[M]], Awaitable[web.StreamResponse]]], Handler]:
     """Declare a route's body: the handler gets it validated by ``model`` (a 400 naming the field, in the
     contract's own words, before the handler runs), and the OpenAPI document shows ``model`` for it
-    (openapi.bodies walks the routes). ``off_loop``: validate in a worker thread (a graph of 10,000 nodes)."""
+    (openapi.bodies walks the routes). ``off_loop``: validate in a worker thread (a graph of 10,000 nodes);
+    ``url_checks``: the query's checks, answered before the body's (the URL is read first)."""
     spec = BodySpec(model, required)
 
     def declare(handler: Callable[[web.Request, Body[M]], Awaitable[web.StreamResponse]]) -> Handler:
         @functools.wraps(handler)
         async def validated(request: web.Request) -> web.StreamResponse:
+            if url_checks is not None:
+                url_checks(request)
             raw = await read_json(request, optional=not required)
             if raw is NO_BODY:
                 raw = {}

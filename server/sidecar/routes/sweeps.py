@@ -40,10 +40,15 @@ def service(request: web.Request) -> SweepService:
 routes = web.RouteTableDef()
 
 
+def dry_run_of(request: web.Request) -> bool:
+    """``?dry_run=``: check and expand only."""
+    return bool_param(request, "dry_run")
+
+
 @routes.post("/api/sweeps")
-@body(SweepSubmit)
+@body(SweepSubmit, url_checks=dry_run_of)
 async def submit_sweep(request: web.Request, sent: Body[SweepSubmit]) -> web.Response:
-    dry_run = bool_param(request, "dry_run")
+    dry_run = dry_run_of(request)
     body = sent.raw  # the spec's rules read the values as sent (sweeps/spec.py)
     svc = service(request)
     # Parsing, expanding, validating and keying every child off the event loop (issue 19); then only
@@ -116,7 +121,7 @@ def errors(*codes: int) -> dict[str, Any]:
     return {str(c): {"description": "error (the message says what to fix)", **json_body(ERR)} for c in codes}
 
 
-# A body's schema is its contract model's (openapi.BODIES); the answers refer to the objective's.
+# A body's schema is its declared contract model's (routes/common.py body); the answers refer to the objective's.
 OBJECTIVE = {"$ref": "#/components/schemas/Objective"}
 SWEEP_ROW = {"type": "object", "properties": {
     "rank": {"type": ["integer", "null"], "description": "1 = best; null: not succeeded or no metric"},
