@@ -74,13 +74,12 @@ class PoolExport(Contract):
     """``POST /api/pools/{name}/export``: the pool as Kubernetes manifests."""
 
     shape_texts = OBJECT_TEXTS
-
-    format: Literal["k8s"] | None = None
-    image: str | None = None
-    namespace: str | None = None
-    gpus: int | None = None
-    instances: int | None = None
-    python: str | None = None
-    server_url: str | None = None
-    credential: str | None = None
-    node_selector: dict[str, str] | None = None
+    format: Literal["k8s"] | None = Field(None, description="k8s (the default): a Secret and an Indexed Job")
+    image: str | None = Field(None, description="the container image, a reference without spaces")
+    namespace: str | None = Field(None, description="an RFC 1123 label")
+    gpus: int | None = Field(None, description="nvidia.com/gpu limit per pod (0: none)")
+    instances: int | None = Field(None, description="the Job's completions and parallelism")
+    python: str | None = Field(None, description="the interpreter in the image")
+    server_url: str | None = Field(None, description="the URL the pods reach")
+    credential: str | None = Field(None, description="the pool's current credential (else it is reissued)")
+    node_selector: dict[str, str] | None = Field(None, description="default nvidia.com/gpu.present=true")
