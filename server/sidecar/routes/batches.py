@@ -34,17 +34,17 @@ class BatchService(Protocol):
 
 @dataclass(frozen=True)
 class Batch:
-    """One family: its app key, its path (``/api/sweeps``), its id's name (``sweep_id``), its CSV file
-    (``table.csv``, saved as ``sweep-<id>.csv``), the answer's schema and each route's summary (list, get,
-    csv, cancel, delete)."""
+    """One family's routes: its app key, its noun (``sweep``: the id is ``sweep_id``, the CSV file
+    ``sweep-<id>.csv``), its path (``/api/sweeps``) and its CSV's (``table.csv``)."""
 
     key: web.AppKey[Any]
+    noun: str
     prefix: str
-    id_name: str
     csv_path: str
-    csv_prefix: str
-    schema: dict[str, Any]
-    summaries: dict[str, str]
+
+    @property
+    def item(self) -> str:
+        return f"{self.prefix}/{{{self.noun}_id}}"
 
 
 def json_body(schema: dict[str, Any]) -> dict[str, Any]:
@@ -79,7 +79,7 @@ async def json_off_loop(obj: Any, status: int = 200) -> web.Response:
 
 def add_batch_routes(routes: web.RouteTableDef, batch: Batch) -> None:
     """Add the family's list, get, CSV, cancel and delete routes to ``routes``."""
-    item = f"{batch.prefix}/{{{batch.id_name}}}"
+    item, id_name = batch.item, f"{batch.noun}_id"
 
     def service(request: web.Request) -> BatchService:
         return request.app[batch.key]
@@ -92,7 +92,7 @@ def add_batch_routes(routes: web.RouteTableDef, batch: Batch) -> None:
 
     @routes.get(item)
     async def one(request: web.Request) -> web.Response:
-        svc, batch_id = service(request), request.match_info[batch.id_name]
+        svc, batch_id = service(request), request.match_info[id_name]
         wait = float_param(request, "wait", 0.0, 0.0, EVENTS_LONG_POLL_MAX_S)
         version = int_param(request, "version", -1, -1)
         if wait > 0 and version >= 0:
@@ -101,30 +101,30 @@ def add_batch_routes(routes: web.RouteTableDef, batch: Batch) -> None:
 
     @routes.get(f"{item}/{batch.csv_path}")
     async def table(request: web.Request) -> web.Response:
-        batch_id = request.match_info[batch.id_name]
+        batch_id = request.match_info[id_name]
         return web.Response(text=service(request).csv(batch_id), content_type="text/csv", charset="utf-8",
                             headers={"Content-Disposition":
-                                     f'attachment; filename="{batch.csv_prefix}-{batch_id}.csv"'})
+                                     f'attachment; filename="{batch.noun}-{batch_id}.csv"'})
 
     @routes.post(f"{item}/cancel")
     @body(Cancel, required=False)
     async def cancel(request: web.Request, sent: Body[Cancel]) -> web.Response:
-        return await json_off_loop(await service(request).cancel(request.match_info[batch.id_name],
+        return await json_off_loop(await service(request).cancel(request.match_info[id_name],
                                                                   sent.model.reason))
 
     @routes.delete(item)
     async def delete(request: web.Request) -> web.Response:
-        out = service(request).delete(request.match_info[batch.id_name])
+        out = service(request).delete(request.match_info[id_name])
         return web.json_response(await out if inspect.isawaitable(out) else out)
 
 
-def describe_batch(app: web.Application, batch: Batch, submit: dict[str, Any]) -> None:
-    """The family's descriptions: ``submit`` (its POST) and the five shared routes."""
-    item = f"{batch.prefix}/{{{batch.id_name}}}"
-    id_param = {"name": batch.id_name, "in": "path", "required": True, "schema": {"type": "string"}}
-    text = batch.summaries
+def describe_batch(app: web.Application, batch: Batch, schema: dict[str, Any], text: dict[str, Any]) -> None:
+    """The family's descriptions: ``text["submit"]`` (its POST's operation), and the five shared routes
+    with ``schema`` (one batch as answered) and their summaries (``text``: list, get, csv, cancel, delete)."""
+    item = batch.item
+    id_param = {"name": f"{batch.noun}_id", "in": "path", "required": True, "schema": {"type": "string"}}
     ops = {
-        ("post", batch.prefix): submit,
+        ("post", batch.prefix): text["submit"],
         ("get", batch.prefix): {
             "summary": text["list"],
             "parameters": [query("limit", {"type": "integer", "minimum": 1, "maximum": RUNS_PAGE_MAX}, "page size"),
@@ -136,14 +136,14 @@ def describe_batch(app: web.Application, batch: Batch, submit: dict[str, Any]) -
             "parameters": [id_param, query("version", {"type": "integer", "minimum": 0}, "the version last seen"),
                            query("wait", {"type": "number", "minimum": 0, "maximum": EVENTS_LONG_POLL_MAX_S},
                                  "seconds to wait for a change of version")],
-            "responses": {"200": {"description": "the answer", **json_body(batch.schema)},
+            "responses": {"200": {"description": "the answer", **json_body(schema)},
                           **errors(400, 401, 403, 404)}},
         ("get", f"{item}/{batch.csv_path}"): {
             "summary": text["csv"], "parameters": [id_param],
             "responses": {"200": {"description": "text/csv"}, **errors(401, 403, 404)}},
         ("post", f"{item}/cancel"): {
             "summary": text["cancel"], "parameters": [id_param],
-            "responses": {"200": {"description": "the answer", **json_body(batch.schema)},
+            "responses": {"200": {"description": "the answer", **json_body(schema)},
                           **errors(400, 401, 403, 404, 409)}},
         ("delete", item): {
             "summary": text["delete"], "parameters": [id_param],

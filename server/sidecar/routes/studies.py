@@ -26,6 +26,12 @@ async def submit_study(request: web.Request, sent: Body[StudySubmit]) -> web.Res
     return web.json_response(await request.app[STUDIES_KEY].create(sent.raw), status=201)
 
 
+STUDIES = Batch(STUDIES_KEY, "study", "/api/studies", "trials.csv")
+add_batch_routes(routes, STUDIES)
+
+
+# --- OpenAPI ---------------------------------------------------------------------------------------------
+
 TRIAL = {"type": "object", "properties": {
     "number": {"type": "integer"}, "state": {"type": "string", "enum": ["running", "complete", "pruned", "failed"]},
     "value": {"type": ["number", "null"]}, "parameters": {"type": "object"}, "run_id": {"type": ["string", "null"]},
@@ -42,21 +48,21 @@ STUDY = {"type": "object", "properties": {
     "parallel": {"type": "integer"}, "counts": {"type": "object", "description": "trial state -> trials"},
     "best_trial": {"oneOf": [TRIAL, {"type": "null"}]}, "trials": {"type": "array", "items": TRIAL},
     "version": {"type": "integer", "description": "changes with any trial or its run: pass it back with wait"}}}
-STUDIES = Batch(STUDIES_KEY, "/api/studies", "study_id", "trials.csv", "study", STUDY, {
+
+# Each route's description: the submit's in full, the batch routes' summaries (routes/batches.py).
+STUDY_DESCRIPTIONS = {
+    "submit": {
+        "summary": "Start an Optuna study: its options and probe points (each parameter's range ends and "
+                   "listed values) are checked as POST /api/runs checks a run, before anything is queued",
+        "responses": {"201": {"description": "started", **json_body({"type": "object", "properties": {
+            "study_id": {"type": "string"}, "status": {"type": "string"}, "n_trials": {"type": "integer"}}})},
+            **errors(400, 401, 403, 413, 500, 503)}},
     "list": "Studies, newest first, with their trials' counts by state",
     "get": "One study: its trials (state, value, parameters, worker_id, devices, queue_key) and the best trial; "
            "long-poll with version and wait",
     "csv": "The trials as CSV (one column per parameter)",
     "cancel": "Cancel: no new trial; queued and running trials' runs are cancelled (they fail)",
-    "delete": "Delete an ended study: its trials, its Optuna study and its runs"})
-add_batch_routes(routes, STUDIES)
-
-SUBMIT = {
-    "summary": "Start an Optuna study: its options and probe points (each parameter's range ends and "
-               "listed values) are checked as POST /api/runs checks a run, before anything is queued",
-    "responses": {"201": {"description": "started", **json_body({"type": "object", "properties": {
-        "study_id": {"type": "string"}, "status": {"type": "string"}, "n_trials": {"type": "integer"}}})},
-        **errors(400, 401, 403, 413, 500, 503)}}
+    "delete": "Delete an ended study: its trials, its Optuna study and its runs"}
 
 
 def setup(app: web.Application) -> None:
@@ -64,7 +70,7 @@ def setup(app: web.Application) -> None:
     svc = StudyService(app[STORE_KEY], app[DISPATCHER_KEY], app[CONFIG_KEY].home / STATE_DB_NAME)
     app[STUDIES_KEY] = svc
     app.add_routes(routes)
-    describe_batch(app, STUDIES, SUBMIT)
+    describe_batch(app, STUDIES, STUDY, STUDY_DESCRIPTIONS)
 
     async def on_startup(app: web.Application) -> None:  # after the dispatcher started (cleanup_ctx first)
         await svc.start()

@@ -46,6 +46,12 @@ async def submit_sweep(request: web.Request, sent: Body[SweepSubmit]) -> web.Res
     return await json_off_loop(result, status=200 if dry_run else 201)
 
 
+SWEEPS = Batch(SWEEPS_KEY, "sweep", "/api/sweeps", "table.csv")
+add_batch_routes(routes, SWEEPS)
+
+
+# --- OpenAPI ---------------------------------------------------------------------------------------------
+
 # The answers refer to the objective's model (a body's schema is its declared contract model's).
 OBJECTIVE = {"$ref": "#/components/schemas/Objective"}
 SWEEP_ROW = {"type": "object", "properties": {
@@ -70,28 +76,28 @@ SWEEP = {"type": "object", "properties": {
     "points": {"type": ["array", "null"], "description": "with seeds: per point mean/std/best over seeds, ranked"},
     "spec": {"type": "object", "description": "what was submitted, without the graph"},
     "cancel_requested": {"type": "boolean"}, "created_at": {"type": "number"}}}
-SWEEPS = Batch(SWEEPS_KEY, "/api/sweeps", "sweep_id", "table.csv", "sweep", SWEEP, {
+
+# Each route's description: the submit's in full, the batch routes' summaries (routes/batches.py).
+SWEEP_DESCRIPTIONS = {
+    "submit": {
+        "summary": "Queue a sweep: every child is checked as POST /api/runs checks a run, before anything is "
+                   "written; one rejection rejects the sweep (400 naming the variant, nothing queued)",
+        "parameters": [query("dry_run", {"type": "boolean"}, "check and expand only: the variants, nothing queued")],
+        "responses": {"201": {"description": "queued", **json_body({"type": "object", "properties": {
+            "sweep_id": {"type": "string"}, "status": {"type": "string"}, "n_runs": {"type": "integer"},
+            "run_ids": {"type": "array", "items": {"type": "string"}}}})},
+            "200": {"description": "dry run: n_runs, the first 100 variants with their queue_key, and own_outputs: the savers each variant's copy moves to its run folder (docs/sweeps.md)"},
+            **errors(400, 401, 403, 413, 503)}},
     "list": "Sweeps, newest first, with their children's counts by status",
     "get": "One sweep with its ranked table (parameters, metric, status, worker_id, devices, queue_key of each "
            "variant); long-poll with version and wait",
     "csv": "The ranked table as CSV (one column per parameter)",
     "cancel": "Cancel: queued children end now, running ones are stopped",
-    "delete": "Delete a sweep whose children have all ended, with its children's runs"})
-add_batch_routes(routes, SWEEPS)
-
-SUBMIT = {
-    "summary": "Queue a sweep: every child is checked as POST /api/runs checks a run, before anything is "
-               "written; one rejection rejects the sweep (400 naming the variant, nothing queued)",
-    "parameters": [query("dry_run", {"type": "boolean"}, "check and expand only: the variants, nothing queued")],
-    "responses": {"201": {"description": "queued", **json_body({"type": "object", "properties": {
-        "sweep_id": {"type": "string"}, "status": {"type": "string"}, "n_runs": {"type": "integer"},
-        "run_ids": {"type": "array", "items": {"type": "string"}}}})},
-        "200": {"description": "dry run: n_runs, the first 100 variants with their queue_key, and own_outputs: the savers each variant's copy moves to its run folder (docs/sweeps.md)"},
-        **errors(400, 401, 403, 413, 503)}}
+    "delete": "Delete a sweep whose children have all ended, with its children's runs"}
 
 
 def setup(app: web.Application) -> None:
     """Create the sweep service and add the sweep routes."""
     app[SWEEPS_KEY] = SweepService(app[STORE_KEY], app[DISPATCHER_KEY])
     app.add_routes(routes)
-    describe_batch(app, SWEEPS, SUBMIT)
+    describe_batch(app, SWEEPS, SWEEP, SWEEP_DESCRIPTIONS)

@@ -118,20 +118,23 @@ async def add_ssh(request: web.Request, sent: Body[SshWorker]) -> web.Response:
     return web.json_response(reg.describe(reg.ssh.add(sent.raw)), status=201)  # its values: ssh/manager.py
 
 
+async def _switch_ssh(request: web.Request, enable: bool) -> web.Response:
+    """An SSH worker's agent stopped (disable) or connected again (enable); the worker as it is then."""
+    reg, name = _registry(request), request.match_info["name"]
+    await (reg.ssh.enable(name) if enable else reg.ssh.disable(name))
+    return web.json_response(reg.describe(name))
+
+
 @routes.post("/api/workers/{name}/disable")
 @no_body
 async def disable(request: web.Request) -> web.Response:
-    reg, name = _registry(request), request.match_info["name"]
-    await reg.ssh.disable(name)
-    return web.json_response(reg.describe(name))
+    return await _switch_ssh(request, enable=False)
 
 
 @routes.post("/api/workers/{name}/enable")
 @no_body
 async def enable(request: web.Request) -> web.Response:
-    reg, name = _registry(request), request.match_info["name"]
-    await reg.ssh.enable(name)
-    return web.json_response(reg.describe(name))
+    return await _switch_ssh(request, enable=True)
 
 
 @routes.get("/api/workers/rejected")
