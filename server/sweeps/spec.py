@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ...constants import STUDY_MAX_PARALLEL, SWEEP_DEFAULT_MAX_RUNS, SWEEP_MAX_RUNS
+from ...constants import SWEEP_DEFAULT_MAX_RUNS, SWEEP_MAX_RUNS
 from ..contracts.base import Contract, ContractError, validate
 from ..contracts.sweeps import METRIC_TEXT, Pruner, Sampler, StudySubmit, SweepSubmit
 from ..contracts.sweeps import Objective as ObjectiveBody
@@ -215,10 +215,9 @@ def parse_seeds(raw: Any, options: Mapping[str, Any]) -> tuple[int, ...] | None:
     return tuple(range(n))
 
 
-def _max_runs(raw: Any) -> int:
-    if raw is None:
-        return SWEEP_DEFAULT_MAX_RUNS
-    return _int(raw, "max_runs", 1, SWEEP_MAX_RUNS)
+def _max_runs(raw: int | None) -> int:
+    """``max_runs`` (its range checked by the model), or the default."""
+    return SWEEP_DEFAULT_MAX_RUNS if raw is None else raw
 
 
 def _overlap(params: tuple[Param, ...], fixed: Mapping[str, Any]) -> None:
@@ -245,9 +244,9 @@ def parse_sweep(body: Any, known_inputs: KnownInputs = _no_inputs) -> SweepSpec:
     if mode == "random":
         if body.get("samples") is None:
             raise SpecError("samples: a random sweep needs the number of points to draw, e.g. 16")
-        samples = _int(body["samples"], "samples", 1, SWEEP_MAX_RUNS)
+        samples = body["samples"]  # (its range: the model's)
         if body.get("random_seed") is not None:
-            random_seed = _int(body["random_seed"], "random_seed", 0, SEED_LIMIT - 1)
+            random_seed = body["random_seed"]
     else:
         for key in ("samples", "random_seed"):
             if body.get(key) is not None:
@@ -302,13 +301,11 @@ def parse_study(body: Any, known_inputs: KnownInputs = _no_inputs) -> StudySpec:
     _overlap(params, fixed)
     objective = parse_objective(body.get("objective"))
     max_runs = _max_runs(body.get("max_runs"))
-    if body.get("n_trials") is None:
-        raise SpecError("n_trials: the study's trial budget (how many runs it may queue), e.g. 20")
-    n_trials = _int(body["n_trials"], "n_trials", 1, SWEEP_MAX_RUNS)
+    n_trials = body["n_trials"]  # (required, its range: the model's)
     if n_trials > max_runs:
         raise SpecError(f"n_trials is {n_trials} and max_runs is {max_runs}: lower n_trials, or raise max_runs "
                         f"(at most {SWEEP_MAX_RUNS})")
-    parallel = _int(body.get("parallel", 1), "parallel", 1, STUDY_MAX_PARALLEL)
+    parallel = body.get("parallel", 1)
     return StudySpec(name=name, graph=graph, params=params, n_trials=n_trials, parallel=min(parallel, n_trials),
                      objective=objective, pruner=parse_pruner(body.get("pruner"), objective),
                      sampler=parse_sampler(body.get("sampler")), options=options, fixed=fixed)
