@@ -11,6 +11,7 @@ this document and fuzz every route with bad bodies.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -86,10 +87,11 @@ SERVICE_SCHEMA: dict[str, Any] = {
 }
 
 
-def schemas(body_models: list[type[BaseModel]]) -> dict[str, Any]:
+@functools.cache
+def schemas(body_models: tuple[type[BaseModel], ...]) -> dict[str, Any]:
     """The document's ``components/schemas``: the error, every body model and the models they use, the
-    run answers, the service."""
-    return {"Error": ERROR_SCHEMA, **component_schemas(body_models + ANSWERS), "Service": SERVICE_SCHEMA}
+    run answers, the service (made once per set of models: the routes never change once added)."""
+    return {"Error": ERROR_SCHEMA, **component_schemas([*body_models, *ANSWERS]), "Service": SERVICE_SCHEMA}
 
 
 RUN_ID = {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string", "minLength": 1},
@@ -307,7 +309,7 @@ def document(app: web.Application) -> dict[str, Any]:
     paths: dict[str, dict[str, Any]] = {}
     for (method, path), op in sorted(described.items()):
         paths.setdefault(path, {})[method] = op
-    models = list(dict.fromkeys(spec.model for spec in declared.values() if spec.model is not None))
+    models = tuple(dict.fromkeys(spec.model for spec in declared.values() if spec.model is not None))
     return {
         "openapi": "3.1.0",
         "info": {"title": "XPU Fleet sidecar API", "version": VERSION,

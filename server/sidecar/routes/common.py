@@ -27,10 +27,13 @@ from ..openapi import BODY_ATTR, BodySpec
 
 M = TypeVar("M", bound=BaseModel)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
 @dataclass(frozen=True)
 class Body(Generic[M]):
-    """A route's body: ``model`` validated by its contract, ``raw`` the JSON object as sent (what a rule
-    that needs more than the model reads: the model's numbers are floats, a sweep's values are not)."""
+    """A route's body: ``model`` validated by its contract, ``raw`` the JSON object as sent (``{}`` for an
+    optional body left out), which the rules that need more than the model read (the model's numbers are
+    floats; a sweep's values keep their type)."""
 
     model: M
     raw: dict[str, Any]
