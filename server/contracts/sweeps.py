@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 
 from ...constants import STUDY_MAX_PARALLEL, SWEEP_DEFAULT_MAX_RUNS, SWEEP_MAX_RUNS
 from .base import Contract, refuse, ruled
@@ -56,6 +56,11 @@ def _direction_text(where: str) -> Any:
 
 def _kind_text(where: str, kinds: tuple[str, ...]) -> Any:
     return refuse(lambda v: f"{where}.type: must be one of {', '.join(kinds)}, got {v!r}")
+
+
+def _named(documented: Any) -> BeforeValidator:
+    """A pruner or sampler given by its type's name alone (``"median"``) is ``{"type": "median"}``."""
+    return BeforeValidator(lambda v: {"type": v} if isinstance(v, str) else v, json_schema_input_type=documented)
 
 
 OBJECTIVE_MISSING = "objective: missing; give {\"metric\": \"val_accuracy\", \"direction\": \"maximize\"}"
@@ -155,8 +160,8 @@ class StudySubmit(Contract):
     parallel: Annotated[int, Field(ge=1, le=STUDY_MAX_PARALLEL), _int_text("parallel", 1, STUDY_MAX_PARALLEL)] = Field(
         1, description="trials in flight at once")
     objective: Objective
-    pruner: Annotated[Any, ruled(Literal[PRUNERS] | Pruner | None)] = None  # type: ignore[valid-type]
-    sampler: Annotated[Any, ruled(Literal[SAMPLERS] | Sampler | None)] = None  # type: ignore[valid-type]
+    pruner: Annotated[Pruner | None, _named(Literal[PRUNERS] | Pruner | None)] = None  # type: ignore[valid-type]
+    sampler: Annotated[Sampler | None, _named(Literal[SAMPLERS] | Sampler | None)] = None  # type: ignore[valid-type]
     set: Annotated[Any, ruled(SetValues | None)] = None
     options: OptionsField = Field(None, description="POST /api/runs options given to every trial (no name)")
     max_runs: MaxRuns = Field(None, description="n_trials above it is a 400")
