@@ -17,9 +17,19 @@ MAX_REPLICAS = 64
 
 NAME_TEXT = ("name: 1-42 lowercase letters, digits and '-', starting and ending with a letter or digit (a "
              "Kubernetes name), e.g. \"digits\"")
-# A number's range and a flag are checked by units/spec.py after the model (its texts give the range and
-# the value sent); the model checks each object's shape and fields.
-Seconds = Annotated[Any, ruled(float | None)]
+
+
+def _count(where: str, lo: int, hi: int) -> Any:
+    return Annotated[int | None, Field(ge=lo, le=hi),
+                     refuse(lambda v: f"{where}: must be an integer from {lo} to {hi}, got {v!r}")]
+
+
+def _seconds(where: str, lo: float, hi: float, lo_open: bool = False) -> Any:
+    """A number of seconds in [lo, hi] (``lo_open``: above lo), with the API's text."""
+    low = f"more than {lo:g}" if lo_open else f"from {lo:g}"
+    bound = Field(gt=lo, le=hi) if lo_open else Field(ge=lo, le=hi)
+    return Annotated[float | None, bound,
+                     refuse(lambda v: f"{where}: must be a number of seconds {low} to {hi:g}, got {v!r}")]
 
 
 def _texts(where: str) -> tuple[str, str]:
@@ -30,8 +40,8 @@ class Unit(Contract):
     """How many instances make one unit, and whether a guard watches it."""
 
     shape_texts = _texts("unit")
-    size: Annotated[Any, ruled(Annotated[int, Field(ge=1, le=MAX_UNIT_SIZE)] | None)] = None
-    guard: Annotated[Any, ruled(bool | None)] = None
+    size: _count("unit.size", 1, MAX_UNIT_SIZE) = None  # type: ignore[valid-type]
+    guard: Annotated[bool | None, refuse(lambda v: f"unit.guard: must be true or false, got {v!r}")] = None
 
 
 class ServiceTarget(Contract):
@@ -46,18 +56,18 @@ class Restart(Contract):
     """The restart budget of an instance."""
 
     shape_texts = _texts("restart")
-    max_restarts: Annotated[Any, ruled(Annotated[int, Field(ge=0, le=1000)] | None)] = None
-    window_s: Seconds = None
-    backoff_s: Seconds = None
-    backoff_max_s: Seconds = None
+    max_restarts: _count("restart.max_restarts", 0, 1000) = None  # type: ignore[valid-type]
+    window_s: _seconds("restart.window_s", 1, 7 * 86400) = None  # type: ignore[valid-type]
+    backoff_s: _seconds("restart.backoff_s", 0, 3600) = None  # type: ignore[valid-type]
+    backoff_max_s: _seconds("restart.backoff_max_s", 0, 86400) = None  # type: ignore[valid-type]
 
 
 class Routing(Contract):
     """How long a request waits for a ready unit, and for its answer."""
 
     shape_texts = _texts("routing")
-    wait_s: Seconds = None
-    request_timeout_s: Seconds = None
+    wait_s: _seconds("routing.wait_s", 0, 300) = None  # type: ignore[valid-type]
+    request_timeout_s: _seconds("routing.request_timeout_s", 0, 3600, lo_open=True) = None  # type: ignore[valid-type]
 
 
 class ServiceSpec(Contract):
@@ -72,12 +82,13 @@ class ServiceSpec(Contract):
         description="{\"model\": {\"path\", \"split\", \"max_batch\", \"collective_timeout_s\"}} or "
                     "{\"command\": [...], \"health_path\", \"infer_path\", \"env\"}")
     unit: Unit | None = None
-    replicas: Annotated[Any, ruled(Annotated[int, Field(ge=1, le=MAX_REPLICAS)] | None)] = None
+    replicas: Annotated[int | None, Field(ge=1, le=MAX_REPLICAS), refuse(
+        lambda v: f"replicas: the number of units, an integer from 1 to {MAX_REPLICAS}, got {v!r}")] = None
     target: Annotated[Any, ruled(str | ServiceTarget | None)] = None
     restart: Restart | None = None
     routing: Routing | None = None
-    ready_timeout_s: Seconds = None
-    drain_timeout_s: Seconds = None
+    ready_timeout_s: _seconds("ready_timeout_s", 0, 86400, lo_open=True) = None  # type: ignore[valid-type]
+    drain_timeout_s: _seconds("drain_timeout_s", 0, 3600) = None  # type: ignore[valid-type]
 
 
 class ServiceUpdate(ServiceSpec):
