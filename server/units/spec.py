@@ -181,13 +181,6 @@ def _num(obj: Mapping[str, Any], key: str, where: str, default: float, lo: float
     return float(value)
 
 
-def _bool(obj: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
-    value = obj.get(key, default)
-    if not isinstance(value, bool):
-        raise SpecError(f"{where}.{key}: must be true or false, got {value!r}")
-    return value
-
-
 def _path_field(obj: Mapping[str, Any], key: str, where: str, default: str) -> str:
     value = obj.get(key, default)
     if not isinstance(value, str) or not value.startswith("/") or len(value) > 500 or any(c.isspace() for c in value):
