@@ -11,10 +11,10 @@ pydantic's wording only reaches a client for a field that declares no text (``<p
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError, WrapValidator
+from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError, WrapValidator, model_validator
 
 from ...common.errors import not_available  # noqa: F401 - re-exported to the contract modules
 
@@ -33,22 +33,59 @@ class ContractError(ValueError):
 
 
 class Contract(BaseModel):
-    """A JSON body: unknown fields are refused, nothing is coerced (``"1"`` is not an integer)."""
+    """A JSON body: unknown fields are refused, nothing is coerced (``"1"`` is not an integer).
+
+    ``shape_texts`` (optional): the route's own answers for a body that is not an object and for unknown
+    fields, ``{unknown}``, ``{known}`` and ``{sorted}`` replaced by the field names; ``missing_texts``: a required field's
+    own answer when it is left out (the API's 400 texts, checked in this order before the fields)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    shape_texts: ClassVar[tuple[str, str] | None] = None
+    missing_texts: ClassVar[Mapping[str, str]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shape(cls, data: Any) -> Any:
+        if cls.shape_texts is None:
+            return data
+        not_object, unknown_text = cls.shape_texts
+        if not isinstance(data, Mapping):
+            raise ContractError(not_object)
+        if cls.model_config.get("extra") == "forbid":
+            unknown = sorted(set(data) - set(cls.model_fields))
+            if unknown:
+                raise ContractError(unknown_text.replace("{unknown}", ", ".join(map(str, unknown)))
+                                    .replace("{known}", ", ".join(cls.model_fields))
+                                    .replace("{sorted}", ", ".join(sorted(cls.model_fields)) or "none"))
+        for name, text in cls.missing_texts.items():
+            if name not in data:
+                raise ContractError(text)
+        return data
 
 
-def refuse(text: str) -> WrapValidator:
-    """An ``Annotated`` marker: any type or range error of the field it wraps is answered with ``text``."""
+def refuse(text: str | Callable[[Any], str]) -> WrapValidator:
+    """An ``Annotated`` marker: any type or range error of the field it wraps is answered with ``text``
+    (a callable gets the refused value: ``lambda v: f"mode: ..., got {v!r}"``)."""
 
     def wrap(value: Any, handler: Any) -> Any:
         try:
             return handler(value)
         except ValidationError as exc:
             found = first_contract_error(exc)
-            raise (found if found is not None else ContractError(text)) from None
+            raise (found if found is not None else ContractError(text if isinstance(text, str) else text(value))
+                   ) from None
 
     return WrapValidator(wrap)
+
+
+# The answers of common/http.py read_object, for the bodies that kept them.
+OBJECT_TEXTS = ("the body must be a JSON object", "unknown field(s) {unknown}; known: {sorted}")
+
+
+def ruled(documented: Any) -> PlainValidator:
+    """A field passed as sent, documented as ``documented``: a rule function checks it after the model
+    (its rules need more than the field: the graph a sweep parameter names, another field)."""
+    return PlainValidator(lambda value: value, json_schema_input_type=documented)
 
 
 def first_contract_error(exc: ValidationError) -> ContractError | None:

@@ -8,7 +8,6 @@ validators call. Status and source names come from ``constants.py``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, PlainValidator, PrivateAttr, field_validator, model_validator
@@ -24,7 +23,7 @@ from ...constants import (
     RUN_STATUSES,
 )
 from ..scheduling.routing import MEMORY_SOURCES, RunTarget, TargetError
-from .base import Contract, ContractError, refuse
+from .base import Contract, ContractError, refuse, ruled
 from .graph_shape import check_graph_shape
 from .run_target import TARGET_FIELDS, parse_target
 
@@ -93,12 +92,6 @@ class Target(Contract):
 assert tuple(Target.model_fields) == TARGET_FIELDS  # the rule function's "known" list is the model's fields
 
 
-def _ruled(documented: Any) -> PlainValidator:
-    """A field the model's ``after`` validator checks with a rule function (its texts, its cross-field
-    rules), documented as ``documented``."""
-    return PlainValidator(lambda value: value, json_schema_input_type=documented)
-
-
 class RunOptions(Contract):
     """``options`` of a run."""
 
@@ -113,19 +106,10 @@ class RunOptions(Contract):
         "the run ends) or false")] = Field(
         None, description="record each node's outputs (docs/workers.md): true = kept where the run runs, "
                           "\"upload\" = also copied to this server at the end; refused for a pool target")
-    device: Annotated[Any, _ruled(str | None)] = Field(None, description="auto, cpu, cuda, cuda:N, xpu:N, mps (no set)")
-    target: Annotated[Any, _ruled(str | Target | None)] = Field(None, description="a worker name, or an object")
+    device: Annotated[Any, ruled(str | None)] = Field(None, description="auto, cpu, cuda, cuda:N, xpu:N, mps (no set)")
+    target: Annotated[Any, ruled(str | Target | None)] = Field(None, description="a worker name, or an object")
     _target: RunTarget | None = PrivateAttr(None)  # (a default_factory would cost an inspect() per body)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _known(cls, data: Any) -> Any:
-        if not isinstance(data, Mapping):
-            raise ContractError("options: must be an object")
-        unknown = sorted(set(data) - _OPTION_NAMES)
-        if unknown:
-            raise ContractError(f"options: unknown field(s) {', '.join(unknown)}; known: {', '.join(cls.model_fields)}")
-        return data
+    shape_texts = ("options: must be an object", "options: unknown field(s) {unknown}; known: {known}")
 
     @field_validator("name")
     @classmethod
@@ -157,8 +141,6 @@ class RunOptions(Contract):
         return self._target
 
 
-_OPTION_NAMES = frozenset(RunOptions.model_fields)  # (read per body: the class attribute is slower)
-
 EXAMPLE_GRAPH: dict[str, Any] = {  # a small real graph (iris, an MLP, one epoch, an evaluation)
     "1": {"class_type": "XPUDataset", "inputs": {"name": "iris", "val_split": 0.2, "seed": 0, "normalize": "standard"}},
     "2": {"class_type": "XPUDataLoader", "inputs": {"dataset": ["1", 0], "batch_size": 16, "shuffle": True,
@@ -181,21 +163,18 @@ class RunSubmit(Contract):
     model_config = {"json_schema_extra": {"example": {"graph": EXAMPLE_GRAPH, "options": {"name": "iris", "seed": 1}}}}
     graph: Graph
     options: RunOptions | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _shape(cls, data: Any) -> Any:
-        if not isinstance(data, Mapping):
-            raise ContractError("the body must be a JSON object {\"graph\": {...}, \"options\": {...}}")
-        unknown = sorted(set(data) - {"graph", "options"})
-        if unknown:
-            raise ContractError(f"unknown field(s) {', '.join(unknown)}: the body has \"graph\" and \"options\"")
-        if "graph" not in data:
-            raise ContractError("graph: missing; send the graph in ComfyUI's API format as \"graph\"")
-        return data
+    shape_texts = ("the body must be a JSON object {\"graph\": {...}, \"options\": {...}}",
+                   "unknown field(s) {unknown}: the body has \"graph\" and \"options\"")
+    missing_texts = {"graph": "graph: missing; send the graph in ComfyUI's API format as \"graph\""}
 
 
 assert set(RunSubmit.model_fields) == {"graph", "options"}  # the unknown-field text names them
+
+
+class EstimateRequest(RunSubmit):
+    """The body of ``POST /api/estimates``: a run's body (its target says how many cards, which cards)."""
+
+    missing_texts = {"graph": "graph: missing; send {\"graph\": {...}, \"options\": {...}} as for POST /api/runs"}
 
 
 class Cancel(Contract):
@@ -203,16 +182,8 @@ class Cancel(Contract):
 
     reason: Annotated[str | None, Field(max_length=500),
                       refuse("reason: must be a string of at most 500 characters")] = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _shape(cls, data: Any) -> Any:
-        if not isinstance(data, Mapping):
-            raise ContractError("the body must be a JSON object like {\"reason\": \"...\"} (or empty)")
-        unknown = sorted(set(data) - set(cls.model_fields))
-        if unknown:
-            raise ContractError(f"unknown field(s) {', '.join(unknown)}: the body may have \"reason\"")
-        return data
+    shape_texts = ("the body must be a JSON object like {\"reason\": \"...\"} (or empty)",
+                   "unknown field(s) {unknown}: the body may have \"reason\"")
 
 
 class RunQueued(Contract):

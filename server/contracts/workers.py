@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from .base import Contract
+from .base import OBJECT_TEXTS, Contract, refuse, ruled
 
 DEVICE_MODES = ("exclusive", "shared")
 
@@ -15,28 +15,33 @@ DEVICE_MODES = ("exclusive", "shared")
 class JoinTokenRequest(Contract):
     """``POST /api/workers/join-tokens``: a one-time token an agent joins with."""
 
-    name: str | None = None
-    ttl_s: float | None = None
+    shape_texts = OBJECT_TEXTS
+    name: Annotated[str | None, refuse("name must be a string (the worker's name) or absent")] = None
+    ttl_s: Annotated[float | None, refuse("ttl_s must be a number of seconds")] = None
 
 
 class SshWorker(Contract):
-    """``POST /api/workers/ssh``: a worker this server starts and keeps over SSH."""
+    """``POST /api/workers/ssh``: a worker this server starts and keeps over SSH. Each field's value is
+    checked by the SSH supervisor (ssh/manager.py: a worker name, the ssh target, the folders)."""
 
-    name: str
-    host: str = Field(description="user@host")
-    port: int | None = None
-    identity: str | None = Field(None, description="key file here")
-    python: str | None = Field(None, description="the host's python (default python3)")
-    remote_dir: str | None = Field(None, description="default .xpufleet-ssh/NAME in the home")
-    devices: str | None = None
-    simulate: str | None = None
-    mounts: list[str] | None = Field(None, description="LABEL=/folder")
+    shape_texts = OBJECT_TEXTS
+    name: Annotated[Any, ruled(str)] = None
+    host: Annotated[Any, ruled(str)] = Field(None, description="user@host")
+    port: Annotated[Any, ruled(int | None)] = None
+    identity: Annotated[Any, ruled(str | None)] = Field(None, description="key file here")
+    python: Annotated[Any, ruled(str | None)] = Field(None, description="the host's python (default python3)")
+    remote_dir: Annotated[Any, ruled(str | None)] = Field(None, description="default .xpufleet-ssh/NAME in the home")
+    devices: Annotated[Any, ruled(str | None)] = None
+    simulate: Annotated[Any, ruled(str | None)] = None
+    mounts: Annotated[Any, ruled(list[str] | None)] = Field(None, description="LABEL=/folder")
 
 
 class DeviceMode(Contract):
     """``PUT /api/workers/{name}/devices/{device}/mode``: a card held by one run, or shared by memory."""
 
-    mode: Literal[DEVICE_MODES]  # type: ignore[valid-type]
+    shape_texts = OBJECT_TEXTS
+    missing_texts = {"mode": "send {\"mode\": \"exclusive\"} or {\"mode\": \"shared\"}"}
+    mode: Annotated[Any, ruled(Literal[DEVICE_MODES])]  # type: ignore[valid-type]  # (the registry's texts)
 
 
 class SlurmPool(Contract):
@@ -59,7 +64,8 @@ class SlurmPool(Contract):
 class PoolCreate(Contract):
     """``POST /api/pools``: a one-shot worker pool."""
 
-    name: str
+    shape_texts = OBJECT_TEXTS
+    name: Annotated[Any, ruled(str)] = None  # (the registry checks a pool name with its texts)
     slurm: Literal[True] | SlurmPool | None = Field(None, description="a Slurm pool (docs/slurm-and-k8s.md); true: "
                                                                       "the defaults")
 
@@ -67,12 +73,13 @@ class PoolCreate(Contract):
 class PoolExport(Contract):
     """``POST /api/pools/{name}/export``: the pool as Kubernetes manifests."""
 
-    format: Literal["k8s"] | None = None
-    image: str | None = None
-    namespace: str | None = None
-    gpus: int | None = None
-    instances: int | None = None
-    python: str | None = None
-    server_url: str | None = None
-    credential: str | None = None
-    node_selector: dict[str, str] | None = None
+    shape_texts = OBJECT_TEXTS
+    format: Literal["k8s"] | None = Field(None, description="k8s (the default): a Secret and an Indexed Job")
+    image: str | None = Field(None, description="the container image, a reference without spaces")
+    namespace: str | None = Field(None, description="an RFC 1123 label")
+    gpus: int | None = Field(None, description="nvidia.com/gpu limit per pod (0: none)")
+    instances: int | None = Field(None, description="the Job's completions and parallelism")
+    python: str | None = Field(None, description="the interpreter in the image")
+    server_url: str | None = Field(None, description="the URL the pods reach")
+    credential: str | None = Field(None, description="the pool's current credential (else it is reissued)")
+    node_selector: dict[str, str] | None = Field(None, description="default nvidia.com/gpu.present=true")

@@ -8,6 +8,7 @@ that is not built yet is refused by name rather than accepted and ignored.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -46,10 +47,12 @@ OPTION_FIELDS = tuple(RunOptions.model_fields)
 def parse_run_request(body: Any) -> RunRequest:
     """Validate ``{"graph": {...}, "options": {...}}`` with the :class:`RunSubmit` contract; raise
     RequestError naming the field to fix."""
-    try:
-        submit = validate(RunSubmit, body)
-    except ContractError as exc:
-        raise RequestError(exc.message, exc.extra, exc.status) from None
+    return run_request_of(parse_body(RunSubmit, body), body)
+
+
+def run_request_of(submit: RunSubmit, body: Mapping[str, Any]) -> RunRequest:
+    """The typed request of a body ``submit`` validated (``body``: the object as sent, whose options are
+    kept as given: the model's numbers are floats)."""
     graph = submit.graph
     opts = submit.options if submit.options is not None else RunOptions()
     target = opts.run_target

@@ -1,5 +1,6 @@
-"""Write the field tables of the API's request bodies into docs/sidecar.md, from the contract models that
-validate them (``openapi.BODIES``), so the docs cannot drift from what a route accepts.
+"""Write the field tables of the API's request bodies into docs/sidecar.md, from the contract models the
+routes declare and validate with (``openapi.bodies`` of the app), so the docs cannot drift from what a
+route accepts.
 
     python -m xpufleet.server.sidecar.make_api_docs           # rewrite the section between the markers
     python -m xpufleet.server.sidecar.make_api_docs --check   # exit 1 when it is stale (a test does this)
@@ -8,16 +9,29 @@ validate them (``openapi.BODIES``), so the docs cannot drift from what a route a
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
-from .openapi import BODIES, SCHEMAS
+from . import openapi
+from .app import SidecarConfig, create_app
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "sidecar.md"
 BEGIN = "<!-- api-fields:begin (python -m xpufleet.server.sidecar.make_api_docs) -->"
 END = "<!-- api-fields:end -->"
 REF = "#/components/schemas/"
+
+
+@functools.cache
+def _api() -> tuple[dict[tuple[str, str], openapi.BodySpec], dict[str, Any]]:
+    """The body each route declares and the document's schemas, read from an app (not started) whose
+    state lives in a temporary folder."""
+    with tempfile.TemporaryDirectory() as home:
+        app = create_app(SidecarConfig(home=Path(home) / "home", port=0))
+        declared = {key: spec for key, spec in openapi.bodies(app).items() if spec.model is not None}
+        return declared, openapi.document(app)["components"]["schemas"]
 
 
 def type_text(schema: dict[str, Any]) -> str:
@@ -51,7 +65,7 @@ def _cell(text: str) -> str:
 
 def table(name: str) -> list[str]:
     """The rows of one model's fields: name, type, required or its default, description."""
-    schema = SCHEMAS[name]
+    schema = _api()[1][name]
     required = set(schema.get("required", []))
     rows = ["| field | type | required / default | description |", "| --- | --- | --- | --- |"]
     for field, prop in schema.get("properties", {}).items():
@@ -66,7 +80,7 @@ def _models_used(name: str, seen: list[str]) -> None:
     if name in seen:
         return
     seen.append(name)
-    stack: list[Any] = [SCHEMAS[name].get("properties", {})]
+    stack: list[Any] = [_api()[1][name].get("properties", {})]
     found: list[str] = []
     while stack:  # the models this one refers to, in the order its fields name them
         item = stack.pop(0)
@@ -82,15 +96,18 @@ def _models_used(name: str, seen: list[str]) -> None:
 
 def section() -> str:
     """The generated section: each body route, then a table per model it uses (each model once)."""
+    declared, schemas = _api()
     lines = [BEGIN, "", "| route | body | required |", "| --- | --- | --- |"]
-    for (method, path), (model, required) in BODIES.items():
-        lines.append(f"| `{method.upper()} {path}` | {model.__name__} | {'yes' if required else 'no'} |")
+    for (method, path), spec in declared.items():
+        assert spec.model is not None
+        lines.append(f"| `{method.upper()} {path}` | {spec.model.__name__} | {'yes' if spec.required else 'no'} |")
     order: list[str] = []
-    for model, _ in BODIES.values():
-        _models_used(model.__name__, order)
+    for spec in declared.values():
+        assert spec.model is not None
+        _models_used(spec.model.__name__, order)
     for name in order:
         lines += ["", f"#### {name}", ""]
-        description = SCHEMAS[name].get("description")
+        description = schemas[name].get("description")
         if description:
             lines += [" ".join(description.split()), ""]
         lines += table(name)

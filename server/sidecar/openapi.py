@@ -1,7 +1,8 @@
 """The OpenAPI 3.1 description of the sidecar's HTTP API, served at ``GET /api/openapi.json`` (docs/limits.md).
 
-Generated: every request body's schema is its contract model's (``BODIES``, the models of
-``server/contracts/`` the handlers validate with), the run answers are models too, and the status and
+Generated: every request body's schema is the contract model its route's handler declares and validates
+with (routes/common.py ``body``; :func:`bodies` reads the declarations off the routes), the run answers
+are models too, and the status and
 source enums come from ``constants.py``. Routes describe their summaries, parameters and answers with
 :func:`describe` (other modules too: workers, predictor); any route of the app without a description still
 appears, with its path parameters, so the document lists every route the server answers. The tests read
@@ -10,14 +11,17 @@ this document and fuzz every route with bad bodies.
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 from pydantic import BaseModel
 
 from ...constants import EVENTS_PAGE_MAX, MAX_PATH_CHARS, RUN_SOURCES, RUN_STATUSES, RUNS_PAGE_MAX, VERSION
-from ..contracts import misc, runs, services, sweeps, workers
+from ..contracts import runs
 from ..contracts.base import component_schemas
 from ..contracts.runs import EXAMPLE_GRAPH  # noqa: F401 (the documented example, named here since issue 9)
 
@@ -37,64 +41,57 @@ def _errors(*codes: int) -> dict[str, Any]:
     return {str(c): {"description": text.get(c, "error"), **_json(ERROR)} for c in codes}
 
 
-# The models of every request body, by route: the handlers validate with them and the document's
-# requestBody is their schema (the route modules' descriptions give summaries and answers).
-BODIES: dict[tuple[str, str], tuple[type[BaseModel], bool]] = {
-    ("post", "/api/runs"): (runs.RunSubmit, True),
-    ("post", "/api/estimates"): (runs.RunSubmit, True),
-    ("post", "/api/runs/{run_id}/cancel"): (runs.Cancel, False),
-    ("post", "/api/sweeps"): (sweeps.SweepSubmit, True),
-    ("post", "/api/sweeps/{sweep_id}/cancel"): (runs.Cancel, False),
-    ("post", "/api/studies"): (sweeps.StudySubmit, True),
-    ("post", "/api/studies/{study_id}/cancel"): (runs.Cancel, False),
-    ("post", "/api/services"): (services.ServiceSpec, True),
-    ("put", "/api/services/{name}"): (services.ServiceSpec, True),
-    ("post", "/api/services/{name}/infer"): (services.InferRequest, True),
-    ("post", "/api/workers/join-tokens"): (workers.JoinTokenRequest, False),
-    ("post", "/api/workers/ssh"): (workers.SshWorker, True),
-    ("put", "/api/workers/{name}/devices/{device}/mode"): (workers.DeviceMode, True),
-    ("post", "/api/pools"): (workers.PoolCreate, True),
-    ("post", "/api/pools/{name}/export"): (workers.PoolExport, False),
-    ("post", "/api/canvas/runs"): (misc.CanvasRun, True),
-    ("post", "/api/canvas/runs/{run_id}/events"): (misc.CanvasEvents, True),
-    ("post", "/api/predict"): (misc.PredictRequest, True),
-    ("post", "/api/ui/session"): (misc.Login, True),
-    ("post", "/api/ui/login-links"): (misc.LoginLinks, False),
-}
+BODY_ATTR = "xpufleet_body"  # the BodySpec a route's handler carries (routes/common.py declares it)
+
+
+@dataclass(frozen=True)
+class BodySpec:
+    """What a route's body is: its contract ``model`` (None: the route takes no body), whether it must be
+    sent (an optional body left out is validated as ``{}``), and whether the route passes it on unread (a
+    service's request, which its program validates: the model documents it)."""
+
+    model: type[BaseModel] | None
+    required: bool = True
+    passed_on: bool = False
+
+
+def body_spec(handler: Any) -> BodySpec | None:
+    """The body a route's handler declared (None: nothing declared: a GET, a DELETE, a WebSocket)."""
+    return getattr(handler, BODY_ATTR, None)
+
+
 # The answers described by a model (the run routes'); the other answers are described by their routes.
 ANSWERS: list[type[BaseModel]] = [runs.Run, runs.RunQueued, runs.Event, runs.Node]
 
-SCHEMAS: dict[str, Any] = {
-    "Error": {
-        "type": "object", "required": ["error"],
-        "properties": {"error": {"type": "string", "description": "what is wrong and what to fix"},
-                       "node_errors": {"type": "object", "description": "ComfyUI-shaped, for graph errors"}},
-    },
-    **component_schemas([model for model, _ in BODIES.values()] + ANSWERS),
-    "Service": {
-        "type": "object", "required": ["name", "state", "version", "spec", "units", "update"],
-        "properties": {
-            "name": {"type": "string"},
-            "state": {"type": "string", "enum": ["ready", "updating", "degraded", "starting", "failed", "stopped"]},
-            "version": {"type": "integer"}, "spec": {"$ref": "#/components/schemas/ServiceSpec"},
-            "units": {"type": "array", "items": {"type": "object", "properties": {
-                "id": {"type": "string"}, "state": {"type": "string"}, "generation": {"type": "integer"},
-                "failed_reason": {"type": ["string", "null"]},
-                "instances": {"type": "array", "items": {"type": "object", "properties": {
-                    "rank": {"type": "integer"}, "worker": {"type": ["string", "null"]},
-                    "device": {"type": ["string", "null"]}, "pid": {"type": ["integer", "null"]},
-                    "generation": {"type": "integer"}, "state": {"type": "string"},
-                    "restarts": {"type": "integer"}, "last_exit": {"type": ["string", "null"]}}}}}}},
-            "update": {"type": ["object", "null"]},
-        },
+ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object", "required": ["error"],
+    "properties": {"error": {"type": "string", "description": "what is wrong and what to fix"},
+                   "node_errors": {"type": "object", "description": "ComfyUI-shaped, for graph errors"}},
+}
+SERVICE_SCHEMA: dict[str, Any] = {
+    "type": "object", "required": ["name", "state", "version", "spec", "units", "update"],
+    "properties": {
+        "name": {"type": "string"},
+        "state": {"type": "string", "enum": ["ready", "updating", "degraded", "starting", "failed", "stopped"]},
+        "version": {"type": "integer"}, "spec": {"$ref": "#/components/schemas/ServiceSpec"},
+        "units": {"type": "array", "items": {"type": "object", "properties": {
+            "id": {"type": "string"}, "state": {"type": "string"}, "generation": {"type": "integer"},
+            "failed_reason": {"type": ["string", "null"]},
+            "instances": {"type": "array", "items": {"type": "object", "properties": {
+                "rank": {"type": "integer"}, "worker": {"type": ["string", "null"]},
+                "device": {"type": ["string", "null"]}, "pid": {"type": ["integer", "null"]},
+                "generation": {"type": "integer"}, "state": {"type": "string"},
+                "restarts": {"type": "integer"}, "last_exit": {"type": ["string", "null"]}}}}}}},
+        "update": {"type": ["object", "null"]},
     },
 }
 
 
-def body_model(method: str, path: str) -> type[BaseModel] | None:
-    """The model that validates the body of ``method path`` (``path`` in OpenAPI form), if it has one."""
-    entry = BODIES.get((method.lower(), path))
-    return entry[0] if entry is not None else None
+@functools.cache
+def schemas(body_models: tuple[type[BaseModel], ...]) -> dict[str, Any]:
+    """The document's ``components/schemas``: the error, every body model and the models they use, the
+    run answers, the service (made once per set of models: the routes never change once added)."""
+    return {"Error": ERROR_SCHEMA, **component_schemas([*body_models, *ANSWERS]), "Service": SERVICE_SCHEMA}
 
 
 RUN_ID = {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string", "minLength": 1},
@@ -269,35 +266,50 @@ def describe(app: web.Application, method: str, path: str, operation: dict[str, 
 _PARAM_RE = re.compile(r"\{([^}:]+)(?::[^}]*)?\}")
 
 
-def document(app: web.Application) -> dict[str, Any]:
-    """The OpenAPI document for every route of ``app``."""
-    described: dict[tuple[str, str], dict[str, Any]] = dict(app.get(OPENAPI_KEY, {}))
+def _operations(app: web.Application) -> Iterator[tuple[str, str, str, Any]]:
+    """(method, path in OpenAPI form, the path as registered, handler) of every route of ``app``."""
     for route in app.router.routes():
         method = route.method.lower()
         if method in ("head", "*", "options"):
             continue
         info = route.resource.get_info() if route.resource is not None else {}
         raw = info.get("formatter") or info.get("path")
-        if not raw:
-            continue
-        path = _PARAM_RE.sub(lambda m: "{" + m.group(1) + "}", raw)
+        if raw:
+            yield method, _PARAM_RE.sub(lambda m: "{" + m.group(1) + "}", raw), raw, route.handler
+
+
+def bodies(app: web.Application) -> dict[tuple[str, str], BodySpec]:
+    """The body each route of ``app`` declared (routes/common.py ``body``, ``no_body``), by (method, path):
+    read from the handlers themselves, so the document shows the model the handler validates with."""
+    out: dict[tuple[str, str], BodySpec] = {}
+    for method, path, _raw, handler in _operations(app):
+        spec = body_spec(handler)
+        if spec is not None:
+            out[(method, path)] = spec
+    return out
+
+
+def document(app: web.Application) -> dict[str, Any]:
+    """The OpenAPI document for every route of ``app``."""
+    described: dict[tuple[str, str], dict[str, Any]] = dict(app.get(OPENAPI_KEY, {}))
+    for method, path, raw, _handler in _operations(app):
         if (method, path) in described:
-            continue  # (its body, if any, is set below from BODIES)
+            continue  # (its body, if any, is set below from its handler's declaration)
         params = [{"name": n, "in": "path", "required": True, "schema": {"type": "string"}}
                   for n in _PARAM_RE.findall(raw)]
         op: dict[str, Any] = {"summary": f"{method.upper()} {path}", "responses": {"200": {"description": "ok"}}}
         if params:
             op["parameters"] = params
-        if method in ("post", "put", "patch"):
-            op["requestBody"] = {"required": False, **_json({"type": "object"})}
         described[(method, path)] = op
-    for key, (model, required) in BODIES.items():
-        if key in described:
+    declared = bodies(app)
+    for key, spec in declared.items():
+        if key in described and spec.model is not None:
             described[key] = {**described[key], "requestBody": {
-                "required": required, **_json({"$ref": f"#/components/schemas/{model.__name__}"})}}
+                "required": spec.required, **_json({"$ref": f"#/components/schemas/{spec.model.__name__}"})}}
     paths: dict[str, dict[str, Any]] = {}
     for (method, path), op in sorted(described.items()):
         paths.setdefault(path, {})[method] = op
+    models = tuple(dict.fromkeys(spec.model for spec in declared.values() if spec.model is not None))
     return {
         "openapi": "3.1.0",
         "info": {"title": "XPU Fleet sidecar API", "version": VERSION,
@@ -307,7 +319,7 @@ def document(app: web.Application) -> dict[str, Any]:
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
                                            "description": "the session token from $XPUFLEET_HOME/runtime.json"}},
-            "schemas": SCHEMAS,
+            "schemas": schemas(models),
         },
         "paths": paths,
     }

@@ -25,10 +25,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from ...constants import STUDY_MAX_PARALLEL, SWEEP_DEFAULT_MAX_RUNS, SWEEP_MAX_RUNS
-from ..contracts.sweeps import DIRECTIONS, PRUNERS, SAMPLERS, StudySubmit, SweepSubmit
+from ...constants import SWEEP_DEFAULT_MAX_RUNS, SWEEP_MAX_RUNS
+from ..contracts.base import Contract, ContractError, validate
+from ..contracts.sweeps import METRIC_TEXT, Pruner, Sampler, StudySubmit, SweepSubmit
+from ..contracts.sweeps import Objective as ObjectiveBody
 from .params import (
     KnownInputs,
     Param,
@@ -39,6 +41,7 @@ from .params import (
     resolve_path,
 )
 
+C = TypeVar("C", bound=Contract)
 MAX_NAME_CHARS = 120
 MAX_SEEDS = 1000
 SEED_LIMIT = 2**63
@@ -120,7 +123,7 @@ class StudySpec:
     fixed: dict[str, Any]
 
 
-# The fields of each body: its contract model's (the same model gives the OpenAPI schema).
+# The fields of each body: its contract model's (the same model validates it first and gives the OpenAPI schema).
 SWEEP_FIELDS = tuple(SweepSubmit.model_fields)
 STUDY_FIELDS = tuple(StudySubmit.model_fields)
 
@@ -131,22 +134,15 @@ def _int(raw: Any, field: str, lo: int, hi: int) -> int:
     return raw
 
 
-def _common(body: Any, fields: tuple[str, ...], what: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
-    """name, graph and options: the parts every spec shares."""
-    if not isinstance(body, Mapping):
-        raise SpecError(f"the body must be an object with graph, parameters and objective (a {what} spec)")
-    unknown = sorted(set(body) - set(fields))
-    if unknown:
-        raise SpecError(f"unknown field(s) {', '.join(unknown)}; a {what} has {', '.join(fields)}")
+def _common(body: Any, model: type[SweepSubmit] | type[StudySubmit], what: str
+            ) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """The body validated by its contract ``model`` first (shape, fields, types: its texts), then name,
+    graph and options: the parts every spec shares, with the rules that need more than the model."""
+    _checked(model, body)
     name = body.get("name", what)
     if not isinstance(name, str) or not name.strip():
         raise SpecError("name: must be a non-empty string")
-    graph = body.get("graph")
-    if isinstance(graph, str):
-        raise SpecError("graph: must be the graph object in ComfyUI's API format (the CLI reads a file path "
-                        "for you; the API takes the graph itself)")
-    if not isinstance(graph, Mapping) or not graph:
-        raise SpecError("graph: missing; send the base graph in ComfyUI's API format as \"graph\"")
+    graph = body["graph"]
     for nid, node in graph.items():
         if not isinstance(node, Mapping) or not isinstance(node.get("class_type"), str):
             raise SpecError(f"graph[{nid!r}]: a node must be an object with class_type and inputs")
@@ -162,23 +158,28 @@ def _common(body: Any, fields: tuple[str, ...], what: str) -> tuple[str, dict[st
     return name.strip()[:MAX_NAME_CHARS], {str(k): v for k, v in graph.items()}, dict(options)
 
 
+def _checked(model: type[C], raw: Any) -> C:
+    """``raw`` validated by its contract ``model``; SpecError (the field's own text)."""
+    try:
+        return validate(model, raw)
+    except ContractError as exc:
+        raise SpecError(exc.message) from None
+
+
+def _direction(given: str | None, metric: str, where: str) -> str:
+    """The direction given, else the known metric's own (METRIC_DIRECTIONS)."""
+    direction = given if given is not None else METRIC_DIRECTIONS.get(metric)
+    if direction is None:
+        raise SpecError(f"{where}.direction: give maximize or minimize for the metric {metric!r}")
+    return direction
+
+
 def parse_objective(raw: Any) -> Objective:
     """``{"metric", "direction"}``; the direction of a known metric may be left out."""
-    if not isinstance(raw, Mapping):
-        raise SpecError("objective: missing; give {\"metric\": \"val_accuracy\", \"direction\": \"maximize\"}")
-    unknown = sorted(set(raw) - {"metric", "direction"})
-    if unknown:
-        raise SpecError(f"objective: unknown field(s) {', '.join(unknown)}; it has metric and direction")
-    metric = raw.get("metric")
-    if not isinstance(metric, str) or not metric.strip():
-        raise SpecError("objective.metric: the name of a metric the runs report, e.g. val_accuracy")
-    metric = metric.strip()
-    direction = raw.get("direction", METRIC_DIRECTIONS.get(metric))
-    if direction is None:
-        raise SpecError(f"objective.direction: give maximize or minimize for the metric {metric!r}")
-    if direction not in DIRECTIONS:
-        raise SpecError(f"objective.direction: must be maximize or minimize, got {direction!r}")
-    return Objective(metric, direction)
+    metric = _checked(ObjectiveBody, raw).metric.strip()
+    if not metric:
+        raise SpecError(METRIC_TEXT)
+    return Objective(metric, _direction(raw.get("direction"), metric, "objective"))
 
 
 def parse_fixed(raw: Any, graph: Mapping[str, Any], known_inputs: KnownInputs) -> dict[str, Any]:
@@ -214,10 +215,9 @@ def parse_seeds(raw: Any, options: Mapping[str, Any]) -> tuple[int, ...] | None:
     return tuple(range(n))
 
 
-def _max_runs(raw: Any) -> int:
-    if raw is None:
-        return SWEEP_DEFAULT_MAX_RUNS
-    return _int(raw, "max_runs", 1, SWEEP_MAX_RUNS)
+def _max_runs(raw: int | None) -> int:
+    """``max_runs`` (its range checked by the model), or the default."""
+    return SWEEP_DEFAULT_MAX_RUNS if raw is None else raw
 
 
 def _overlap(params: tuple[Param, ...], fixed: Mapping[str, Any]) -> None:
@@ -228,7 +228,7 @@ def _overlap(params: tuple[Param, ...], fixed: Mapping[str, Any]) -> None:
 
 def parse_sweep(body: Any, known_inputs: KnownInputs = _no_inputs) -> SweepSpec:
     """Validate a ``POST /api/sweeps`` body; SpecError (400) names the field to fix."""
-    name, graph, options = _common(body, SWEEP_FIELDS, "sweep")
+    name, graph, options = _common(body, SweepSubmit, "sweep")
     mode = body.get("mode", "grid")
     if mode not in ("grid", "random"):
         raise SpecError(f"mode: must be grid or random, got {mode!r}")
@@ -244,9 +244,9 @@ def parse_sweep(body: Any, known_inputs: KnownInputs = _no_inputs) -> SweepSpec:
     if mode == "random":
         if body.get("samples") is None:
             raise SpecError("samples: a random sweep needs the number of points to draw, e.g. 16")
-        samples = _int(body["samples"], "samples", 1, SWEEP_MAX_RUNS)
+        samples = body["samples"]  # (its range: the model's)
         if body.get("random_seed") is not None:
-            random_seed = _int(body["random_seed"], "random_seed", 0, SEED_LIMIT - 1)
+            random_seed = body["random_seed"]
     else:
         for key in ("samples", "random_seed"):
             if body.get(key) is not None:
@@ -265,74 +265,47 @@ def parse_sweep(body: Any, known_inputs: KnownInputs = _no_inputs) -> SweepSpec:
 
 
 def parse_pruner(raw: Any, objective: Objective) -> PrunerSpec:
+    """``pruner``: a type name or a :class:`~..contracts.sweeps.Pruner` object; its metric defaults to the
+    objective's."""
     if raw is None:
         return PrunerSpec("none")
     if isinstance(raw, str):
         raw = {"type": raw}
-    if not isinstance(raw, Mapping):
-        raise SpecError("pruner: give {\"type\": \"median\", \"metric\": \"val_loss_step\"} or \"none\"")
-    known = {"type", "metric", "direction", "n_startup_trials", "n_warmup_steps", "interval_steps"}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise SpecError(f"pruner: unknown field(s) {', '.join(unknown)}; it has {', '.join(sorted(known))}")
-    kind = raw.get("type", "median")
-    if kind not in PRUNERS:
-        raise SpecError(f"pruner.type: must be one of {', '.join(PRUNERS)}, got {kind!r}")
+    pruner = _checked(Pruner, raw)
+    kind = pruner.type or "median"
     if kind == "none":
         if set(raw) - {"type"}:
             raise SpecError("pruner: type none takes no other field")
         return PrunerSpec("none")
-    metric = raw.get("metric", objective.metric)
-    if not isinstance(metric, str) or not metric.strip():
+    metric = (pruner.metric if pruner.metric is not None else objective.metric).strip()
+    if not metric:
         raise SpecError("pruner.metric: the metric runs report while they train, e.g. val_loss_step")
-    metric = metric.strip()
-    direction = raw.get("direction", METRIC_DIRECTIONS.get(metric))
-    if direction is None:
-        raise SpecError(f"pruner.direction: give maximize or minimize for the metric {metric!r}")
-    if direction not in DIRECTIONS:
-        raise SpecError(f"pruner.direction: must be maximize or minimize, got {direction!r}")
-    return PrunerSpec(
-        kind, metric, direction,
-        n_startup_trials=_int(raw.get("n_startup_trials", 5), "pruner.n_startup_trials", 0, SWEEP_MAX_RUNS),
-        n_warmup_steps=_int(raw.get("n_warmup_steps", 0), "pruner.n_warmup_steps", 0, 2**40),
-        interval_steps=_int(raw.get("interval_steps", 1), "pruner.interval_steps", 1, 2**40),
-    )
+    return PrunerSpec(kind, metric, _direction(pruner.direction, metric, "pruner"),
+                      n_startup_trials=pruner.n_startup_trials, n_warmup_steps=pruner.n_warmup_steps,
+                      interval_steps=pruner.interval_steps)
 
 
 def parse_sampler(raw: Any) -> SamplerSpec:
+    """``sampler``: a type name or a :class:`~..contracts.sweeps.Sampler` object."""
     if raw is None:
         return SamplerSpec()
-    if isinstance(raw, str):
-        raw = {"type": raw}
-    if not isinstance(raw, Mapping):
-        raise SpecError("sampler: give {\"type\": \"tpe\", \"seed\": 0} or \"random\"")
-    unknown = sorted(set(raw) - {"type", "seed"})
-    if unknown:
-        raise SpecError(f"sampler: unknown field(s) {', '.join(unknown)}; it has type and seed")
-    kind = raw.get("type", "tpe")
-    if kind not in SAMPLERS:
-        raise SpecError(f"sampler.type: must be one of {', '.join(SAMPLERS)}, got {kind!r}")
-    seed = raw.get("seed")
-    if seed is not None:
-        seed = _int(seed, "sampler.seed", 0, 2**32 - 1)
-    return SamplerSpec(kind, seed)
+    sampler = _checked(Sampler, {"type": raw} if isinstance(raw, str) else raw)
+    return SamplerSpec(sampler.type or "tpe", sampler.seed)
 
 
 def parse_study(body: Any, known_inputs: KnownInputs = _no_inputs) -> StudySpec:
     """Validate a ``POST /api/studies`` body; SpecError (400) names the field to fix."""
-    name, graph, options = _common(body, STUDY_FIELDS, "study")
+    name, graph, options = _common(body, StudySubmit, "study")
     params = parse_params(body.get("parameters"), graph, "study", known_inputs=known_inputs)
     fixed = parse_fixed(body.get("set"), graph, known_inputs)
     _overlap(params, fixed)
     objective = parse_objective(body.get("objective"))
     max_runs = _max_runs(body.get("max_runs"))
-    if body.get("n_trials") is None:
-        raise SpecError("n_trials: the study's trial budget (how many runs it may queue), e.g. 20")
-    n_trials = _int(body["n_trials"], "n_trials", 1, SWEEP_MAX_RUNS)
+    n_trials = body["n_trials"]  # (required, its range: the model's)
     if n_trials > max_runs:
         raise SpecError(f"n_trials is {n_trials} and max_runs is {max_runs}: lower n_trials, or raise max_runs "
                         f"(at most {SWEEP_MAX_RUNS})")
-    parallel = _int(body.get("parallel", 1), "parallel", 1, STUDY_MAX_PARALLEL)
+    parallel = body.get("parallel", 1)
     return StudySpec(name=name, graph=graph, params=params, n_trials=n_trials, parallel=min(parallel, n_trials),
                      objective=objective, pruner=parse_pruner(body.get("pruner"), objective),
                      sampler=parse_sampler(body.get("sampler")), options=options, fixed=fixed)

@@ -20,18 +20,26 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ...common.errors import ApiError
 from ...constants import WORKER_NAME_RE
-from ..contracts.base import not_available
-from ..contracts.services import MAX_REPLICAS, MAX_UNIT_SIZE, SERVICE_NAME_PATTERN, Restart, Routing, Unit
+from ..contracts.base import ContractError, not_available, validate
+from ..contracts.services import (
+    NAME_TEXT,
+    SERVICE_NAME_PATTERN,
+    Restart,
+    Routing,
+    ServiceUpdate,
+    Unit,
+)
 from ..contracts.services import ServiceSpec as ServiceSpecBody
 from ..devices.names import DeviceSpecError, normalize_device
 
 # A DNS-1123 label, so the same name works as a Kubernetes object name (``services export --format lws``).
 SERVICE_NAME_RE = re.compile(SERVICE_NAME_PATTERN)
 MAX_BATCH_LIMIT = 4096
+T = TypeVar("T")
 SPLITS = ("pipeline",)  # tensor-parallel splitting is not built yet (refused by name)
 PLACEHOLDERS = ("{port}", "{host}", "{rank}", "{size}", "{master_addr}", "{master_port}")
 
@@ -173,13 +181,6 @@ def _num(obj: Mapping[str, Any], key: str, where: str, default: float, lo: float
     return float(value)
 
 
-def _bool(obj: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
-    value = obj.get(key, default)
-    if not isinstance(value, bool):
-        raise SpecError(f"{where}.{key}: must be true or false, got {value!r}")
-    return value
-
-
 def _path_field(obj: Mapping[str, Any], key: str, where: str, default: str) -> str:
     value = obj.get(key, default)
     if not isinstance(value, str) or not value.startswith("/") or len(value) > 500 or any(c.isspace() for c in value):
@@ -269,45 +270,36 @@ def _target(raw: Any) -> tuple[str, str]:
 
 def parse_service(body: Any, name: str | None = None) -> ServiceSpec:
     """Validate a service body (``name``: the name from the URL of a PUT, which the body may omit)."""
-    if not isinstance(body, Mapping):
-        raise SpecError("the body must be a JSON object {\"name\", \"program\", \"unit\", \"replicas\", \"target\"}")
-    unknown = sorted(set(body) - set(TOP_FIELDS))
-    if unknown:
-        raise SpecError(f"unknown field(s) {', '.join(unknown)}; known: {', '.join(TOP_FIELDS)}")
+    try:  # the contract first: the shape, the known fields, the name, the ranges (their texts)
+        sent = validate(ServiceSpecBody if name is None else ServiceUpdate, body)
+    except ContractError as exc:
+        raise SpecError(exc.message, exc.status) from None
     svc_name = body.get("name", name)
     if name is not None and svc_name != name:
         raise SpecError(f"name: the body names {svc_name!r} but the URL names {name!r}; a service cannot be renamed")
-    if not isinstance(svc_name, str) or not SERVICE_NAME_RE.match(svc_name):
-        raise SpecError("name: 1-42 lowercase letters, digits and '-', starting and ending with a letter or digit "
-                        "(a Kubernetes name), e.g. \"digits\"")
-    if "program" not in body:
-        raise SpecError("program: missing; give {\"model\": {\"path\": ...}} or {\"command\": [...]}")
+    if not SERVICE_NAME_RE.match(svc_name):  # (the URL's name of a PUT)
+        raise SpecError(NAME_TEXT)
     program = _program(body["program"])
-    unit = _object(body.get("unit"), "unit", tuple(Unit.model_fields))
-    size = _int(unit, "size", "unit", 1, 1, MAX_UNIT_SIZE)
-    guard = _bool(unit, "guard", "unit", False)
-    replicas = body.get("replicas", 1)
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or not 1 <= replicas <= MAX_REPLICAS:
-        raise SpecError(f"replicas: the number of units, an integer from 1 to {MAX_REPLICAS}, got {replicas!r}")
+    unit, r, rt = sent.unit or Unit(), sent.restart or Restart(), sent.routing or Routing()
     worker, device = _target(body.get("target"))
-    r = _object(body.get("restart"), "restart", tuple(Restart.model_fields))
     restart = RestartPolicy(
-        max_restarts=_int(r, "max_restarts", "restart", DEFAULT_MAX_RESTARTS, 0, 1000),
-        window_s=_num(r, "window_s", "restart", DEFAULT_RESTART_WINDOW_S, 1, 7 * 86400),
-        backoff_s=_num(r, "backoff_s", "restart", DEFAULT_BACKOFF_S, 0, 3600),
-        backoff_max_s=_num(r, "backoff_max_s", "restart", DEFAULT_BACKOFF_MAX_S, 0, 86400),
-    )
+        max_restarts=_or(r.max_restarts, DEFAULT_MAX_RESTARTS), window_s=_or(r.window_s, DEFAULT_RESTART_WINDOW_S),
+        backoff_s=_or(r.backoff_s, DEFAULT_BACKOFF_S), backoff_max_s=_or(r.backoff_max_s, DEFAULT_BACKOFF_MAX_S))
     if restart.backoff_max_s < restart.backoff_s:
         raise SpecError("restart.backoff_max_s: must be at least restart.backoff_s")
-    rt = _object(body.get("routing"), "routing", tuple(Routing.model_fields))
     return ServiceSpec(
-        name=svc_name, program=program, size=size, guard=guard, replicas=replicas, worker=worker, device=device,
-        restart=restart,
-        route_wait_s=_num(rt, "wait_s", "routing", DEFAULT_ROUTE_WAIT_S, 0, 300),
-        request_timeout_s=_num(rt, "request_timeout_s", "routing", DEFAULT_REQUEST_TIMEOUT_S, 0, 3600, lo_open=True),
-        ready_timeout_s=_num(body, "ready_timeout_s", "", DEFAULT_READY_TIMEOUT_S, 0, 86400, lo_open=True),
-        drain_timeout_s=_num(body, "drain_timeout_s", "", DEFAULT_DRAIN_TIMEOUT_S, 0, 3600),
+        name=svc_name, program=program, size=_or(unit.size, 1), guard=_or(unit.guard, False),
+        replicas=_or(sent.replicas, 1), worker=worker, device=device, restart=restart,
+        route_wait_s=_or(rt.wait_s, DEFAULT_ROUTE_WAIT_S),
+        request_timeout_s=_or(rt.request_timeout_s, DEFAULT_REQUEST_TIMEOUT_S),
+        ready_timeout_s=_or(sent.ready_timeout_s, DEFAULT_READY_TIMEOUT_S),
+        drain_timeout_s=_or(sent.drain_timeout_s, DEFAULT_DRAIN_TIMEOUT_S),
     )
+
+
+def _or(value: T | None, default: T) -> T:
+    """A field's value, or its default when the body left it out."""
+    return default if value is None else value
 
 
 def fill_placeholders(argv: tuple[str, ...] | list[str], values: Mapping[str, str]) -> list[str]:

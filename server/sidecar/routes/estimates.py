@@ -23,23 +23,25 @@ import logging
 from aiohttp import web
 
 from ....common.errors import ApiError
-from ....common.http import read_json
 from ....predictor.estimate import estimate_graph
+from ...contracts.runs import EstimateRequest
 from ...ledger.budget import Suggestion, suggest
 from ...ledger.fit import NO_TOTAL, UNREPORTED
 from ...memory.submit import key_of
-from ...run.requests import parse_run_request
+from ...run.requests import run_request_of
 from ...scheduling import TargetError
 from .. import openapi
-from .common import dispatcher_of
+from .common import Body, body, dispatcher_of
 
 log = logging.getLogger("xpufleet.estimates")
 
-async def estimate(request: web.Request) -> web.Response:
-    body = await read_json(request)
-    if isinstance(body, dict) and "graph" not in body:
-        raise ApiError(400, "graph: missing; send {\"graph\": {...}, \"options\": {...}} as for POST /api/runs")
-    req = await asyncio.to_thread(parse_run_request, body)  # linear, but ~100 ms for 10,000 nodes: off the loop
+routes = web.RouteTableDef()
+
+
+@routes.post("/api/estimates")
+@body(EstimateRequest, off_loop=True)  # linear, but ~100 ms for 10,000 nodes: off the loop
+async def estimate(request: web.Request, sent: Body[EstimateRequest]) -> web.Response:
+    req = await asyncio.to_thread(run_request_of, sent.model, sent.raw)
     d = dispatcher_of(request)
     try:
         resolution = d.resolve(req.target)
@@ -97,7 +99,7 @@ SUGGESTION = {
 
 
 def setup(app: web.Application) -> None:
-    app.router.add_post("/api/estimates", estimate)
+    app.add_routes(routes)
     openapi.describe(app, "post", "/api/estimates", {
         "summary": "The memory budget the Queue on... dialog suggests: the measured default, or the static "
                    "estimate item by item (never applied by the server)",

@@ -66,6 +66,10 @@ def _facts(run: dict[str, Any]) -> dict[str, Any]:
     return dict((run.get("execution_facts") or {}).get("recorded_outputs") or {})
 
 
+routes = web.RouteTableDef()
+
+
+@routes.get("/api/runs/{run_id}/outputs")
 async def list_outputs(request: web.Request) -> web.Response:
     run = _checked_run(request)
     index, where = await _index(request, run)
@@ -84,6 +88,7 @@ def _entry(index: dict[str, Any], run_id: str, node: str) -> dict[str, Any]:
     return entry
 
 
+@routes.get("/api/runs/{run_id}/outputs/{node}")
 async def node_outputs(request: web.Request) -> web.Response:
     run = _checked_run(request)
     node = request.match_info["node"]
@@ -94,6 +99,7 @@ async def node_outputs(request: web.Request) -> web.Response:
                               "worker": run.get("worker_id")})
 
 
+@routes.get("/api/runs/{run_id}/outputs/{node}/{file}")
 async def output_file(request: web.Request) -> web.Response:
     run = _checked_run(request)
     node, fname = request.match_info["node"], request.match_info["file"]
@@ -110,10 +116,8 @@ async def output_file(request: web.Request) -> web.Response:
 
 
 def setup(app: web.Application) -> None:
-    r = app.router
-    r.add_get("/api/runs/{run_id}/outputs", list_outputs)
-    r.add_get("/api/runs/{run_id}/outputs/{node}", node_outputs)
-    r.add_get("/api/runs/{run_id}/outputs/{node}/{file}", output_file)
+    """Add the recorded-outputs routes and their descriptions."""
+    app.add_routes(routes)
     run_id = {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string"}}
     node = {"name": "node", "in": "path", "required": True, "schema": {"type": "string"}, "description": "node id"}
     fname = {"name": "file", "in": "path", "required": True, "schema": {"type": "string"},

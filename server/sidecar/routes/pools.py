@@ -12,59 +12,62 @@ from typing import Any
 
 from aiohttp import web
 
-from ....common.http import read_object
 from ...contracts.workers import PoolCreate, PoolExport
 from ...workers.state import WorkerError
 from .. import openapi
+from .common import Body, body, no_body
 from .workers import REGISTRY_KEY, server_url
 
+routes = web.RouteTableDef()
 
+
+@routes.get("/api/pools")
 async def list_pools(request: web.Request) -> web.Response:
     return web.json_response({"pools": request.app[REGISTRY_KEY].list_pools()})
 
 
-async def create_pool(request: web.Request) -> web.Response:
-    body = await read_object(request, PoolCreate.model_fields)
+@routes.post("/api/pools")
+@body(PoolCreate)
+async def create_pool(request: web.Request, sent: Body[PoolCreate]) -> web.Response:
+    body = sent.raw  # the name and the Slurm settings as sent: the registry checks them (workers/pools.py)
     if "slurm" in body and body["slurm"] is None:
         raise WorkerError("slurm must be an object of settings (or true for the defaults), not null")
     out = request.app[REGISTRY_KEY].create_pool(body.get("name"), server_url(request), body.get("slurm"))
     return web.json_response(out, status=201)
 
 
+@routes.get("/api/pools/{name}")
 async def get_pool(request: web.Request) -> web.Response:
     return web.json_response(request.app[REGISTRY_KEY].describe_pool(request.match_info["name"]))
 
 
+@routes.post("/api/pools/{name}/revoke")
+@no_body
 async def revoke_pool(request: web.Request) -> web.Response:
-    await read_object(request, set(), optional=True)
     return web.json_response(request.app[REGISTRY_KEY].revoke_pool(request.match_info["name"]))
 
 
+@routes.post("/api/pools/{name}/reissue")
+@no_body
 async def reissue_pool(request: web.Request) -> web.Response:
-    await read_object(request, set(), optional=True)
     reg = request.app[REGISTRY_KEY]
     return web.json_response(reg.reissue_pool(request.match_info["name"], server_url(request)))
 
 
-async def export_pool(request: web.Request) -> web.Response:
-    body = await read_object(request, PoolExport.model_fields, optional=True)
+@routes.post("/api/pools/{name}/export")
+@body(PoolExport, required=False)
+async def export_pool(request: web.Request, sent: Body[PoolExport]) -> web.Response:
     reg = request.app[REGISTRY_KEY]
-    return web.json_response(reg.export_pool(request.match_info["name"], body, server_url(request)))
+    return web.json_response(reg.export_pool(request.match_info["name"], sent.raw, server_url(request)))
 
 
+@routes.delete("/api/pools/{name}")
 async def remove_pool(request: web.Request) -> web.Response:
     return web.json_response(await request.app[REGISTRY_KEY].remove_pool(request.match_info["name"]))
 
 
 def setup(app: web.Application) -> None:
-    r = app.router
-    r.add_get("/api/pools", list_pools)
-    r.add_post("/api/pools", create_pool)
-    r.add_get("/api/pools/{name}", get_pool)
-    r.add_delete("/api/pools/{name}", remove_pool)
-    r.add_post("/api/pools/{name}/revoke", revoke_pool)
-    r.add_post("/api/pools/{name}/reissue", reissue_pool)
-    r.add_post("/api/pools/{name}/export", export_pool)
+    app.add_routes(routes)
     err = {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
     name = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
 

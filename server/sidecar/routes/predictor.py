@@ -38,15 +38,14 @@ def json_errors_decorator() -> Any:
 
 
 async def read_predict_body(request: Any) -> dict[str, Any]:
-    """The ``POST .../predict`` body (ApiError 400/413 naming what to fix)."""
-    from ....common.http import read_object
+    """The ``POST .../predict`` body validated by its contract (:class:`~...contracts.misc.PredictRequest`;
+    ApiError 400/413 naming what to fix): the body as sent, which the predictor reads."""
+    from ....common.http import read_json
+    from ...contracts.misc import PredictRequest
+    from ...run.requests import parse_body
 
-    body = await read_object(request, PREDICT_FIELDS, max_bytes=MAX_REQUEST_BODY_BYTES)
-    if "workflow" not in body:
-        raise ApiError(400, "request body needs \"workflow\": a ComfyUI workflow (UI or API format)")
-    device = body.get("device")
-    if device is not None and not isinstance(device, str):
-        raise ApiError(400, "device must be a string such as cuda:0")
+    body = await read_json(request, max_bytes=MAX_REQUEST_BODY_BYTES)  # (ComfyUI's server caps no body)
+    parse_body(PredictRequest, body)
     return body
 
 
@@ -137,6 +136,9 @@ def add_sidecar_routes(app: Any, card_snapshots: Callable[[], list[dict[str, Any
         payload["cards"] = [snapshot_from_card(c).to_dict() for c in (card_snapshots() or [])]
         return _web().json_response(payload)
 
+    from ...contracts.misc import PredictRequest
+    from .. import openapi
+
     @json_errors
     async def predict(request: Any) -> Any:
         body = await read_predict_body(request)
@@ -144,9 +146,9 @@ def add_sidecar_routes(app: Any, card_snapshots: Callable[[], list[dict[str, Any
             return await answer(body, _card(body["worker"], body.get("device")))
         return await answer_own_device(body, body.get("device"))
 
+    setattr(predict, openapi.BODY_ATTR, openapi.BodySpec(PredictRequest))  # read_predict_body validates with it
     app.router.add_get("/api/snapshot", snapshot)
     app.router.add_post("/api/predict", predict)
-    from .. import openapi
 
     if openapi.OPENAPI_KEY in app:  # describe the routes in the sidecar's OpenAPI document
         for path, item in OPENAPI_PATHS.items():
@@ -169,22 +171,7 @@ OPENAPI_PATHS: dict[str, Any] = {
                       "400": _ERROR, "404": _ERROR},
     }},
     "/api/predict": {"post": {
-        "summary": "Seed 001 success rate of a ComfyUI workflow on a device",
-        "requestBody": {"required": True, "content": {"application/json": {"schema": {
-            "type": "object", "required": ["workflow"], "additionalProperties": False,
-            "properties": {
-                "workflow": {"type": "object", "description": "UI or API format workflow"},
-                "platform": {"type": "string", "description": "nvidia, intel or a configured name"},
-                "worker": {"type": "string"}, "device": {"type": "string"},
-                "options": {"type": "object", "additionalProperties": False, "properties": {
-                    "weight_bytes": {"type": "boolean"}, "topology": {"type": "boolean"},
-                    "activation_overhead": {}, "calibration": {}}},
-                "snapshot": {"type": "object", "description": "figures that replace the measured ones"},
-                "prompt": {"type": "object", "description": "the same graph in API format: a training graph's "
-                                                            "peak is its static estimate"},
-            },
-            "example": {"workflow": {"1": {"class_type": "CheckpointLoaderSimple",
-                                           "inputs": {"ckpt_name": "sd15.safetensors"}}}}}}}},
+        "summary": "The success rate (P_success) of a ComfyUI workflow on a device (docs/predictor.md)",
         "responses": {"200": {"description": "{p_success, level, color, label, explanation, models, snapshot, "
                                              "scan, warnings, simulated, complete, summary}"},
                       "400": _ERROR, "404": _ERROR, "413": _ERROR},

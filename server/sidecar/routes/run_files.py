@@ -42,6 +42,10 @@ LOG_CHUNK_MAX = 4 * 1024 * 1024
 ARTIFACTS_MAX = 10_000
 
 
+routes = web.RouteTableDef()
+
+
+@routes.get("/api/runs/{run_id}/metrics")
 async def run_metrics(request: web.Request) -> web.Response:
     run = run_or_404(request)
     series: dict[str, list[dict[str, Any]]] = {}
@@ -62,6 +66,7 @@ async def run_metrics(request: web.Request) -> web.Response:
                               "latest": latest, "final": run["final_metrics"], "truncated": truncated})
 
 
+@routes.get("/api/runs/{run_id}/metrics.csv")
 async def run_metrics_csv(request: web.Request) -> web.StreamResponse:
     """Every metric point as CSV, streamed page by page (no cap: a long run's file is complete)."""
     run = run_or_404(request)
@@ -131,6 +136,7 @@ def _kind(announced: dict[str, str], rel: str) -> str:
     return kind or {"spec.json": "spec", "output.log": "log", "events.jsonl": "events"}.get(rel, "file")
 
 
+@routes.get("/api/runs/{run_id}/artifacts")
 async def run_artifacts(request: web.Request) -> web.Response:
     run = run_or_404(request)
     worker = _on_worker(run)
@@ -182,6 +188,7 @@ async def _worker_artifacts(request: web.Request, run: dict[str, Any], worker: s
                               "truncated": bool(listing.get("truncated"))})
 
 
+@routes.get("/api/runs/{run_id}/artifacts/{path:.+}")
 async def run_artifact_file(request: web.Request) -> web.StreamResponse:
     run = run_or_404(request)
     rel = request.match_info["path"]
@@ -271,6 +278,7 @@ def _local_log(path: Path | None, offset: int, limit: int, tail: int) -> tuple[b
         return f.read(limit), offset, size
 
 
+@routes.get("/api/runs/{run_id}/logs")
 async def run_logs(request: web.Request) -> web.Response:
     run = run_or_404(request)
     offset = int_param(request, "offset", 0, 0)
@@ -297,9 +305,5 @@ async def run_logs(request: web.Request) -> web.Response:
 
 
 def setup(app: web.Application) -> None:
-    r = app.router
-    r.add_get("/api/runs/{run_id}/metrics", run_metrics)
-    r.add_get("/api/runs/{run_id}/metrics.csv", run_metrics_csv)
-    r.add_get("/api/runs/{run_id}/artifacts", run_artifacts)
-    r.add_get("/api/runs/{run_id}/artifacts/{path:.+}", run_artifact_file)
-    r.add_get("/api/runs/{run_id}/logs", run_logs)
+    """Add the run-file routes (described in openapi.RUN_OPERATIONS)."""
+    app.add_routes(routes)

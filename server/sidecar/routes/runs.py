@@ -9,7 +9,7 @@ import json
 from aiohttp import web
 
 from ....common.errors import ApiError
-from ....common.http import INT_PARAM_MAX, NO_BODY, float_param, int_param, read_json
+from ....common.http import INT_PARAM_MAX, float_param, int_param
 from ....constants import (
     EVENTS_LONG_POLL_MAX_S,
     EVENTS_PAGE_MAX,
@@ -18,27 +18,32 @@ from ....constants import (
     RUNS_PAGE_MAX,
     TERMINAL_STATUSES,
 )
-from ...contracts.runs import Cancel
+from ...contracts.runs import Cancel, RunSubmit
 from ...memory.views import run_fields
-from ...run.requests import parse_body, parse_run_request
+from ...run.requests import run_request_of
 from ..keys import STORE_KEY
 from . import canvas
-from .common import dispatcher_of, public_run, run_or_404
+from .common import Body, body, dispatcher_of, public_run, run_or_404
 
 SSE_KEEPALIVE_S = 15.0
 
 
-async def submit_run(request: web.Request) -> web.Response:
+routes = web.RouteTableDef()
+
+
+@routes.post("/api/runs")
+@body(RunSubmit, off_loop=True)
+async def submit_run(request: web.Request, sent: Body[RunSubmit]) -> web.Response:
     # Parsing, the shape check, graph validation and the graph key are linear but can take a few hundred
     # ms for the largest graph: they run in a thread, so heartbeats and other requests never wait on them.
-    body = await read_json(request)
-    req = await asyncio.to_thread(parse_run_request, body)
+    req = await asyncio.to_thread(run_request_of, sent.model, sent.raw)
     d = dispatcher_of(request)
     facts = await d.check_graph(req)
     result = (await d.enqueue_off_loop([d.admit(req, facts=facts)]))[0]  # the write (the graph's JSON) too
     return web.json_response(result, status=201)
 
 
+@routes.get("/api/runs")
 async def list_runs(request: web.Request) -> web.Response:
     statuses = None
     raw = request.query.get("status")
@@ -61,13 +66,15 @@ async def list_runs(request: web.Request) -> web.Response:
                               "limit": limit, "offset": offset})
 
 
+@routes.get("/api/runs/{run_id}")
 async def get_run(request: web.Request) -> web.Response:
     return web.json_response(public_run(run_or_404(request, with_graph=True), dispatcher_of(request)))
 
 
-async def cancel_run(request: web.Request) -> web.Response:
-    body = await read_json(request, optional=True)
-    reason = None if body is NO_BODY else parse_body(Cancel, body).reason
+@routes.post("/api/runs/{run_id}/cancel")
+@body(Cancel, required=False)
+async def cancel_run(request: web.Request, sent: Body[Cancel]) -> web.Response:
+    reason = sent.model.reason
     d = dispatcher_of(request)
     run = run_or_404(request)
     if run["source"] == "canvas" and run["status"] not in TERMINAL_STATUSES:  # ComfyUI runs it, not a provider
@@ -76,11 +83,13 @@ async def cancel_run(request: web.Request) -> web.Response:
     return web.json_response(public_run(run, d))
 
 
+@routes.delete("/api/runs/{run_id}")
 async def delete_run(request: web.Request) -> web.Response:
     run = dispatcher_of(request).delete(request.match_info["run_id"])
     return web.json_response({"deleted": run["id"], "status": run["status"]})
 
 
+@routes.get("/api/runs/{run_id}/events")
 async def run_events(request: web.Request) -> web.Response:
     run = run_or_404(request)
     run_id = run["id"]
@@ -105,6 +114,7 @@ async def run_events(request: web.Request) -> web.Response:
     return web.json_response({"events": events, "cursor": new_cursor, "status": run["status"], "done": done})
 
 
+@routes.get("/api/runs/{run_id}/events/stream")
 async def run_events_stream(request: web.Request) -> web.StreamResponse:
     run = run_or_404(request)
     run_id = run["id"]
@@ -144,14 +154,7 @@ async def run_events_stream(request: web.Request) -> web.StreamResponse:
 
 
 
-
 def setup(app: web.Application) -> None:
-    r = app.router
-    r.add_post("/api/runs", submit_run)
-    r.add_get("/api/runs", list_runs)
-    r.add_get("/api/runs/{run_id}", get_run)
-    r.add_delete("/api/runs/{run_id}", delete_run)
-    r.add_post("/api/runs/{run_id}/cancel", cancel_run)
-    r.add_get("/api/runs/{run_id}/events", run_events)
-    r.add_get("/api/runs/{run_id}/events/stream", run_events_stream)
+    """Add the run routes (their descriptions are openapi.RUN_OPERATIONS)."""
+    app.add_routes(routes)
     canvas.setup(app)  # runs ComfyUI's own Run executes, recorded by the plugin (routes/canvas.py)

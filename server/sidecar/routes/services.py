@@ -15,12 +15,13 @@ from __future__ import annotations
 from aiohttp import web
 
 from ....common.errors import ApiError
-from ....common.http import read_json
+from ...contracts.services import InferRequest, ServiceSpec, ServiceUpdate
 from ...units.links import RegistryLinks
 from ...units.lws import DEFAULT_IMAGE, lws_manifest, to_yaml
 from ...units.manager import UnitManager
 from .. import openapi
 from ..keys import DISPATCHER_KEY, STORE_KEY
+from .common import Body, body, passed_through
 from .workers import REGISTRY_KEY
 
 UNITS_KEY = web.AppKey("xpufleet_units", UnitManager)
@@ -31,38 +32,51 @@ def _manager(request: web.Request) -> UnitManager:
     return request.app[UNITS_KEY]
 
 
-async def create_service(request: web.Request) -> web.Response:
-    return web.json_response(_manager(request).create(await read_json(request)), status=201)
+routes = web.RouteTableDef()
 
 
+@routes.post("/api/services")
+@body(ServiceSpec)
+async def create_service(request: web.Request, sent: Body[ServiceSpec]) -> web.Response:
+    return web.json_response(_manager(request).create(sent.raw), status=201)  # units/spec.py: the rules after it
+
+
+@routes.get("/api/services")
 async def list_services(request: web.Request) -> web.Response:
     return web.json_response({"services": _manager(request).list()})
 
 
+@routes.get("/api/services/{name}")
 async def get_service(request: web.Request) -> web.Response:
     m = _manager(request)
     return web.json_response(m.describe(m.get(request.match_info["name"])))
 
 
-async def update_service(request: web.Request) -> web.Response:
-    out = _manager(request).update(request.match_info["name"], await read_json(request))
+@routes.put("/api/services/{name}")
+@body(ServiceUpdate)
+async def update_service(request: web.Request, sent: Body[ServiceUpdate]) -> web.Response:
+    out = _manager(request).update(request.match_info["name"], sent.raw)
     return web.json_response(out, status=200 if out.get("unchanged") else 202)
 
 
+@routes.delete("/api/services/{name}")
 async def delete_service(request: web.Request) -> web.Response:
     return web.json_response(await _manager(request).delete(request.match_info["name"]))
 
 
+@routes.post("/api/services/{name}/infer")
+@passed_through(InferRequest)
 async def infer(request: web.Request) -> web.Response:
-    body = await request.read()
-    if not body.strip():
+    data = await request.read()
+    if not data.strip():
         raise ApiError(400, "the body is empty: send the request for the service's program (the built-in model "
                             "server takes {\"inputs\": [sample, ...]})")
     status, payload, headers = await _manager(request).router.infer(
-        request.match_info["name"], body, request.headers.get("Content-Type"))
+        request.match_info["name"], data, request.headers.get("Content-Type"))
     return web.Response(body=payload, status=status, headers=headers)
 
 
+@routes.get("/api/services/{name}/export")
 async def export_service(request: web.Request) -> web.Response:
     m = _manager(request)
     svc = m.get(request.match_info["name"])
@@ -86,14 +100,7 @@ def setup(app: web.Application) -> None:
         registry.register_handler(mtype, handler)
     registry.add_connection_listener(manager.on_connection)
     app[UNITS_KEY] = manager
-    r = app.router
-    r.add_post("/api/services", create_service)
-    r.add_get("/api/services", list_services)
-    r.add_get("/api/services/{name}", get_service)
-    r.add_put("/api/services/{name}", update_service)
-    r.add_delete("/api/services/{name}", delete_service)
-    r.add_post("/api/services/{name}/infer", infer)
-    r.add_get("/api/services/{name}/export", export_service)
+    app.add_routes(routes)
     for (method, path), op in openapi.SERVICE_OPERATIONS.items():
         openapi.describe(app, method, path, op)
 

@@ -13,11 +13,15 @@ from .. import openapi
 from ..keys import CONFIG_KEY, STARTED_KEY
 from .common import dispatcher_of
 
+routes = web.RouteTableDef()
 
+
+@routes.get("/api/health")
 async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok", "name": "xpufleet", "version": VERSION})
 
 
+@routes.get("/api/status")
 async def status(request: web.Request) -> web.Response:
     d = dispatcher_of(request)
     state = d.slot_state()
@@ -34,14 +38,11 @@ async def status(request: web.Request) -> web.Response:
     })
 
 
+@routes.get("/api/openapi.json")
 async def openapi_doc(request: web.Request) -> web.Response:
     return web.json_response(openapi.document(request.app))
 
 
-
-
 def setup(app: web.Application) -> None:
-    r = app.router
-    r.add_get("/api/health", health)
-    r.add_get("/api/status", status)
-    r.add_get("/api/openapi.json", openapi_doc)
+    """Add the status routes (described in openapi.RUN_OPERATIONS)."""
+    app.add_routes(routes)

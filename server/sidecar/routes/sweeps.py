@@ -1,51 +1,44 @@
-"""The sweep routes (docs/sweeps.md): submit (or check) a sweep, list, one sweep with its ranked table, the table
-as CSV, cancel, delete. The work is :class:`~...sweeps.driver.SweepService`'s."""
+"""The sweep routes (docs/sweeps.md): submit (or check) a sweep, and the batch routes (routes/batches.py):
+list, one sweep with its ranked table, the table as CSV, cancel, delete. The work is
+:class:`~...sweeps.driver.SweepService`'s."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-from typing import Any
 
 from aiohttp import web
 
-from ....common.errors import ApiError
-from ....common.http import float_param, int_param, read_json, read_object
-from ....constants import EVENTS_LONG_POLL_MAX_S, RUNS_PAGE_MAX
-from ...contracts.runs import Cancel
-from ...run.requests import parse_body
+from ...contracts.sweeps import SweepSubmit
 from ...sweeps.driver import SweepService
-from .. import openapi
 from ..keys import DISPATCHER_KEY, STORE_KEY
+from .batches import (
+    Batch,
+    add_batch_routes,
+    bool_param,
+    describe_batch,
+    errors,
+    json_body,
+    json_off_loop,
+    query,
+)
+from .common import Body, body
 
 SWEEPS_KEY = web.AppKey("xpufleet_sweeps", SweepService)
 
-
-def bool_param(request: web.Request, name: str, default: bool = False) -> bool:
-    raw = request.query.get(name)
-    if raw is None:
-        return default
-    if raw.lower() in ("1", "true", "yes"):
-        return True
-    if raw.lower() in ("0", "false", "no"):
-        return False
-    raise ApiError(400, f"{name}: must be true or false, got {raw!r}")
+routes = web.RouteTableDef()
 
 
-async def cancel_reason(request: web.Request) -> str | None:
-    """The optional ``{"reason"}`` body of a cancel."""
-    body = await read_object(request, {"reason"}, optional=True)
-    return parse_body(Cancel, body).reason
+def dry_run_of(request: web.Request) -> bool:
+    """``?dry_run=``: check and expand only."""
+    return bool_param(request, "dry_run")
 
 
-def service(request: web.Request) -> SweepService:
-    return request.app[SWEEPS_KEY]
-
-
-async def submit_sweep(request: web.Request) -> web.Response:
-    dry_run = bool_param(request, "dry_run")
-    body = await read_json(request)
-    svc = service(request)
+@routes.post("/api/sweeps")
+@body(SweepSubmit, url_checks=dry_run_of)
+async def submit_sweep(request: web.Request, sent: Body[SweepSubmit]) -> web.Response:
+    dry_run = dry_run_of(request)
+    body = sent.raw  # the spec's rules read the values as sent (sweeps/spec.py)
+    svc = request.app[SWEEPS_KEY]
     # Parsing, expanding, validating and keying every child off the event loop (issue 19); then only
     # the admission decisions and the one write transaction run on it.
     draft = await asyncio.to_thread(svc.draft, body)
@@ -53,73 +46,13 @@ async def submit_sweep(request: web.Request) -> web.Response:
     return await json_off_loop(result, status=200 if dry_run else 201)
 
 
-async def json_off_loop(obj: Any, status: int = 200) -> web.Response:
-    """A JSON answer encoded in a worker thread (a 5,000-variant table is megabytes, issue 19)."""
-    text = await asyncio.to_thread(json.dumps, obj)
-    return web.Response(text=text, status=status, content_type="application/json")
+SWEEPS = Batch(SWEEPS_KEY, "sweep", "/api/sweeps", "table.csv")
+add_batch_routes(routes, SWEEPS)
 
 
-async def list_sweeps(request: web.Request) -> web.Response:
-    limit = int_param(request, "limit", 50, 1, RUNS_PAGE_MAX)
-    offset = int_param(request, "offset", 0, 0)
-    return web.json_response({**service(request).list(limit, offset), "limit": limit, "offset": offset})
+# --- OpenAPI ---------------------------------------------------------------------------------------------
 
-
-async def get_sweep(request: web.Request) -> web.Response:
-    svc = service(request)
-    sweep_id = request.match_info["sweep_id"]
-    wait = float_param(request, "wait", 0.0, 0.0, EVENTS_LONG_POLL_MAX_S)
-    version = int_param(request, "version", -1, -1)
-    if wait > 0 and version >= 0:
-        await svc.wait_change(sweep_id, version, wait)
-    return await json_off_loop(await asyncio.to_thread(svc.get, sweep_id))
-
-
-async def sweep_csv(request: web.Request) -> web.Response:
-    sweep_id = request.match_info["sweep_id"]
-    text = service(request).csv(sweep_id)
-    return web.Response(text=text, content_type="text/csv", charset="utf-8",
-                        headers={"Content-Disposition": f'attachment; filename="sweep-{sweep_id}.csv"'})
-
-
-async def cancel_sweep(request: web.Request) -> web.Response:
-    svc = service(request)
-    svc.require(request.match_info["sweep_id"])  # 404 before reading the body
-    reason = await cancel_reason(request)
-    return await json_off_loop(await svc.cancel(request.match_info["sweep_id"], reason))
-
-
-async def delete_sweep(request: web.Request) -> web.Response:
-    return web.json_response(service(request).delete(request.match_info["sweep_id"]))
-
-
-def setup(app: web.Application) -> None:
-    """Create the sweep service and add the sweep routes."""
-    app[SWEEPS_KEY] = SweepService(app[STORE_KEY], app[DISPATCHER_KEY])
-    r = app.router
-    r.add_post("/api/sweeps", submit_sweep)
-    r.add_get("/api/sweeps", list_sweeps)
-    r.add_get("/api/sweeps/{sweep_id}", get_sweep)
-    r.add_get("/api/sweeps/{sweep_id}/table.csv", sweep_csv)
-    r.add_post("/api/sweeps/{sweep_id}/cancel", cancel_sweep)
-    r.add_delete("/api/sweeps/{sweep_id}", delete_sweep)
-    describe(app)
-
-
-# --- OpenAPI -----------------------------------------------------------------------------------------------
-
-ERR = {"$ref": "#/components/schemas/Error"}
-
-
-def json_body(schema: dict[str, Any]) -> dict[str, Any]:
-    return {"content": {"application/json": {"schema": schema}}}
-
-
-def errors(*codes: int) -> dict[str, Any]:
-    return {str(c): {"description": "error (the message says what to fix)", **json_body(ERR)} for c in codes}
-
-
-# A body's schema is its contract model's (openapi.BODIES); the answers refer to the objective's.
+# The answers refer to the objective's model (a body's schema is its declared contract model's).
 OBJECTIVE = {"$ref": "#/components/schemas/Objective"}
 SWEEP_ROW = {"type": "object", "properties": {
     "rank": {"type": ["integer", "null"], "description": "1 = best; null: not succeeded or no metric"},
@@ -143,46 +76,28 @@ SWEEP = {"type": "object", "properties": {
     "points": {"type": ["array", "null"], "description": "with seeds: per point mean/std/best over seeds, ranked"},
     "spec": {"type": "object", "description": "what was submitted, without the graph"},
     "cancel_requested": {"type": "boolean"}, "created_at": {"type": "number"}}}
-SWEEP_ID = {"name": "sweep_id", "in": "path", "required": True, "schema": {"type": "string"}}
+
+# Each route's description: the submit's in full, the batch routes' summaries (routes/batches.py).
+SWEEP_DESCRIPTIONS = {
+    "submit": {
+        "summary": "Queue a sweep: every child is checked as POST /api/runs checks a run, before anything is "
+                   "written; one rejection rejects the sweep (400 naming the variant, nothing queued)",
+        "parameters": [query("dry_run", {"type": "boolean"}, "check and expand only: the variants, nothing queued")],
+        "responses": {"201": {"description": "queued", **json_body({"type": "object", "properties": {
+            "sweep_id": {"type": "string"}, "status": {"type": "string"}, "n_runs": {"type": "integer"},
+            "run_ids": {"type": "array", "items": {"type": "string"}}}})},
+            "200": {"description": "dry run: n_runs, the first 100 variants with their queue_key, and own_outputs: the savers each variant's copy moves to its run folder (docs/sweeps.md)"},
+            **errors(400, 401, 403, 413, 503)}},
+    "list": "Sweeps, newest first, with their children's counts by status",
+    "get": "One sweep with its ranked table (parameters, metric, status, worker_id, devices, queue_key of each "
+           "variant); long-poll with version and wait",
+    "csv": "The ranked table as CSV (one column per parameter)",
+    "cancel": "Cancel: queued children end now, running ones are stopped",
+    "delete": "Delete a sweep whose children have all ended, with its children's runs"}
 
 
-def query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
-    return {"name": name, "in": "query", "required": False, "schema": schema, "description": description}
-
-
-def describe(app: web.Application) -> None:
-    ops = {
-        ("post", "/api/sweeps"): {
-            "summary": "Queue a sweep: every child is checked as POST /api/runs checks a run, before anything is "
-                       "written; one rejection rejects the sweep (400 naming the variant, nothing queued)",
-            "parameters": [query("dry_run", {"type": "boolean"}, "check and expand only: the variants, nothing queued")],
-            "responses": {"201": {"description": "queued", **json_body({"type": "object", "properties": {
-                "sweep_id": {"type": "string"}, "status": {"type": "string"}, "n_runs": {"type": "integer"},
-                "run_ids": {"type": "array", "items": {"type": "string"}}}})},
-                "200": {"description": "dry run: n_runs, the first 100 variants with their queue_key, and own_outputs: the savers each variant's copy moves to its run folder (docs/sweeps.md)"},
-                **errors(400, 401, 403, 413, 503)}},
-        ("get", "/api/sweeps"): {
-            "summary": "Sweeps, newest first, with their children's counts by status",
-            "parameters": [query("limit", {"type": "integer", "minimum": 1, "maximum": 1000}, "page size"),
-                           query("offset", {"type": "integer", "minimum": 0}, "page start")],
-            "responses": {"200": {"description": "{sweeps, total}"}, **errors(400, 401, 403)}},
-        ("get", "/api/sweeps/{sweep_id}"): {
-            "summary": "One sweep with its ranked table (parameters, metric, status, worker_id, devices, queue_key "
-                       "of each variant); long-poll with version and wait",
-            "parameters": [SWEEP_ID, query("version", {"type": "integer", "minimum": 0}, "the version last seen"),
-                           query("wait", {"type": "number", "minimum": 0, "maximum": 60},
-                                 "seconds to wait for a change of version")],
-            "responses": {"200": {"description": "the sweep", **json_body(SWEEP)}, **errors(400, 401, 403, 404)}},
-        ("get", "/api/sweeps/{sweep_id}/table.csv"): {
-            "summary": "The ranked table as CSV (one column per parameter)", "parameters": [SWEEP_ID],
-            "responses": {"200": {"description": "text/csv"}, **errors(401, 403, 404)}},
-        ("post", "/api/sweeps/{sweep_id}/cancel"): {
-            "summary": "Cancel: queued children end now, running ones are stopped", "parameters": [SWEEP_ID],
-            "responses": {"200": {"description": "the sweep", **json_body(SWEEP)}, **errors(400, 401, 403, 404)}},
-        ("delete", "/api/sweeps/{sweep_id}"): {
-            "summary": "Delete a sweep whose children have all ended, with its children's runs",
-            "parameters": [SWEEP_ID],
-            "responses": {"200": {"description": "{deleted, runs_deleted}"}, **errors(401, 403, 404, 409)}},
-    }
-    for (method, path), op in ops.items():
-        openapi.describe(app, method, path, op)
+def setup(app: web.Application) -> None:
+    """Create the sweep service and add the sweep routes."""
+    app[SWEEPS_KEY] = SweepService(app[STORE_KEY], app[DISPATCHER_KEY])
+    app.add_routes(routes)
+    describe_batch(app, SWEEPS, SWEEP, SWEEP_DESCRIPTIONS)

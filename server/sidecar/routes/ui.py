@@ -34,11 +34,11 @@ from pathlib import Path
 from aiohttp import web
 
 from ....common.errors import ApiError
-from ....common.http import read_object
 from ....common.secrets import new_secret
 from ...contracts.misc import Login
 from .. import auth, openapi
 from ..keys import CONFIG_KEY
+from .common import Body, body, no_body
 
 WEB_ROOT = Path(__file__).resolve().parents[3] / "web"
 # ComfyUI's locales folder of the plugin: the page reads its texts from <lang>/main.json (docs/i18n.md)
@@ -114,12 +114,16 @@ class UiLogins:
 UI_KEY = web.AppKey("xpufleet_ui_logins", UiLogins)
 
 
+routes = web.RouteTableDef()
+
+
 def _file_response(path: Path) -> web.FileResponse:
     resp = web.FileResponse(path, headers=SECURITY_HEADERS)
     resp.content_type = STATIC_TYPES[path.suffix]
     return resp
 
 
+@routes.get("/")
 async def index(request: web.Request) -> web.StreamResponse:
     path = WEB_ROOT / INDEX
     if not path.is_file():
@@ -142,21 +146,25 @@ def static_path(root: Path, rel: str) -> Path:
     return path
 
 
-async def static(request: web.Request) -> web.StreamResponse:
-    return _file_response(static_path(WEB_ROOT, request.match_info["path"]))
-
-
+@routes.get("/ui/locales/{lang}/main.json")  # before /ui/{path}: from locales/, not web/
 async def locale(request: web.Request) -> web.StreamResponse:
     """``GET /ui/locales/<lang>/main.json``: the texts of the page, the file ComfyUI reads too."""
     return _file_response(static_path(LOCALES_ROOT, f"{request.match_info['lang']}/main.json"))
 
 
+@routes.get("/ui/{path:.+}")
+async def static(request: web.Request) -> web.StreamResponse:
+    return _file_response(static_path(WEB_ROOT, request.match_info["path"]))
+
+
+@routes.get("/favicon.ico")
 async def favicon(request: web.Request) -> web.StreamResponse:
     return _file_response(static_path(WEB_ROOT, "standalone/icon.svg"))
 
 
+@routes.post(LOGIN_PATH)
+@no_body
 async def login_link(request: web.Request) -> web.Response:
-    await read_object(request, set(), optional=True)
     if not auth.token_matches(auth.bearer_token(request), request.app[CONFIG_KEY].token):
         raise ApiError(403, "a login link needs the server's session token (the one in runtime.json): "
                             "run `xpufleet ui` on the server's machine")
@@ -165,11 +173,10 @@ async def login_link(request: web.Request) -> web.Response:
     return web.json_response({"url": url, "login": key, "expires_at": expires}, status=201)
 
 
-async def open_session(request: web.Request) -> web.Response:
-    body = await read_object(request, Login.model_fields)
-    key = body.get("login")
-    if not isinstance(key, str) or not key:
-        raise ApiError(400, "send {\"login\": \"<key>\"}: the key of the login link `xpufleet ui` printed")
+@routes.post(SESSION_PATH)
+@body(Login)
+async def open_session(request: web.Request, sent: Body[Login]) -> web.Response:
+    key = sent.model.login
     logins = request.app[UI_KEY]
     if not logins.keys.spend(key):
         raise ApiError(403, "this login link was already used or has expired: run `xpufleet ui` for a new one")
@@ -177,6 +184,7 @@ async def open_session(request: web.Request) -> web.Response:
     return web.json_response({"session": session, "expires_at": expires}, status=201)
 
 
+@routes.delete(SESSION_PATH)
 async def close_session(request: web.Request) -> web.Response:
     given = auth.bearer_token(request)
     if given is None or not request.app[UI_KEY].sessions.revoke(given):
@@ -190,14 +198,7 @@ def setup(app: web.Application) -> None:
     app[UI_KEY] = logins
     auth.add_exemption(app, SESSION_PATH)  # the login key (POST) or the session itself (DELETE)
     auth.add_bearer_check(app, logins.sessions.valid)
-    r = app.router
-    r.add_get("/", index)
-    r.add_get("/favicon.ico", favicon)
-    r.add_get("/ui/locales/{lang}/main.json", locale)  # before /ui/{path}: from locales/, not web/
-    r.add_get("/ui/{path:.+}", static)
-    r.add_post(LOGIN_PATH, login_link)
-    r.add_post(SESSION_PATH, open_session)
-    r.add_delete(SESSION_PATH, close_session)
+    app.add_routes(routes)
     _describe(app)
 
 

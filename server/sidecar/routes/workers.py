@@ -21,26 +21,30 @@ from typing import Any
 
 from aiohttp import web
 
-from ....common.http import json_error, read_object
+from ....common.http import json_error
 from ....common.runtime_file import read_runtime
 from ....constants import AGENT_WS_PATH, WORKER_NAME_RE
-from ...contracts.workers import DeviceMode, JoinTokenRequest
+from ...contracts.workers import DeviceMode, JoinTokenRequest, SshWorker
 from ...slurm.manager import SlurmPools
-from ...ssh.manager import FIELDS
 from ...workers import protocol
-from ...workers.registry import WorkerError, WorkerRegistry
+from ...workers.registry import WorkerRegistry
 from .. import auth, openapi
 from ..keys import CONFIG_KEY, DISPATCHER_KEY
+from .common import Body, body, no_body
 
 log = logging.getLogger("xpufleet.workers")
 
 REGISTRY_KEY = web.AppKey("xpufleet_workers", WorkerRegistry)
 
 
+routes = web.RouteTableDef()
+
+
 def _registry(request: web.Request) -> WorkerRegistry:
     return request.app[REGISTRY_KEY]
 
 
+@routes.get(AGENT_WS_PATH)
 async def agent_ws(request: web.Request) -> web.StreamResponse:
     """The agent's WebSocket; authentication happens in its hello."""
     # Pings find a dead agent (power loss, half-open TCP) so its runs enter the resume grace.
@@ -53,6 +57,7 @@ async def agent_ws(request: web.Request) -> web.StreamResponse:
     return ws
 
 
+@routes.get("/api/workers")
 async def list_workers(request: web.Request) -> web.Response:
     reg = _registry(request)
     return web.json_response({"workers": reg.list(), "pools": reg.list_pools(), "add_worker": _add_worker(request),
@@ -70,71 +75,77 @@ def _add_worker(request: web.Request) -> dict[str, Any]:
                                          + ("" if config.tls_fingerprint else " (plain HTTP: start with --tls)")}
 
 
+@routes.get("/api/workers/{name}")
 async def get_worker(request: web.Request) -> web.Response:
     return web.json_response(_registry(request).describe(request.match_info["name"]))
 
 
+@routes.post("/api/workers/{name}/drain")
+@no_body
 async def drain(request: web.Request) -> web.Response:
-    await read_object(request, set(), optional=True)
     return web.json_response(_registry(request).set_drained(request.match_info["name"], True))
 
 
+@routes.post("/api/workers/{name}/undrain")
+@no_body
 async def undrain(request: web.Request) -> web.Response:
-    await read_object(request, set(), optional=True)
     return web.json_response(_registry(request).set_drained(request.match_info["name"], False))
 
 
+@routes.delete("/api/workers/{name}")
 async def remove(request: web.Request) -> web.Response:
     return web.json_response(await _registry(request).remove(request.match_info["name"]))
 
 
+@routes.post("/api/workers/{name}/reissue")
+@no_body
 async def reissue(request: web.Request) -> web.Response:
-    await read_object(request, set(), optional=True)
     reg = _registry(request)
     return web.json_response(await reg.reissue(request.match_info["name"], server_url(request)))
 
 
-async def join_tokens(request: web.Request) -> web.Response:
-    body = await read_object(request, JoinTokenRequest.model_fields, optional=True)
-    name = body.get("name")
-    if name is not None and not isinstance(name, str):
-        raise WorkerError("name must be a string (the worker's name) or absent")
-    ttl = body.get("ttl_s")
-    if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float)):
-        raise WorkerError("ttl_s must be a number of seconds")
-    out = _registry(request).join_token(name, ttl, server_url(request))
+@routes.post("/api/workers/join-tokens")
+@body(JoinTokenRequest, required=False)
+async def join_tokens(request: web.Request, sent: Body[JoinTokenRequest]) -> web.Response:
+    out = _registry(request).join_token(sent.model.name, sent.raw.get("ttl_s"), server_url(request))
     return web.json_response(out, status=201)
 
 
-async def add_ssh(request: web.Request) -> web.Response:
-    body = await read_object(request, FIELDS)
+@routes.post("/api/workers/ssh")
+@body(SshWorker)
+async def add_ssh(request: web.Request, sent: Body[SshWorker]) -> web.Response:
     reg = _registry(request)
-    return web.json_response(reg.describe(reg.ssh.add(body)), status=201)
+    return web.json_response(reg.describe(reg.ssh.add(sent.raw)), status=201)  # its values: ssh/manager.py
 
 
+async def _switch_ssh(request: web.Request, enable: bool) -> web.Response:
+    """An SSH worker's agent stopped (disable) or connected again (enable); the worker as it is then."""
+    reg, name = _registry(request), request.match_info["name"]
+    await (reg.ssh.enable(name) if enable else reg.ssh.disable(name))
+    return web.json_response(reg.describe(name))
+
+
+@routes.post("/api/workers/{name}/disable")
+@no_body
 async def disable(request: web.Request) -> web.Response:
-    await read_object(request, set(), optional=True)
-    reg, name = _registry(request), request.match_info["name"]
-    await reg.ssh.disable(name)
-    return web.json_response(reg.describe(name))
+    return await _switch_ssh(request, enable=False)
 
 
+@routes.post("/api/workers/{name}/enable")
+@no_body
 async def enable(request: web.Request) -> web.Response:
-    await read_object(request, set(), optional=True)
-    reg, name = _registry(request), request.match_info["name"]
-    await reg.ssh.enable(name)
-    return web.json_response(reg.describe(name))
+    return await _switch_ssh(request, enable=True)
 
 
+@routes.get("/api/workers/rejected")
 async def rejected(request: web.Request) -> web.Response:
     return web.json_response({"rejected": _registry(request).rejections()})
 
 
-async def set_mode(request: web.Request) -> web.Response:
-    body = await read_object(request, DeviceMode.model_fields, optional=True)
-    if "mode" not in body:
-        raise WorkerError("send {\"mode\": \"exclusive\"} or {\"mode\": \"shared\"}")
-    out = _registry(request).set_mode(request.match_info["name"], request.match_info["device"], body["mode"])
+@routes.put("/api/workers/{name}/devices/{device}/mode")
+@body(DeviceMode)
+async def set_mode(request: web.Request, sent: Body[DeviceMode]) -> web.Response:
+    out = _registry(request).set_mode(request.match_info["name"], request.match_info["device"], sent.model.mode)
     return web.json_response(out)
 
 
@@ -186,20 +197,7 @@ def setup(app: web.Application) -> None:
     slurm = SlurmPools(registry, config.home, lambda: str((read_runtime(config.home) or {}).get("url") or "") or None)
     app[DISPATCHER_KEY].card_snapshot_sources.append(_card_snapshots(registry))
     auth.add_exemption(app, AGENT_WS_PATH)
-    r = app.router
-    r.add_get(AGENT_WS_PATH, agent_ws)
-    r.add_get("/api/workers", list_workers)
-    r.add_get("/api/workers/rejected", rejected)
-    r.add_post("/api/workers/join-tokens", join_tokens)
-    r.add_post("/api/workers/ssh", add_ssh)
-    r.add_post("/api/workers/{name}/disable", disable)
-    r.add_post("/api/workers/{name}/enable", enable)
-    r.add_get("/api/workers/{name}", get_worker)
-    r.add_delete("/api/workers/{name}", remove)
-    r.add_post("/api/workers/{name}/drain", drain)
-    r.add_post("/api/workers/{name}/undrain", undrain)
-    r.add_post("/api/workers/{name}/reissue", reissue)
-    r.add_put("/api/workers/{name}/devices/{device}/mode", set_mode)
+    app.add_routes(routes)
     _describe(app)
 
     async def on_startup(app: web.Application) -> None:
