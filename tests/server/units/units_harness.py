@@ -17,14 +17,6 @@ from typing import Any
 import fleet_harness as fh
 
 
-class SidecarProc(fh.SidecarProc):
-    """The sidecar child; ``kill9`` is a crash the restart test recovers from (``start()`` again)."""
-
-    def kill9(self) -> None:
-        fh.kill9(self.proc.pid)
-        self.proc.wait(timeout=10)
-
-
 def save_mlp(path: Path, seed: int = 0, hidden: tuple[int, ...] = (48, 32, 16)) -> Path:
     """An MLP for 8x8 digits (64 features, 10 classes) saved by ModelSaver's own function."""
     from xpufleet.nodes.io import save_model
@@ -44,7 +36,7 @@ class Fleet:
         self.home = home
         home.mkdir(parents=True, exist_ok=True)
         self.env = fh.base_env(home)
-        self.sidecar = SidecarProc(home, self.env)
+        self.sidecar = fh.SidecarProc(home, self.env)
         self.agents = {name: fh.AgentProc(home, self.env, "--name", name, "--simulate", sim, label=f"agent-{name}")
                        for name, sim in agents.items()}
 
