@@ -22,7 +22,6 @@ from ....constants import MAX_REQUEST_BODY_BYTES
 log = logging.getLogger("xpufleet")
 
 
-PREDICT_FIELDS = ("workflow", "platform", "options", "snapshot", "worker", "device", "prompt")
 
 
 def _web() -> Any:
