@@ -169,6 +169,11 @@ class SidecarProxy:
                 auto_decompress=False)
         return self._session
 
+    async def close(self, _app: Any = None) -> None:
+        """Close the client session (on ComfyUI's app cleanup: its server stopping)."""
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+
     async def _alive(self, home: Path) -> Sidecar | None:
         """The sidecar when its runtime file names a live process that answers /api/health."""
         import aiohttp

@@ -52,7 +52,10 @@ def register() -> bool:
     from .predictor_routes import add_comfy_routes
 
     add_comfy_routes(routes, ROUTE_PREFIX)
-    add_proxy_routes(routes, ROUTE_PREFIX)  # the sidecar, same origin (proxy.py)
+    proxy = add_proxy_routes(routes, ROUTE_PREFIX)  # the sidecar, same origin (proxy.py)
+    app = getattr(instance, "app", None)  # ComfyUI builds its app before it loads custom nodes
+    if app is not None and not app.frozen:
+        app.on_cleanup.append(proxy.close)
 
     # a canvas Run is also recorded on the sidecar, when one runs (canvas_runs.py)
     from .canvas_runs import add_canvas_routes

@@ -19,8 +19,9 @@ class PromptServer:
 
     def make_app(self) -> web.Application:
         """The aiohttp app ComfyUI would build, with every registered route, served (as ComfyUI 0.3.64
-        does) both at its path and under ``/api``."""
-        app = web.Application()
+        does) both at its path and under ``/api``; like ComfyUI's ``add_routes``, on the app made in
+        ``__init__`` (the plugin hooks its cleanup there)."""
+        app = self.app
         api_routes = web.RouteTableDef()
         for route in self.routes:
             if isinstance(route, web.RouteDef):
