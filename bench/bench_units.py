@@ -23,6 +23,7 @@ Figures are printed (and a JSON line), never asserted: the 2 shared cores of thi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -193,6 +194,20 @@ def torchrun_recovery(home: Path, model: Path, kills: int) -> list[float]:
                 continue
         return None
 
+    def end_pair(proc: subprocess.Popen) -> None:
+        """SIGKILL torchrun and its ranks: torch's launcher may start each rank in a session of its own,
+        which a kill of torchrun's process group would leave running."""
+        import psutil
+
+        ranks = psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        for rank in ranks:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                rank.kill()
+        proc.wait(30)
+        psutil.wait_procs(ranks, timeout=30)
+
     def healthy() -> bool:
         return Conn("127.0.0.1", http_port).get("/health") == 200
 
@@ -211,8 +226,7 @@ def torchrun_recovery(home: Path, model: Path, kills: int) -> list[float]:
             while _alive(pid1):  # the operator notices the death
                 time.sleep(0.1)
             time.sleep(0.1)  # ... at the next look
-            os.killpg(proc.pid, signal.SIGKILL)  # ends what is left of the pair
-            proc.wait(30)
+            end_pair(proc)  # ends what is left of the pair
             proc = launch()  # and launches it again
             while not healthy():
                 time.sleep(0.1)
@@ -222,9 +236,7 @@ def torchrun_recovery(home: Path, model: Path, kills: int) -> list[float]:
                 time.sleep(0.05)
             out.append(time.monotonic() - t_kill)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
+        end_pair(proc)
     return out
 
 
