@@ -66,8 +66,10 @@ class PoolCreate(Contract):
 
     shape_texts = OBJECT_TEXTS
     name: Annotated[Any, ruled(str)] = None  # (the registry checks a pool name with its texts)
-    slurm: Literal[True] | SlurmPool | None = Field(None, description="a Slurm pool (docs/slurm-and-k8s.md); true: "
-                                                                      "the defaults")
+    # (the Slurm spec's rules check it, with their texts: server/slurm/spec.py; a union's first branch
+    # error would name `literal[True]` for an unknown setting)
+    slurm: Annotated[Any, ruled(Literal[True] | SlurmPool | None)] = Field(
+        None, description="a Slurm pool (docs/slurm-and-k8s.md); true: the defaults")
 
 
 class PoolExport(Contract):
