@@ -154,6 +154,9 @@ export class RunsPanel {
       replace(this.view.detail, errorBox(err));
       return;
     }
+    // the panel's run, boxes and log state are the shown run's: a read of a run no longer shown (its
+    // signal aborted while the answer was on its way) changes none of them
+    if (signal.aborted) return;
     this.run = run;
     this.log.offset = undefined; // this run's log is read from its own tail
     this.progressBox = h("div", { class: "xf-progress-box", dataset: { xpufleet: "progress" } });
@@ -168,10 +171,12 @@ export class RunsPanel {
     this.renderHead();
     try {
       const m = await this.fleet.metrics(runId, { signal });
+      if (signal.aborted) return;
       this.chart.setAll(m.metrics);
     } catch (err) {
       if (err?.name === "AbortError") return;
     }
+    if (signal.aborted) return;
     this.loadFiles(signal);
     this.follow(runId, signal);
   }
@@ -233,7 +238,12 @@ export class RunsPanel {
         await this.loadLog(signal); // the log as it grows (a worker's through its agent)
       }
       if (page.events.some((e) => ["run_started", "run_warning"].includes(e.type)) || this.run.status !== page.status) {
-        try { this.run = await this.fleet.run(runId, { signal }); this.renderHead(); } catch { /* next round */ }
+        try {
+          const run = await this.fleet.run(runId, { signal });
+          if (signal.aborted) return;
+          this.run = run;
+          this.renderHead();
+        } catch { /* next round */ }
       }
       if (page.done) { await this.finished(runId, signal); return; }
     }
@@ -248,10 +258,13 @@ export class RunsPanel {
 
   async finished(runId, signal) {
     try {
-      this.run = await this.fleet.run(runId, { signal });
+      const run = await this.fleet.run(runId, { signal });
+      if (signal.aborted) return;
+      this.run = run;
       this.renderHead();
       replace(this.progressBox);
       const m = await this.fleet.metrics(runId, { signal });
+      if (signal.aborted) return;
       this.chart?.setAll(m.metrics);
       await this.loadFiles(signal);
       this.view.refresh();
@@ -260,8 +273,10 @@ export class RunsPanel {
 
   async loadFiles(signal) {
     const r = this.run;
+    const box = this.filesBox;
     try {
       const a = await this.fleet.artifacts(r.id, { signal });
+      if (signal.aborted || box !== this.filesBox) return;
       const files = (a.artifacts || []).map((f) => h("li", {},
         f.downloadable ? this.fileLink(r.id, f.path) : h("span", { class: "xf-path" }, f.path),
         ` · ${f.kind}${f.size !== undefined && f.size !== null ? ` · ${bytes(f.size)}` : ""}`));
