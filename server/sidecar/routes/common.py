@@ -37,16 +37,23 @@ class Body(Generic[M]):
 
     model: M
     raw: dict[str, Any]
+    built: Any = None  # what the declaration's ``then`` made of the two (e.g. a run's typed request)
 
 
 def body(model: type[M], *, required: bool = True, off_loop: bool = False,
+         then: Callable[[M, dict[str, Any]], Any] | None = None,
          url_checks: Callable[[web.Request], object] | None = None
          ) -> Callable[[Callable[[web.Request, Body[M]], Awaitable[web.StreamResponse]]], Handler]:
     """Declare a route's body: the handler gets it validated by ``model`` (a 400 naming the field, in the
     contract's own words, before the handler runs), and the OpenAPI document shows ``model`` for it
     (openapi.bodies walks the routes). ``off_loop``: validate in a worker thread (a graph of 10,000 nodes);
+    ``then(model, raw)``: what the handler gets as ``built``, made in the same thread (one hop, not two);
     ``url_checks``: the query's checks, answered before the body's (the URL is read first)."""
     spec = BodySpec(model, required)
+
+    def parse(raw: dict[str, Any]) -> Body[M]:
+        parsed = parse_body(model, raw)
+        return Body(parsed, raw, then(parsed, raw) if then is not None else None)
 
     def declare(handler: Callable[[web.Request, Body[M]], Awaitable[web.StreamResponse]]) -> Handler:
         @functools.wraps(handler)
@@ -56,8 +63,8 @@ def body(model: type[M], *, required: bool = True, off_loop: bool = False,
             raw = await read_json(request, optional=not required)
             if raw is NO_BODY:
                 raw = {}
-            parsed = await asyncio.to_thread(parse_body, model, raw) if off_loop else parse_body(model, raw)
-            return await handler(request, Body(parsed, raw))
+            sent = await asyncio.to_thread(parse, raw) if off_loop else parse(raw)
+            return await handler(request, sent)
 
         setattr(validated, BODY_ATTR, spec)  # what the OpenAPI document shows (openapi.bodies)
         return validated

@@ -20,7 +20,7 @@ from ....constants import (
 )
 from ...contracts.runs import Cancel, RunSubmit
 from ...memory.views import run_fields
-from ...run.requests import run_request_of
+from ...run.requests import RunRequest, run_request_of
 from ..keys import STORE_KEY
 from . import canvas
 from .common import Body, body, dispatcher_of, public_run, run_or_404
@@ -32,11 +32,11 @@ routes = web.RouteTableDef()
 
 
 @routes.post("/api/runs")
-@body(RunSubmit, off_loop=True)
+@body(RunSubmit, off_loop=True, then=run_request_of)
 async def submit_run(request: web.Request, sent: Body[RunSubmit]) -> web.Response:
     # Parsing, the shape check, graph validation and the graph key are linear but can take a few hundred
     # ms for the largest graph: they run in a thread, so heartbeats and other requests never wait on them.
-    req = await asyncio.to_thread(run_request_of, sent.model, sent.raw)
+    req: RunRequest = sent.built
     d = dispatcher_of(request)
     facts = await d.check_graph(req)
     result = (await d.enqueue_off_loop([d.admit(req, facts=facts)]))[0]  # the write (the graph's JSON) too
