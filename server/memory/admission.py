@@ -18,12 +18,12 @@ without a budget holds its card alone). Heartbeats only update the figures. Budg
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...common.signals import cancel_and_wait
 from ...constants import AGENT_CAP_MEMORY, HEARTBEAT_INTERVAL_S, LOCAL_PROVIDER
 from ..ledger.budget import (
     PEAK_SOURCES,
@@ -162,9 +162,7 @@ class MemoryAdmission:
 
     async def shutdown(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait([self._task])
 
     async def _local_loop(self) -> None:
         assert self.local_probe is not None

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ...common.errors import RequestError, StoreError
+from ...common.signals import cancel_and_wait
 from ...constants import (
     CANCEL_BATCH_RUNS,
     LOCAL_PROVIDER,
@@ -237,9 +238,7 @@ class Dispatcher:
         if self._reasons_timer is not None:
             self._reasons_timer.cancel()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait([self._task])
         for p in list(self.providers.values()):
             stop = getattr(p, "shutdown", None)
             if stop is not None:

@@ -24,6 +24,7 @@ from typing import Any
 
 from ...common import atomic
 from ...common.schema import Schema
+from ...common.signals import cancel_and_wait
 from ...constants import SLURM_OUTPUT_TAIL_LINES, SLURM_TICK_S
 from . import slurmctl
 from .scaling import JobView, WaitingRun, plan_scaling, retry_backoff
@@ -201,9 +202,7 @@ class SlurmPools:
     async def close(self) -> None:
         """Server stopping: the jobs go on (the next sidecar adopts them from squeue)."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait([self._task])
             self._task = None
 
     async def _loop(self) -> None:
