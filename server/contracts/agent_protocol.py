@@ -31,6 +31,9 @@ INSTANCE_STATES = ("starting", "running", "arrived", "exited")
 STOP_MODES = ("kill", "graceful")
 PART_STATUSES = ("succeeded", "cancelled", "failed")
 FINGERPRINT_CHARS = 200
+# A certificate fingerprint as agents send it (common/tls.py's spelling): hex pairs only, so nothing a peer
+# writes there can read as words or a URL where the Workers panel quotes it.
+FINGERPRINT_RE = r"^sha256:(?:[0-9A-F]{2}:){31}[0-9A-F]{2}$"
 
 
 class Shape(Contract):
@@ -194,12 +197,13 @@ class OutputsFailed(Shape):
 class RefusedServer(Shape):
     """Sent instead of hello by an agent that refused the server's certificate; it carries no secret."""
 
-    TEXTS = {"name": "'name' is not a worker name", "pinned": "{field!r} is too long for a fingerprint",
-             "seen": "{field!r} is too long for a fingerprint"}
+    TEXTS = {"name": "'name' is not a worker name",
+             "pinned": "{field!r} is not a fingerprint (sha256: and 32 upper-case hex pairs), or too long",
+             "seen": "{field!r} is not a fingerprint (sha256: and 32 upper-case hex pairs), or too long"}
     name: WorkerName = Field(description="the worker's name")
     version: str = Field(description="the agent's version string")
-    pinned: str = Field(max_length=FINGERPRINT_CHARS, description="a certificate fingerprint")
-    seen: str = Field(max_length=FINGERPRINT_CHARS, description="a certificate fingerprint")
+    pinned: str = Field(max_length=FINGERPRINT_CHARS, pattern=FINGERPRINT_RE, description="a certificate fingerprint")
+    seen: str = Field(max_length=FINGERPRINT_CHARS, pattern=FINGERPRINT_RE, description="a certificate fingerprint")
 
 
 class InstanceEntry(Shape):

@@ -44,6 +44,13 @@ CREATE TABLE IF NOT EXISTS worker_rejections (
     reason TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS worker_rejections_name ON worker_rejections(name, id);
+CREATE TABLE IF NOT EXISTS worker_unverified_rejections (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    ts REAL NOT NULL,
+    name TEXT,
+    address TEXT,
+    reason TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS worker_device_modes (
     worker TEXT NOT NULL,
     device TEXT NOT NULL,
@@ -56,6 +63,9 @@ CREATE TABLE IF NOT EXISTS worker_device_modes (
 MODES = ("exclusive", "shared")
 SHAREABLE_KINDS = ("cuda", "mps")  # docs/workers.md: only CUDA and MPS cards, only on workers
 REJECTIONS_KEPT = 200
+# Connections that never sent a well-formed hello (no hello, a bad one, refused_server): what they say is
+# a claim nobody vouches for, kept apart and few, so a flood of them cannot push real refusals out.
+UNVERIFIED_KEPT = 20
 
 
 def hash_secret(secret: str) -> str:
@@ -71,33 +81,54 @@ def secret_matches(given: str, stored_hash: str | None) -> bool:
 
 
 class Rejections:
-    """Refused agent connections, kept in ``worker_rejections`` (shown under "Rejected connections")."""
+    """Refused agent connections (shown under "Rejected connections").
+
+    Two kinds, kept apart (docs/workers.md, "Names and credentials"):
+
+    * a well-formed ``hello`` the server refused (``worker_rejections``, the newest ``REJECTIONS_KEPT``): its
+      reason is the server's own sentence, and the newest one for a name is that worker's ``last_rejection``;
+    * an *unverified* claim (``worker_unverified_rejections``, the newest ``UNVERIFIED_KEPT``): a peer that
+      sent no hello, a malformed one or ``refused_server`` proved nothing, so what it said is listed with
+      ``"unverified": true`` and never becomes a worker's ``last_rejection``.
+    """
 
     def __init__(self, store: Any) -> None:
         self.store = store
 
-    def record(self, name: str | None, address: str | None, version: str | None, reason: str) -> None:
-        """Remember a refused connection."""
+    def record(self, name: str | None, address: str | None, version: str | None, reason: str,
+               unverified: bool = False) -> None:
+        """Remember a refused connection (``unverified``: a claim by a peer that proved nothing)."""
         log.warning("refused agent %s from %s: %s", name or "?", address or "?", reason)
+        table, kept = ("worker_unverified_rejections", UNVERIFIED_KEPT) if unverified \
+            else ("worker_rejections", REJECTIONS_KEPT)
         with self.store.transaction() as db:
             # An agent that keeps retrying (every <= 10 s) shows once, at its latest attempt, and
             # cannot push other refusals out of the kept list.
-            db.execute("DELETE FROM worker_rejections WHERE name IS ? AND address IS ? AND version IS ? AND reason=?",
-                       (name, address, version, reason))
-            db.execute("INSERT INTO worker_rejections(ts, name, address, version, reason) VALUES (?,?,?,?,?)",
-                       (time.time(), name, address, version, reason))
-            db.execute("DELETE FROM worker_rejections WHERE id <= (SELECT MAX(id) FROM worker_rejections) - ?",
-                       (REJECTIONS_KEPT,))
+            if unverified:
+                db.execute(f"DELETE FROM {table} WHERE name IS ? AND address IS ? AND reason=?",
+                           (name, address, reason))
+                db.execute(f"INSERT INTO {table}(ts, name, address, reason) VALUES (?,?,?,?)",
+                           (time.time(), name, address, reason))
+            else:
+                db.execute(f"DELETE FROM {table} WHERE name IS ? AND address IS ? AND version IS ? AND reason=?",
+                           (name, address, version, reason))
+                db.execute(f"INSERT INTO {table}(ts, name, address, version, reason) VALUES (?,?,?,?,?)",
+                           (time.time(), name, address, version, reason))
+            db.execute(f"DELETE FROM {table} WHERE id <= (SELECT MAX(id) FROM {table}) - ?", (kept,))
 
     def latest(self, limit: int = 50) -> list[dict[str, Any]]:
-        """The newest refusals first, each with its age."""
-        rows = self.store.query(
-            "SELECT ts, name, address, version, reason FROM worker_rejections ORDER BY id DESC LIMIT ?", (limit,))
+        """The newest refusals first (both kinds), each with its age and ``unverified``."""
+        rows = [{**dict(r), "unverified": False} for r in self.store.query(
+            "SELECT ts, name, address, version, reason FROM worker_rejections ORDER BY id DESC LIMIT ?", (limit,))]
+        rows += [{**dict(r), "version": None, "unverified": True} for r in self.store.query(
+            "SELECT ts, name, address, reason FROM worker_unverified_rejections ORDER BY id DESC LIMIT ?",
+            (limit,))]
+        rows.sort(key=lambda r: r["ts"], reverse=True)
         now = time.time()
-        return [{**dict(r), "age_s": round(now - r["ts"], 1)} for r in rows]
+        return [{**r, "age_s": round(now - r["ts"], 1)} for r in rows[:limit]]
 
     def last_for(self, name: str) -> dict[str, Any] | None:
-        """The worker's latest refusal, or None."""
+        """The worker's latest refused hello, or None (an unverified claim under its name is not one)."""
         rows = self.store.query(
             "SELECT ts, address, version, reason FROM worker_rejections WHERE name=? ORDER BY id DESC LIMIT 1",
             (name,))

@@ -8,6 +8,7 @@ import contextlib
 import hmac
 import json
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -29,6 +30,9 @@ MessageHandler = Callable[[str, dict[str, Any]], Awaitable[None]]
 ConnectionListener = Callable[[str, bool], None]
 
 log = logging.getLogger("xpufleet.workers")
+
+# A version string the server repeats in a refusal: anything else is a peer's free text, not quoted.
+_VERSION_SHOWN = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+_-]{0,39}")
 
 
 @dataclass
@@ -167,13 +171,26 @@ class AgentSessions:
             if row["name"] and row["name"] != name:
                 return Admission(f"this join token is for worker {row['name']!r}, not {name!r}: start the agent "
                                  f"with --name {row['name']}")
+            if not row["name"] and self.enrolled(name):
+                return Admission(
+                    f"worker name {name!r} belongs to an enrolled worker, and this join token was not issued for "
+                    f"a name: its credential is unchanged. To join this machine as {name!r}, ask for a token "
+                    f"for that name (xpufleet workers reissue {name}, or a join token with name {name!r}); "
+                    f"else start the agent with another --name")
             out.join_hash = row["token_hash"]
             out.credential = new_secret("xfc")
         if hello["version"] != VERSION:
-            return Admission(f"version mismatch: the agent runs xpufleet {hello['version']}, the server {VERSION}; "
+            shown = shown_version(hello["version"]) or "an unreadable version"
+            return Admission(f"version mismatch: the agent runs xpufleet {shown}, the server {VERSION}; "
                              f"install the same version on both machines")
         return out
 
+    def enrolled(self, name: str) -> bool:
+        """Whether ``name`` is a worker the server knows (joined with a credential, a same-machine or SSH
+        worker, a pool instance): only a token issued for that name, or its own credential, may take it."""
+        if name in self.ctx.workers:
+            return True
+        return bool(self.ctx.store.query("SELECT 1 FROM workers WHERE name=?", (name,)))
 
     def name_in_use(self, hello: dict[str, Any], peer: str | None) -> str | None:
         """Why a second agent may not take a name an online agent holds (None when it may): two
@@ -203,7 +220,8 @@ class AgentSessions:
         try:
             first = await asyncio.wait_for(ws.receive(), timeout=AGENT_HELLO_TIMEOUT_S)
         except asyncio.TimeoutError:
-            self.rejections.record(None, peer, None, f"no hello within {AGENT_HELLO_TIMEOUT_S:g} s")
+            self.rejections.record(None, peer, None, f"unverified: a connection sent no hello within "
+                                                     f"{AGENT_HELLO_TIMEOUT_S:g} s", unverified=True)
             await ws.close(code=4400, message=b"no hello")
             return
         if first.type != aiohttp.WSMsgType.TEXT:
@@ -211,17 +229,15 @@ class AgentSessions:
         try:
             hello = protocol.decode(first.data, protocol.AGENT_TO_SIDECAR)
             if hello["type"] == "refused_server":  # an agent that does not trust this server's certificate
-                self.rejections.record(hello["name"], peer, hello["version"], (
-                    f"the agent refused this server's TLS certificate: it pins {hello['pinned']}, this server "
-                    f"presents {hello['seen']}; give it the join command this server prints (with its "
-                    f"--fingerprint)"))
+                self.rejections.record(hello["name"], peer, None, self._refused_server_claim(hello),
+                                       unverified=True)
                 await ws.close(code=4403, message=b"noted")
                 return
             if hello["type"] != "hello":
                 raise protocol.ProtocolError(f"the first message must be hello, not {hello['type']}")
         except protocol.ProtocolError as exc:
             name = _peek_name(first.data)
-            self.rejections.record(name, peer, None, f"bad hello: {exc}")
+            self.rejections.record(name, peer, None, f"unverified: bad hello: {exc}", unverified=True)
             with contextlib.suppress(Exception):
                 await ws.send_str(json.dumps({"type": "reject", "reason": f"bad hello: {exc}"}))
             await ws.close(code=4400, message=b"bad hello")
@@ -230,7 +246,7 @@ class AgentSessions:
         if admission.reason is None:
             admission.reason = self.name_in_use(hello, peer)
         if admission.reason is not None:
-            self.rejections.record(hello["name"], peer, hello.get("version"), admission.reason)
+            self.rejections.record(hello["name"], peer, shown_version(hello["version"]), admission.reason)
             with contextlib.suppress(Exception):
                 await ws.send_str(protocol.encode("reject", reason=admission.reason))
             await ws.close(code=4403, message=b"refused")
@@ -261,6 +277,23 @@ class AgentSessions:
         finally:
             conn.fail_pending()
             self._detach(st, conn)
+
+    def _refused_server_claim(self, msg: dict[str, Any]) -> str:
+        """The sentence listed for a ``refused_server``: the peer sent no secret, so it is a claim; only its
+        worker name and two fingerprints (hex pairs, by the contract) are quoted, and the one instruction
+        comes from this server."""
+        own = self.ctx.links.tls_fingerprint()
+        if own is None:
+            seen = (f"it saw certificate {msg['seen']}, yet this server serves plain HTTP (no certificate): "
+                    f"something else answered that agent")
+        elif msg["seen"] != own:
+            seen = (f"it saw certificate {msg['seen']}, which is not this server's ({own}): something between "
+                    f"them presents another certificate, or the claim is false")
+        else:
+            seen = f"this server presents {own}"
+        return (f"unverified: a connection that presented no credential says agent {msg['name']!r} refused this "
+                f"server's TLS certificate: it pins {msg['pinned']}; {seen}. If that agent is yours, give it "
+                f"the join command `xpufleet workers join-token --name {msg['name']}` prints on this server")
 
     async def _attach(self, conn: Connection, hello: dict[str, Any], admission: Admission) -> WorkerState:
         name = hello["name"]
@@ -461,9 +494,15 @@ def _offer_key(devices: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     return [(d["name"], d["kind"], d.get("uuid")) for d in devices]
 
 
+def shown_version(version: Any) -> str | None:
+    """``version`` when it looks like a version string, else None (a peer's free text is not repeated)."""
+    return version if isinstance(version, str) and _VERSION_SHOWN.fullmatch(version) else None
+
+
 def _peek_name(data: Any) -> str | None:
+    """The worker name a malformed first message carries, when it is one (else None)."""
     try:
         name = json.loads(data).get("name")
     except Exception:  # noqa: BLE001
         return None
-    return name[:64] if isinstance(name, str) else None
+    return name if isinstance(name, str) and protocol.worker_name_problem(name) is None else None

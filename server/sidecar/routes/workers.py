@@ -3,7 +3,9 @@
 ``setup(app)`` (called by ``create_app``) adds:
 
 * ``GET /api/agents/ws``: the agent WebSocket. Exempt from the session-token middleware: the agent
-  authenticates in its ``hello`` (session token, worker credential or one-time join token).
+  authenticates in its ``hello`` (session token, worker credential or one-time join token). A request with
+  an ``Origin`` header is refused (403) before the upgrade: browsers send one on every WebSocket handshake
+  and agents never do, so no web page (``null``, another site or this server's own) reaches the socket.
 * ``GET /api/workers`` -> ``{"workers": [...], "pools": [...], "add_worker": {...}, "this_server": {...}}``
   (every field of docs/workers.md's Workers panel; pool instances are listed with their pool; this server's own
   machine as a row of its own, never a worker),
@@ -46,7 +48,13 @@ def _registry(request: web.Request) -> WorkerRegistry:
 
 @routes.get(AGENT_WS_PATH)
 async def agent_ws(request: web.Request) -> web.StreamResponse:
-    """The agent's WebSocket; authentication happens in its hello."""
+    """The agent's WebSocket; authentication happens in its hello. Browsers are refused first (by ``Origin``)."""
+    origin = request.headers.get("Origin")
+    if origin is not None:  # WebSockets are outside CORS: without this, any page the user opens could dial in
+        log.warning("refused a browser's request for the agent socket from %s (Origin %.80r)", request.remote,
+                    origin)
+        return json_error(403, f"{AGENT_WS_PATH} is for worker agents, which send no Origin header; a web "
+                               f"page's request is refused")
     # Pings find a dead agent (power loss, half-open TCP) so its runs enter the resume grace.
     ws = web.WebSocketResponse(max_msg_size=protocol.MAX_MESSAGE_BYTES,
                                heartbeat=max(10.0, 3 * protocol.heartbeat_interval_s()))

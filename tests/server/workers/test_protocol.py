@@ -134,9 +134,14 @@ def test_outputs_messages():
 
 
 def test_refused_server_carries_no_secret_field():
-    msg = {"type": "refused_server", "name": "box", "version": "0.1.0", "pinned": "sha256:AA", "seen": "sha256:BB"}
-    assert protocol.decode(json.dumps(msg), protocol.AGENT_TO_SIDECAR)["seen"] == "sha256:BB"
+    pinned, seen = "sha256:" + ":".join(["AA"] * 32), "sha256:" + ":".join(["BB"] * 32)
+    msg = {"type": "refused_server", "name": "box", "version": "0.1.0", "pinned": pinned, "seen": seen}
+    assert protocol.decode(json.dumps(msg), protocol.AGENT_TO_SIDECAR)["seen"] == seen
     with pytest.raises(protocol.ProtocolError, match="too long"):
         protocol.validate({**msg, "seen": "x" * 500})
+    # only hex pairs: words or a URL in a fingerprint field are refused (issue 29)
+    for bad in ("sha256:AA", "re-join with --server http://evil.example", seen.lower()):
+        with pytest.raises(protocol.ProtocolError, match="'seen' is not a fingerprint"):
+            protocol.validate({**msg, "seen": bad})
     with pytest.raises(protocol.ProtocolError, match="not a worker name"):
         protocol.validate({**msg, "name": "a/b"})
