@@ -66,6 +66,7 @@ REJECTIONS_KEPT = 200
 # Connections that never sent a well-formed hello (no hello, a bad one, refused_server): what they say is
 # a claim nobody vouches for, kept apart and few, so a flood of them cannot push real refusals out.
 UNVERIFIED_KEPT = 20
+CLAIM_LOG_EVERY_S = 10.0  # a flood of them is one log line per this many seconds, with the count
 
 
 def hash_secret(secret: str) -> str:
@@ -94,11 +95,20 @@ class Rejections:
 
     def __init__(self, store: Any) -> None:
         self.store = store
+        self._quiet_until = 0.0  # unverified claims are logged at most once per CLAIM_LOG_EVERY_S
+        self._unlogged = 0
 
     def record(self, name: str | None, address: str | None, version: str | None, reason: str,
                unverified: bool = False) -> None:
         """Remember a refused connection (``unverified``: a claim by a peer that proved nothing)."""
-        log.warning("refused agent %s from %s: %s", name or "?", address or "?", reason)
+        if not unverified:
+            log.warning("refused agent %s from %s: %s", name or "?", address or "?", reason)
+        elif time.monotonic() >= self._quiet_until:
+            more = f" (and {self._unlogged} more unverified since the last such line)" if self._unlogged else ""
+            log.warning("refused a connection from %s: %s%s", address or "?", reason, more)
+            self._quiet_until, self._unlogged = time.monotonic() + CLAIM_LOG_EVERY_S, 0
+        else:
+            self._unlogged += 1
         table, kept = ("worker_unverified_rejections", UNVERIFIED_KEPT) if unverified \
             else ("worker_rejections", REJECTIONS_KEPT)
         with self.store.transaction() as db:
@@ -114,7 +124,8 @@ class Rejections:
                            (name, address, version, reason))
                 db.execute(f"INSERT INTO {table}(ts, name, address, version, reason) VALUES (?,?,?,?,?)",
                            (time.time(), name, address, version, reason))
-            db.execute(f"DELETE FROM {table} WHERE id <= (SELECT MAX(id) FROM {table}) - ?", (kept,))
+            db.execute(f"DELETE FROM {table} WHERE id NOT IN (SELECT id FROM {table} ORDER BY id DESC LIMIT ?)",
+                       (kept,))
 
     def latest(self, limit: int = 50) -> list[dict[str, Any]]:
         """The newest refusals first (both kinds), each with its age and ``unverified``."""
