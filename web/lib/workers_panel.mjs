@@ -99,7 +99,8 @@ export class WorkersPanel {
       return;
     }
     const known = new Set(this.workers.map((w) => w.name));
-    const rejected = this.rejectedList.filter((r) => !known.has(r.name));
+    // a known worker's refused hellos show on its card (last_rejection); unverified claims only here
+    const rejected = this.rejectedList.filter((r) => r.unverified || !known.has(r.name));
     const focus = focusKey(this.body);
     replace(this.body,
       this.thisServer ? this.serverCard(this.thisServer) : null,
