@@ -7,9 +7,11 @@ real sidecar and an agent simulating CUDA cards (tests/frontend/conftest.py); De
 from __future__ import annotations
 
 import math
+import re
 
 import browser_harness as bh  # registered by tests/frontend/conftest.py
 import pytest
+from playwright.sync_api import expect
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
 
@@ -100,11 +102,16 @@ def test_a_finished_runs_chart_keeps_loss_accuracy_and_throughput_apart_with_val
     assert (float(acc.get_attribute("data-y-min")), float(acc.get_attribute("data-y-max"))) == (0.0, 1.0)
     assert float(rate.get_attribute("data-y-max")) >= metrics["samples_per_s"][-1]["value"]
     # hover the middle of the loss panel: every panel's legend shows the values at that step
+    last_step = max(p["step"] for pts in metrics.values() for p in pts if p.get("step") is not None)
+    step_cell = loss.locator(".u-legend .u-series").first.locator(".u-value")
+    expect(step_cell).to_have_text(str(last_step), timeout=WAIT_MS)  # the legends show the latest values
     box = loss.locator(".u-over").bounding_box()
     page.mouse.move(box["x"] + box["width"] * 0.5, box["y"] + box["height"] * 0.5)
-    step_text = loss.locator(".u-legend .u-series").first.locator(".u-value").inner_text()
-    assert step_text not in ("—", "--", ""), step_text
-    step = int(step_text)
+    expect(step_cell).not_to_have_text(re.compile(rf"^(—|--|{last_step}|)$"), timeout=WAIT_MS)  # the hover's step
+    step = int(step_cell.inner_text())
+    for group in ("accuracy", "throughput"):  # the other panels follow the shared cursor
+        expect(panel(runs, group).locator(".u-legend .u-series").first.locator(".u-value")).to_have_text(
+            str(step), timeout=WAIT_MS)
     checked = 0
     for group in ("loss", "accuracy"):
         for row in panel(runs, group).locator(".u-legend .u-series").all()[1:]:
@@ -120,7 +127,10 @@ def test_a_finished_runs_chart_keeps_loss_accuracy_and_throughput_apart_with_val
     assert "rgb(22, 119, 255)" in marker.evaluate("(m) => getComputedStyle(m).borderColor + getComputedStyle(m).background")
     page.screenshot(path=str(screenshots / "runs-chart-hover.png"))
     page.mouse.move(5, 5)
-    # away from the plots: each legend shows its series' latest value
+    # away from the plots: each legend shows its series' latest value, once the page has handled the move
+    for group in ("loss", "accuracy", "throughput"):
+        expect(panel(runs, group).locator(".u-legend .u-series").first.locator(".u-value")).to_have_text(
+            str(last_step), timeout=WAIT_MS)
     rows = {r.locator(".u-label").inner_text(): r.locator(".u-value").inner_text()
             for r in rate.locator(".u-legend .u-series").all()}
     assert close_enough(rows["samples_per_s"], metrics["samples_per_s"][-1]["value"]), rows
@@ -201,6 +211,20 @@ def test_a_worker_runs_log_and_files_say_plainly_when_the_worker_is_not_connecte
     assert log.inner_text(timeout=WAIT_MS) == ("The output log is kept on worker gpu-box, which is not connected now: "
                                                "it shows here when the worker reconnects.")
     page.screenshot(path=str(screenshots / "runs-worker-offline.png"))
+
+
+def test_numbers_keep_the_zeros_of_their_whole_part(page):
+    """The CI failure under load: a throughput of 8,340.03 showed as "834" (web/lib/format.mjs ``num`` dropped
+    the trailing zeros of "8340", which toPrecision writes without a fraction); it failed whenever a run's
+    last throughput rounded to a ten, so it looked like a timing flake."""
+    shown = page.evaluate("""async () => {
+        const base = document.querySelector('script[type=module]').src;
+        const {num} = await import(new URL('../lib/format.mjs', base));
+        return [[8340.03, 4], [100.02, 3], [1000.4, 4], [999.96, 4], [-2500.1, 4], [0.5, 4], [0.93333, 4],
+                [123456.7, 4], [120000.5, 3], [1.5e-7, 3], [42, 4], [3.10, 3]].map(([v, d]) => num(v, d));
+    }""")
+    assert shown == ["8340", "100", "1000", "1000", "-2500", "0.5", "0.9333", "1.235e+5", "1.2e+5", "1.5e-7", "42",
+                     "3.1"]
 
 
 def test_the_row_facts_name_a_canvas_run_and_a_running_or_queued_one_in_both_languages(page):
