@@ -80,9 +80,9 @@ class SlurmPools:
         self.sidecar_url = sidecar_url
         # where a pool's workdir may be beside its own folder (the operator's, read once at start)
         self.workdir_roots = [r for r in os.environ.get(WORKDIR_ROOTS_ENV, "").split(os.pathsep) if r]
-        bad = [r for r in self.workdir_roots if not os.path.isabs(r)]
-        if bad:
-            raise SpecError(f"{WORKDIR_ROOTS_ENV}: {', '.join(bad)} is not an absolute folder")
+        for root in [r for r in self.workdir_roots if not os.path.isabs(r)]:  # fail closed: not a root
+            log.error("%s: %r is not an absolute folder; it is not used", WORKDIR_ROOTS_ENV, root)
+            self.workdir_roots.remove(root)
         self.errors: dict[str, str] = {}  # pool -> the last Slurm command error (shown with the pool)
         self._idle_since: dict[str, float] = {}
         self._shown: dict[str, Any] = {}  # pool -> what its runs' waiting texts were built from
