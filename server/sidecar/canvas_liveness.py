@@ -28,14 +28,14 @@ def verify_caller(pid: int, peer: Any, local: Any) -> float:
         proc = psutil.Process(pid)
         started = proc.create_time()
         lister = getattr(proc, "net_connections", None) or proc.connections  # psutil < 6 names it connections
-        conns = lister(kind="inet")
+        conns = lister(kind="tcp")
     except psutil.NoSuchProcess:
         raise NotTheCaller(f"comfy_pid {pid}: no such process") from None
     except psutil.AccessDenied:
         raise NotTheCaller(f"comfy_pid {pid} is a process of another user, not the ComfyUI that sent this "
                            f"request") from None
-    if not (isinstance(peer, tuple) and isinstance(local, tuple)):
-        return started  # not a TCP connection (nothing to match); the pid and its start time still count
+    if not (isinstance(peer, tuple) and isinstance(local, tuple)):  # the connection is gone already
+        raise NotTheCaller(f"comfy_pid {pid}: the request's connection closed before it could be matched")
     for c in conns:
         if c.laddr and c.raddr and c.laddr[1] == peer[1] and c.raddr[1] == local[1]:
             return started
