@@ -212,3 +212,11 @@ CANVAS_PROGRESS_MIN_S = 0.5  # a node's progress goes to the sidecar at most thi
 # options.deterministic (README "CLI"): torch's strict deterministic mode; on CUDA, cuBLAS is deterministic
 # only with a fixed workspace, which must be in the environment before its first handle is made.
 CUBLAS_WORKSPACE_CONFIG_DETERMINISTIC = ":4096:8"
+
+# Canvas runs (docs/canvas-runs.md): what one run may hold (past either: 413, the run ends interrupted),
+# how often the sidecar checks that each running one's ComfyUI lives, and how long a cancel waits for
+# ComfyUI to confirm before the sidecar ends the run itself
+CANVAS_RUN_EVENTS_MAX = 100_000
+CANVAS_RUN_EVENT_BYTES_MAX = 32 * 1024 * 1024
+CANVAS_WATCH_S = 2.0
+CANVAS_CANCEL_GRACE_S = 10.0

@@ -25,7 +25,8 @@ SLURM_OPTIONS = {
     "--retries": ("retries", int, "jobs submitted again for a run whose job ended without joining (default 2)"),
     "--simulate-gib": ("simulate_gib", float, "tests/demos: each card Slurm gives becomes a simulated card this big"),
     "--server-url": ("server_url", str, "the URL the nodes reach this sidecar at (default: its own)"),
-    "--workdir": ("workdir", str, "a folder the nodes see for outputs and the credential file"),
+    "--workdir": ("workdir", str, "a folder the nodes see for outputs and the credential file, inside "
+                                      "$XPUFLEET_HOME/slurm/NAME or a root in XPUFLEET_SLURM_WORKDIR_ROOTS"),
 }
 
 
@@ -35,7 +36,8 @@ def add_slurm_options(c: argparse.ArgumentParser) -> None:
     for opt, (dest, typ, text) in SLURM_OPTIONS.items():
         c.add_argument(opt, dest=f"slurm_{dest}", type=typ, default=None, help=text)
     c.add_argument("--sbatch-args", dest="slurm_sbatch_args", default=None, metavar="ARGS",
-                   help="more sbatch options, shell-quoted, e.g. \"--qos=long --mem=8G\"")
+                   help="more sbatch options, shell-quoted, e.g. \"--qos=long --mem=8G\" (only resource options: "
+                        "docs/slurm-and-k8s.md lists them)")
 
 
 def slurm_body(args: argparse.Namespace) -> dict[str, Any]:

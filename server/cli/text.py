@@ -1,28 +1,43 @@
 """Untrusted text on a terminal: the one helper every ``xpufleet`` command prints run and worker data
 through (names, errors, log lines, reasons), so a run named ``"\\x1b[2J..."`` cannot clear the screen,
-paint text or reorder a line.
+paint text, reorder a line or start a new one.
 
-Escaped: C0 and C1 control characters (ESC, BEL, CR, backspace, ...), DEL, the Unicode bidirectional
-overrides and isolates (which reorder what a line shows), and lone surrogates (which no terminal
-encoding can print). Each becomes its Python escape (``\\x1b``, ``\\u202e``), so nothing is lost.
+An allow-list: letters, marks, numbers, punctuation, symbols and spaces (Unicode categories L*, M*, N*,
+P*, S*, Zs) pass, and the zero-width joiners ZWNJ/ZWJ that some scripts and emoji need. Everything else
+is escaped: C0 and C1 controls (ESC, BEL, CR, NEL U+0085, ...), DEL, the line and paragraph separators
+(U+2028, U+2029), format characters (the bidirectional overrides, isolates and marks that reorder what a
+line shows, zero-width spaces, ...), private-use and unassigned code points, and lone surrogates (which
+no terminal encoding can print). Each becomes its Python escape (``\\x1b``, ``\\u2028``), so nothing is
+lost.
 """
 
 from __future__ import annotations
 
-import re
+import unicodedata
+from functools import lru_cache
 from typing import Any
 
-_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
-_UNSAFE_ONE_LINE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+_JOINERS = frozenset("\u200c\u200d")
 
 
-def _escape(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+@lru_cache(maxsize=4096)
+def _printable(ch: str) -> bool:
+    category = unicodedata.category(ch)
+    return category[0] in "LMNPS" or category == "Zs" or ch in _JOINERS
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def safe(value: Any, lines: bool = False) -> str:
-    """``str(value)`` with every control character escaped. ``lines`` keeps newlines and tabs (a
-    multi-line error); otherwise they are escaped too (a table cell, a name)."""
+    """``str(value)`` with every character outside the printable categories escaped. ``lines`` keeps
+    newlines and tabs (a multi-line error); otherwise they are escaped too (a table cell, a name)."""
     text = value if isinstance(value, str) else str(value)
-    return (_UNSAFE if lines else _UNSAFE_ONE_LINE).sub(_escape, text)
+    if text.isascii() and text.isprintable():  # the common case: nothing to look up
+        return text
+    keep = "\n\t" if lines else ""
+    return "".join(ch if ch in keep or _printable(ch) else _escape(ch) for ch in text)

@@ -4,7 +4,9 @@ A local run whose process is still alive (an orphan: it got EOF on stdin and is 
 slot until it is gone; the others end ``interrupted``, keeping a result their process wrote to
 events.jsonl meanwhile. Worker runs keep their slots: the worker registry takes them over when the
 agent reconnects. A canvas run (docs/canvas-runs.md) stays running while its ComfyUI process lives (the plugin
-goes on reporting to the new sidecar), else it ends ``interrupted``.
+goes on reporting to the new sidecar), else it ends ``interrupted``; from then on a watch checks every
+``CANVAS_WATCH_S`` that each running canvas run's ComfyUI lives (else ``interrupted``), and ends
+``cancelled`` one whose cancel ComfyUI has not confirmed within ``CANVAS_CANCEL_GRACE_S``.
 """
 
 from __future__ import annotations
@@ -13,12 +15,13 @@ import asyncio
 import contextlib
 import json
 import os
+import time
 from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
-from ...common.runtime_file import pid_alive
-from ...constants import LOCAL_PROVIDER
+from ...constants import CANVAS_CANCEL_GRACE_S, CANVAS_WATCH_S, LOCAL_PROVIDER
+from .canvas_liveness import comfy_alive
 from .providers import RunHost
 from .slots import SlotBook
 
@@ -47,10 +50,7 @@ class Recovery:
         issue takes them over when the agent reconnects."""
         for run in self._store.active():
             if run.get("source") == "canvas":  # ComfyUI runs it: it goes on reporting unless ComfyUI is gone
-                pid = run["execution_facts"].get("comfy_pid")
-                if not pid_alive(pid) and self._store.finish(
-                        run["id"], "interrupted", error=f"ComfyUI (pid {pid}) is gone; the run's end never reached the server"):
-                    self._notify(run["id"])
+                self._end_if_gone(run)
                 continue
             is_local = run["placement"] == "local" or (run["placement"] is None and run["target"] == LOCAL_PROVIDER)
             if not is_local:
@@ -64,6 +64,40 @@ class Recovery:
                 self._spawn(self._await_orphan(run))
             else:
                 self._finish_recovered(run)
+
+        self._spawn(self._watch_canvas())
+
+    def _end_if_gone(self, run: dict[str, Any]) -> bool:
+        if comfy_alive(run["execution_facts"]):
+            return False
+        pid = run["execution_facts"].get("comfy_pid")
+        if self._store.finish(run["id"], "interrupted",
+                              error=f"ComfyUI (pid {pid}) is gone; the run's end never reached the server"):
+            self._notify(run["id"])
+        return True
+
+    def check_canvas(self, cancels: dict[str, float]) -> None:
+        """One pass of the watch: running canvas runs whose ComfyUI is gone end ``interrupted``; those whose
+        cancel was asked ``CANVAS_CANCEL_GRACE_S`` ago (first seen by ``cancels``: run id -> monotonic) and
+        that ComfyUI has not ended end ``cancelled``."""
+        running, _ = self._store.list_runs(statuses=["running"], source="canvas", limit=1000)
+        now = time.monotonic()
+        for run in running:
+            if self._end_if_gone(run) or not run["cancel_requested"]:
+                continue
+            if now - cancels.setdefault(run["id"], now) >= CANVAS_CANCEL_GRACE_S and self._store.finish(
+                    run["id"], "cancelled", error=f"cancelled; ComfyUI did not confirm within "
+                                                  f"{CANVAS_CANCEL_GRACE_S:g} s, so the sidecar ended the run"):
+                self._notify(run["id"])
+        alive = {r["id"] for r in running}
+        for run_id in [r for r in cancels if r not in alive]:
+            del cancels[run_id]
+
+    async def _watch_canvas(self) -> None:
+        cancels: dict[str, float] = {}
+        while True:
+            await asyncio.sleep(CANVAS_WATCH_S)
+            self.check_canvas(cancels)
 
     async def _await_orphan(self, run: dict[str, Any]) -> None:
         pid = int(run["pid"])

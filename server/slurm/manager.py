@@ -25,11 +25,11 @@ from typing import Any
 from ...common import atomic
 from ...common.schema import Schema
 from ...common.signals import cancel_and_wait
-from ...constants import SLURM_OUTPUT_TAIL_LINES, SLURM_TICK_S
+from ...constants import SLURM_OUTPUT_TAIL_LINES, SLURM_TICK_S, WORKER_NAME_RE
 from . import slurmctl
 from .scaling import JobView, WaitingRun, plan_scaling, retry_backoff
 from .script import JobPaths, instance_name, job_cards, job_name, job_script, sbatch_argv
-from .spec import SlurmSpec, spec_from_json
+from .spec import WORKDIR_ROOTS_ENV, SlurmSpec, SpecError, confine_workdir, spec_from_json
 from .squeue import GONE, LIVE_STATES, JobStatus, state_text
 
 log = logging.getLogger("xpufleet.slurm")
@@ -78,6 +78,11 @@ class SlurmPools:
         self.dispatcher = registry.ctx.runs
         self.home = Path(home)
         self.sidecar_url = sidecar_url
+        # where a pool's workdir may be beside its own folder (the operator's, read once at start)
+        self.workdir_roots = [r for r in os.environ.get(WORKDIR_ROOTS_ENV, "").split(os.pathsep) if r]
+        for root in [r for r in self.workdir_roots if not os.path.isabs(r)]:  # fail closed: not a root
+            log.error("%s: %r is not an absolute folder; it is not used", WORKDIR_ROOTS_ENV, root)
+            self.workdir_roots.remove(root)
         self.errors: dict[str, str] = {}  # pool -> the last Slurm command error (shown with the pool)
         self._idle_since: dict[str, float] = {}
         self._shown: dict[str, Any] = {}  # pool -> what its runs' waiting texts were built from
@@ -94,6 +99,20 @@ class SlurmPools:
     def paths(self, pool: str, spec: SlurmSpec) -> JobPaths:
         return JobPaths.under(spec.workdir or str(self.home / "slurm" / pool))
 
+    def confine(self, pool: str, spec: SlurmSpec) -> None:
+        """SpecError unless the pool's workdir is its own folder's, or inside one the operator allows."""
+        if spec.workdir is None:
+            return
+        own = [str(self.home / "slurm" / pool)] if WORKER_NAME_RE.match(pool) else []
+        confine_workdir(spec.workdir, own + self.workdir_roots)
+
+    def _workdir_problem(self, pool: str, spec: SlurmSpec) -> str | None:
+        try:
+            self.confine(pool, spec)
+        except SpecError as exc:  # a pool stored before the check, or a root the operator has since removed
+            return str(exc)
+        return None
+
     def insert(self, db: Any, pool: str, spec: SlurmSpec) -> None:
         """In the transaction that creates the pool."""
         db.execute("INSERT INTO slurm_pools(pool, spec, tag) VALUES (?,?,?)",
@@ -101,6 +120,9 @@ class SlurmPools:
 
     def set_credential(self, pool: str, spec: SlurmSpec, token: str) -> None:
         """The pool's credential for its jobs: a 0600 file in the pool's folder (never on a command line)."""
+        problem = self._workdir_problem(pool, spec)
+        if problem:
+            raise SpecError(problem)
         paths = self.paths(pool, spec)
         Path(paths.workdir).mkdir(parents=True, exist_ok=True, mode=0o700)
         _write_private(Path(paths.credential), token + "\n")
@@ -229,6 +251,10 @@ class SlurmPools:
             return
         for pool, (spec, tag) in pools.items():
             self.errors.pop(pool, None)
+            problem = self._workdir_problem(pool, spec)
+            if problem:  # nothing is written or submitted there
+                self.errors[pool] = problem
+                continue
             self._write_server(pool, spec)
             self._reconcile(pool, spec, [s for s in statuses if s.name == job_name(tag)])
             await self._scale(pool, spec, tag)

@@ -6,8 +6,9 @@ Every field is checked here so that a bad value is a 400 naming the field before
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -17,6 +18,10 @@ from ...constants import (
     SLURM_DEFAULT_MAX_JOBS,
     SLURM_DEFAULT_RETRIES,
 )
+from .sbatch_opts import OptionError, parse_sbatch_args
+
+# Folders (os.pathsep-separated) where a pool's workdir may be, beside $XPUFLEET_HOME/slurm/POOL
+WORKDIR_ROOTS_ENV = "XPUFLEET_SLURM_WORKDIR_ROOTS"
 
 FIELDS = ("partition", "gres", "time_limit", "account", "sbatch_args", "python", "max_jobs", "idle_exit_s",
           "retries", "simulate_gib", "server_url", "workdir")
@@ -26,10 +31,6 @@ _GRES_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,31}(:[A-Za-z][A-Za-z0-9_.-]{0,
 # sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
 _TIME_RE = re.compile(r"^(\d{1,6}|\d{1,6}:\d{1,2}|\d{1,6}:\d{1,2}:\d{1,2}|\d{1,4}-\d{1,2}(:\d{1,2}){0,2})$")
 _URL_RE = re.compile(r"^https?://[A-Za-z0-9.\-\[\]:]+(/[^\s]*)?$")
-# Options the sidecar sets itself: given again through sbatch_args they would break the job's matching
-# (name), its report (output) or its cards (gres); --wrap/--parsable change what sbatch does.
-RESERVED_SBATCH = ("--job-name", "-J", "--output", "-o", "--error", "-e", "--gres", "--wrap", "--parsable",
-                   "--array", "-a", "--partition", "-p", "--account", "-A", "--time", "-t")
 
 
 class SpecError(ValueError):
@@ -103,15 +104,22 @@ def _sbatch_args(raw: Mapping[str, Any]) -> tuple[str, ...]:
         raise SpecError("slurm.sbatch_args must be a list of strings, e.g. [\"--qos=long\", \"--mem=8G\"]")
     for arg in value:
         _no_control("sbatch_args", arg)
-        if not arg.startswith("-"):
-            raise SpecError(f"slurm.sbatch_args: {arg!r} is not an option; give each as --name=value "
-                            f"(a job script or a command is the sidecar's)")
-        opt = arg.split("=", 1)[0]
-        short = opt[:2] if not opt.startswith("--") else opt
-        if opt in RESERVED_SBATCH or short in RESERVED_SBATCH:
-            raise SpecError(f"slurm.sbatch_args: {opt} is set by the pool itself; use the pool's own setting "
-                            f"(partition, account, time_limit, gres) or leave it out")
-    return tuple(value)
+    try:
+        return parse_sbatch_args(value)
+    except OptionError as exc:
+        raise SpecError(str(exc)) from None
+
+
+def confine_workdir(workdir: str, roots: Sequence[str]) -> None:
+    """``workdir`` (symlinks resolved) must be one of ``roots`` or inside one; SpecError names the roots."""
+    real = os.path.realpath(workdir)
+    for root in roots:
+        base = os.path.realpath(root)
+        if os.path.commonpath([real, base]) == base:
+            return
+    shown = real if real != workdir else ""
+    raise SpecError(f"slurm.workdir {workdir!r}{f' (that is {shown})' if shown else ''} is outside the folders a "
+                    f"pool may use: {', '.join(roots)} (an operator adds more with {WORKDIR_ROOTS_ENV})")
 
 
 def parse_spec(raw: Any) -> SlurmSpec:

@@ -4,12 +4,16 @@
 an Indexed Job whose pods each run one one-shot agent (``restartPolicy: Never``: an agent that ended its
 run exits 0 and its pod completes) with ``nvidia.com/gpu`` limits and a node selector. Names follow
 Kubernetes' rules (RFC 1123); a value that cannot be one is refused with the rule, never rewritten.
+A control character (a newline, U+2028, ...) in any value is refused; every ``$`` in the container's
+command is written ``$$``, so the kubelet, which expands ``$(VAR)`` there from the container's
+environment (the credential is ``$(XPUFLEET_AGENT_JOIN_TOKEN)``), hands the agent the value as given.
 There is no API-server client: nothing here could be tested against a real API server.
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +25,8 @@ from ...constants import K8S_GPU_RESOURCE
 _LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # an RFC 1123 label (namespace, Job name part)
 _IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-/:@+]{0,511}$")
 _SEL_KEY_RE = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_URL_RE = re.compile(r"^https?://[^\s/?#]+(/[^\s]*)?$")
+_FINGERPRINT_RE = re.compile(r"^(sha256:)?[A-Fa-f0-9:]{1,200}$")
 _SEL_VALUE_RE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 NAME_PREFIX = "xpufleet-"
 MAX_POOL_LEN = 63 - len(NAME_PREFIX) - len("-credential")  # every derived name stays a valid label
@@ -47,8 +53,31 @@ class K8sExport:
     node_selector: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_NODE_SELECTOR))
 
 
+def _control(value: str) -> bool:
+    """A character that would break a line or act on a terminal: Cc, the line and paragraph separators."""
+    return any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in value)
+
+
+def escape_expansion(value: str) -> str:
+    """``value`` for a container's command or args: the kubelet reduces ``$$`` to ``$`` and expands
+    ``$(NAME)`` from the environment, so each ``$`` is doubled."""
+    return value.replace("$", "$$")
+
+
 def check_export(ex: K8sExport) -> None:
     """Raise :class:`ExportError` naming the first value Kubernetes would not take."""
+    for label, value in (("--server-url", ex.server_url), ("--python", ex.python), ("--image", ex.image),
+                         ("--namespace", ex.namespace), ("pool name", ex.pool),
+                         ("fingerprint", ex.fingerprint or ""),
+                         *((f"--node-selector {k}", f"{k}={v}") for k, v in ex.node_selector.items())):
+        if not isinstance(value, str) or _control(value):
+            raise ExportError(f"{label} {value!r} holds a control character (a newline, tab, U+2028, ...): "
+                              f"write it on one line")
+    if not _URL_RE.match(ex.server_url):
+        raise ExportError(f"--server-url {ex.server_url!r} is not a URL the pods can reach: http://HOST:PORT or "
+                          f"https://HOST:PORT, no spaces")
+    if ex.fingerprint is not None and not _FINGERPRINT_RE.match(ex.fingerprint):
+        raise ExportError(f"fingerprint {ex.fingerprint!r} is not a SHA-256 fingerprint in hex")
     if not isinstance(ex.pool, str) or not _LABEL_RE.match(ex.pool) or len(ex.pool) > MAX_POOL_LEN:
         raise ExportError(f"pool name {ex.pool!r} cannot name Kubernetes objects: lower-case letters, digits and "
                           f"'-', starting and ending with a letter or digit, up to {MAX_POOL_LEN} characters "
@@ -75,6 +104,8 @@ def manifests(ex: K8sExport, credential: str) -> list[dict[str, Any]]:
     check_export(ex)
     base = f"{NAME_PREFIX}{ex.pool}"
     labels = {"app.kubernetes.io/name": "xpufleet-agent", "xpufleet.dev/pool": ex.pool}
+    if _control(credential):
+        raise ExportError("the credential holds a control character: give the one the pool printed")
     secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
               "metadata": {"name": f"{base}-credential", "namespace": ex.namespace, "labels": labels},
               "stringData": {"credential": credential}}
@@ -82,6 +113,7 @@ def manifests(ex: K8sExport, credential: str) -> list[dict[str, Any]]:
                "--server", ex.server_url]
     if ex.fingerprint and ex.server_url.startswith("https://"):
         command += ["--fingerprint", ex.fingerprint]
+    command = [escape_expansion(part) for part in command]
     container: dict[str, Any] = {
         "name": "agent", "image": ex.image, "command": command,
         "env": [{"name": "XPUFLEET_AGENT_JOIN_TOKEN",

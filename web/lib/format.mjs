@@ -14,12 +14,15 @@ export function memGib(value, digits = 2) {
   return v > 0 && v < 0.01 ? bytes(v * 1024 ** 3) : gib(v, digits);
 }
 
+/** ``value`` to ``digits`` significant digits, trailing zeros of its fraction dropped (8340.03 -> "8340",
+ * 0.5000 -> "0.5", 1.200e+5 -> "1.2e+5"); the zeros of a whole part are digits and stay. */
 export function num(value, digits = 3) {
   if (value === null || value === undefined) return "—";
   const v = Number(value);
   if (!Number.isFinite(v)) return String(value);
   if (Number.isInteger(v)) return String(v);
-  return v.toPrecision(digits).replace(/\.?0+$/, "");
+  const text = v.toPrecision(digits);
+  return text.includes(".") ? text.replace(/\.?0+(?=e|$)/, "") : text;
 }
 
 export function ago(seconds) {

@@ -159,11 +159,11 @@ export class MetricsChart {
           })),
         ],
         hooks: {
-          // the y range each panel shows, for the tests and for a screen reader's summary
+          // the ranges each panel shows, for the tests (a step's place on the plot) and a screen reader's summary
           setScale: [(u, key) => {
-            if (key !== "y") return;
-            box.dataset.yMin = String(u.scales.y.min);
-            box.dataset.yMax = String(u.scales.y.max);
+            if (key !== "x" && key !== "y") return;
+            box.dataset[`${key}Min`] = String(u.scales[key].min);
+            box.dataset[`${key}Max`] = String(u.scales[key].max);
           }],
         },
       }, data, box);

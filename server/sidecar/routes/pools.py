@@ -13,6 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from ...contracts.workers import PoolCreate, PoolExport
+from ...slurm.spec import SpecError, parse_spec
 from ...workers.state import WorkerError
 from .. import openapi
 from .common import Body, body, no_body
@@ -32,7 +33,14 @@ async def create_pool(request: web.Request, sent: Body[PoolCreate]) -> web.Respo
     body = sent.raw  # the name and the Slurm settings as sent: the registry checks them (workers/pools.py)
     if "slurm" in body and body["slurm"] is None:
         raise WorkerError("slurm must be an object of settings (or true for the defaults), not null")
-    out = request.app[REGISTRY_KEY].create_pool(body.get("name"), server_url(request), body.get("slurm"))
+    registry = request.app[REGISTRY_KEY]
+    slurm = body.get("slurm")
+    if slurm is not None and registry.slurm is not None:  # its workdir, confined before anything is written
+        try:
+            registry.slurm.confine(str(body.get("name")), parse_spec(slurm))
+        except SpecError as exc:
+            raise WorkerError(str(exc)) from None
+    out = registry.create_pool(body.get("name"), server_url(request), slurm)
     return web.json_response(out, status=201)
 
 

@@ -4,17 +4,23 @@ every bad body a clear 400; a cancel recorded for the plugin; a stale run ended;
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import sqlite3
 import subprocess
 import sys
 from typing import Any
 
+import psutil
 import pytest
 import sidecar_harness as harness  # registered by tests/server/conftest.py
 
-from xpufleet.constants import CANVAS_EVENTS_MAX
+from xpufleet.constants import CANVAS_EVENTS_MAX, CANVAS_RUN_EVENT_BYTES_MAX
+from xpufleet.server.sidecar import recovery
+from xpufleet.server.sidecar.keys import STORE_KEY
 from xpufleet.server.sidecar.openapi import document
+from xpufleet.server.sidecar.routes import canvas as canvas_routes
 from xpufleet.server.sidecar.store import Store
 
 
@@ -39,7 +45,9 @@ async def test_a_canvas_run_is_listed_with_source_canvas_its_series_and_its_end(
     assert resp.status == 201, await resp.text()
     run = await resp.json()
     assert (run["status"], run["source"], run["placement"], run["devices"]) == ("running", "canvas", "canvas", [])
-    assert run["execution_facts"] == {"comfy_pid": os.getpid(), "comfy_prompt_id": "p-1"}
+    facts = run["execution_facts"]
+    assert facts == {"comfy_pid": os.getpid(), "comfy_prompt_id": "p-1", "comfy_started": facts["comfy_started"]}
+    assert facts["comfy_started"] == psutil.Process().create_time()  # who it is, beside the pid
     events = [_metric(i + 1, "train_loss_batch", 2.0 - i / 10, i) for i in range(5)]
     events.append({"type": "progress", "payload": {"node": "8", "value": 5, "max": 5, "text": ""}, "ts": 9.0, "seq": 6})
     resp = await client.post(f"/api/canvas/runs/{run['id']}/events", json={"events": events}, headers=auth)
@@ -140,7 +148,8 @@ async def test_a_new_canvas_run_ends_the_stale_ones(sidecar_client):
     dead.wait()
 
     client, auth = await started(sidecar_client)
-    gone = await (await client.post("/api/canvas/runs", json=new_run(dead.pid), headers=auth)).json()
+    gone = {"id": client.app[STORE_KEY].create_canvas_run(graph=harness.iris_graph(1), name="old",
+                                                          facts={"comfy_pid": dead.pid})}
     mine = await (await client.post("/api/canvas/runs", json=new_run(), headers=auth)).json()
     again = await (await client.post("/api/canvas/runs", json=new_run(), headers=auth)).json()
     states = {r["id"]: (r["status"], r["error"]) for r in (await (await client.get("/api/runs", headers=auth)).json())["runs"]}
@@ -196,3 +205,154 @@ async def test_a_restarted_sidecar_ends_the_canvas_runs_whose_comfyui_is_gone_an
     resp = await client.post(f"/api/canvas/runs/{alive}/events", json={
         "events": [_metric(1, "val_accuracy", 0.9, 1)], "finished": {"status": "succeeded"}}, headers=auth)
     assert (await resp.json())["status"] == "succeeded"
+
+
+# --- issue 29: a canvas run whose ComfyUI is gone or never was; cancel always ends it; a per-run cap ---
+
+FAKE_COMFY = """
+import json, os, sys, time, urllib.request
+url, token, graph = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+body = json.dumps({"prompt_id": "p-x", "name": "fake", "graph": graph, "comfy_pid": os.getpid()}).encode()
+req = urllib.request.Request(url + "/api/canvas/runs", data=body,
+                             headers={"Authorization": "Bearer " + token, "Content-Type": "application/json"})
+print(json.load(urllib.request.urlopen(req, timeout=60))["id"], flush=True)
+time.sleep(600)
+"""
+
+
+async def _fake_comfy(client: Any, auth: dict[str, str]) -> tuple[Any, str]:
+    """A real process that records a canvas run with its own pid, as the plugin does, then stays silent."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", FAKE_COMFY, str(client.make_url("")).rstrip("/"), auth["Authorization"][7:],
+        json.dumps(harness.iris_graph(1)), stdout=asyncio.subprocess.PIPE)
+    line = await asyncio.wait_for(proc.stdout.readline(), 120)
+    assert line, "the stand-in ComfyUI made no run"
+    return proc, line.decode().strip()
+
+
+async def _await_status(client: Any, auth: dict[str, str], run_id: str, status: str, timeout: float = 120) -> dict:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        run = await (await client.get(f"/api/runs/{run_id}", headers=auth)).json()
+        if run["status"] == status:
+            return run
+        assert asyncio.get_running_loop().time() < deadline, (status, run["status"], run["error"])
+        await asyncio.sleep(0.2)  # the watch has no push channel to a test: a bounded poll
+
+
+@pytest.mark.parametrize("pid_of", ["init", "dead", "other"])
+async def test_a_canvas_run_naming_a_pid_that_did_not_send_it_is_refused(sidecar_client, pid_of):
+    """The probe's repro: comfy_pid 1 made a run no cancel, DELETE or restart could end."""
+    client, auth = await started(sidecar_client)
+    if pid_of == "init":
+        pid = 1
+    elif pid_of == "dead":
+        dead = subprocess.Popen([sys.executable, "-c", "pass"])
+        dead.wait()
+        pid = dead.pid
+    else:  # a live process of this user that holds no connection to the sidecar
+        other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        pid = other.pid
+    try:
+        resp = await client.post("/api/canvas/runs", json=new_run(pid), headers=auth)
+        error = (await resp.json())["error"]
+        assert resp.status == 400 and f"comfy_pid {pid}" in error, (resp.status, error)
+    finally:
+        if pid_of == "other":
+            other.kill()
+            other.wait()
+    assert (await (await client.get("/api/runs", headers=auth)).json())["runs"] == []
+
+
+async def test_a_canvas_run_whose_comfyui_dies_ends_interrupted_and_can_be_deleted(sidecar_client):
+    client, auth = await started(sidecar_client)
+    proc, run_id = await _fake_comfy(client, auth)
+    assert (await client.delete(f"/api/runs/{run_id}", headers=auth)).status == 409  # running: ComfyUI lives
+    proc.kill()
+    await proc.wait()
+    run = await _await_status(client, auth, run_id, "interrupted")
+    assert run["error"] == f"ComfyUI (pid {proc.pid}) is gone; the run's end never reached the server"
+    assert (await client.delete(f"/api/runs/{run_id}", headers=auth)).status == 200
+
+
+async def test_a_cancel_ends_a_canvas_run_whose_comfyui_never_confirms(sidecar_client, monkeypatch):
+    monkeypatch.setattr(recovery, "CANVAS_CANCEL_GRACE_S", 2.0)
+    client, auth = await started(sidecar_client)
+    proc, run_id = await _fake_comfy(client, auth)  # alive, silent: it never interrupts anything
+    try:
+        resp = await client.post(f"/api/runs/{run_id}/cancel", json={}, headers=auth)
+        assert (await resp.json())["status"] == "running"  # ComfyUI is asked first
+        run = await _await_status(client, auth, run_id, "cancelled")
+        assert "ComfyUI did not confirm within 2 s" in run["error"]
+        # the plugin's next post still tells it to interrupt the prompt, and stores nothing
+        answer = await (await client.post(f"/api/canvas/runs/{run_id}/events", json={
+            "events": [_metric(1, "loss", 1.0, 1)]}, headers=auth)).json()
+        assert answer == {"stored": 0, "status": "cancelled", "cancel_requested": True}
+        assert (await client.delete(f"/api/runs/{run_id}", headers=auth)).status == 200
+    finally:
+        proc.kill()
+        await proc.wait()
+
+
+async def test_a_cancel_of_a_canvas_run_whose_comfyui_is_gone_ends_it_at_once(sidecar_client):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    client, auth = await started(sidecar_client)
+    run_id = client.app[STORE_KEY].create_canvas_run(graph=harness.iris_graph(1), name="old",
+                                                     facts={"comfy_pid": dead.pid})  # a run from before the watch
+    resp = await client.post(f"/api/runs/{run_id}/cancel", json={}, headers=auth)
+    assert (await resp.json())["status"] == "cancelled"
+    assert (await client.delete(f"/api/runs/{run_id}", headers=auth)).status == 200
+
+
+async def test_a_reused_pid_is_another_process(sidecar_client):
+    client, auth = await started(sidecar_client)
+    created = await (await client.post("/api/canvas/runs", json=new_run(), headers=auth)).json()
+    run_id = created["id"]
+    facts = dict(created["execution_facts"], comfy_started=created["execution_facts"]["comfy_started"] - 100)
+    store = client.app[STORE_KEY]
+    with store.transaction() as db:  # as if this pid had been reused by another process since
+        db.execute("UPDATE runs SET execution_facts=? WHERE id=?", (json.dumps(facts), run_id))
+    await _await_status(client, auth, run_id, "interrupted")
+
+
+async def test_past_its_cap_a_canvas_run_stores_nothing_more_and_ends_with_a_413(sidecar_client, tmp_path):
+    """The probe's repro: 80 MiB of posted events grew state.db to 178 MiB. 1 MiB events up to 40 MiB."""
+    client, auth = await started(sidecar_client)
+    run_id = (await (await client.post("/api/canvas/runs", json=new_run(), headers=auth)).json())["id"]
+    big = "x" * 2**20
+    statuses = []
+    for batch in range(10):
+        events = [{"type": "log", "payload": {"node": "1", "text": big}, "ts": 1.0, "seq": batch * 4 + i + 1}
+                  for i in range(4)]
+        resp = await client.post(f"/api/canvas/runs/{run_id}/events", json={"events": events}, headers=auth)
+        statuses.append(resp.status)
+        if resp.status == 413:
+            error = (await resp.json())["error"]
+            break
+    assert statuses == [200] * 7 + [413], statuses  # 28 MiB stored; the batch that would pass 32 MiB is refused
+    assert f"{CANVAS_RUN_EVENT_BYTES_MAX // 2**20} MiB" in error and "recording stopped" in error
+    run = await (await client.get(f"/api/runs/{run_id}", headers=auth)).json()
+    assert run["status"] == "interrupted" and run["error"] == error
+    late = await client.post(f"/api/canvas/runs/{run_id}/events", json={"events": []}, headers=auth)
+    assert late.status == 409
+    db = tmp_path / "home" / "state.db"
+    assert db.stat().st_size + (db.with_name("state.db-wal").stat().st_size if db.with_name("state.db-wal").exists()
+                                else 0) < 48 * 2**20
+    assert (await client.delete(f"/api/runs/{run_id}", headers=auth)).status == 200
+
+
+async def test_past_the_event_count_cap_a_canvas_run_ends_with_a_413(sidecar_client, monkeypatch):
+    monkeypatch.setattr(canvas_routes, "CANVAS_RUN_EVENTS_MAX", 2500)  # the rule, at a size a test can reach fast
+    client, auth = await started(sidecar_client)
+    run_id = (await (await client.post("/api/canvas/runs", json=new_run(), headers=auth)).json())["id"]
+    codes = []
+    for batch in range(4):
+        events = [_metric(batch * 1000 + i + 1, "loss", 1.0, i) for i in range(1000)]
+        codes.append((await client.post(f"/api/canvas/runs/{run_id}/events", json={"events": events},
+                                        headers=auth)).status)
+        if codes[-1] != 200:
+            break
+    assert codes == [200, 200, 413]
+    stored = client.app[STORE_KEY].query("SELECT COUNT(*) AS n FROM events WHERE run_id=? AND type='metric'", (run_id,))
+    assert stored[0]["n"] == 2000

@@ -75,3 +75,60 @@ def test_arbitrary_names_are_refused_or_round_trip_intact(pool, image, namespace
 def test_every_accepted_export_validates(pool, namespace, image, gpus):
     _validate(manifests(K8sExport(pool=pool, server_url="http://h:1", image=image, namespace=namespace,
                                   gpus=gpus), "xfp_x"))
+
+
+def _kubelet_expand(text: str, env: dict[str, str]) -> str:
+    """What the kubelet does to a container's command: ``$$`` -> ``$``, ``$(NAME)`` -> NAME's value when
+    the container defines it (else left as written) (k8s.io/kubernetes third_party/forked/golang/expansion)."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "$" and i + 1 < len(text):
+            if text[i + 1] == "$":
+                out.append("$")
+                i += 2
+                continue
+            if text[i + 1] == "(" and (end := text.find(")", i + 2)) != -1:
+                name = text[i + 2:end]
+                out.append(env.get(name, text[i:end + 1]))
+                i = end + 1
+                continue
+        out.append(text[i])
+        i += 1
+    return "".join(out)
+
+
+@pytest.mark.parametrize("url", ["http://h:1/$(XPUFLEET_AGENT_JOIN_TOKEN)", "http://h:1/$$(XPUFLEET_HOME)",
+                                 "http://h:1/a$b$", "http://h:1/$(XPUFLEET_HOME)x$(HOSTNAME)"])
+def test_a_dollar_in_the_server_url_reaches_the_agent_as_written_not_expanded(url):
+    """The probe's repro: $(XPUFLEET_AGENT_JOIN_TOKEN) in server_url put the credential on the command line."""
+    _secret, job = manifests(K8sExport(pool="spot", server_url=url, python="/venv/$(XPUFLEET_HOME)/python"), "xfp_s")
+    (c,) = job["spec"]["template"]["spec"]["containers"]
+    env = {"XPUFLEET_AGENT_JOIN_TOKEN": "xfp_s", "XPUFLEET_HOME": "/tmp/xpufleet"}
+    expanded = [_kubelet_expand(part, env) for part in c["command"]]
+    assert expanded[expanded.index("--server") + 1] == url and expanded[0] == "/venv/$(XPUFLEET_HOME)/python"
+    assert "xfp_s" not in " ".join(expanded)
+    _validate([job])
+
+
+@pytest.mark.parametrize("field,value", [("server_url", "http://h:1/\n--join evil"), ("server_url", "http://h:1\u2028x"),
+                                         ("server_url", "http://h:1/ a"), ("server_url", "ftp://h"),
+                                         ("python", "py\x85thon"), ("python", "py\x7fthon"),
+                                         ("fingerprint", "ab\ncd"), ("fingerprint", "zz"),
+                                         ("node_selector", {"a": "b\n"})])
+def test_a_control_character_in_any_field_is_refused(field, value):
+    with pytest.raises(ExportError, match="control character|URL|fingerprint|node-selector"):
+        manifests(K8sExport(**{"pool": "spot", "server_url": "https://h:1", field: value}), "xfp_x")
+
+
+@settings(max_examples=200, deadline=None)
+@given(path=st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=30))
+def test_any_server_url_is_refused_or_reaches_the_agent_intact(path):
+    url = "http://h:1/" + path
+    try:
+        _secret, job = manifests(K8sExport(pool="spot", server_url=url), "xfp_s")
+    except ExportError:
+        return
+    back = list(yaml.safe_load_all(to_yaml([job])))[0]
+    command = back["spec"]["template"]["spec"]["containers"][0]["command"]
+    expanded = [_kubelet_expand(p, {"XPUFLEET_AGENT_JOIN_TOKEN": "xfp_s"}) for p in command]
+    assert expanded[expanded.index("--server") + 1] == url
