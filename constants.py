@@ -212,3 +212,13 @@ CANVAS_PROGRESS_MIN_S = 0.5  # a node's progress goes to the sidecar at most thi
 # options.deterministic (README "CLI"): torch's strict deterministic mode; on CUDA, cuBLAS is deterministic
 # only with a fixed workspace, which must be in the environment before its first handle is made.
 CUBLAS_WORKSPACE_CONFIG_DETERMINISTIC = ":4096:8"
+
+# --- reading a large run's events (docs/events.md "Reading a large run") ----------------------------------
+# A stream (GET /api/runs/{id}/events/stream) reads, encodes and writes at most EVENTS_STREAM_PAGE events a
+# step, then lets the event loop serve everyone else; its writes are EVENTS_STREAM_CHUNK_BYTES at most, and
+# it stops reading while more than EVENTS_STREAM_BUFFERED_BYTES wait unsent for its client (aiohttp's drain):
+# a slow reader holds about that much of the sidecar's memory, never its whole history. The metric reads
+# (GET .../metrics, .../metrics.csv) step through the store EVENTS_STREAM_PAGE events at a time too.
+EVENTS_STREAM_PAGE = 250
+EVENTS_STREAM_CHUNK_BYTES = 64 * 1024
+EVENTS_STREAM_BUFFERED_BYTES = 256 * 1024
