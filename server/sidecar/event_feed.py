@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from aiohttp import web
 
@@ -24,34 +24,41 @@ from .store import Store
 SSE_KEEPALIVE_S = 15.0  # a comment line this often keeps proxies from closing an idle stream
 
 
-@dataclass(frozen=True)
-class EventText:
+_SQL = "SELECT cursor, type, payload, ts FROM events WHERE run_id=? AND cursor>?"
+_TYPE_JSON: dict[str, str] = {}  # an event type's JSON string (a few dozen types, each encoded once)
+
+
+class EventText(NamedTuple):
     """One stored event: its cursor, its type and its JSON ``{"cursor", "type", "payload", "ts"}``."""
 
     cursor: int
     type: str
     json: str
 
-    def sse(self) -> str:
-        """The event as one Server-Sent Events message (``id:`` is the cursor, for ``Last-Event-ID``)."""
-        return f"id: {self.cursor}\nevent: {self.type}\ndata: {self.json}\n\n"
+
+def _rows(store: Store, run_id: str, cursor: int, limit: int, types: Sequence[str] | None = None) -> list[Any]:
+    sql, params = _SQL, [run_id, int(cursor)]
+    if types:
+        sql += f" AND type IN ({','.join('?' * len(types))})"
+        params += list(types)
+    return store.query(sql + " ORDER BY cursor LIMIT ?", [*params, int(limit)])
+
+
+def _json(row: Any) -> str:
+    """The event's JSON: the stored payload is JSON already (the store wrote it), spliced in as it is."""
+    cursor, kind, payload, ts = row
+    kind_json = _TYPE_JSON.get(kind)
+    if kind_json is None:
+        kind_json = _TYPE_JSON.setdefault(kind, json.dumps(kind))
+    # repr of a finite float is json.dumps's; a non-finite time (a run child's own) is null, as in JSON
+    return f'{{"cursor":{cursor},"type":{kind_json},"payload":{payload},"ts":{repr(ts) if math.isfinite(ts) else "null"}}}'
 
 
 def event_texts(store: Store, run_id: str, cursor: int, limit: int,
                 types: Sequence[str] | None = None) -> list[EventText]:
     """Up to ``limit`` events after ``cursor``, oldest first, as JSON text (``Store.events_after``'s
     events, without decoding their payloads)."""
-    sql = "SELECT cursor, type, payload, ts FROM events WHERE run_id=? AND cursor>?"
-    params: list[Any] = [run_id, int(cursor)]
-    if types:
-        sql += f" AND type IN ({','.join('?' * len(types))})"
-        params += list(types)
-    sql += " ORDER BY cursor LIMIT ?"
-    params.append(int(limit))
-    dumps = json.dumps
-    return [EventText(r["cursor"], r["type"], f'{{"cursor":{r["cursor"]},"type":{dumps(r["type"])},'
-                                              f'"payload":{r["payload"]},"ts":{dumps(r["ts"])}}}')
-            for r in store.query(sql, params)]
+    return [EventText(r[0], r[1], _json(r)) for r in _rows(store, run_id, cursor, limit, types)]
 
 
 def events_page_json(events: Sequence[EventText], **fields: Any) -> str:
@@ -60,14 +67,16 @@ def events_page_json(events: Sequence[EventText], **fields: Any) -> str:
     return '{"events":[' + ",".join(e.json for e in events) + "]" + ("," + tail[1:] if fields else "}")
 
 
-def chunks(events: Sequence[EventText]) -> list[bytes]:
-    """The events' SSE messages joined into writes of about ``EVENTS_STREAM_CHUNK_BYTES`` (one message is
-    never split; a larger one is a write of its own)."""
+def sse_page(store: Store, run_id: str, cursor: int, limit: int = EVENTS_STREAM_PAGE) -> tuple[int, list[bytes]]:
+    """Up to ``limit`` events after ``cursor`` as Server-Sent Events messages (``id:`` is the cursor, for
+    ``Last-Event-ID``), joined into writes of about ``EVENTS_STREAM_CHUNK_BYTES`` (a message is never
+    split: a larger one is a write of its own); with the last cursor read (``cursor`` when none)."""
     out: list[bytes] = []
     part: list[str] = []
     size = 0
-    for ev in events:
-        text = ev.sse()
+    for row in _rows(store, run_id, cursor, limit):
+        cursor = row[0]
+        text = f"id: {cursor}\nevent: {row[1]}\ndata: {_json(row)}\n\n"
         if part and size + len(text) > EVENTS_STREAM_CHUNK_BYTES:
             out.append("".join(part).encode())
             part, size = [], 0
@@ -75,7 +84,7 @@ def chunks(events: Sequence[EventText]) -> list[bytes]:
         size += len(text)
     if part:
         out.append("".join(part).encode())
-    return out
+    return cursor, out
 
 
 async def stream_events(request: web.Request, resp: web.StreamResponse, store: Store, hub: EventHub, run_id: str,
@@ -88,11 +97,10 @@ async def stream_events(request: web.Request, resp: web.StreamResponse, store: S
     while True:
         waiter = hub.waiter(run_id)  # before reading: a notification in between is not lost
         over = ended()  # before reading too: a run's last events are read after it ended
-        page = event_texts(store, run_id, cursor, EVENTS_STREAM_PAGE)
+        cursor, page = sse_page(store, run_id, cursor)
         if page:
-            for chunk in chunks(page):
+            for chunk in page:
                 await resp.write(chunk)
-            cursor = page[-1].cursor
             await asyncio.sleep(0)  # the next page after every other ready task: health, heartbeats, ...
             continue
         if over:
