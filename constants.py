@@ -217,8 +217,10 @@ CUBLAS_WORKSPACE_CONFIG_DETERMINISTIC = ":4096:8"
 # A stream (GET /api/runs/{id}/events/stream) reads, encodes and writes at most EVENTS_STREAM_PAGE events a
 # step, then lets the event loop serve everyone else; its writes are EVENTS_STREAM_CHUNK_BYTES at most, and
 # it stops reading while more than EVENTS_STREAM_BUFFERED_BYTES wait unsent for its client (aiohttp's drain):
-# a slow reader holds about that much of the sidecar's memory, never its whole history. The metric reads
-# (GET .../metrics, .../metrics.csv) step through the store EVENTS_STREAM_PAGE events at a time too.
+# a slow reader holds about that much of the sidecar's memory, never its whole history. However many streams
+# are open, at most EVENTS_STREAM_PAGES_AT_ONCE of them make a page in one turn of the event loop (they take
+# turns). The metric reads (GET .../metrics, .../metrics.csv) step through the store the same way.
 EVENTS_STREAM_PAGE = 250
+EVENTS_STREAM_PAGES_AT_ONCE = 1
 EVENTS_STREAM_CHUNK_BYTES = 64 * 1024
 EVENTS_STREAM_BUFFERED_BYTES = 256 * 1024

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, NamedTuple
 
 from aiohttp import web
@@ -97,11 +97,13 @@ async def stream_events(request: web.Request, resp: web.StreamResponse, store: S
     while True:
         waiter = hub.waiter(run_id)  # before reading: a notification in between is not lost
         over = ended()  # before reading too: a run's last events are read after it ended
-        cursor, page = sse_page(store, run_id, cursor)
+        async with hub.page_turns:  # one page, then the loop goes round (health, heartbeats), then the next stream's
+            cursor, page = sse_page(store, run_id, cursor)
+            if page:
+                await asyncio.sleep(0)
         if page:
-            for chunk in page:
+            for chunk in page:  # outside the turn: a slow client's drain holds only its own stream
                 await resp.write(chunk)
-            await asyncio.sleep(0)  # the next page after every other ready task: health, heartbeats, ...
             continue
         if over:
             return
@@ -109,3 +111,22 @@ async def stream_events(request: web.Request, resp: web.StreamResponse, store: S
             await asyncio.wait_for(waiter.wait(), SSE_KEEPALIVE_S)
         except asyncio.TimeoutError:
             await resp.write(b": keepalive\n\n")
+
+
+async def pages(store: Store, hub: EventHub, run_id: str, types: Sequence[str], limit: int | None = None,
+                page: int = EVENTS_STREAM_PAGE) -> AsyncIterator[list[dict[str, Any]]]:
+    """The run's events of ``types`` (decoded, as ``Store.events_after`` gives them), oldest first, up to
+    ``limit`` in all, a page at a time, each page read in its own turn (``EventHub.page_turns``): a reader
+    of 100,000 metric points lets the loop go round between pages."""
+    cursor, left = 0, limit
+    while left is None or left > 0:
+        n = page if left is None else min(page, left)
+        async with hub.page_turns:
+            events = store.events_after(run_id, cursor, n, types)
+            await asyncio.sleep(0)
+        if events:
+            yield events
+            cursor = events[-1]["cursor"]
+            left = None if left is None else left - len(events)
+        if len(events) < n:
+            return
