@@ -216,7 +216,19 @@ CUBLAS_WORKSPACE_CONFIG_DETERMINISTIC = ":4096:8"
 # Canvas runs (docs/canvas-runs.md): what one run may hold (past either: 413, the run ends interrupted),
 # how often the sidecar checks that each running one's ComfyUI lives, and how long a cancel waits for
 # ComfyUI to confirm before the sidecar ends the run itself
-CANVAS_RUN_EVENTS_MAX = 100_000
+CANVAS_RUN_EVENTS_MAX = 250_000  # a long canvas training logs a loss per batch: room for that, and for the 100,000-event stream test
 CANVAS_RUN_EVENT_BYTES_MAX = 32 * 1024 * 1024
 CANVAS_WATCH_S = 2.0
 CANVAS_CANCEL_GRACE_S = 10.0
+
+# --- reading a large run's events (docs/events.md "Reading a large run") ----------------------------------
+# A stream (GET /api/runs/{id}/events/stream) reads, encodes and writes at most EVENTS_STREAM_PAGE events a
+# step, then lets the event loop serve everyone else; its writes are EVENTS_STREAM_CHUNK_BYTES at most, and
+# it stops reading while more than EVENTS_STREAM_BUFFERED_BYTES wait unsent for its client (aiohttp's drain):
+# a slow reader holds about that much of the sidecar's memory, never its whole history. However many streams
+# are open, at most EVENTS_STREAM_PAGES_AT_ONCE of them make a page in one turn of the event loop (they take
+# turns). The metric reads (GET .../metrics, .../metrics.csv) step through the store the same way.
+EVENTS_STREAM_PAGE = 250
+EVENTS_STREAM_PAGES_AT_ONCE = 1
+EVENTS_STREAM_CHUNK_BYTES = 64 * 1024
+EVENTS_STREAM_BUFFERED_BYTES = 256 * 1024

@@ -274,6 +274,7 @@ class StudyService:
                         break
                 if len(events) < EVENTS_PAGE or pruned:
                     break
+                await asyncio.sleep(0)  # a long backlog of metrics: the loop goes round between pages
             if not active:
                 break
             with contextlib.suppress(asyncio.TimeoutError):

@@ -7,6 +7,7 @@ naming the worker (docs/runs-panel.md)."""
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import io
 import json
@@ -21,9 +22,10 @@ from ....nodes.paths import relative_path_problem
 from ...workers.outputs import OutputsOffline
 from ...workers.protocol import OUTPUTS_CHUNK_BYTES
 from ...workers.state import WorkerError
+from ..event_feed import pages
 from ..keys import STORE_KEY
 from ..store import Store
-from .common import run_dir_of, run_or_404
+from .common import dispatcher_of, run_dir_of, run_or_404
 
 
 class WorkerFiles(Protocol):
@@ -37,7 +39,6 @@ class WorkerFiles(Protocol):
 
 
 METRICS_MAX = 100_000
-METRICS_CSV_PAGE = 10_000
 LOG_CHUNK_MAX = 4 * 1024 * 1024
 ARTIFACTS_MAX = 10_000
 
@@ -50,20 +51,28 @@ async def run_metrics(request: web.Request) -> web.Response:
     run = run_or_404(request)
     series: dict[str, list[dict[str, Any]]] = {}
     latest: dict[str, Any] = {}
-    points = request.app[STORE_KEY].events_after(run["id"], 0, METRICS_MAX + 1, ["metric"])
-    truncated = len(points) > METRICS_MAX
-    for ev in points[:METRICS_MAX]:
-        p = ev["payload"]
-        name = str(p.get("name"))
-        point = {"value": p.get("value"), "cursor": ev["cursor"], "ts": ev["ts"]}
-        for k in ("step", "epoch", "node"):
-            if p.get(k) is not None:
-                point[k] = p[k]
-        series.setdefault(name, []).append(point)
-        latest[name] = p.get("value")
+    n = 0
+    truncated = False
+    hub = dispatcher_of(request).hub
+    # a page at a time, the loop going round between pages (event_feed.pages): 100,000 points never hold it
+    async for page in pages(request.app[STORE_KEY], hub, run["id"], ["metric"], METRICS_MAX + 1):
+        for ev in page:
+            n += 1
+            if n > METRICS_MAX:
+                truncated = True
+                break
+            p = ev["payload"]
+            name = str(p.get("name"))
+            point = {"value": p.get("value"), "cursor": ev["cursor"], "ts": ev["ts"]}
+            for k in ("step", "epoch", "node"):
+                if p.get(k) is not None:
+                    point[k] = p[k]
+            series.setdefault(name, []).append(point)
+            latest[name] = p.get("value")
     # "truncated": the series stop after METRICS_MAX points (metrics.csv has them all); "latest" too.
-    return web.json_response({"run_id": run["id"], "status": run["status"], "metrics": series,
-                              "latest": latest, "final": run["final_metrics"], "truncated": truncated})
+    answer = {"run_id": run["id"], "status": run["status"], "metrics": series, "latest": latest,
+              "final": run["final_metrics"], "truncated": truncated}
+    return web.Response(text=await asyncio.to_thread(json.dumps, answer), content_type="application/json")
 
 
 @routes.get("/api/runs/{run_id}/metrics.csv")
@@ -77,19 +86,15 @@ async def run_metrics_csv(request: web.Request) -> web.StreamResponse:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["cursor", "ts", "node", "name", "value", "step", "epoch"])
-    cursor = 0
-    while True:  # ends: each page moves the cursor forward over a finite log
-        page = store.events_after(run["id"], cursor, METRICS_CSV_PAGE, ["metric"])
+    await resp.write(buf.getvalue().encode("utf-8"))  # the header row, also for a run without metrics
+    async for page in pages(store, dispatcher_of(request).hub, run["id"], ["metric"]):  # ends with the log
+        buf.seek(0)
+        buf.truncate()
         for ev in page:
             p = ev["payload"]
             w.writerow([ev["cursor"], ev["ts"], p.get("node", ""), p.get("name", ""), p.get("value", ""),
                         p.get("step", ""), p.get("epoch", "")])
         await resp.write(buf.getvalue().encode("utf-8"))
-        buf.seek(0)
-        buf.truncate()
-        if len(page) < METRICS_CSV_PAGE:
-            break
-        cursor = page[-1]["cursor"]
     await resp.write_eof()
     return resp
 

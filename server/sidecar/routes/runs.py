@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 
 from aiohttp import web
 
@@ -21,12 +20,10 @@ from ....constants import (
 from ...contracts.runs import Cancel, RunSubmit
 from ...memory.views import run_fields
 from ...run.requests import RunRequest, run_request_of
+from ..event_feed import event_texts, events_page_json, stream_events
 from ..keys import STORE_KEY
 from . import canvas
 from .common import Body, body, dispatcher_of, public_run, run_or_404
-
-SSE_KEEPALIVE_S = 15.0
-
 
 routes = web.RouteTableDef()
 
@@ -100,18 +97,19 @@ async def run_events(request: web.Request) -> web.Response:
     d = dispatcher_of(request)
     store = request.app[STORE_KEY]
     waiter = d.hub.waiter(run_id)  # before reading: a notification in between is not lost
-    events = store.events_after(run_id, cursor, limit, types)
+    events = event_texts(store, run_id, cursor, limit, types)  # at most EVENTS_PAGE_MAX, payloads not decoded
     if not events and wait > 0 and run["status"] not in TERMINAL_STATUSES and not d.shutting_down:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(waiter.wait(), wait)
-        events = store.events_after(run_id, cursor, limit, types)
+        events = event_texts(store, run_id, cursor, limit, types)
     run = store.get_run(run_id) or run
     last = store.last_cursor(run_id) or 0
-    new_cursor = events[-1]["cursor"] if events else cursor
+    new_cursor = events[-1].cursor if events else cursor
     if types:  # filtered: skip past unmatched events too
         new_cursor = max(new_cursor, last) if len(events) < limit else new_cursor
     done = run["status"] in TERMINAL_STATUSES and new_cursor >= last
-    return web.json_response({"events": events, "cursor": new_cursor, "status": run["status"], "done": done})
+    return web.Response(text=events_page_json(events, cursor=new_cursor, status=run["status"], done=done),
+                        content_type="application/json")
 
 
 @routes.get("/api/runs/{run_id}/events/stream")
@@ -130,28 +128,18 @@ async def run_events_stream(request: web.Request) -> web.StreamResponse:
         cursor = max(cursor, given)
     d = dispatcher_of(request)
     store = request.app[STORE_KEY]
+
+    def ended() -> bool:
+        current = store.get_run(run_id)
+        return current is None or current["status"] in TERMINAL_STATUSES or d.shutting_down
+
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                        "X-Accel-Buffering": "no"})
     await resp.prepare(request)
-    while True:
-        waiter = d.hub.waiter(run_id)
-        events = store.events_after(run_id, cursor, EVENTS_PAGE_MAX)
-        for ev in events:
-            data = json.dumps({"cursor": ev["cursor"], "type": ev["type"], "payload": ev["payload"], "ts": ev["ts"]})
-            await resp.write(f"id: {ev['cursor']}\nevent: {ev['type']}\ndata: {data}\n\n".encode())
-            cursor = ev["cursor"]
-        if events:
-            continue
-        current = store.get_run(run_id)
-        if current is None or current["status"] in TERMINAL_STATUSES or d.shutting_down:
-            break
-        try:
-            await asyncio.wait_for(waiter.wait(), SSE_KEEPALIVE_S)
-        except asyncio.TimeoutError:
-            await resp.write(b": keepalive\n\n")
+    # bounded steps that yield, and no more than EVENTS_STREAM_BUFFERED_BYTES unsent per client (event_feed.py)
+    await stream_events(request, resp, store, d.hub, run_id, cursor, ended)
     await resp.write_eof()
     return resp
-
 
 
 def setup(app: web.Application) -> None:
