@@ -212,3 +212,9 @@ CANVAS_PROGRESS_MIN_S = 0.5  # a node's progress goes to the sidecar at most thi
 # options.deterministic (README "CLI"): torch's strict deterministic mode; on CUDA, cuBLAS is deterministic
 # only with a fixed workspace, which must be in the environment before its first handle is made.
 CUBLAS_WORKSPACE_CONFIG_DETERMINISTIC = ":4096:8"
+
+# --- durable acknowledgement (docs/sidecar.md, "State on disk") -------------------------------------
+# A create answers 201 only once its transaction is in state.db; a write the file refuses longer than this
+# (another process holds its lock) is answered 503 and the create is taken back. A full disk: 507 at once.
+STORE_ACK_TIMEOUT_S = 10.0
+STORE_GROUP_MAX = 512  # committed transactions the writer puts in one file transaction (one fsync) at most

@@ -15,6 +15,7 @@ from aiohttp import web
 from ...contracts.workers import PoolCreate, PoolExport
 from ...workers.state import WorkerError
 from .. import openapi
+from ..keys import STORE_KEY
 from .common import Body, body, no_body
 from .workers import REGISTRY_KEY, server_url
 
@@ -32,7 +33,8 @@ async def create_pool(request: web.Request, sent: Body[PoolCreate]) -> web.Respo
     body = sent.raw  # the name and the Slurm settings as sent: the registry checks them (workers/pools.py)
     if "slurm" in body and body["slurm"] is None:
         raise WorkerError("slurm must be an object of settings (or true for the defaults), not null")
-    out = request.app[REGISTRY_KEY].create_pool(body.get("name"), server_url(request), body.get("slurm"))
+    async with request.app[STORE_KEY].acknowledged():  # a 201 once it is in state.db (store.py)
+        out = request.app[REGISTRY_KEY].create_pool(body.get("name"), server_url(request), body.get("slurm"))
     return web.json_response(out, status=201)
 
 
