@@ -121,6 +121,7 @@ class DiskWriter:
         self._backoff = Backoff(retry_first_s, retry_max_s)
         self._one_by_one = 0  # after an error no retry mends, the next batches go alone to find the bad one
         self.failure: WriteFailure | None = None  # set while the file refuses writes; None once one lands
+        self.commits = 0  # file transactions committed (each holds one or many batches: group commit)
         # the store's lock and its rebuild (memory := file + the given batches), for taking batches back
         self._guard: Any = contextlib.nullcontext()
         self._rebuild: Callable[[list[Batch]], None] | None = None
@@ -129,7 +130,7 @@ class DiskWriter:
     def check(self) -> str | None:
         """``PRAGMA quick_check`` of the file: None when sound, else SQLite's first complaint."""
         rows = self._db.execute("PRAGMA quick_check(1)").fetchall()
-        first = str(rows[0][0]) if rows else "no answer"
+        first = " ".join(str(rows[0][0]).replace("*** in database main ***", "").split()) if rows else "no answer"
         return None if first == "ok" else first
 
     def copy_to(self, target: sqlite3.Connection) -> None:
@@ -269,6 +270,7 @@ class DiskWriter:
                     log.error("state.db: writes fail, retrying: %s", exc)
                 self.failure = failure_of(exc, since, self.ack_timeout_s, self.path)
             return exc
+        self.commits += 1
         if self.failure is not None:
             log.warning("state.db: writes land again")
         self.failure = None
