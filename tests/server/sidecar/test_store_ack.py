@@ -17,7 +17,6 @@ from xpufleet.common.errors import StoreError
 from xpufleet.server.sidecar.store import Store, StoreUnusable
 
 
-
 def make_run(store: Store, name: str) -> str:
     return store.create_run(graph={"1": {"class_type": "X", "inputs": {}}}, options={}, target="local",
                             requested=["cpu"], candidates=[], queue_key="local/cpu", name=name)
