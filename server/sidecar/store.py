@@ -32,7 +32,7 @@ from typing import Any
 from ...common.errors import StoreError
 from ...constants import RUN_STATUSES, STORE_FLUSH_ON_CLOSE_S, TERMINAL_STATUSES
 from ..run.events import NewEvent, finite
-from .store_writer import Batch, DiskWriter, OnDone, Recorder, WriteFailure, writes
+from .store_writer import Batch, DiskWriter, OnDone, Recorder, WriteFailure, no_room, writes
 
 SCHEMA_VERSION = 1
 
@@ -183,7 +183,7 @@ class Store:
             failure = self._writer.failure
             self._writer.close(0)
             raise StoreUnusable(_start_sentence(self.path, failure.text if failure else "it stayed locked",
-                                                failure is not None and failure.kind == "full"))
+                                                failure is not None and failure.kind == "full" or no_room(self.path)))
 
     # --- plumbing ---------------------------------------------------------------------------------
 
@@ -648,15 +648,16 @@ def _open(path: Path) -> tuple[DiskWriter, sqlite3.Connection]:
         if code in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):
             raise StoreUnusable(f"{path} is damaged ({exc}): move it aside, or restore a backup, and start again "
                                 f"(an empty state.db is made when none is there)") from None
-        raise StoreUnusable(_start_sentence(path, str(exc))) from None
+        raise StoreUnusable(_start_sentence(path, str(exc), no_room(path))) from None
     except OSError as exc:
         _close_quietly(writer)
-        raise StoreUnusable(_start_sentence(path, exc.strerror or str(exc), exc.errno == errno.ENOSPC)) from None
+        raise StoreUnusable(_start_sentence(path, exc.strerror or str(exc),
+                                            exc.errno == errno.ENOSPC or no_room(path))) from None
 
 
 def _start_sentence(path: Path, why: str, full: bool = False) -> str:
     if full:
-        return f"{path} cannot be written because the disk holding it is full ({why}): free some space and start again"
+        return f"{path} cannot be written: the disk holding it is full; free some space and start again"
     return f"{path} cannot be opened for writing ({why}): check the folder's permissions and free space"
 
 

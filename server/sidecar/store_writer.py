@@ -75,7 +75,7 @@ def failure_of(exc: BaseException, since: float, ack_timeout_s: float = STORE_AC
     left is a full disk: SQLite reports a failed write of the WAL that way)."""
     code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
     if code == sqlite3.SQLITE_FULL or getattr(exc, "errno", None) == errno.ENOSPC or (
-            code == sqlite3.SQLITE_IOERR and path is not None and _no_room(path)):
+            code == sqlite3.SQLITE_IOERR and path is not None and no_room(path)):
         return WriteFailure("full", f"state.db cannot be written: the disk holding it is full ({exc})", since)
     if code in _LOCKED:
         return WriteFailure("locked", f"state.db cannot be written: another connection has held its write lock "
@@ -83,7 +83,8 @@ def failure_of(exc: BaseException, since: float, ack_timeout_s: float = STORE_AC
     return WriteFailure("io", f"state.db cannot be written: {exc}", since)
 
 
-def _no_room(path: Path) -> bool:
+def no_room(path: Path) -> bool:
+    """Whether the disk holding ``path`` has (next to) no free space left."""
     try:
         return shutil.disk_usage(path.parent).free < _ROOM_BYTES
     except OSError:
