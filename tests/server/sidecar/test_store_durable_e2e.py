@@ -240,19 +240,14 @@ def tmpfs(tmp_path):
 
 def fill(path: Path) -> None:
     """Write ``path`` until the disk has no room left."""
-    chunk = b"\0" * (64 << 10)
-    with open(path, "ab") as fh:
-        for _ in range(100_000):  # bounded: a tmpfs of a few MiB fills long before
-            try:
-                fh.write(chunk)
-                fh.flush()
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC, exc
-                break
-    with contextlib.suppress(OSError), open(path, "ab") as fh:  # the last partial block
-        for _ in range(10_000):
-            fh.write(b"\0" * 512)
-            fh.flush()
+    for size in (64 << 10, 512):  # big writes, then the last partial block
+        try:
+            with open(path, "ab") as fh:
+                for _ in range(100_000):  # bounded: a tmpfs of a few MiB fills long before
+                    fh.write(b"\0" * size)
+                    fh.flush()
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
 
 
 def one_sentence(proc: subprocess.CompletedProcess) -> str:
