@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import sidecar_harness as harness  # registered by tests/server/conftest.py
 
-from xpufleet.common.client import SidecarUnreachable
+from xpufleet.common.client import Client, SidecarUnreachable
 from xpufleet.constants import STATE_DB_NAME, STORE_ACK_TIMEOUT_S
 
 pytestmark = pytest.mark.e2e
@@ -50,6 +50,12 @@ def sweep_body(variants: int) -> dict[str, Any]:
     return {"name": "durable", "graph": GRAPH, "objective": {"metric": "val_accuracy"},
             "parameters": {"5.lr": {"low": 1e-5, "high": 0.3, "log": True, "steps": variants // 4}},
             "seeds": 4, "set": {"10.location": "run_dir"}, "options": {"target": POOL}, "max_runs": variants}
+
+
+def patient(sc: harness.Sidecar) -> Client:
+    """A client that waits long for an answer (a 1,000-variant sweep on a loaded machine)."""
+    assert sc.info is not None
+    return Client(sc.url, sc.info["token"], timeout=300)
 
 
 def run_body(i: int) -> dict[str, Any]:
@@ -117,8 +123,7 @@ class Burst:
     """``n`` submissions of a run from ``workers`` threads; what each got is kept."""
 
     def __init__(self, sc: harness.Sidecar, n: int, workers: int = 8) -> None:
-        assert sc.client is not None
-        self.client = sc.client
+        self.client = patient(sc)
         self.sent = 0
         self.acked: list[str] = []
         self.refused: list[tuple[int, str]] = []
@@ -157,7 +162,7 @@ def test_kill_9_after_a_sweeps_201_keeps_every_run(tmp_path, delay_s):
     sc = started(tmp_path / "home")
     try:
         assert sc.client is not None
-        answer = sc.client.request("POST", "/api/sweeps", sweep_body(1000))
+        answer = patient(sc).request("POST", "/api/sweeps", sweep_body(1000))
         if delay_s:
             time.sleep(delay_s)  # the moment of the crash after the 201: the scenario, not a wait for a state
         sc.kill9()
@@ -291,7 +296,7 @@ def test_a_damaged_state_db_stops_start_up_with_one_sentence(tmp_path):
     sc = started(tmp_path / "home")
     try:
         assert sc.client is not None
-        sc.client.request("POST", "/api/sweeps", sweep_body(200))
+        patient(sc).request("POST", "/api/sweeps", sweep_body(200))
     finally:
         sc.stop()
     db = sc.home / STATE_DB_NAME
