@@ -190,10 +190,10 @@ class Store:
     def close(self, timeout: float | None = STORE_FLUSH_ON_CLOSE_S) -> bool:
         """Write the queued transactions to the file (up to ``timeout`` s) and close; False when some
         could not be written in time (the file stayed locked; logged)."""
+        written = self._writer.close(timeout)  # not under the lock: a take-back in the writer needs it
         with self._lock:
-            written = self._writer.close(timeout)
             self._db.close()
-            return written
+        return written
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every committed transaction is in the file (blocking; False on timeout)."""
