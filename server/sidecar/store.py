@@ -5,8 +5,8 @@ transactions queued for it), so no call on the event loop waits on the file's wr
 thread or another process may hold; each committed transaction goes to the one writer thread
 (``store_writer.py``), which applies it to the file in commit order, many in one file transaction. A
 create that answers 201 runs inside :meth:`Store.acknowledged`, which waits (without blocking the loop)
-until its transactions are in the file, or refuses it with 507/503 after taking it back from memory. Every change is one transaction: a failure rolls back and leaves nothing
-half written. Each run's events get a gapless ``cursor`` (1, 2, 3, ...) allocated in the same
+until its transactions are in the file, or refuses it with 507/503 after taking it back from memory.
+Every change is one transaction: a failure rolls back and leaves nothing half written. Each run's events get a gapless ``cursor`` (1, 2, 3, ...) allocated in the same
 transaction as the insert; events relayed from a run child carry the child's ``seq`` (``source_seq``)
 so a replay (a worker reconnecting) is stored once.
 
