@@ -103,6 +103,11 @@ async def test_a_held_write_lock_on_state_db_never_stalls_the_loop(tmp_path, aio
         # a submission waits for the file (its 201 means it is on disk); the loop goes on meanwhile
         submit = asyncio.create_task(client.post(
             "/api/runs", json={"graph": harness.iris_graph(1), "options": {"name": "during"}}, headers=auth))
+        for _ in range(3000):  # bounded: until its checks are done and it waits on the file (no CPU of its own)
+            if store.list_runs(name="during")[1] == 1:
+                break
+            await asyncio.sleep(0.01)
+        assert store.list_runs(name="during")[1] == 1 and not submit.done()
         resp = await client.post(f"/api/runs/{run_id}/cancel", headers=auth)
         assert resp.status == 200, await resp.text()
         events = [{"type": "metric", "payload": {"name": "train_loss_batch", "value": 1.0 / k, "step": k},
