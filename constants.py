@@ -232,3 +232,9 @@ EVENTS_STREAM_PAGE = 250
 EVENTS_STREAM_PAGES_AT_ONCE = 1
 EVENTS_STREAM_CHUNK_BYTES = 64 * 1024
 EVENTS_STREAM_BUFFERED_BYTES = 256 * 1024
+
+# --- durable acknowledgement (docs/sidecar.md, "State on disk") -------------------------------------
+# A create answers 201 only once its transaction is in state.db; a write the file refuses longer than this
+# (another process holds its lock) is answered 503 and the create is taken back. A full disk: 507 at once.
+STORE_ACK_TIMEOUT_S = 10.0
+STORE_GROUP_MAX = 512  # committed transactions the writer puts in one file transaction (one fsync) at most

@@ -340,7 +340,8 @@ class Dispatcher:
         ``SWEEP_ADMIT_BATCH`` at a time with a yield to it between."""
         if self.shutting_down:
             raise RequestError("the server is stopping; submit again when it is back", status=503)
-        run_ids = await asyncio.to_thread(write_runs, self.store, self.memory.records, admissions, write_extra)
+        async with self.store.acknowledged():  # queued only once in state.db (a refusal: 507/503, nothing queued)
+            run_ids = await asyncio.to_thread(write_runs, self.store, self.memory.records, admissions, write_extra)
         out: list[dict[str, Any]] = []
         for start in range(0, len(run_ids), SWEEP_ADMIT_BATCH):
             if start:

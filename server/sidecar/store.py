@@ -1,10 +1,12 @@
 """Durable state of the sidecar: runs and their event logs in SQLite (docs/sidecar.md, "State on disk").
 
-Calls are answered from an in-memory copy of ``state.db`` (loaded at start, always ahead of the file),
-so no call on the event loop waits on the file's write lock, which Optuna's thread or another process
-may hold; each committed transaction goes to the one writer thread (``store_writer.py``), which applies
-it to the file in commit order. Every change is one transaction: a failure rolls back and leaves nothing
-half written. Each run's events get a gapless ``cursor`` (1, 2, 3, ...) allocated in the same
+Calls are answered from an in-memory copy of ``state.db`` (loaded at start, ahead of the file by the
+transactions queued for it), so no call on the event loop waits on the file's write lock, which Optuna's
+thread or another process may hold; each committed transaction goes to the one writer thread
+(``store_writer.py``), which applies it to the file in commit order, many in one file transaction. A
+create that answers 201 runs inside :meth:`Store.acknowledged`, which waits (without blocking the loop)
+until its transactions are in the file, or refuses it with 507/503 after taking it back from memory.
+Every change is one transaction: a failure rolls back and leaves nothing half written. Each run's events get a gapless ``cursor`` (1, 2, 3, ...) allocated in the same
 transaction as the insert; events relayed from a run child carry the child's ``seq`` (``source_seq``)
 so a replay (a worker reconnecting) is stored once.
 
@@ -15,12 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import errno
 import json
 import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +32,7 @@ from typing import Any
 from ...common.errors import StoreError
 from ...constants import RUN_STATUSES, STORE_FLUSH_ON_CLOSE_S, TERMINAL_STATUSES
 from ..run.events import NewEvent, finite
-from .store_writer import DiskWriter, Recorder, writes
+from .store_writer import Batch, DiskWriter, OnDone, Recorder, WriteFailure, no_room, writes
 
 SCHEMA_VERSION = 1
 
@@ -87,6 +91,53 @@ _JSON_COLUMNS = ("devices", "requested", "candidates", "options", "warnings", "e
 _JSON_NULLABLE = ("peak_memory", "final_metrics")
 
 
+class StoreUnusable(OSError):
+    """``state.db`` cannot be opened: damaged, on a full disk, unreadable. The message is one sentence."""
+
+
+class Acknowledgement:
+    """The transactions committed inside one :meth:`Store.acknowledged` block (in any thread its context
+    reaches, ``asyncio.to_thread`` included), and whether the file has them all."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._added = 0
+        self._settled = 0
+        self._changed = asyncio.Event()
+        self.failure: WriteFailure | None = None
+        self.open = True  # closed when the block's body ends: a task it started later is not waited for
+
+    def add(self) -> OnDone | None:
+        """The callback of one more committed transaction (None once the block's body has ended)."""
+        with self._lock:
+            if not self.open:
+                return None
+            self._added += 1
+        return self._done
+
+    def _done(self, failure: WriteFailure | None) -> None:  # the writer's thread
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
+            self._loop.call_soon_threadsafe(self._settle, failure)
+
+    def _settle(self, failure: WriteFailure | None) -> None:
+        self._settled += 1
+        if failure is not None and self.failure is None:
+            self.failure = failure
+        self._changed.set()
+
+    async def wait(self) -> None:
+        """Until the file has every transaction added (or one was refused)."""
+        with self._lock:
+            self.open = False
+        while self._settled < self._added:
+            self._changed.clear()
+            await self._changed.wait()
+
+
+_ACK: contextvars.ContextVar[Acknowledgement | None] = contextvars.ContextVar("xpufleet_store_ack", default=None)
+
+
 def new_run_id() -> str:
     return uuid.uuid4().hex
 
@@ -114,14 +165,10 @@ class Store:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._writer = DiskWriter(self.path)
-        # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT) below.
-        self._db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
-        self._writer.copy_to(self._db)
-        self._writer.start()
-        self._db.row_factory = sqlite3.Row
+        self._writer, self._db = _open(self.path)
         self._lock = threading.RLock()
+        self._writer.bind(self._lock, self._rebuild)
+        self._writer.start()
         self._writes: Recorder | None = None  # the open transaction's statements (nested calls join it)
         with self.transaction() as db:
             for stmt in _statements(_SCHEMA):
@@ -130,16 +177,23 @@ class Store:
             # a state.db from before run sources: every run in it came through POST /api/runs
             if "source" not in {r["name"] for r in db.execute("PRAGMA table_info(runs)")}:
                 db.execute("ALTER TABLE runs ADD COLUMN source TEXT NOT NULL DEFAULT 'api'")
+        # the schema and a probe write are in the file before anything is served: a full disk stops start-up
+        self._writer.probe()
+        if not self._writer.settle(STORE_FLUSH_ON_CLOSE_S):
+            failure = self._writer.failure
+            self._writer.close(0)
+            raise StoreUnusable(_start_sentence(self.path, failure.text if failure else "it stayed locked",
+                                                failure is not None and failure.kind == "full" or no_room(self.path)))
 
     # --- plumbing ---------------------------------------------------------------------------------
 
     def close(self, timeout: float | None = STORE_FLUSH_ON_CLOSE_S) -> bool:
         """Write the queued transactions to the file (up to ``timeout`` s) and close; False when some
         could not be written in time (the file stayed locked; logged)."""
+        written = self._writer.close(timeout)  # not under the lock: a take-back in the writer needs it
         with self._lock:
-            written = self._writer.close(timeout)
             self._db.close()
-            return written
+        return written
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every committed transaction is in the file (blocking; False on timeout)."""
@@ -148,6 +202,46 @@ class Store:
     async def flushed(self, timeout: float | None = None) -> bool:
         """:meth:`flush` without blocking the event loop."""
         return await asyncio.to_thread(self._writer.flush, timeout)
+
+    @property
+    def failure(self) -> WriteFailure | None:
+        """Why the file refuses writes now (full, locked, I/O error); None while writes land."""
+        return self._writer.failure
+
+    @contextlib.asynccontextmanager
+    async def acknowledged(self) -> AsyncIterator[Acknowledgement]:
+        """The body's transactions (in this task and the threads it hands work to) are in ``state.db``
+        when the block ends: it waits, off the loop, for the writer's group commit. When the file cannot
+        take them (a full disk at once; a lock held past ``STORE_ACK_TIMEOUT_S``) they are taken back,
+        from memory too, and a :class:`StoreError` 507/503 says why: never a 201 for what is not on disk."""
+        ack = Acknowledgement(asyncio.get_running_loop())
+        token = _ACK.set(ack)
+        try:
+            yield ack
+        finally:
+            _ACK.reset(token)
+        await ack.wait()
+        if ack.failure is not None:
+            raise StoreError(f"{ack.failure.text}; nothing of this request was stored: submit it again once "
+                             f"GET /api/health says the store is ok", ack.failure.status)
+
+    def _rebuild(self, kept: list[Batch]) -> None:
+        """The in-memory copy again: the file's content plus the batches still queued for it (called by
+        the writer, under this store's lock, after it took refused batches back)."""
+        fresh = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        self._writer.copy_to(fresh)
+        fresh.row_factory = sqlite3.Row
+        for batch in kept:
+            fresh.execute("BEGIN")
+            try:
+                for sql, params, many in batch:
+                    (fresh.executemany if many else fresh.execute)(sql, params)
+            except sqlite3.Error:  # it failed in memory first, so it will fail in the file too
+                fresh.execute("ROLLBACK")
+                continue
+            fresh.execute("COMMIT")
+        old, self._db = self._db, fresh
+        old.close()
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
@@ -168,7 +262,8 @@ class Store:
             else:
                 done, self._writes = self._writes, None
                 self._db.execute("COMMIT")
-                self._writer.submit(done.statements)
+                ack = _ACK.get()
+                self._writer.submit(done.statements, ack.add() if ack is not None and done.statements else None)
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
         """Rows of one statement (a write among them runs as its own transaction)."""
@@ -526,6 +621,50 @@ class Store:
     def last_cursor(self, run_id: str) -> int | None:
         rows = self.query("SELECT last_cursor FROM runs WHERE id=?", (run_id,))
         return int(rows[0]["last_cursor"]) if rows else None
+
+
+def _open(path: Path) -> tuple[DiskWriter, sqlite3.Connection]:
+    """The file's writer (``PRAGMA quick_check`` passed) and the in-memory copy of its content; a damaged
+    file, a full disk or an unreadable file raises :class:`StoreUnusable` with one sentence."""
+    writer = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        writer = DiskWriter(path)
+        problem = writer.check()
+        if problem is not None:
+            raise StoreUnusable(f"{path} is damaged (SQLite's quick_check: {problem}): move it aside, or restore "
+                                f"a backup, and start again (an empty state.db is made when none is there)")
+        # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT) in Store.transaction.
+        db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        writer.copy_to(db)
+        db.row_factory = sqlite3.Row
+        return writer, db
+    except StoreUnusable:
+        _close_quietly(writer)
+        raise
+    except sqlite3.DatabaseError as exc:
+        _close_quietly(writer)
+        code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
+        if code in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):
+            raise StoreUnusable(f"{path} is damaged ({exc}): move it aside, or restore a backup, and start again "
+                                f"(an empty state.db is made when none is there)") from None
+        raise StoreUnusable(_start_sentence(path, str(exc), no_room(path))) from None
+    except OSError as exc:
+        _close_quietly(writer)
+        raise StoreUnusable(_start_sentence(path, exc.strerror or str(exc),
+                                            exc.errno == errno.ENOSPC or no_room(path))) from None
+
+
+def _start_sentence(path: Path, why: str, full: bool = False) -> str:
+    if full:
+        return f"{path} cannot be written: the disk holding it is full; free some space and start again"
+    return f"{path} cannot be opened for writing ({why}): check the folder's permissions and free space"
+
+
+def _close_quietly(writer: DiskWriter | None) -> None:
+    if writer is not None:
+        with contextlib.suppress(Exception):
+            writer.close(0)
 
 
 def _statements(script: str) -> list[str]:

@@ -67,7 +67,8 @@ async def create(request: web.Request, sent: Body[CanvasRun]) -> web.Response:
     _end_stale(request, new.comfy_pid)
     facts = {"comfy_pid": new.comfy_pid, "comfy_prompt_id": new.prompt_id, "comfy_started": started}
     store = request.app[STORE_KEY]
-    run_id = store.create_canvas_run(graph=dict(sent.raw["graph"]), name=clean_name(new.name), facts=facts)
+    async with store.acknowledged():  # a 201 once it is in state.db (store.py)
+        run_id = store.create_canvas_run(graph=dict(sent.raw["graph"]), name=clean_name(new.name), facts=facts)
     return web.json_response(public_run(store.get_run(run_id)), status=201)
 
 

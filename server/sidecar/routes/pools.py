@@ -16,6 +16,7 @@ from ...contracts.workers import PoolCreate, PoolExport
 from ...slurm.spec import SpecError, parse_spec
 from ...workers.state import WorkerError
 from .. import openapi
+from ..keys import STORE_KEY
 from .common import Body, body, no_body
 from .workers import REGISTRY_KEY, server_url
 
@@ -40,7 +41,8 @@ async def create_pool(request: web.Request, sent: Body[PoolCreate]) -> web.Respo
             registry.slurm.confine(str(body.get("name")), parse_spec(slurm))
         except SpecError as exc:
             raise WorkerError(str(exc)) from None
-    out = registry.create_pool(body.get("name"), server_url(request), slurm)
+    async with request.app[STORE_KEY].acknowledged():  # a 201 once it is in state.db (store.py)
+        out = registry.create_pool(body.get("name"), server_url(request), slurm)
     return web.json_response(out, status=201)
 
 

@@ -38,7 +38,9 @@ routes = web.RouteTableDef()
 @routes.post("/api/services")
 @body(ServiceSpec)
 async def create_service(request: web.Request, sent: Body[ServiceSpec]) -> web.Response:
-    return web.json_response(_manager(request).create(sent.raw), status=201)  # units/spec.py: the rules after it
+    async with request.app[STORE_KEY].acknowledged():  # a 201 once it is in state.db (store.py)
+        out = _manager(request).create(sent.raw)  # units/spec.py: the rules after it
+    return web.json_response(out, status=201)
 
 
 @routes.get("/api/services")

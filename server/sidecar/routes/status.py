@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 from aiohttp import web
 
@@ -10,7 +11,7 @@ from ....constants import (
     VERSION,
 )
 from .. import openapi
-from ..keys import CONFIG_KEY, STARTED_KEY
+from ..keys import CONFIG_KEY, STARTED_KEY, STORE_KEY
 from .common import dispatcher_of
 
 routes = web.RouteTableDef()
@@ -18,7 +19,15 @@ routes = web.RouteTableDef()
 
 @routes.get("/api/health")
 async def health(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok", "name": "xpufleet", "version": VERSION})
+    """Liveness, and whether ``state.db`` takes writes: ``status`` is ``degraded`` and ``store.ok`` false
+    (with the reason) while it does not, so creates are answered 507/503. Still a 200: the CLI and
+    ComfyUI's proxy find the running sidecar by this answer, and reads keep working meanwhile."""
+    failure = request.app[STORE_KEY].failure
+    store: dict[str, object] = {"ok": failure is None}
+    if failure is not None:
+        store.update(error=failure.text, kind=failure.kind, failing_for_s=round(time.monotonic() - failure.since, 1))
+    return web.json_response({"status": "ok" if failure is None else "degraded", "name": "xpufleet",
+                              "version": VERSION, "store": store})
 
 
 @routes.get("/api/status")

@@ -23,7 +23,9 @@ routes = web.RouteTableDef()
 @routes.post("/api/studies")
 @body(StudySubmit)
 async def submit_study(request: web.Request, sent: Body[StudySubmit]) -> web.Response:
-    return web.json_response(await request.app[STUDIES_KEY].create(sent.raw), status=201)
+    async with request.app[STORE_KEY].acknowledged():  # a 201 once the study and its first trials are on disk
+        out = await request.app[STUDIES_KEY].create(sent.raw)
+    return web.json_response(out, status=201)
 
 
 STUDIES = Batch(STUDIES_KEY, "study", "/api/studies", "trials.csv")

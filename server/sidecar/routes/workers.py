@@ -31,7 +31,7 @@ from ...slurm.manager import SlurmPools
 from ...workers import protocol
 from ...workers.registry import WorkerRegistry
 from .. import auth, openapi
-from ..keys import CONFIG_KEY, DISPATCHER_KEY
+from ..keys import CONFIG_KEY, DISPATCHER_KEY, STORE_KEY
 from .common import Body, body, no_body
 
 log = logging.getLogger("xpufleet.workers")
@@ -115,7 +115,8 @@ async def reissue(request: web.Request) -> web.Response:
 @routes.post("/api/workers/join-tokens")
 @body(JoinTokenRequest, required=False)
 async def join_tokens(request: web.Request, sent: Body[JoinTokenRequest]) -> web.Response:
-    out = _registry(request).join_token(sent.model.name, sent.raw.get("ttl_s"), server_url(request))
+    async with request.app[STORE_KEY].acknowledged():  # a 201 once the token is in state.db (store.py)
+        out = _registry(request).join_token(sent.model.name, sent.raw.get("ttl_s"), server_url(request))
     return web.json_response(out, status=201)
 
 
@@ -123,7 +124,9 @@ async def join_tokens(request: web.Request, sent: Body[JoinTokenRequest]) -> web
 @body(SshWorker)
 async def add_ssh(request: web.Request, sent: Body[SshWorker]) -> web.Response:
     reg = _registry(request)
-    return web.json_response(reg.describe(reg.ssh.add(sent.raw)), status=201)  # its values: ssh/manager.py
+    async with request.app[STORE_KEY].acknowledged():  # a 201 once the worker is in state.db (store.py)
+        added = reg.ssh.add(sent.raw)  # its values: ssh/manager.py
+    return web.json_response(reg.describe(added), status=201)
 
 
 async def _switch_ssh(request: web.Request, enable: bool) -> web.Response:

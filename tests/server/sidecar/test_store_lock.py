@@ -1,7 +1,9 @@
 """Issue 21, point 7: no synchronous SQLite on the event loop. Another connection (as Optuna's study
-thread has) holds ``state.db``'s write lock for 3 s; meanwhile the sidecar takes a run, cancels it, records
-a canvas run and its events, answers reads that show them, and ``GET /api/health`` answers within 50 ms
-every time. Once the lock goes, every write made during it is in the file (docs/sidecar.md, "State on disk").
+thread has) holds ``state.db``'s write lock for 3 s; meanwhile the sidecar cancels a run, records a canvas
+run's events, answers reads that show them, and ``GET /api/health`` answers within 50 ms every time. A run
+submitted under the lock is answered 201 only once the lock went and the run is in the file (issue 29: a
+201 means it is on disk). Once the lock goes, every write made during it is in the file (docs/sidecar.md,
+"State on disk").
 """
 
 from __future__ import annotations
@@ -85,20 +87,29 @@ async def test_a_held_write_lock_on_state_db_never_stalls_the_loop(tmp_path, aio
     assert (await client.get("/api/health")).status == 200
     assert await store.flushed(10)  # start-up's own writes are in the file before the lock
 
+    # made before the lock: a queued run (cancelled under it) and a canvas run (its events come under it)
+    resp = await client.post("/api/runs", json={"graph": harness.iris_graph(1), "options": {"name": "before"}}, headers=auth)
+    assert resp.status == 201, await resp.text()
+    run_id = (await resp.json())["run_id"]
+    canvas = {"prompt_id": "p-1", "name": "canvas", "graph": harness.iris_graph(1), "comfy_pid": os.getpid()}
+    resp = await client.post("/api/canvas/runs", json=canvas, headers=auth)
+    assert resp.status == 201, await resp.text()
+    canvas_id = (await resp.json())["id"]
+
     waits: list[float] = []
     with WriteLock(path) as lock:
         locked_at = time.monotonic()
         assert await asyncio.to_thread(file_is_write_locked, path)
-        # a run submitted and cancelled, and a canvas run with its events, while the file is locked
-        resp = await client.post("/api/runs", json={"graph": harness.iris_graph(1), "options": {"name": "during"}}, headers=auth)
-        assert resp.status == 201, await resp.text()
-        run_id = (await resp.json())["run_id"]
+        # a submission waits for the file (its 201 means it is on disk); the loop goes on meanwhile
+        submit = asyncio.create_task(client.post(
+            "/api/runs", json={"graph": harness.iris_graph(1), "options": {"name": "during"}}, headers=auth))
+        for _ in range(3000):  # bounded: until its checks are done and it waits on the file (no CPU of its own)
+            if store.list_runs(name="during")[1] == 1:
+                break
+            await asyncio.sleep(0.01)
+        assert store.list_runs(name="during")[1] == 1 and not submit.done()
         resp = await client.post(f"/api/runs/{run_id}/cancel", headers=auth)
         assert resp.status == 200, await resp.text()
-        canvas = {"prompt_id": "p-1", "name": "canvas", "graph": harness.iris_graph(1), "comfy_pid": os.getpid()}
-        resp = await client.post("/api/canvas/runs", json=canvas, headers=auth)
-        assert resp.status == 201, await resp.text()
-        canvas_id = (await resp.json())["id"]
         events = [{"type": "metric", "payload": {"name": "train_loss_batch", "value": 1.0 / k, "step": k},
                    "ts": float(k), "seq": k} for k in range(1, 6)]
         resp = await client.post(f"/api/canvas/runs/{canvas_id}/events", json={"events": events}, headers=auth)
@@ -120,8 +131,14 @@ async def test_a_held_write_lock_on_state_db_never_stalls_the_loop(tmp_path, aio
             await asyncio.sleep(LOCK_S / PROBES)  # spreads the probes over the lock's span
         assert time.monotonic() - locked_at >= LOCK_S and lock.error is None
         assert await asyncio.to_thread(file_is_write_locked, path)  # every probe above ran under the lock
+        assert not submit.done()  # no 201 while the file could not take the run
     assert len(waits) >= PROBES
     assert max(waits) < HEALTH_BOUND_S, f"GET /api/health waited {max(waits) * 1000:.0f} ms under the lock"
+    resp = await submit
+    assert resp.status == 201, await resp.text()
+    during = (await resp.json())["run_id"]
+    with contextlib.closing(sqlite3.connect(path)) as db:  # on disk when answered, before any flush
+        assert db.execute("SELECT name FROM runs WHERE id=?", (during,)).fetchall() == [("during",)]
 
     assert await store.flushed(10)
     with contextlib.closing(sqlite3.connect(path)) as db:
