@@ -96,6 +96,7 @@ def summarize(raw: Path, top: int = 25) -> dict[str, Any]:
     """Own and inclusive samples per function (``name (file:line)`` without the line) from collapsed stacks."""
     own: collections.Counter[str] = collections.Counter()
     inside: collections.Counter[str] = collections.Counter()
+    elsewhere: collections.Counter[str] = collections.Counter()  # busy samples of the process's other threads
     total = 0
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
@@ -104,12 +105,14 @@ def summarize(raw: Path, top: int = 25) -> dict[str, Any]:
         n = int(count)
         frames = [_frame(f) for f in stack.split(";")]
         if not any("nodes/trainer.py" in f for f in frames):
-            continue  # the training thread only (ComfyUI's server loop and other threads are not the loop)
+            elsewhere[frames[-1]] += n  # ComfyUI's server loop, its other threads: not the training loop
+            continue
         total += n
         own[frames[-1]] += n
         for f in set(frames):
             inside[f] += n
-    return {"samples": total, "own": own.most_common(top), "inside": inside.most_common(top)}
+    return {"samples": total, "own": own.most_common(top), "inside": inside.most_common(top),
+            "other_threads_samples": sum(elsewhere.values()), "other_threads": elsewhere.most_common(10)}
 
 
 def _frame(text: str) -> str:
@@ -182,6 +185,9 @@ def main() -> int:
                 print("   top by samples inside")
                 for name, n in prof["inside"][:20]:
                     print(f"  {100 * n / max(prof['samples'], 1):5.1f}%  {name}")
+                print(f"   other threads, busy: {prof['other_threads_samples']} samples")
+                for name, n in prof["other_threads"][:8]:
+                    print(f"  {n:6d}  {name}")
         if args.json:
             Path(args.json).write_text(json.dumps(summary, indent=2))
     finally:
