@@ -6,7 +6,7 @@ TORCH_CPU ?= torch==2.13.0
 # CPU wheel on local disk); elsewhere: make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
 TORCH_INDEX ?=
 
-.PHONY: install test test-unit test-e2e test-comfy test-browser lint demo bench gpu-check clean
+.PHONY: install test test-unit test-e2e test-comfy test-browser test-second-pair lint demo bench gpu-check clean
 
 # CPU torch first: a bare `torch` requirement would otherwise pull a multi-GB CUDA build.
 install:
@@ -32,11 +32,24 @@ test-comfy:
 test-browser:
 	$(PYTHON) -m pytest -q -m browser
 
+# The second ComfyUI pair (CI: 0.33.0 + front end 1.58.1; docs/testing.md): COMFYUI2_DIR and COMFYUI2_PYTHON.
+# The comfy and browser selections once more in that ComfyUI, less what does not run in a ComfyUI and the
+# tests marked one_pair. `make test` runs it when both are set.
+COMFYUI2_DIR ?=
+COMFYUI2_PYTHON ?=
+SECOND_PAIR = COMFYUI_DIR="$(COMFYUI2_DIR)" COMFYUI_PYTHON="$(COMFYUI2_PYTHON)" XPUFLEET_COMFY_PAIR=second
+
+test-second-pair:
+	@test -n "$(COMFYUI2_DIR)" -a -n "$(COMFYUI2_PYTHON)" || { echo "set COMFYUI2_DIR and COMFYUI2_PYTHON (docs/testing.md)" >&2; exit 2; }
+	$(SECOND_PAIR) $(PYTHON) -m pytest -q -m "comfy and not browser"
+	$(SECOND_PAIR) $(PYTHON) -m pytest -q -m browser
+
 test: install lint
 	$(PYTHON) -m pytest -q -m "not e2e and not comfy and not browser"
 	$(PYTHON) -m pytest -q -m "e2e and not comfy and not browser"
 	$(PYTHON) -m pytest -q -m "comfy and not browser"
 	$(PYTHON) -m pytest -q -m browser
+	$(if $(and $(COMFYUI2_DIR),$(COMFYUI2_PYTHON)),$(MAKE) --no-print-directory test-second-pair,@echo "no second ComfyUI pair (COMFYUI2_DIR, COMFYUI2_PYTHON): its tests were not run")
 
 demo: install
 	$(PYTHON) samples/demo.py

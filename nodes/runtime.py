@@ -139,9 +139,7 @@ class _HostedProgress:
         if utils is None:
             return False
         mm = sys.modules.get("comfy.model_management")
-        interrupt = getattr(mm, "InterruptProcessingException", None)
-        if not (isinstance(interrupt, type) and issubclass(interrupt, BaseException)):
-            interrupt = ()
+        interrupt = hosted_interrupt() or ()
         # ComfyUI's progress hook raises its interrupt exception when Cancel was pressed (and clears
         # the flag). Raised from here it would end the node mid-step, before the loop writes its
         # interrupt checkpoint; so the update is skipped once a stop is pending, and a Cancel that
@@ -283,20 +281,30 @@ def should_stop() -> bool:
         return False
 
 
-def stopped(message: str) -> Exception:
+def hosted_interrupt() -> type[BaseException] | None:
+    """ComfyUI's ``InterruptProcessingException`` when ComfyUI hosts the node, else None.
+
+    Its base class changed: ``Exception`` up to early 2026, ``BaseException`` since ComfyUI commit
+    9949c19c (2026-04-22, so that a node's ``except Exception`` no longer swallows a Cancel). Any
+    subclass of ``BaseException`` is accepted, so both sides of that change raise ComfyUI's own."""
+    mm = sys.modules.get("comfy.model_management")  # present whenever ComfyUI hosts the node
+    exc_type = getattr(mm, "InterruptProcessingException", None)
+    return exc_type if isinstance(exc_type, type) and issubclass(exc_type, BaseException) else None
+
+
+def stopped(message: str) -> BaseException:
     """The exception a node raises when it stops on request.
 
-    Hosted in ComfyUI, that is ComfyUI's own ``InterruptProcessingException`` (its executor then reports
-    the prompt as interrupted, not as a node error) and the interrupt flag is cleared, as ComfyUI's
-    ``throw_exception_if_processing_interrupted`` does; everywhere else :class:`RunStopped`.
+    Hosted in ComfyUI, that is ComfyUI's own ``InterruptProcessingException`` whatever its base class (its
+    executor then reports the prompt as interrupted, not as a node error) and the interrupt flag is
+    cleared, as ComfyUI's ``throw_exception_if_processing_interrupted`` does; everywhere else
+    :class:`RunStopped`.
     """
-    if current() is None:
-        mm = sys.modules.get("comfy.model_management")
-        exc_type = getattr(mm, "InterruptProcessingException", None)
-        if isinstance(exc_type, type) and issubclass(exc_type, Exception):
-            with contextlib.suppress(Exception):
-                mm.interrupt_current_processing(False)
-            return exc_type(message)
+    exc_type = hosted_interrupt() if current() is None else None
+    if exc_type is not None:
+        with contextlib.suppress(Exception):
+            sys.modules["comfy.model_management"].interrupt_current_processing(False)
+        return exc_type(message)
     return RunStopped(message)
 
 

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -30,6 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 ENV_DIR, ENV_PYTHON = "COMFYUI_DIR", "COMFYUI_PYTHON"
 START_TIMEOUT_S = 180.0  # ComfyUI's start-up takes 10-15 s on a 2-core machine; bounded, not slept
 PROMPT_TIMEOUT_S = 300.0
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # terminal colour codes
 
 SKIP_REASON = (f"no ComfyUI configured: set {ENV_DIR} (the folder with main.py) and {ENV_PYTHON} (its interpreter); "
                "`bash ../shared/comfyui/setup.sh` builds one and prints both")
@@ -46,6 +48,44 @@ def configured() -> tuple[Path, Path] | None:
     if not os.access(py, os.X_OK):
         raise RuntimeError(f"{ENV_PYTHON}={python} is not an executable interpreter")
     return comfy_dir, py
+
+
+# --- which ComfyUI pair this session tests (docs/testing.md) -----------------------------------------
+# `make test` runs the comfy and browser selections against COMFYUI_DIR/COMFYUI_PYTHON (the first pair:
+# 0.3.64 + front end 1.27.10 in CI), then, when COMFYUI2_DIR/COMFYUI2_PYTHON are set, once more against that
+# second pair (0.33.0 + 1.58.1) with XPUFLEET_COMFY_PAIR=second: there only the tests that run in a ComfyUI
+# (they use one of HOST_FIXTURES), less those marked ``one_pair``.
+PAIR_ENV = "XPUFLEET_COMFY_PAIR"
+HOST_FIXTURES = frozenset({"comfyui", "comfy_host", "bare_comfy"})
+
+
+def second_pair() -> bool:
+    """True when this session tests the second ComfyUI pair."""
+    value = os.environ.get(PAIR_ENV, "").strip()
+    if value not in ("", "first", "second"):
+        raise RuntimeError(f"{PAIR_ENV}={value!r}: must be 'first' or 'second' (docs/testing.md)")
+    return value == "second"
+
+
+def select_for_pair(config: Any, items: list[Any]) -> None:
+    """On the second pair: deselect what does not run in a ComfyUI, and what is marked ``one_pair``."""
+    if not second_pair():
+        return
+    keep, drop = [], []
+    for item in items:
+        in_host = bool(HOST_FIXTURES & set(getattr(item, "fixturenames", ())))
+        (keep if in_host and item.get_closest_marker("one_pair") is None else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def comfy_version(comfy_dir: Path) -> str:
+    """The ComfyUI version of a checkout (its comfyui_version.py), or "unknown"."""
+    found = re.search(r"""__version__\s*=\s*["']([^"']+)""",
+                      (comfy_dir / "comfyui_version.py").read_text() if (comfy_dir / "comfyui_version.py").is_file()
+                      else "")
+    return found.group(1) if found else "unknown"
 
 
 def free_port() -> int:
@@ -190,7 +230,9 @@ class ComfyUI:
             self.proc.wait(20)
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        """ComfyUI's output so far, without the colour codes 0.33 puts around each line's ``[LEVEL]``."""
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return _ANSI.sub("", text)
 
     def log_tail(self, n: int = 60) -> str:
         return "\n".join(self.log().splitlines()[-n:])

@@ -20,6 +20,10 @@ for _name in ("comfy_harness", "sidecar_harness"):
 import comfy_harness  # noqa: E402
 
 
+def pytest_collection_modifyitems(config, items):
+    comfy_harness.select_for_pair(config, items)  # the second ComfyUI pair runs a subset (docs/testing.md)
+
+
 @pytest.fixture(scope="session")
 def comfyui(tmp_path_factory):
     """The running ComfyUI (base dir and XPUFLEET_HOME fresh for the session)."""
@@ -32,7 +36,8 @@ def comfyui(tmp_path_factory):
     host = comfy_harness.ComfyUI(comfy_dir, python, work / "base", work / "xpufleet-home")
     host.installed = installed
     host.start()
-    sys.stderr.write(f"\n[comfy] ComfyUI up in {host.startup_s:.1f} s on {host.url}"
+    sys.stderr.write(f"\n[comfy] ComfyUI {comfy_harness.comfy_version(comfy_dir)} up in {host.startup_s:.1f} s "
+                     f"on {host.url}"
                      + (f" (installed {', '.join(installed)})" if installed else "") + "\n")
     try:
         yield host

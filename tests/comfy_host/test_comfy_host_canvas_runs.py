@@ -124,9 +124,10 @@ def test_a_cancel_on_the_sidecar_interrupts_comfyuis_prompt(comfyui, sidecar):
             sidecar.client.cancel(found["id"], "from the Runs panel")
 
     run = comfyui.run_prompt(graph, on_event=cancel_once_recorded)
-    assert "execution_interrupted" in run.messages
+    assert "execution_interrupted" in run.messages and "execution_error" not in run.messages, run.history["status"]
     recorded = canvas_run(sidecar, run.prompt_id, "cancelled")
     assert recorded["error"] == "cancelled in ComfyUI" and recorded["cancel_requested"] is True
+    assert_interrupt_checkpoint(sidecar, recorded)
 
 
 def test_comfyuis_own_interrupt_ends_the_canvas_run_cancelled(comfyui, sidecar):
@@ -140,8 +141,23 @@ def test_comfyuis_own_interrupt_ends_the_canvas_run_cancelled(comfyui, sidecar):
                 assert resp.status == 200
 
     run = comfyui.run_prompt(graph, on_event=interrupt_once_recorded)
-    assert "execution_interrupted" in run.messages
-    assert canvas_run(sidecar, run.prompt_id, "cancelled")["cancel_requested"] is False
+    # ComfyUI shows an interruption, not a node error (on 0.33 its interrupt is a BaseException)
+    interrupted = run.messages.get("execution_interrupted")
+    assert interrupted is not None and interrupted["node_id"] == "8", run.history["status"]
+    assert "execution_error" not in run.messages
+    recorded = canvas_run(sidecar, run.prompt_id, "cancelled")
+    assert recorded["cancel_requested"] is False and recorded["error"] == "cancelled in ComfyUI"
+    assert_interrupt_checkpoint(sidecar, recorded)
+
+
+def assert_interrupt_checkpoint(sidecar, recorded: dict[str, Any]) -> None:
+    """The cancelled run lists the interrupt checkpoint the training loop wrote before it stopped."""
+    events = sidecar.client.events(recorded["id"], limit=1000)["events"]
+    checkpoints = [e["payload"]["path"] for e in events if e["type"] == "artifact"
+                   and e["payload"]["path"].endswith("interrupt.pt")]
+    assert len(checkpoints) == 1 and Path(checkpoints[0]).is_file(), events[-5:]
+    said = [e["payload"]["message"] for e in events if e["type"] == "log"]
+    assert any("stopped at epoch" in m and "interrupt checkpoint" in m for m in said), said
 
 
 def test_the_page_names_a_prompts_run_through_comfyuis_server(comfyui, sidecar):

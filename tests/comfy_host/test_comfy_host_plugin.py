@@ -1,4 +1,4 @@
-"""The plugin loaded by a real ComfyUI (0.3.64): a clean import, every node in /object_info with its
+"""The plugin loaded by a real ComfyUI (0.3.64 or 0.33.0): a clean import, every node in /object_info with its
 inputs, the front-end extension served once, our routes, and ComfyUI's own validation of our nodes."""
 
 from __future__ import annotations
@@ -16,19 +16,22 @@ from xpufleet import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
 pytestmark = pytest.mark.comfy
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "samples"
+# The line of the plugin in ComfyUI's import-times list: "   0.1 seconds: .../custom_nodes/xpufleet" up to
+# 0.3.6x, "[INFO]    0.1 seconds: ..." since (its log lines carry their level)
+IMPORT_TIME_LINE = re.compile(r"^(?:\[[A-Z]+\])?\s*[\d.]+ seconds: \S*custom_nodes/xpufleet\s*$", re.M)
 
 
 def test_plugin_imports_with_no_error_line(comfyui):
     log = comfyui.log()
     startup, _, _ = log.partition("Starting server")
     assert "Starting server" in log, comfyui.log_tail()
-    # ComfyUI's import-times list names the plugin, without "(IMPORT FAILED)"
-    assert re.search(r"^\s*[\d.]+ seconds: \S*custom_nodes/xpufleet\s*$", startup, re.M), startup
+    # ComfyUI's import-times list names the plugin, without "(IMPORT FAILED)"; 0.33 prefixes the level
+    assert IMPORT_TIME_LINE.search(startup), startup
     assert "Traceback" not in startup and "IMPORT FAILED" not in startup and "Cannot import" not in startup
     ours = [line for line in startup.splitlines() if "xpufleet" in line.lower()]
     assert not [line for line in ours if re.search(r"error|disabled|exception|warning", line, re.I)], ours
     # and nothing of ours was disabled later either (the plugin logs "xpufleet: ... disabled: ...")
-    assert not re.search(r"^xpufleet: .* disabled", log, re.M)
+    assert not re.search(r"^(?:\[[A-Z]+\]\s*)?xpufleet: .* disabled", log, re.M)
 
 
 def test_object_info_lists_every_node_with_its_inputs(comfyui):

@@ -1,4 +1,4 @@
-"""Training in a real ComfyUI (0.3.64), queued as the front end queues it (POST /prompt, /ws, /history):
+"""Training in a real ComfyUI (0.3.64 or 0.33.0), queued as the front end queues it (POST /prompt, /ws, /history):
 every example graph, the figures of `xpufleet run --local`, a save in one prompt and a load in the next,
 Cancel mid-training, the caching rule, and a node error naming the node and its input."""
 

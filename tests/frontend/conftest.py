@@ -29,6 +29,7 @@ MODELS = {"small.safetensors": 2 * 1024**3, "big.safetensors": 60 * 1024**3}  # 
 
 
 def pytest_collection_modifyitems(config, items):
+    bh.comfy_harness.select_for_pair(config, items)  # the second ComfyUI pair runs a subset (docs/testing.md)
     if "browser" in (config.getoption("markexpr") or "") and "not browser" not in config.getoption("markexpr"):
         return
     skip = pytest.mark.skip(reason="browser test: run with -m browser (make test runs them after the comfy tests)")
@@ -40,7 +41,10 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def screenshots(request, tmp_path_factory) -> Path:
     root = os.environ.get("XPUFLEET_ARTIFACTS")
-    folder = Path(root) / "frontend" if root else tmp_path_factory.getbasetemp() / "frontend-screenshots"
+    # the second ComfyUI pair's screenshots beside the first's, not over them
+    found = bh.comfy_harness.configured() if bh.comfy_harness.second_pair() else None
+    pair = f"-comfyui-{bh.comfy_harness.comfy_version(found[0])}" if found else ""
+    folder = Path(root) / f"frontend{pair}" if root else tmp_path_factory.getbasetemp() / f"frontend-screenshots{pair}"
     folder.mkdir(parents=True, exist_ok=True)
     request.config._xpufleet_screenshots = folder  # noqa: SLF001 - read by pytest_terminal_summary
     return folder
