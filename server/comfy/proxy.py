@@ -283,7 +283,7 @@ def is_redeem(request: Any, api_prefix: str) -> bool:
     return request.method == "POST" and tail == REDEEM_TAIL
 
 
-FORWARD_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+FORWARD_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")  # GET brings HEAD
 
 
 def add_proxy_routes(routes: Any, prefix: str) -> SidecarProxy:
