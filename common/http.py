@@ -64,8 +64,8 @@ async def read_body(request: web.Request, max_bytes: int | None = None) -> bytes
     ``request.content.read(n)`` returns only the bytes that have arrived (the first chunk of a body sent
     in several writes), so every body is read here: the sidecar's routes, ComfyUI's and the proxy."""
     cap = request.client_max_size if max_bytes is None else max_bytes
-    too_big = ApiError(413, f"the request body is larger than the {cap} bytes ({cap / 2**20:g} MiB) this "
-                            f"route accepts")
+    too_big = ApiError(413, f"the request body is larger than the {cap} bytes"
+                            f"{f' ({cap / 2**20:g} MiB)' if cap >= 2**20 else ''} this route accepts")
     if request.content_length is not None and request.content_length > cap:
         raise too_big
     parts: list[bytes] = []
