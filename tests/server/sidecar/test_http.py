@@ -77,7 +77,7 @@ async def test_the_predictors_comfyui_routes_use_the_same_toolkit(aiohttp_client
     app.add_routes(routes)
     client = await aiohttp_client(app)
     resp = await client.post("/xpufleet/predict", data=DEEP_WORKFLOW.encode(),
-                             headers={"Content-Type": "application/json"})
+                             headers={"Content-Type": "application/json", "X-XPUFleet-Request": "1"})
     assert resp.status == 400 and "more than 64 levels deep" in (await resp.json())["error"]
     resp = await client.post("/xpufleet/predict", data=b'{"workflow":{"a":"\\ud800"}}')
     assert resp.status == 400 and (await resp.json())["error"].startswith("workflow.a: holds a lone")
