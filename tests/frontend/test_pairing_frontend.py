@@ -94,16 +94,17 @@ def test_a_page_of_another_origin_and_a_sandboxed_iframe_act_on_nothing(playwrig
     iframe = IFRAME % {"target": target, "service": json.dumps(service)}
     html = ATTACK % {"target": target, "service": json.dumps(service), "run": json.dumps(run),
                      "iframe": iframe.replace("&", "&amp;").replace('"', "&quot;")}
-    answered: list[tuple[int, str, str | None]] = []
+    responses: list = []
     context = playwright_browser.new_context()
     try:
         page = context.new_page()
-        page.on("response", lambda r: answered.append((r.status, r.url, r.request.headers.get("origin")))
-                if "/xpufleet/" in r.url else None)
+        page.on("response", lambda r: responses.append(r) if "/xpufleet/" in r.url else None)
         with other_origin(html) as url:
             page.goto(url)
             page.wait_for_function("() => window.results.page && window.results.iframe", timeout=WAIT_MS)
             results = page.evaluate("() => window.results")
+            # the Origin each request went with, as sent on the wire (the provisional headers omit it)
+            answered = [(r.status, r.url, r.request.header_value("origin")) for r in responses]
     finally:
         context.close()
     # the simple requests reached ComfyUI and were refused there; the preflighted ones never left the browser
