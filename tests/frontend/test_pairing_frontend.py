@@ -97,8 +97,9 @@ def test_a_page_of_another_origin_and_a_sandboxed_iframe_act_on_nothing(playwrig
     responses: list = []
     context = playwright_browser.new_context()
     try:
+        # the context's responses: the sandboxed iframe's too
+        context.on("response", lambda r: responses.append(r) if "/xpufleet/" in r.url else None)
         page = context.new_page()
-        page.on("response", lambda r: responses.append(r) if "/xpufleet/" in r.url else None)
         with other_origin(html) as url:
             page.goto(url)
             page.wait_for_function("() => window.results.page && window.results.iframe", timeout=WAIT_MS)
@@ -110,6 +111,7 @@ def test_a_page_of_another_origin_and_a_sandboxed_iframe_act_on_nothing(playwrig
     # the simple requests reached ComfyUI and were refused there; the preflighted ones never left the browser
     assert results["page"]["token"] == "blocked" and results["page"]["run_json"] == "blocked", results
     assert results["page"]["read_runs"] == "blocked", results  # no CORS: nothing read
+    assert results["iframe"] == {"service": "opaque", "token": "opaque"}, results  # sent, answered, unread
     origins = {origin for _, _, origin in answered}
     assert "null" in origins and any(o and o.startswith("http://127.0.0.2:") for o in origins), answered
     assert answered and all(status == 403 for status, _, _ in answered), answered

@@ -81,7 +81,7 @@ function redeemBody(text) {
 function pairDialog(redeem) {
   return new Promise((resolve) => {
     const titleId = nextId("xf-pair-title");
-    const input = h("input", { type: "text", class: "xf-input", autocomplete: "off", spellcheck: "false",
+    const input = h("input", { type: "text", style: { width: "100%" }, autocomplete: "off", spellcheck: "false",
       placeholder: t("pair.placeholder"), "aria-labelledby": titleId, dataset: { xpufleet: "pair-input" } });
     const error = h("div", { class: "xf-error", role: "alert", dataset: { xpufleet: "pair-error" } });
     const dialog = h("dialog", { class: "xf-dialog xf-root", "aria-labelledby": titleId, dataset: { xpufleet: "pair-dialog" } });
@@ -94,8 +94,8 @@ function pairDialog(redeem) {
       dialog.remove();
       resolve(ok);
     };
-    const submit = h("button", { type: "submit", class: "xf-btn xf-primary", dataset: { xpufleet: "pair-submit" } }, t("pair.submit"));
-    const later = h("button", { type: "button", class: "xf-btn", dataset: { xpufleet: "pair-later" }, onclick: () => finish(false) }, t("pair.later"));
+    const submit = h("button", { type: "submit", class: "xf-primary", dataset: { xpufleet: "pair-submit" } }, t("pair.submit"));
+    const later = h("button", { type: "button", class: "xf-secondary", dataset: { xpufleet: "pair-later" }, onclick: () => finish(false) }, t("pair.later"));
     const form = h("form", { method: "dialog", onsubmit: async (e) => {
       e.preventDefault();
       if (!input.value.trim()) { replace(error, t("pair.empty")); return; }
