@@ -225,7 +225,7 @@ def open_comfy(context: Any, url: str, log: ConsoleLog | None = None, plugin: bo
     page = context.new_page()
     if log is not None:
         log.attach(page)
-    page.goto(url)
+    page.goto(url, timeout=WAIT_S * 1000)  # a loaded machine takes more than Playwright's 30 s default
     page.wait_for_function(APP_READY, timeout=WAIT_S * 1000)
     if plugin:
         page.wait_for_function(PLUGIN_READY, timeout=WAIT_S * 1000)

@@ -112,9 +112,9 @@ def test_a_page_of_another_origin_and_a_sandboxed_iframe_act_on_nothing(playwrig
     assert results["page"]["token"] == "blocked" and results["page"]["run_json"] == "blocked", results
     assert results["page"]["read_runs"] == "blocked", results  # no CORS: nothing read
     assert results["iframe"] == {"service": "opaque", "token": "opaque"}, results  # sent, answered, unread
-    # the page's 3 simple requests and the iframe's 2 (Origin: null; Playwright does not show a sandboxed
-    # frame's request headers, tests/comfy_host/test_comfy_host_guard.py sends that Origin on the wire)
-    assert len(answered) >= 5 and all(status == 403 for status, _, _ in answered), answered
+    # the page's 3 simple requests and what Playwright sees of the iframe's (Origin: null; Playwright shows
+    # a sandboxed frame's network only in part, tests/comfy_host/test_comfy_host_guard.py sends that Origin)
+    assert len(answered) >= 3 and all(status == 403 for status, _, _ in answered), answered
     assert any(origin and origin.startswith("http://127.0.0.2:") for _, _, origin in answered), answered
     assert not marker.exists()
     assert comfy_fleet.call("GET", "/api/services")["services"] == []
