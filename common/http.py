@@ -57,22 +57,36 @@ async def errors_middleware(request: web.Request, handler: Callable[..., Any]) -
 NO_BODY = object()
 
 
+async def read_body(request: web.Request, max_bytes: int | None = None) -> bytes:
+    """The whole request body, read until its end however many writes it came in; ApiError 413 as soon
+    as it passes ``max_bytes`` (None: the server's ``client_max_size``), never reading further.
+
+    ``request.content.read(n)`` returns only the bytes that have arrived (the first chunk of a body sent
+    in several writes), so every body is read here: the sidecar's routes, ComfyUI's and the proxy."""
+    cap = request.client_max_size if max_bytes is None else max_bytes
+    too_big = ApiError(413, f"the request body is larger than the {cap} bytes"
+                            f"{f' ({cap / 2**20:g} MiB)' if cap >= 2**20 else ''} this route accepts")
+    if request.content_length is not None and request.content_length > cap:
+        raise too_big
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_any():  # until EOF (chunked or Content-Length)
+        size += len(chunk)
+        if size > cap:
+            raise too_big
+        parts.append(chunk)
+    return b"".join(parts)
+
+
 async def read_json(request: web.Request, *, optional: bool = False, max_bytes: int | None = None) -> Any:
     """The request body as JSON; 400 naming what is wrong, 413 when over the cap.
 
-    ``max_bytes`` caps the body where no ``client_max_size`` does (routes on ComfyUI's server).
+    ``max_bytes`` caps the body where no ``client_max_size`` does (routes on ComfyUI's server); the body
+    is read whole (:func:`read_body`).
     With ``optional``, an empty body gives ``NO_BODY`` (JSON ``null`` is a body, and not an object).
     Nesting deeper than ``MAX_JSON_DEPTH``, lone surrogates and over-long integers are 400s
     (jsonbody.py), so nothing after this can hit RecursionError or UnicodeEncodeError."""
-    if max_bytes is None:
-        body = await request.read()
-    else:
-        too_big = ApiError(413, f"the request body is larger than the {max_bytes} bytes this route accepts")
-        if request.content_length is not None and request.content_length > max_bytes:
-            raise too_big
-        body = await request.content.read(max_bytes + 1)
-        if len(body) > max_bytes:
-            raise too_big
+    body = await read_body(request, max_bytes)
     if not body.strip():
         if optional and not body:  # no body at all; whitespace alone is not JSON (the fuzz suite sends it)
             return NO_BODY

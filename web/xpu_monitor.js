@@ -12,6 +12,9 @@ import { CapsuleBar, SETTINGS } from "./lib/capsule.mjs";
 import { CANVAS_METRIC_EVENT, fixSeedControls, isPluginNodeDef, nameCanvasRun, showExecuted, showLivePoint } from "./lib/canvas_nodes.mjs";
 import { h } from "./lib/dom.mjs";
 import { english, loadStrings, onLanguageChange, resolveLanguage, setLanguage, t } from "./lib/i18n.mjs";
+import { installPairing } from "./lib/pairing.mjs"; // h1 (issue 29): the guard's headers, the pairing prompt
+
+installPairing(api); // h1 (issue 29): before the first /xpufleet/ request (docs/security.md)
 
 const LANGUAGE = "XPUFleet.Language";
 const AUTOSTART = "XPUFleet.Sidecar.AutoStart";

@@ -27,6 +27,7 @@ from ...constants import VERSION
 from . import agent as agent_cli
 from . import estimate as estimate_cli
 from . import export as export_cli
+from . import pair as pair_cli
 from . import pools as pools_cli
 from . import predict as predictor_cli
 from . import runs as runs_cli
@@ -41,7 +42,7 @@ from .text import safe
 
 # Every command module, in the order `xpufleet --help` lists them.
 COMMAND_MODULES = (sidecar_cli, runs_cli, estimate_cli, agent_cli, workers_cli, pools_cli, services_cli,
-                   sweeps_cli, studies_cli, export_cli, predictor_cli, ui_cli)
+                   sweeps_cli, studies_cli, export_cli, predictor_cli, ui_cli, pair_cli)
 
 
 def build_parser() -> argparse.ArgumentParser:

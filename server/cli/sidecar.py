@@ -101,6 +101,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         fingerprint = (read_runtime(home) or {}).get("tls_fingerprint")
         if fingerprint:
             print(f"TLS certificate fingerprint (agents pin it: --fingerprint): {fingerprint}")
+        _print_pairing_code(home)
         return EXIT_OK
     if proc.poll() is None and not message:
         err(f"the sidecar did not get ready within {SIDECAR_START_TIMEOUT_S:g} s; see {log_path}")
@@ -111,6 +112,19 @@ def cmd_start(args: argparse.Namespace) -> int:
         err(f"the sidecar exited during start-up (code {proc.wait(timeout=5)}); see {log_path}")
         print(_tail(log_path), file=sys.stderr)
     return EXIT_RUN_FAILED
+
+
+def _print_pairing_code(home: Path) -> None:
+    """A browser pairing code after a start (docs/security.md); a failure to get one is only a warning."""
+    from .pair import pairing_code_text
+
+    running = running_client(home)
+    if running is None:
+        return
+    try:
+        print(pairing_code_text(running[0]))
+    except (ApiError, SidecarUnreachable) as exc:
+        err(f"no pairing code ({exc}); `xpufleet pair` prints one")
 
 
 def _read_ready(fd: int, timeout: float) -> str:

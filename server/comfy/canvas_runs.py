@@ -248,8 +248,9 @@ def add_canvas_routes(routes: Any, prefix: str, server: Any) -> CanvasRecorder:
     """The recorder of this ComfyUI (``server``: its PromptServer), made the hosted nodes' sink, and its route."""
     from aiohttp import web
 
-    from ...common.http import json_errors, read_object
+    from ...common.http import read_object
     from ...nodes import runtime
+    from .guard import Access, add_route
 
     recorder = CanvasRecorder(server)
     runtime.set_hosted_sink(recorder.report)
@@ -259,5 +260,8 @@ def add_canvas_routes(routes: Any, prefix: str, server: Any) -> CanvasRecorder:
         recorder.name_prompt(prompt_id, text)
         return web.json_response({"prompt_id": prompt_id, "name": text})
 
-    routes.post(f"{prefix}/canvas/name")(json_errors(name))
+    # unpaired: a run's name, said by the page that queued the prompt; whoever can reach ComfyUI's own
+    # /prompt could queue (and so name) a prompt anyway (docs/security.md)
+    add_route(routes, "POST", f"{prefix}/canvas/name", name,
+              Access(paired=False, why="names a canvas run of a prompt queued through ComfyUI's own /prompt"))
     return recorder

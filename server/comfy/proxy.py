@@ -6,17 +6,19 @@ Routes (registered by ``routes.register`` on ComfyUI's PromptServer):
 - ``/xpufleet/api/<resource>/...`` (any method) -> the sidecar's ``/api/<resource>/...``, for the
   resources in ``FORWARDED_RESOURCES`` only (runs, workers, estimates, services, sweeps, studies; the
   sidecar's agent WebSocket, health and status are not forwarded). The query string and the JSON body
-  pass through, the answer (status, JSON, server-sent events, files) streams back. Only
-  ``Content-Type``/``Accept``/``Last-Event-ID`` go up: never the browser's cookies or Authorization; the
-  sidecar's session token is read from its runtime file under ``XPUFLEET_HOME`` and added here.
+  pass through (the body read whole, ``common.http.read_body``), the answer (status, JSON, server-sent
+  events, files) streams back. Only ``Content-Type``/``Accept``/``Last-Event-ID`` go up: never the
+  browser's cookies or Authorization. The bearer is the browser's pairing (``X-XPUFleet-Pairing``, guard.py),
+  which the sidecar checks: never the sidecar's own token, so a request from someone who has not paired
+  is refused (401 ``{"pairing": "missing"}``) even from this machine. ``POST .../pairing/redeem`` (how a
+  browser pairs) is the one forwarded request that needs no pairing; it carries its own credential.
 - ``GET /xpufleet/sidecar``: whether a sidecar runs for this ``XPUFLEET_HOME`` (url, pid, version).
 - ``POST /xpufleet/sidecar/start`` (body ``{}`` or ``{"port": N}``, 0 = any free port; default the
   CLI's): starts one on this machine when none runs (``xpufleet start``, a daemon of its own that
   outlives ComfyUI), and answers like ``GET /xpufleet/sidecar``.
 
-With no sidecar the forwarded routes answer 503 and say how to start one. ComfyUI itself has no
-authentication: whoever can reach this ComfyUI can use the sidecar through it, so keep ComfyUI on
-loopback (its default) or behind your own access control.
+With no sidecar the forwarded routes answer 503 and say how to start one. Every route is behind the
+guard (guard.py: Host, Origin, preflight, pairing; docs/security.md says who can reach what).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ...common.errors import ApiError
+from ...common.http import read_body, read_object
 from ...common.runtime_file import pid_alive, read_runtime
 from ...constants import (
     DEFAULT_PORT,
@@ -42,10 +45,13 @@ from ...constants import (
     SIDECAR_START_TIMEOUT_S,
     home_dir,
 )
+from .guard import PAIRING_KEY, Access, add_route
 
 log = logging.getLogger("xpufleet")
 
-FORWARDED_RESOURCES = ("runs", "workers", "pools", "estimates", "services", "sweeps", "studies")
+FORWARDED_RESOURCES = ("runs", "workers", "pools", "estimates", "services", "sweeps", "studies", "pairing",
+                       "pairings")
+REDEEM_TAIL = "pairing/redeem"  # forwarded unpaired: how a browser pairs (server/sidecar/routes/pairing.py)
 _UP_HEADERS = ("Content-Type", "Accept", "Last-Event-ID")
 _DOWN_HEADERS = ("Content-Type", "Content-Disposition", "Cache-Control", "Last-Modified", "ETag",
                  "X-Accel-Buffering")
@@ -202,15 +208,13 @@ class SidecarProxy:
         sidecar = find_sidecar(home)
         if sidecar is None:
             raise ProxyError(503, no_sidecar_message(home))
-        if request.content_length is not None and request.content_length > MAX_REQUEST_BODY_BYTES:
-            raise ProxyError(413, f"request body over {MAX_REQUEST_BODY_BYTES} bytes")
-        body = await request.content.read(MAX_REQUEST_BODY_BYTES + 1)
-        if len(body) > MAX_REQUEST_BODY_BYTES:
-            raise ProxyError(413, f"request body over {MAX_REQUEST_BODY_BYTES} bytes")
+        body = await read_body(request, MAX_REQUEST_BODY_BYTES)
         query = request.rel_url.raw_query_string
         url = yarl.URL(sidecar.url + path + (f"?{query}" if query else ""), encoded=True)
         headers = {h: request.headers[h] for h in _UP_HEADERS if h in request.headers}
-        headers["Authorization"] = f"Bearer {sidecar.token}"
+        pairing = request.get(PAIRING_KEY)
+        if pairing is not None:  # the sidecar checks it (only the redeem route goes up without one)
+            headers["Authorization"] = f"Bearer {pairing}"
         try:
             async with self._client().request(request.method, url, data=body or None, headers=headers,
                                               ssl=sidecar.ssl(), allow_redirects=False) as up:
@@ -243,8 +247,6 @@ class SidecarProxy:
     async def start(self, request: Any) -> Any:
         from aiohttp import web
 
-        from ...common.http import read_object
-
         home = home_dir()
         port = parse_start_port(await read_object(request, {"port"}, optional=True, max_bytes=64 * 1024))
         if self._start_lock is None:
@@ -275,12 +277,27 @@ class SidecarProxy:
             return web.json_response({**found.public(), "home": str(home), "started": True})
 
 
-def add_proxy_routes(routes: Any, prefix: str) -> SidecarProxy:
-    """Register the proxy's routes under ``prefix`` (``/xpufleet``) on ComfyUI's RouteTableDef."""
-    from ...common.http import json_errors
+def is_redeem(request: Any, api_prefix: str) -> bool:
+    """Whether ``request`` is ``POST <api_prefix>pairing/redeem`` (the one forward that needs no pairing)."""
+    _, _, tail = request.rel_url.raw_path.partition(api_prefix)
+    return request.method == "POST" and tail == REDEEM_TAIL
 
+
+FORWARD_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")  # GET brings HEAD
+
+
+def add_proxy_routes(routes: Any, prefix: str) -> SidecarProxy:
+    """Register the proxy's routes under ``prefix`` (``/xpufleet``) on ComfyUI's RouteTableDef, each
+    behind the guard (guard.py)."""
     proxy = SidecarProxy(prefix)
-    routes.get(f"{prefix}/sidecar")(json_errors(proxy.status))
-    routes.post(f"{prefix}/sidecar/start")(json_errors(proxy.start))
-    routes.route("*", prefix + "/api/{tail:.*}")(json_errors(proxy.forward))
+    # Unpaired, with the Host/Origin/preflight checks: whether a sidecar runs (its url, pid, version,
+    # home: nothing a local user cannot see with ps), and starting the fleet's own sidecar, a fixed
+    # command (`xpufleet start`, ComfyUI's interpreter, a port at most): a page cannot pair before one runs.
+    add_route(routes, "GET", f"{prefix}/sidecar", proxy.status,
+              Access(paired=False, why="says whether a sidecar runs: its address, pid and version"))
+    add_route(routes, "POST", f"{prefix}/sidecar/start", proxy.start,
+              Access(paired=False, why="starts the fleet's own sidecar, a fixed command; the page pairs after"))
+    forward = Access(paired=lambda request: not is_redeem(request, proxy.api_prefix))
+    for method in FORWARD_METHODS:
+        add_route(routes, method, prefix + "/api/{tail:.*}", proxy.forward, forward)
     return proxy

@@ -1,4 +1,5 @@
-"""Thin ComfyUI glue: registers the plugin's ``/xpufleet/...`` routes on ComfyUI's PromptServer.
+"""Thin ComfyUI glue: registers the plugin's ``/xpufleet/...`` routes on ComfyUI's PromptServer, each
+behind the one guard (guard.py: Host, Origin, preflight, pairing; docs/security.md).
 
 Does nothing when ComfyUI's ``server`` module is not importable (plain Python, tests, the sidecar).
 """
@@ -31,22 +32,27 @@ def register() -> bool:
     from aiohttp import web
 
     from ...constants import VERSION
+    from .guard import Access, add_route
     from .proxy import add_proxy_routes
 
-    @routes.get(f"{ROUTE_PREFIX}/version")
-    async def _version(request: web.Request) -> web.Response:
+    page_text = Access(paired=False, why="the plugin's version and the page's texts: the same for everyone, "
+                                         "in the plugin's public source")
+
+    async def version(request: web.Request) -> web.Response:
         return web.json_response({"name": "xpufleet", "version": VERSION})
 
     locales = Path(__file__).resolve().parents[2] / "locales"
 
-    @routes.get(f"{ROUTE_PREFIX}/locales/{{lang}}/main.json")
-    async def _locale(request: web.Request) -> web.StreamResponse:
+    async def locale(request: web.Request) -> web.StreamResponse:
         # the texts of the front end (web/lib/i18n.mjs), the same file ComfyUI merges into its own i18n
         lang = request.match_info["lang"]
         path = locales / lang / "main.json"
         if not lang.isalpha() or not path.is_file():
             return web.json_response({"error": f"no texts for language {lang!r}"}, status=404)
         return web.FileResponse(path, headers={"Content-Type": "application/json", "Cache-Control": "no-cache"})
+
+    add_route(routes, "GET", f"{ROUTE_PREFIX}/version", version, page_text)
+    add_route(routes, "GET", f"{ROUTE_PREFIX}/locales/{{lang}}/main.json", locale, page_text)
 
     # Predictor routes (snapshot of the ComfyUI process itself, predict) are added here too.
     from .predictor_routes import add_comfy_routes

@@ -54,6 +54,7 @@ from .keys import CONFIG_KEY, DISPATCHER_KEY, LOCAL_PROVIDER_KEY, STARTED_KEY, S
 from .local import LocalProvider, local_runs_refusal, probe_local_devices
 from .routes import estimates as estimates_routes
 from .routes import outputs as outputs_routes
+from .routes import pairing as pairing_routes
 from .routes import pools as pools_routes
 from .routes import run_files as run_files_routes
 from .routes import runs as runs_routes
@@ -107,7 +108,7 @@ def create_app(config: SidecarConfig) -> web.Application:
     openapi.setup(app)
     for routes in (status_routes, runs_routes, run_files_routes, workers_routes, pools_routes, outputs_routes,
                    estimates_routes, services_routes, sweeps_routes,
-                   studies_routes, ui_routes):
+                   studies_routes, ui_routes, pairing_routes):
         routes.setup(app)
     add_predictor_routes(app, dispatcher.card_snapshots)
     app.cleanup_ctx.append(_store_ctx)

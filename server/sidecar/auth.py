@@ -7,7 +7,7 @@
   metrics can hold paths and data other local users should not read); only ``GET /api/health`` and
   ``GET /api/openapi.json`` are public. Routes with their own credentials (worker agents) register an
   exemption with :func:`add_exemption`. Other bearer credentials (the standalone page's browser
-  sessions, routes/ui.py) are accepted through :func:`add_bearer_check`.
+  sessions, routes/ui.py; browser pairings, pairing.py) are accepted through :func:`add_bearer_check`.
 * The ``Host`` header must name this server: a loopback name or address, or a configured name
   (``--allowed-host``, ``XPUFLEET_ALLOWED_HOSTS``); when bound to a non-loopback address, IP literals
   and the machine's hostname too. A browser page on another origin that rebinds its DNS name to
@@ -32,6 +32,7 @@ LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost
 PUBLIC_ROUTES = frozenset({("GET", "/api/health"), ("HEAD", "/api/health"), ("GET", "/api/openapi.json")})
 EXEMPTIONS_KEY = web.AppKey("xpufleet_auth_exemptions", list)
 BEARER_CHECKS_KEY = web.AppKey("xpufleet_auth_bearer_checks", list)
+PAIRING_SECRET_START = "xfp_"  # a browser pairing's secret (pairing.py): refused, the page is asked to re-pair
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -158,6 +159,9 @@ def security_middleware(token: str, policy: HostPolicy) -> Callable[..., Awaitab
                     )
                 if not token_matches(given, token) and \
                         not any(check(given) for check in request.app.get(BEARER_CHECKS_KEY, ())):
+                    if given.startswith(PAIRING_SECRET_START):  # a browser's pairing, revoked or unknown
+                        return json_error(401, "this browser's pairing is revoked or unknown here: pair it "
+                                               "again (docs/security.md)", {"pairing": "refused"})
                     return json_error(403, "wrong token: use the token of the running server's runtime.json")
         return await handler(request)
 

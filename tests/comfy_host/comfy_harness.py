@@ -239,12 +239,26 @@ class ComfyUI:
 
     # -- HTTP --
 
-    def request(self, method: str, path: str, body: Any = None, timeout: float = 60.0
+    pairing: str | None = None  # this client's pairing with the sidecar (pair()), sent to /xpufleet/ routes
+
+    def request(self, method: str, path: str, body: Any = None, timeout: float = 60.0, paired: bool = True
                 ) -> tuple[int, Any]:
-        """(status, JSON or text) of one request; HTTP errors are answers, not exceptions."""
+        """(status, JSON or text) of one request; HTTP errors are answers, not exceptions. To ``/xpufleet/``
+        routes it sends what the plugin's page sends (server/comfy/guard.py): ``X-XPUFleet-Request`` and,
+        unless ``paired`` is False, the pairing, made on the first answer that asks for one (pair())."""
+        status, answer = self._send(method, path, body, timeout, paired)
+        if paired and status == 401 and isinstance(answer, dict) and answer.get("pairing") and self.pair():
+            status, answer = self._send(method, path, body, timeout, paired)
+        return status, answer
+
+    def _send(self, method: str, path: str, body: Any, timeout: float, paired: bool) -> tuple[int, Any]:
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"} if data is not None else {})
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        if "/xpufleet/" in path:
+            headers["X-XPUFleet-Request"] = "1"
+            if paired and self.pairing:
+                headers["X-XPUFleet-Pairing"] = self.pairing
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=timeout) as resp:
                 status, raw = resp.status, resp.read()
@@ -254,6 +268,21 @@ class ComfyUI:
             return status, json.loads(raw)
         except ValueError:
             return status, raw.decode(errors="replace")
+
+    def pair(self) -> bool:
+        """Pair this client the way a user pastes the token into the page (``POST
+        /xpufleet/api/pairing/redeem``); False when no sidecar runs for this home."""
+        from xpufleet.common.runtime_file import read_runtime
+
+        info = read_runtime(self.home)
+        if info is None:
+            return False
+        status, answer = self._send("POST", "/xpufleet/api/pairing/redeem",
+                                    {"token": info["token"], "name": "comfy tests"}, 60.0, False)
+        if status != 201:
+            return False
+        self.pairing = answer["pairing"]
+        return True
 
     def get(self, path: str) -> Any:
         status, body = self.request("GET", path)

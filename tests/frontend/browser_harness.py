@@ -15,7 +15,9 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -223,21 +225,82 @@ def open_comfy(context: Any, url: str, log: ConsoleLog | None = None, plugin: bo
     page = context.new_page()
     if log is not None:
         log.attach(page)
-    page.goto(url)
+    page.goto(url, timeout=WAIT_S * 1000)  # a loaded machine takes more than Playwright's 30 s default
     page.wait_for_function(APP_READY, timeout=WAIT_S * 1000)
     if plugin:
         page.wait_for_function(PLUGIN_READY, timeout=WAIT_S * 1000)
     return page
 
 
+# --- pairing the page (docs/security.md) -------------------------------------------------------------
+
+PAIRING_STORAGE_KEY = "xpufleet.pairing"  # web/lib/pairing.mjs
+_PAIRINGS: dict[str, str] = {}  # ComfyUI's URL -> the pairing its page got, once per test session
+
+
+def pairing_code(home: Path) -> str:
+    """A one-time pairing code, from the real ``xpufleet pair`` (its last line)."""
+    env = {**os.environ, "XPUFLEET_HOME": str(home)}
+    proc = subprocess.run([sys.executable, "-m", "xpufleet.server", "pair"], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().splitlines()[-1].strip()
+
+
+def _pairing_state(host: Any, secret: str | None) -> int:
+    """What the proxy answers ``GET /xpufleet/api/pairings`` with this pairing: 200 paired, 401 not,
+    503 no sidecar."""
+    headers = {"X-XPUFleet-Pairing": secret} if secret else {}
+    req = urllib.request.Request(f"{host.url}/xpufleet/api/pairings", headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def pair_page(page: Any, home: Path) -> str:
+    """Pair a loaded ComfyUI page as a user does: a fleet request asks, the "Pair this browser" dialog
+    opens, the code ``xpufleet pair`` printed is pasted; returns what the page keeps in localStorage."""
+    page.evaluate("""() => { import('/scripts/api.js').then(({api}) => api.fetchApi('/xpufleet/api/workers')); }""")
+    dialog = page.locator("[data-xpufleet=pair-dialog]")
+    dialog.wait_for(timeout=WAIT_S * 1000)
+    page.fill("[data-xpufleet=pair-input]", pairing_code(home))
+    page.click("[data-xpufleet=pair-submit]")
+    dialog.wait_for(state="detached", timeout=WAIT_S * 1000)
+    secret = page.evaluate(f"() => localStorage.getItem({json.dumps(PAIRING_STORAGE_KEY)})")
+    assert secret and secret.startswith("xfp_"), secret
+    return secret
+
+
+def comfy_pairing(browser: Any, host: Any) -> str | None:
+    """This session's pairing of ComfyUI's page with the sidecar of ``host.home``: made once through the
+    real dialog (pair_page), then reused (localStorage, set before the page loads); made again when the
+    sidecar no longer knows it (a fresh state.db). None when no sidecar runs (nothing to pair with)."""
+    secret = _PAIRINGS.get(host.url)
+    state = _pairing_state(host, secret)
+    if state == 200 or state == 503:
+        return secret if state == 200 else None
+    context = browser.new_context(viewport={"width": 1500, "height": 950})
+    try:
+        _PAIRINGS[host.url] = pair_page(open_comfy(context, host.url), host.home)
+    finally:
+        context.close()
+    return _PAIRINGS[host.url]
+
+
 @contextlib.contextmanager
 def comfy_page(browser: Any, host: Any, settings: dict[str, Any], height: int = 950, plugin: bool = True,
-               **context_options: Any) -> Iterator[tuple[Any, ConsoleLog]]:
+               paired: bool = True, **context_options: Any) -> Iterator[tuple[Any, ConsoleLog]]:
     """ComfyUI's page (with the plugin unless ``plugin`` is False: a bare ComfyUI's baseline), in a fresh
-    context, after ``settings`` (comfy_settings); yields (page, its console recorded from the first
-    request); the context is closed after, also when a test fails."""
+    context, after ``settings`` (comfy_settings), paired with the fleet unless ``paired`` is False
+    (comfy_pairing); yields (page, its console recorded from the first request); the context is closed
+    after, also when a test fails."""
     comfy_settings(host, settings)
+    secret = comfy_pairing(browser, host) if plugin and paired else None
     context = browser.new_context(viewport={"width": 1500, "height": height}, **context_options)
+    if secret:
+        context.add_init_script(f"localStorage.setItem({json.dumps(PAIRING_STORAGE_KEY)}, {json.dumps(secret)});")
     try:
         log = ConsoleLog()
         yield open_comfy(context, host.url, log, plugin=plugin), log

@@ -64,7 +64,9 @@ def test_the_capsule_shows_a_level_and_follows_the_model_widget(session, screens
     assert workflow["nodes"][0]["widgets_values"][0] == "big.safetensors"
     # the same answer the server gives for that workflow on that card
     answer = json.loads(page.evaluate("""async (w) => JSON.stringify(await (await fetch('/xpufleet/predict',
-        {method: 'POST', body: JSON.stringify({workflow: w, worker: 'gpu-box', device: 'cuda:0'})})).json())""", workflow))
+        {method: 'POST', body: JSON.stringify({workflow: w, worker: 'gpu-box', device: 'cuda:0'}),
+         headers: {'Content-Type': 'application/json', 'X-XPUFleet-Request': '1',  // what the guard wants
+                   'X-XPUFleet-Pairing': localStorage.getItem('xpufleet.pairing')}})).json())""", workflow))
     assert answer["p_success"] == int(big["p"]) and answer["level"] == "critical"
     page.screenshot(path=str(screenshots / "comfy-capsule-critical.png"), clip={"x": 0, "y": 0, "width": 1500, "height": 60})
     # the capsule's menu: this machine (no GPU here, said so), then the worker's card again

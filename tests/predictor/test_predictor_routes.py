@@ -50,7 +50,11 @@ async def comfy(comfy_host, tmp_path, sparse, aiohttp_client):
     sparse(root / "vae/flux2-vae.safetensors", GiB)
     load()
     clear_cache()
-    return await aiohttp_client(instance.make_app()), root
+    # what the plugin's page sends (server/comfy/guard.py); the fake sidecar below takes the pairing as its token
+    return await aiohttp_client(instance.make_app(), headers=PAGE_HEADERS), root
+
+
+PAGE_HEADERS = {"X-XPUFleet-Request": "1", "X-XPUFleet-Pairing": "xfs_test"}
 
 
 async def test_comfy_snapshot_route(comfy):
@@ -106,13 +110,14 @@ async def test_comfy_predict_bad_input(comfy, template, xpufleet_home):
         body = await answer(client, "POST", "/xpufleet/predict", status, data=data,
                             headers={"Content-Type": "application/json"})
         assert text in body["error"], (data[:60], body)
-    too_large = await answer(client, "POST", "/xpufleet/predict", 413, data=b"x" * (MAX_REQUEST_BODY_BYTES + 10))
+    too_large = await answer(client, "POST", "/xpufleet/predict", 413, data=b"x" * (MAX_REQUEST_BODY_BYTES + 10),
+                             headers={"Content-Type": "application/json"})
     assert "error" in too_large
 
 
 async def test_comfy_predict_for_a_worker_card_asks_the_sidecar(comfy, template, xpufleet_home, aiohttp_client):
-    """A worker's card from inside ComfyUI: its figures from the sidecar of XPUFLEET_HOME (the token
-    from the runtime file, never from the browser), the models from ComfyUI's own folders."""
+    """A worker's card from inside ComfyUI: its figures from the sidecar of XPUFLEET_HOME (asked with the
+    browser's pairing as the bearer, never the runtime file's token), the models from ComfyUI's own folders."""
     from xpufleet.common.runtime_file import write_runtime
 
     client, root = comfy

@@ -12,6 +12,20 @@ export class ApiFailure extends Error {
 
 const enc = encodeURIComponent;
 
+// What ComfyUI's guard wants of the plugin's page (server/comfy/guard.py, docs/security.md): a custom
+// header (another site's page cannot send it without a CORS preflight) and this browser's pairing.
+export const REQUEST_HEADER = "X-XPUFleet-Request";
+export const PAIRING_HEADER = "X-XPUFleet-Pairing";
+
+/** ``headers`` (an object, array or Headers) as a plain object with the plugin's request header and, when
+ * paired, the pairing (a plain object: every ComfyUI front end's fetchApi adds its own header to one). */
+export function fleetHeaders(headers, pairing) {
+  const out = Object.fromEntries(new Headers(headers || {}).entries());
+  out[REQUEST_HEADER] = "1";
+  if (pairing) out[PAIRING_HEADER] = pairing;
+  return out;
+}
+
 function query(params) {
   const parts = Object.entries(params || {})
     .filter(([, v]) => v !== undefined && v !== null && v !== "")

@@ -330,13 +330,13 @@ export class RunsPanel {
     }
   }
 
-  /** A file as a link: ComfyUI's proxy serves it to a plain link; the standalone page needs its session
-   * token on the request, so the click fetches it and saves the bytes. */
+  /** A file as a link; the request needs this browser's pairing (ComfyUI's proxy) or session (the
+   * standalone page) as a header, which a plain link cannot send: the click fetches it and saves the bytes. */
   fileLink(runId, path) {
     const name = path.split("/").pop();
     const attrs = { href: this.fleet.artifactUrl(runId, path), download: name, class: "xf-link",
       "aria-label": t("runs.download", { name: path }), dataset: { xpufleet: "artifact-link", path } };
-    if (this.fleet.kind !== "comfy") attrs.onclick = (e) => { e.preventDefault(); this.download(runId, path); };
+    attrs.onclick = (e) => { e.preventDefault(); this.download(runId, path); };
     return h("a", attrs, path);
   }
 

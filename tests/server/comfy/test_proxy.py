@@ -109,7 +109,7 @@ class Upstream:
                           "body": body})
         if request.path == "/api/health":  # public on the sidecar too
             return web.json_response({"status": "ok"})
-        if request.headers.get("Authorization") != f"Bearer {TOKEN}":
+        if request.headers.get("Authorization") != f"Bearer {PAIRING}":
             return web.json_response({"error": "bad token"}, status=403)
         if request.path.endswith("/events/stream"):
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -130,7 +130,13 @@ async def comfy(comfy_host, xpufleet_home, aiohttp_client):
     closed when the test ends, also when an assert fails)."""
     instance, load = comfy_host
     load()
-    return await aiohttp_client(instance.make_app())
+    return await aiohttp_client(instance.make_app(), headers=PAGE_HEADERS)
+
+
+PAIRING = "xfp_the-browsers-pairing"
+# what the paired plugin page sends (server/comfy/guard.py); the upstream below takes the pairing as its token
+PAGE_HEADERS = {"X-XPUFleet-Request": "1", "X-XPUFleet-Pairing": PAIRING}
+JSON = {"Content-Type": "application/json"}
 
 
 @pytest.fixture
@@ -156,7 +162,7 @@ async def test_no_sidecar_is_a_clear_503(comfy, xpufleet_home):
     assert (await (await comfy.get("/xpufleet/sidecar")).json())["running"] is False
 
 
-async def test_forwarding_keeps_the_token_server_side(comfy, upstream):
+async def test_forwarding_sends_the_browsers_pairing_never_the_token(comfy, upstream):
     up, url = upstream
     r = await comfy.post("/xpufleet/api/runs?x=1&y=%20a", json={"graph": {"1": {}}},
                          headers={"Authorization": "Bearer from-the-browser", "Cookie": "session=1"})
@@ -164,7 +170,8 @@ async def test_forwarding_keeps_the_token_server_side(comfy, upstream):
     seen = up.seen[-1]
     assert seen["method"] == "POST" and seen["query"] == "x=1&y=%20a"
     assert json.loads(seen["body"]) == {"graph": {"1": {}}}
-    assert seen["headers"]["Authorization"] == f"Bearer {TOKEN}" and "Cookie" not in seen["headers"]
+    assert seen["headers"]["Authorization"] == f"Bearer {PAIRING}" and "Cookie" not in seen["headers"]
+    assert "X-XPUFleet-Pairing" not in seen["headers"]
     assert seen["headers"]["Host"] == url.split("//")[1]  # the sidecar's own name, for its Host check
     # errors pass through with their status and message
     r = await comfy.get("/xpufleet/api/runs/missing")
@@ -186,7 +193,7 @@ async def test_forwarding_keeps_the_token_server_side(comfy, upstream):
     r = await comfy.get("/xpufleet/api/agents/ws")
     assert r.status == 404
     n = len(up.seen)
-    r = await comfy.post("/xpufleet/api/runs", data=b"x" * (MAX_REQUEST_BODY_BYTES + 1))
+    r = await comfy.post("/xpufleet/api/runs", data=b"x" * (MAX_REQUEST_BODY_BYTES + 1), headers=JSON)
     assert r.status == 413 and len(up.seen) == n
 
 
@@ -194,7 +201,7 @@ async def test_start_refuses_bad_bodies(comfy):
     r = await comfy.post("/xpufleet/sidecar/start", json={"host": "0.0.0.0"})
     assert r.status == 400 and "unknown field(s) host" in (await r.json())["error"]
     for raw, words in ((b"[", "not valid JSON"), (b"[]", "must be a JSON object")):
-        r = await comfy.post("/xpufleet/sidecar/start", data=raw)
+        r = await comfy.post("/xpufleet/sidecar/start", data=raw, headers=JSON)
         assert r.status == 400 and words in (await r.json())["error"]
 
 

@@ -75,9 +75,9 @@ async def test_the_predictors_comfyui_routes_use_the_same_toolkit(aiohttp_client
     add_comfy_routes(routes, "/xpufleet")
     app = web.Application()
     app.add_routes(routes)
-    client = await aiohttp_client(app)
-    resp = await client.post("/xpufleet/predict", data=DEEP_WORKFLOW.encode(),
-                             headers={"Content-Type": "application/json"})
+    # the headers the plugin's page sends (server/comfy/guard.py)
+    client = await aiohttp_client(app, headers={"Content-Type": "application/json", "X-XPUFleet-Request": "1"})
+    resp = await client.post("/xpufleet/predict", data=DEEP_WORKFLOW.encode())
     assert resp.status == 400 and "more than 64 levels deep" in (await resp.json())["error"]
     resp = await client.post("/xpufleet/predict", data=b'{"workflow":{"a":"\\ud800"}}')
     assert resp.status == 400 and (await resp.json())["error"].startswith("workflow.a: holds a lone")
