@@ -127,8 +127,8 @@ def read_csv_table(path, target_column):
     header = [h.strip() for h in rows[0]]
     body = [r for r in rows[1:] if any(cell.strip() for cell in r)]
     if target_column not in header:
-        raise ValueError(f"CSV file {path} has no column {target_column!r} among the {len(header)} names of its "
-                         f"first line (the header); set target_column to the header name of the target column")
+        raise ValueError(f"CSV file {path} has no column {target_column!r} among the {len(header)} "
+                         f"name{'' if len(header) == 1 else 's'} of its first line (the header); set target_column to the header name of the target column")
     if not body:
         raise ValueError(f"CSV file {path} has a header but no data rows")
     t_idx = header.index(target_column)
