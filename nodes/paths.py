@@ -289,7 +289,8 @@ def _allowed_words() -> str:
 
 
 def _shown(text: str) -> str:
-    return repr(text if len(text) <= 80 else text[:80] + "...")
+    """The path as the graph gave it (it is the user's own input), cut so a message stays short."""
+    return repr(text if len(text) <= 240 else text[:240] + "...")
 
 
 def read_candidates(value: Any, what: str) -> list[Path]:
