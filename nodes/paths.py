@@ -335,7 +335,7 @@ def readable_file(value: Any, what: str) -> Path:
     candidates = read_candidates(value, what)
     found = next((p for p in candidates if p.is_file()), None)
     if found is None:
-        raise ValueError(f"{what}: file {_shown(str(value).strip())} not found; looked in: "
+        raise ValueError(f"{what} {_shown(str(value).strip())} not found; looked in: "
                          f"{', '.join(str(p) for p in candidates)}")
     return found
 
