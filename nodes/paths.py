@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -38,12 +39,19 @@ from ..constants import (
 )
 from . import mounts, runtime
 
+_NOT_HOSTED: list[bool] = []  # set once an import found no ComfyUI (a failed import scans sys.path)
+
 
 def _comfy_folder_paths() -> Any:
-    """ComfyUI's ``folder_paths`` module when ComfyUI hosts the nodes, else None."""
+    """ComfyUI's ``folder_paths`` module when ComfyUI hosts the nodes, else None. ComfyUI imports it
+    before any custom node, so a failed import is not retried (each check of a path asks)."""
+    found = sys.modules.get("folder_paths")
+    if found is not None or _NOT_HOSTED:
+        return found
     try:
         import folder_paths  # type: ignore[import-not-found]  # ComfyUI, when hosted
     except Exception:  # not hosted
+        _NOT_HOSTED.append(True)
         return None
     return folder_paths
 
