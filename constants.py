@@ -19,6 +19,8 @@ ENV_WORKER_RESUME_GRACE_S = "XPUFLEET_WORKER_RESUME_GRACE_S"
 ENV_CUDA_CONTEXT_MIB = "XPUFLEET_EXECUTION_CUDA_CONTEXT_MIB"
 ENV_MODEL_DIRS = "XPUFLEET_MODEL_DIRS"  # os.pathsep-separated model folders when not hosted
 ENV_MOUNTS = "XPUFLEET_MOUNTS"  # a worker run's storage mounts, JSON {"label": "/folder"} (set by the agent)
+# folders graphs may read by absolute path, os.pathsep-separated (agent --data-root, or the owner's env)
+ENV_DATA_ROOTS = "XPUFLEET_DATA_ROOTS"
 
 # --- defaults ---------------------------------------------------------------------------------
 DEFAULT_HOST = "127.0.0.1"

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import mounts
+from . import paths
 from . import types as T
 from .contract import Node, float_widget, inputs_of, int_widget, option, socket, widget
 from .lib import datasets
@@ -79,7 +79,7 @@ def _raw(arrays: tuple[Any, ...], **extra: Any) -> RawData:
 
 
 def _csv(opts: DatasetOptions) -> RawData:
-    path = _existing_file(opts.path, "CSV")
+    path = _existing_file(opts.path, "csv")
     columns, x, targets = datasets.read_csv_table(path, opts.target_column)
     if opts.task not in T.TASK_CHOICES:
         raise ValueError(f"task must be one of {', '.join(T.TASK_CHOICES)}, got {opts.task!r}")
@@ -87,13 +87,17 @@ def _csv(opts: DatasetOptions) -> RawData:
     return RawData(x, y, task, [x.shape[1]], classes, extra={"columns": columns})
 
 
-def _existing_file(path: str, what: str) -> Path:
+def _existing_file(path: str, name: str) -> Path:
+    """The file dataset ``name`` reads, inside a folder graphs may read (nodes/paths.py)."""
+    kind = "CSV" if name == "csv" else name
     if not str(path).strip():
-        raise ValueError(f"dataset '{what.lower()}' needs a path: set path to the {what} file")
-    p = mounts.input_path(path)  # a worker's "label:file" stays inside that mount
-    if not p.is_file():
-        raise ValueError(f"{what} file not found: {p}")
-    return p
+        raise ValueError(f"dataset '{name}' needs a path: set path to the {kind} file")
+    candidates = paths.read_candidates(path, "Dataset: path")
+    found = next((p for p in candidates if p.is_file()), None)
+    if found is None:
+        raise ValueError(f"{kind} file not found: {str(path).strip()[:200]!r}; looked in: "
+                         f"{', '.join(str(p) for p in candidates)}")
+    return found
 
 
 def load_raw(opts: DatasetOptions) -> RawData:
@@ -184,10 +188,18 @@ class XPUDataset(Node, category=T.CATEGORY_DATA, function="load", display="Datas
         """ComfyUI re-runs the node when a CSV/safetensors file changes on disk (its mtime)."""
         if name in T.FILE_DATASETS and str(path).strip():
             try:
-                return os.path.getmtime(mounts.input_path(path))
-            except (OSError, mounts.MountError):
-                return float("nan")  # missing: always re-run, so the error shows
+                return os.path.getmtime(paths.readable_file(path, "Dataset: path"))
+            except (OSError, ValueError):
+                return float("nan")  # missing or refused: always re-run, so the error shows
         return ""
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, name: Any = None, path: Any = None) -> bool | str:
+        """A CSV or safetensors path outside the folders graphs may read is refused by name before the
+        run starts (nodes/paths.py); built-in datasets ignore path."""
+        if name is not None and name not in T.FILE_DATASETS:
+            return True
+        return paths.read_input_check("path", path)
 
     def load(self, name: str, val_split: float = 0.2, seed: int = 0, normalize: str = "standard",
              **optional: Any) -> tuple[Any, Any, dict[str, Any]]:

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..common import atomic
 from . import device as devmod
-from . import hostmode, mounts, paths, runtime
+from . import hostmode, paths, runtime
 from . import types as T
 from .contract import Node, int_widget, socket, widget
 from .lib.evaluation import summarise_predictions
@@ -100,26 +100,28 @@ class XPUModelLoader(Node, category=T.CATEGORY_IO, function="load", display="Mod
 
     DESCRIPTION = ("Loads a model saved by ModelSaver (safetensors or PyTorch) or a TrainingLoop checkpoint and "
                    "rebuilds its architecture. A relative path is looked up in the outputs folder, then (in "
-                   "ComfyUI) the models/xpufleet folder, then the run directory, then the current directory.")
+                   "ComfyUI) the models/xpufleet and input folders, then the run directory, then the data roots; "
+                   "an absolute path must lie in one of the folders this machine lets graphs read.")
     REQUIRED = {"path": widget("STRING", "models/model.safetensors",
                                "a file ModelSaver wrote (relative: outputs folder, models/xpufleet in ComfyUI, the "
-                               "run directory, then the current directory)")}
+                               "run directory, then the data roots; LABEL:path on a worker's mount)")}
 
     @classmethod
     def IS_CHANGED(cls, path: str = "", **_: Any) -> Any:
         """ComfyUI re-runs the node when the model file changes (a new save under the same name)."""
-        try:
-            cands = [mounts.resolve(path)] if mounts.split_ref(path) else paths.candidate_paths(path)
-        except mounts.MountError:
-            return float("nan")
-        found = next((p for p in cands if p.is_file()), None) if str(path).strip() else None
-        return found.stat().st_mtime_ns if found is not None else float("nan")
+        return paths.file_mtime(path)
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, path: Any = None) -> bool | str:
+        """A path outside the folders graphs may read (nodes/paths.py) is refused by name before the run
+        starts: a model file is a weights file, and another run's checkpoint is not this graph's."""
+        return paths.read_input_check("path", path)
 
     def load(self, path: str) -> tuple[Any]:
         if not str(path).strip():
             raise ValueError("ModelLoader: path is empty; give the file ModelSaver wrote")
-        # a worker's "label:file" resolves inside that mount only; other paths as before
-        candidates = [mounts.resolve(path)] if mounts.split_ref(path) else paths.candidate_paths(path)
+        # inside the folders graphs may read only (a worker's "label:file" inside that mount)
+        candidates = paths.read_candidates(path, "ModelLoader: path")
         found = next((p for p in candidates if p.is_file()), None)
         if found is None:
             raise ValueError(f"ModelLoader: model file {path!r} not found; looked in: "

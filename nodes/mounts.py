@@ -31,6 +31,7 @@ MAX_MOUNTS = 32
 FILE_INPUTS: dict[str, tuple[str, ...]] = {
     T.DATASET_NODE: ("path",),
     T.MODEL_LOADER_NODE: ("path",),
+    T.TRAINING_LOOP_NODE: ("resume_from",),
 }
 
 
@@ -122,14 +123,6 @@ def resolve(value: str, mounts: Mapping[str, Path] | None = None) -> Path:
         raise MountError(f"{value!r} leads out of mount {label!r} (a symbolic link to {real}); "
                          f"only files inside {real_root} can be read through it")
     return Path(real)
-
-
-def input_path(value: str) -> Path:
-    """A node's file input as a path: a mount reference resolved inside its folder, else the path as
-    written (``~`` expanded)."""
-    if split_ref(value) is not None:
-        return resolve(value)
-    return Path(os.path.expanduser(str(value).strip()))
 
 
 def labels_in_graph(graph: Mapping[str, Any]) -> list[str]:

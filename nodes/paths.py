@@ -7,6 +7,12 @@
 - A path a graph gives for a file it writes (ModelSaver's filename, TrainingLoop's checkpoint_dir)
   stays inside its folder: :func:`resolve_inside` refuses absolute paths, ``..`` and symbolic links
   that lead out, on the sidecar and on workers alike (the same node code runs everywhere).
+- A file a graph READS (Dataset's path, ModelLoader's path, TrainingLoop's resume_from) must lie inside
+  a folder this process lets graphs read (:func:`read_roots`): this run's directory, the outputs folder,
+  the worker's mounts (``label:path``), the data roots its owner configured (``XPUFLEET_DATA_ROOTS``,
+  ``xpufleet agent start --data-root DIR``) and, hosted, ComfyUI's input/output/models folders. The
+  real path (symlinks and ``..`` resolved) is checked, allow-list style; anything else is refused by
+  name at validation (``VALIDATE_INPUTS``, before the run starts) and again when the node opens it.
 - Files are written atomically (common/atomic.py: a temp file in the same folder, fsync, rename): a reader never
   sees half a checkpoint, and a crash leaves the previous file intact.
 """
@@ -16,19 +22,36 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import sys
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
-from ..constants import MAX_PATH_CHARS, MAX_PATH_PART_BYTES, OUTPUTS_DIRNAME, PLUGIN_NAME, home_dir
-from . import runtime
+from ..constants import (
+    ENV_DATA_ROOTS,
+    MAX_PATH_CHARS,
+    MAX_PATH_PART_BYTES,
+    OUTPUTS_DIRNAME,
+    PLUGIN_NAME,
+    home_dir,
+)
+from . import mounts, runtime
+
+_NOT_HOSTED: list[bool] = []  # set once an import found no ComfyUI (a failed import scans sys.path)
 
 
 def _comfy_folder_paths() -> Any:
-    """ComfyUI's ``folder_paths`` module when ComfyUI hosts the nodes, else None."""
+    """ComfyUI's ``folder_paths`` module when ComfyUI hosts the nodes, else None. ComfyUI imports it
+    before any custom node, so a failed import is not retried (each check of a path asks)."""
+    found = sys.modules.get("folder_paths")
+    if found is not None or _NOT_HOSTED:
+        return found
     try:
         import folder_paths  # type: ignore[import-not-found]  # ComfyUI, when hosted
     except Exception:  # not hosted
+        _NOT_HOSTED.append(True)
         return None
     return folder_paths
 
@@ -165,17 +188,189 @@ def work_folder(path: str, what: str) -> Path:
     return resolve_inside(outputs_dir(), path, what, OUTPUTS_WORDS)
 
 
-def candidate_paths(path: str) -> list[Path]:
-    """Where ModelLoader looks for a relative path, in order: outputs folder, ComfyUI's
-    ``models/xpufleet`` folder(s) when hosted, run dir, current dir."""
-    p = Path(os.path.expanduser(str(path).strip()))
-    if p.is_absolute():
-        return [p]
-    out = [outputs_dir() / p] + [d / p for d in model_dirs()]
-    rd = runtime.run_dir()
-    if rd is not None:
-        out.append(Path(rd) / p)
-    out.append(Path.cwd() / p)
+# --- files a graph reads ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReadRoot:
+    """A folder graphs may read from, and how a message names it."""
+
+    path: Path
+    words: str
+
+
+def data_roots(env: Mapping[str, str] | None = None) -> list[Path]:
+    """The data roots this process was given (``XPUFLEET_DATA_ROOTS``, ``os.pathsep``-separated absolute
+    folders), as real paths; a relative or empty entry is ignored (the agent refuses it at start)."""
+    raw = (os.environ if env is None else env).get(ENV_DATA_ROOTS, "")
+    out: list[Path] = []
+    for part in raw.split(os.pathsep):
+        folder = os.path.expanduser(part.strip())
+        if folder and os.path.isabs(folder):
+            real = Path(os.path.realpath(folder))
+            if real not in out:
+                out.append(real)
     return out
 
 
+class DataRootError(ValueError):
+    """A ``--data-root`` that cannot be used (the text says what to fix)."""
+
+
+def parse_data_roots(specs: list[str] | None) -> list[Path]:
+    """Every ``--data-root DIR`` of an agent as real paths: each must be an existing folder."""
+    out: list[Path] = []
+    for spec in specs or []:
+        text = str(spec).strip()
+        folder = Path(os.path.expanduser(text)) if text else None
+        if folder is None:
+            raise DataRootError("--data-root needs a folder, e.g. --data-root /srv/datasets")
+        if not folder.is_absolute():
+            folder = Path.cwd() / folder
+        if not folder.is_dir():
+            raise DataRootError(f"data root {text!r} (--data-root or {ENV_DATA_ROOTS}): {folder} is not a folder")
+        real = Path(os.path.realpath(folder))
+        if real not in out:
+            out.append(real)
+    return out
+
+
+def _comfy_dirs() -> list[ReadRoot]:
+    """ComfyUI's input, output and models folders when hosted (a canvas run reads what ComfyUI keeps)."""
+    fp = _comfy_folder_paths()
+    if fp is None:
+        return []
+    out: list[ReadRoot] = []
+    for getter, words in (("get_input_directory", "ComfyUI's input folder"),
+                          ("get_output_directory", "ComfyUI's output folder")):
+        fn = getattr(fp, getter, None)
+        if fn is not None:
+            with contextlib.suppress(Exception):
+                out.append(ReadRoot(Path(fn()), words))
+    models = getattr(fp, "models_dir", None)
+    if models:
+        out.append(ReadRoot(Path(models), "ComfyUI's models folder"))
+    return out
+
+
+def search_roots() -> list[ReadRoot]:
+    """Where a relative path a graph reads is looked up, in order: the outputs folder, ComfyUI's
+    ``models/xpufleet`` folder(s) and input folder (hosted), this run's directory, the data roots."""
+    roots = [ReadRoot(outputs_dir(), OUTPUTS_WORDS)]
+    roots += [ReadRoot(d, "ComfyUI's models/xpufleet folder") for d in model_dirs()]
+    roots += [r for r in _comfy_dirs() if r.words == "ComfyUI's input folder"]
+    rd = runtime.run_dir()
+    if rd is not None:
+        roots.append(ReadRoot(Path(rd), RUN_DIR_WORDS))
+    roots += [ReadRoot(d, f"data root {d}") for d in data_roots()]
+    return roots
+
+
+def read_roots() -> list[ReadRoot]:
+    """Every folder a graph may read from here: the search roots, ComfyUI's folders (hosted) and the
+    worker's mounts."""
+    roots = search_roots() + _comfy_dirs()
+    roots += [ReadRoot(folder, f"mount {label!r}") for label, folder in sorted(mounts.mounts_from_env().items())]
+    return roots
+
+
+def _inside(real: str, root: Path) -> bool:
+    real_root = os.path.realpath(root)
+    return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
+
+
+def _allowed_words() -> str:
+    """Where files may be, in words (the folders this process allows; data roots and mounts by path:
+    their owner chose them to be read)."""
+    places = [RUN_DIR_WORDS, OUTPUTS_WORDS]
+    hosted = [r.words for r in _comfy_dirs()]
+    if hosted:
+        places.append(", ".join(hosted))
+    have = mounts.mounts_from_env()
+    if have:
+        places.append("the worker's mounts (write LABEL:path, LABEL one of " + ", ".join(sorted(have)) + ")")
+    roots = data_roots()
+    places.append("the data roots " + ", ".join(str(d) for d in roots) if roots else
+                  "a data root (none is configured here: the worker's owner adds one with "
+                  "'xpufleet agent start --data-root DIR' or " + ENV_DATA_ROOTS + ")")
+    return "files may be read from " + "; ".join(places)
+
+
+def _shown(text: str) -> str:
+    """The path as the graph gave it (it is the user's own input), cut so a message stays short."""
+    return repr(text if len(text) <= 240 else text[:240] + "...")
+
+
+def read_candidates(value: Any, what: str) -> list[Path]:
+    """The places a file input ``value`` may name, each inside a folder graphs may read (real paths for
+    an absolute path or a mount reference). Raises :class:`OutsideFolderError` naming ``what`` (the node
+    and input), the path and where files may be. Nothing is opened; the file need not exist yet."""
+    if not isinstance(value, str):
+        raise OutsideFolderError(f"{what} must be a string path")
+    text = value.strip()
+    if not text or "\x00" in text or len(text) > MAX_PATH_CHARS:
+        problem = relative_path_problem(text) or "is not a path"
+        raise OutsideFolderError(f"{what} {_shown(text)} {problem}")
+    if mounts.split_ref(text) is not None:
+        try:
+            return [mounts.resolve(text)]
+        except mounts.MountError as exc:
+            raise OutsideFolderError(f"{what}: {exc}") from None
+    expanded = os.path.expanduser(text)
+    if os.path.isabs(expanded) or PureWindowsPath(text).drive or text.startswith("\\"):
+        real = os.path.realpath(expanded)
+        if os.path.isabs(expanded) and any(_inside(real, r.path) for r in read_roots()):
+            return [Path(real)]
+        raise OutsideFolderError(f"{what} {_shown(text)} is outside the folders graphs may read on this machine; "
+                                 f"{_allowed_words()}")
+    problem = relative_path_problem(text)
+    if problem is not None:
+        raise OutsideFolderError(f"{what} {_shown(text)} {problem}; {_allowed_words()}")
+    out: list[Path] = []
+    for root in search_roots():
+        target = root.path / text
+        real = os.path.realpath(target)
+        if os.path.lexists(target) and not _inside(real, root.path):
+            raise OutsideFolderError(f"{what} {_shown(text)} leads outside {root.words} through a symbolic link; "
+                                     f"{_allowed_words()}")
+        out.append(target)
+    return out
+
+
+def readable_file(value: Any, what: str) -> Path:
+    """The file a graph's input ``value`` names, inside a folder graphs may read (see
+    :func:`read_candidates`); ValueError when it is refused or exists nowhere it may be."""
+    candidates = read_candidates(value, what)
+    found = next((p for p in candidates if p.is_file()), None)
+    if found is None:
+        raise ValueError(f"{what} {_shown(str(value).strip())} not found; looked in: "
+                         f"{', '.join(str(p) for p in candidates)}")
+    return found
+
+
+def read_input_check(name: str, value: Any) -> bool | str:
+    """A ``VALIDATE_INPUTS`` answer for an input naming a file to read: True, or the refusal naming the
+    input, the path and where files may be. None and ``""`` pass (a linked input is checked at run time;
+    an empty one by the node, which says what to set)."""
+    if value is None or value == "":
+        return True
+    try:
+        read_candidates(value, name)
+    except OutsideFolderError as exc:
+        return str(exc)
+    return True
+
+
+def file_mtime(value: Any) -> Any:
+    """An ``IS_CHANGED`` key for a file input: its mtime, NaN when it is refused or missing (so the node
+    runs, and says why)."""
+    try:
+        return readable_file(value, "file").stat().st_mtime_ns
+    except (OSError, ValueError):
+        return float("nan")
+
+
+def candidate_paths(path: str) -> list[Path]:
+    """Where a model file ``path`` may be (ModelLoader, a model unit's program): see
+    :func:`read_candidates`; a path outside the folders graphs may read is refused."""
+    return read_candidates(path, "model file")

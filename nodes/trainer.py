@@ -173,7 +173,10 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     p = Path(path).expanduser()
     if not p.is_file():
         raise ValueError(f"checkpoint not found: {p}")
-    state = torch.load(p, map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as exc:  # an unpickling error quotes the file's bytes: name the kind of failure only
+        raise ValueError(f"{p} is not an XPU Fleet checkpoint ({type(exc).__name__})") from None
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"{p} is not an XPU Fleet checkpoint")
     return state
@@ -252,7 +255,7 @@ class Trainer:
 
     def resume(self, path: str) -> None:
         try:
-            state = load_checkpoint(path)
+            state = load_checkpoint(paths.readable_file(path, "the checkpoint"))  # where graphs may read
         except ValueError as exc:
             raise ValueError(f"{self.cfg.node_label}: resume_from: {exc}") from None
         model = self.strategy.unwrap_model(self.model)

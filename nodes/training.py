@@ -130,11 +130,13 @@ class XPUTrainingLoop(Node, category=T.CATEGORY_TRAINING, function="train", disp
         return hostmode.combine(hostmode.seed_rerun_key(seed), hostmode.file_key(resume_from))
 
     @classmethod
-    def VALIDATE_INPUTS(cls, checkpoint_dir: Any = None) -> bool | str:
-        """A checkpoint_dir that cannot stay inside the run directory is refused before anything runs."""
-        return paths.path_input_check("checkpoint_dir", checkpoint_dir, "checkpoints go inside the run directory "
-                                      "(outside a run: the outputs folder): give a relative folder name",
-                                      empty_ok=True)
+    def VALIDATE_INPUTS(cls, checkpoint_dir: Any = None, resume_from: Any = None) -> bool | str:
+        """A checkpoint_dir that cannot stay inside the run directory, or a resume_from outside the folders
+        graphs may read (nodes/paths.py), is refused before anything runs."""
+        verdict = paths.path_input_check("checkpoint_dir", checkpoint_dir, "checkpoints go inside the run "
+                                         "directory (outside a run: the outputs folder): give a relative folder "
+                                         "name", empty_ok=True)
+        return paths.read_input_check("resume_from", resume_from) if verdict is True else verdict
 
     def train(self, model: Any, dataloader: Any, optimizer: OptimizerSpec, loss: LossSpec, epochs: int = 10,
               max_steps: int = 0, device: str = "auto", precision: str = "fp32", val_dataloader: Any = None,

@@ -109,18 +109,26 @@ def infer_task(values, requested):
 
 
 def read_csv_table(path, target_column):
-    """(feature column names, x float32 (N, F), the target cells as text) of a CSV file with a header."""
+    """(feature column names, x float32 (N, F), the target cells as text) of a CSV file with a header.
+
+    An error never quotes the file (a cell, a header name): it says where (line, column number) and
+    what was expected, so a file that is not the user's cannot be read out through a message."""
     import numpy as np
 
-    with open(path, newline="", encoding="utf-8-sig") as fh:
-        rows = list(csv.reader(fh))
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as fh:
+            rows = list(csv.reader(fh))
+    except UnicodeDecodeError:
+        raise ValueError(f"CSV file {path} is not UTF-8 text") from None
+    except csv.Error:
+        raise ValueError(f"CSV file {path} cannot be read as CSV (a NUL byte, or a field over the size limit)") from None
     if not rows:
         raise ValueError(f"CSV file {path} is empty")
     header = [h.strip() for h in rows[0]]
     body = [r for r in rows[1:] if any(cell.strip() for cell in r)]
     if target_column not in header:
-        raise ValueError(f"CSV file {path} has no column {target_column!r}; its columns are: {', '.join(header)}. "
-                         f"Set target_column to one of them.")
+        raise ValueError(f"CSV file {path} has no column {target_column!r} among the {len(header)} "
+                         f"name{'' if len(header) == 1 else 's'} of its first line (the header); set target_column to the header name of the target column")
     if not body:
         raise ValueError(f"CSV file {path} has a header but no data rows")
     t_idx = header.index(target_column)
@@ -137,8 +145,8 @@ def read_csv_table(path, target_column):
             try:
                 x[r - 2, j] = float(cell)
             except ValueError:
-                raise ValueError(f"CSV file {path}, line {r}, column {header[i]!r}: {cell!r} is not a number "
-                                 f"(feature columns must be numeric; only the target column may hold labels)") from None
+                raise ValueError(f"CSV file {path}, line {r}, column {i + 1}: not a number (feature columns must "
+                                 f"be numeric; only the target column may hold labels)") from None
         targets.append(row[t_idx].strip())
     return [header[i] for i in feat_idx], x, targets
 
@@ -173,12 +181,13 @@ def safetensors_arrays(path, x_key, y_key, task):
 
     try:
         tensors = load_file(str(path))
-    except Exception as exc:
-        raise ValueError(f"cannot read safetensors file {path}: {exc}") from None
+    except Exception as exc:  # its text may quote the file: name the kind of failure only
+        raise ValueError(f"cannot read safetensors file {path}: not a safetensors file "
+                         f"({type(exc).__name__})") from None
     for key, role in ((x_key, "x_key"), (y_key, "y_key")):
         if key not in tensors:
-            raise ValueError(f"safetensors file {path} has no tensor {key!r} ({role}); "
-                             f"its tensors are: {', '.join(sorted(tensors))}")
+            raise ValueError(f"safetensors file {path} has no tensor {key!r} ({role}) among its {len(tensors)} "
+                             f"tensors; set {role} to the name of the tensor to use")
     x = np.asarray(tensors[x_key]).astype(np.float32)
     y = np.asarray(tensors[y_key])
     if x.ndim < 2 or y.shape[0] != x.shape[0]:

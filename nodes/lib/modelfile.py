@@ -54,14 +54,16 @@ def read_model_file(path):
             with safe_open(str(path), framework="pt") as fh:
                 meta = fh.metadata() or {}
             state = load_file(str(path))
-        except Exception as exc:
-            raise ValueError(f"cannot read safetensors file {path}: {exc}") from None
+        except Exception as exc:  # its text may quote the file: name the kind of failure only
+            raise ValueError(f"cannot read safetensors file {path}: not a safetensors file "
+                             f"({type(exc).__name__})") from None
         raw = meta.get("xpu_spec")
         return (json.loads(raw) if raw and raw != "null" else None), state
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise ValueError(f"cannot read {path} as a PyTorch model file: {str(exc).splitlines()[0]}") from None
+    except Exception as exc:  # an unpickling error quotes the file's bytes: name the kind of failure only
+        raise ValueError(f"cannot read {path} as a PyTorch model file ({type(exc).__name__}); give a file "
+                         f"ModelSaver or a TrainingLoop checkpoint wrote") from None
     if isinstance(payload, dict) and payload.get("format") == MODEL_FORMAT:
         return payload.get("xpu_spec"), payload["state_dict"]
     if isinstance(payload, dict) and payload.get("format") == CHECKPOINT_FORMAT:

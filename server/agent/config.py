@@ -82,6 +82,8 @@ class AgentConfig:
     simulate: list[SimulatedCard] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
     mounts: dict[str, Path] = field(default_factory=dict)  # --mount label=folder (docs/workers.md)
+    # --data-root DIR and XPUFLEET_DATA_ROOTS: folders graphs may read by absolute path (docs/workers.md)
+    data_roots: list[Path] = field(default_factory=list)
     one_shot: bool = False  # take one run, exit when it ends (docs/workers.md)
     fingerprint: str | None = None  # --fingerprint: the TLS certificate pinned (docs/workers.md)
     # --advertise-addr: where the other workers' ddp ranks reach this one's (a spread run's rank 0 opens

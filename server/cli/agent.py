@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from ...common.tls import TLSConfigError, normalize_fingerprint
-from ...constants import AGENT_ADVERTISE_ADDR_DEFAULT, ENV_MOUNTS, RUN_STOP_GRACE_S, home_dir
+from ...constants import AGENT_ADVERTISE_ADDR_DEFAULT, ENV_DATA_ROOTS, ENV_MOUNTS, RUN_STOP_GRACE_S, home_dir
 from ...nodes.mounts import MountError, parse_mounts
+from ...nodes.paths import DataRootError, parse_data_roots
 from ..agent import agent as agentmod
 from ..agent import config as agentcfg
 from ..devices.inventory import Inventory
@@ -61,6 +62,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help='simulated CUDA cards for tests/demos, e.g. "cuda:0=24,cuda:1=24" (GiB; @UUID optional)')
     s.add_argument("--mount", action="append", metavar="LABEL=FOLDER",
                    help="a storage mount: node file inputs 'LABEL:file.csv' read FOLDER/file.csv here (repeatable)")
+    s.add_argument("--data-root", action="append", metavar="DIR",
+                   help="a folder graphs may read files from by path, besides the run's own folder, the outputs "
+                        "folder and the mounts (repeatable; also XPUFLEET_DATA_ROOTS)")
     s.add_argument("--one-shot", action="store_true",
                    help="take exactly one run and exit when it ends (with --join POOL_TOKEN: join that pool)")
     s.add_argument("--advertise-addr", metavar="ADDRESS", default=AGENT_ADVERTISE_ADDR_DEFAULT,
@@ -167,6 +171,13 @@ def _config(args: argparse.Namespace, home: Path) -> agentcfg.AgentConfig:
     except MountError as exc:
         raise DeviceSpecError(f"--mount: {exc}") from None
     extra_env = {ENV_MOUNTS: json.dumps({k: str(v) for k, v in mount_map.items()})} if mount_map else {}
+    try:  # the owner's environment, then the flags: each an existing folder (nodes/paths.py)
+        env_roots = [p for p in os.environ.get(ENV_DATA_ROOTS, "").split(os.pathsep) if p.strip()]
+        roots = parse_data_roots(env_roots + list(getattr(args, "data_root", None) or []))
+    except DataRootError as exc:
+        raise DeviceSpecError(str(exc)) from None
+    if roots:
+        extra_env[ENV_DATA_ROOTS] = os.pathsep.join(str(r) for r in roots)
     advertise = advertise_address(getattr(args, "advertise_addr", None) or AGENT_ADVERTISE_ADDR_DEFAULT)
     return agentcfg.AgentConfig(
         name=name,
@@ -177,6 +188,7 @@ def _config(args: argparse.Namespace, home: Path) -> agentcfg.AgentConfig:
         simulate=parse_simulate(args.simulate, name),
         extra_env=extra_env,
         mounts=mount_map,
+        data_roots=roots,
         one_shot=one_shot,
         fingerprint=fingerprint,
         advertise_addr=advertise,
@@ -238,6 +250,8 @@ def _spawn(args: argparse.Namespace, cfg: agentcfg.AgentConfig, home: Path) -> i
         argv += ["--simulate", args.simulate]
     for label, folder in cfg.mounts.items():
         argv += ["--mount", f"{label}={folder}"]
+    for root in cfg.data_roots:
+        argv += ["--data-root", str(root)]
     if cfg.one_shot:
         argv += ["--one-shot"]
     if cfg.fingerprint:

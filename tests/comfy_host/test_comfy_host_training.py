@@ -150,9 +150,28 @@ def test_caching_rule_seeded_graph_reuses_seed_minus_one_retrains(comfyui):
 
 def test_a_node_error_names_the_node_and_the_input(comfyui, tmp_path):
     graph = copy.deepcopy(IRIS)
-    graph["6"]["inputs"]["resume_from"] = str(tmp_path / "missing.pt")
+    graph["6"]["inputs"]["resume_from"] = "ck/missing.pt"  # relative: looked up where graphs may read
     run = comfyui.run_prompt(graph)
     error = run.messages["execution_error"]
     assert error["node_id"] == "6" and error["node_type"] == "XPUTrainingLoop"
-    assert error["exception_message"].startswith("6 (XPUTrainingLoop): resume_from: checkpoint not found")
+    assert error["exception_message"].startswith("6 (XPUTrainingLoop): resume_from: the checkpoint 'ck/missing.pt' "
+                                                 "not found")
     assert error["exception_type"] == "ValueError"
+
+
+def test_comfyuis_validation_refuses_a_file_outside_its_folders_by_name(comfyui, tmp_path):
+    """Issue 29: a canvas graph reads only ComfyUI's input/output/models folders (and data roots)."""
+    graph = copy.deepcopy(IRIS)
+    graph["1"]["inputs"].update(name="csv", path="/etc/shadow")
+    graph["6"]["inputs"]["resume_from"] = str(tmp_path / "elsewhere.pt")
+    with pytest.raises(comfy_harness.PromptRefused) as refused:
+        comfyui.run_prompt(graph)
+    errors = refused.value.body["node_errors"]
+    assert set(errors) == {"1", "6"}, errors
+    # ComfyUI lists the verdict once per input VALIDATE_INPUTS takes
+    shadow = errors["1"]["errors"][0]
+    assert shadow["type"] == "custom_validation_failed"
+    assert "path '/etc/shadow' is outside the folders graphs may read" in shadow["details"]
+    assert "ComfyUI's input folder" in shadow["details"] and "root:" not in json.dumps(refused.value.body)
+    resume = errors["6"]["errors"][0]
+    assert "resume_from '" in resume["details"] and "is outside the folders graphs may read" in resume["details"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from xpufleet.nodes import data as data_nodes
-from xpufleet.nodes import mounts
+from xpufleet.nodes import mounts, paths
 
 
 @pytest.fixture
@@ -80,13 +80,12 @@ def test_resolve_inside_only(tree):
 def test_mounts_come_from_the_environment(tree, monkeypatch):
     monkeypatch.setenv("XPUFLEET_MOUNTS", json.dumps({"datasets": str(tree["root"]), "x": "/bad-label"}))
     assert mounts.mounts_from_env() == {"datasets": tree["root"]}
-    assert mounts.input_path("datasets:a.csv") == Path(os.path.realpath(tree["root"])) / "a.csv"
-    assert mounts.input_path("~/plain.csv") == Path(os.path.expanduser("~/plain.csv"))
+    assert mounts.resolve("datasets:a.csv") == Path(os.path.realpath(tree["root"])) / "a.csv"
     monkeypatch.setenv("XPUFLEET_MOUNTS", "not json")
     assert mounts.mounts_from_env() == {}
     monkeypatch.delenv("XPUFLEET_MOUNTS")
     with pytest.raises(mounts.MountError, match="its mounts: none"):
-        mounts.input_path("datasets:a.csv")
+        mounts.resolve("datasets:a.csv")
 
 
 def test_a_refused_reference_reads_nothing(tree, monkeypatch):
@@ -108,7 +107,7 @@ def test_a_refused_reference_reads_nothing(tree, monkeypatch):
     monkeypatch.setattr(os, "open", spy_os)
     node = data_nodes.XPUDataset()
     for ref in ("datasets:out.csv", "datasets:../secret/s.csv", "datasets:outdir/s.csv"):
-        with pytest.raises(mounts.MountError):
+        with pytest.raises(paths.OutsideFolderError, match="Dataset: path"):
             node.load("csv", path=ref, target_column="target")
     monkeypatch.setattr(builtins, "open", real_open)
     monkeypatch.setattr(io, "open", real_io_open)

@@ -221,8 +221,9 @@ def test_a_model_saved_by_one_prompt_loads_in_the_next(host):
 
 def test_a_node_error_names_the_node_and_the_input(host, tmp_path):
     executor, _ = host
-    executor.execute(iris(resume_from=str(tmp_path / "missing.pt")))
+    executor.execute(iris(resume_from="ck/missing.pt"))
     error = executor.message("execution_error")
     assert error is not None and error["node_id"] == "7" and error["node_type"] == "XPUTrainingLoop"
-    assert error["exception_message"].startswith("7 (XPUTrainingLoop): resume_from: checkpoint not found")
+    assert error["exception_message"].startswith("7 (XPUTrainingLoop): resume_from: the checkpoint 'ck/missing.pt' "
+                                                 "not found; looked in")
     assert runtime.current() is None

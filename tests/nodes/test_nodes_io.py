@@ -104,11 +104,11 @@ def test_saver_and_loader_errors(digits, xpufleet_home, tmp_path):
         N["XPUModelSaver"]().save(model, "once.pt", "pytorch", "outputs", False)
     with pytest.raises(ValueError, match=r"model file 'nope.safetensors' not found; looked in: .*outputs/nope"):
         N["XPUModelLoader"]().load("nope.safetensors")
-    junk = tmp_path / "junk.pt"
+    junk = xpufleet_home / "outputs" / "junk.pt"  # absolute, inside the outputs folder: readable
     junk.write_bytes(b"not a zip")
     with pytest.raises(ValueError, match="cannot read .* as a PyTorch model file"):
         N["XPUModelLoader"]().load(str(junk))
-    bare = tmp_path / "bare.pt"
+    bare = xpufleet_home / "outputs" / "bare.pt"
     torch.save(model.state_dict(), bare)
     with pytest.raises(ValueError, match="holds weights but no architecture spec"):
         N["XPUModelLoader"]().load(str(bare))

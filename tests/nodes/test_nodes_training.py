@@ -130,7 +130,7 @@ def test_checkpoints_every_epochs_and_steps(digits, loaders, build_mlp, train_no
 
 
 def test_stop_writes_the_interrupt_checkpoint_and_resume_continues(digits, loaders, build_mlp, train_node,
-                                                                   make_run, tmp_path):
+                                                                   make_run, tmp_path, monkeypatch):
     tl, _ = loaders
     stop = threading.Event()
     run = make_run(stop_event=stop)
@@ -150,7 +150,9 @@ def test_stop_writes_the_interrupt_checkpoint_and_resume_continues(digits, loade
     assert state["reason"] == "interrupt" and state["epoch"] == 1 and state["step"] == len(tl) + 1
     assert not state["epoch_complete"]
     assert any(a["kind"] == "checkpoint" and a["reason"] == "interrupt" for a in run.of("artifact"))
-    # resume: the interrupted epoch restarts, the optimizer step count carries on
+    # resume: the interrupted epoch restarts, the optimizer step count carries on (outside the run, its
+    # folder is readable as a data root: nodes/paths.py)
+    monkeypatch.setenv("XPUFLEET_DATA_ROOTS", str(tmp_path / "run"))
     _, m = train_node(model, tl, epochs=3, resume_from=str(path))
     assert m["epochs_completed"] == 3
     assert m["steps"] == len(tl) + 1 + 2 * len(tl)

@@ -60,7 +60,7 @@ def test_start_status_run_modes_cancel_and_stop(tmp_path):
         assert any(line.split()[:2] == ["train_loss", "nan"] for line in proc.stdout.splitlines()), proc.stdout
 
         failing = harness.iris_graph(1)
-        failing["1"]["inputs"].update({"name": "csv", "path": str(tmp_path / "missing.csv")})
+        failing["1"]["inputs"].update({"name": "csv", "path": "missing.csv"})
         proc = sc.cli("run", str(harness.write_graph(tmp_path / "fail.json", failing)))
         assert proc.returncode == 1
         assert "run failed" in proc.stdout and "Node 1 (XPUDataset) failed" in proc.stdout

@@ -57,7 +57,7 @@ def test_validation_errors_exit_2_and_name_node_and_input(tmp_path):
 
 def test_node_failure_exits_1_naming_the_node(tmp_path):
     graph = json.loads((REPO / "samples/mlp_digits.json").read_text())
-    graph["1"]["inputs"].update({"name": "csv", "path": str(tmp_path / "missing.csv")})
+    graph["1"]["inputs"].update({"name": "csv", "path": "missing.csv"})
     bad = tmp_path / "missing_csv.json"
     bad.write_text(json.dumps(graph))
     out = xpufleet(tmp_path, "run", str(bad), "--local")

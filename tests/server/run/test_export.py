@@ -42,7 +42,7 @@ def test_what_cannot_be_exported_is_refused_by_name(tmp_path):
         export_script({**g, "99": {"class_type": "NoSuchNode", "inputs": {}}})
     resume = copy.deepcopy(g)
     loop = next(k for k, v in resume.items() if v["class_type"] == "XPUTrainingLoop")
-    resume[loop]["inputs"]["resume_from"] = str(tmp_path / "x.pt")
+    resume[loop]["inputs"]["resume_from"] = "checkpoints/x.pt"
     with pytest.raises(ExportError, match=f"node {loop} \\(XPUTrainingLoop\\): resume_from is not supported"):
         export_script(resume)
     bad_layers = {"1": {"class_type": "XPUSequential", "inputs": {"layers": '[{"type": "Lineer"}]', "seed": 0}},
@@ -73,8 +73,10 @@ def test_the_script_loads_every_dataset_as_the_node_does(opts):
         assert s_info[key] == info[key], key
 
 
-def test_the_script_loads_csv_and_safetensors_files_as_the_node_does(tmp_path):
+def test_the_script_loads_csv_and_safetensors_files_as_the_node_does(tmp_path, monkeypatch):
     from safetensors.numpy import save_file
+
+    monkeypatch.setenv("XPUFLEET_DATA_ROOTS", str(tmp_path))  # the node reads only where graphs may
 
     csv_path = tmp_path / "d.csv"
     rng = np.random.default_rng(0)
