@@ -75,7 +75,7 @@ def test_the_capsule_shows_a_level_and_follows_the_model_widget(session, screens
     menu.locator("[data-value=auto]").click()
     page.wait_for_function("() => document.querySelector('[data-xpufleet=vram]').innerText === 'VRAM: no GPU'", timeout=WAIT_MS)
     assert page.locator("[data-xpufleet=capsule] .xf-badge").count() == 1  # the reason is in the tooltip
-    assert page.evaluate("() => app.extensionManager.setting.get('XPUFleet.Predict.Device')") == ""
+    assert page.evaluate("() => app.extensionManager.setting.get('XPUFleet.Predict.Device')") == "auto"
     page.click("[data-xpufleet=capsule]")
     page.keyboard.press("Escape")
     menu.wait_for(state="hidden")
