@@ -224,7 +224,7 @@ def open_comfy(context: Any, url: str, log: ConsoleLog | None = None, plugin: bo
     page = context.new_page()
     if log is not None:
         log.attach(page)
-    page.goto(url)
+    page.goto(url, timeout=WAIT_S * 1000)  # Playwright's 30 s is too short on a loaded machine
     page.wait_for_function(APP_READY, timeout=WAIT_S * 1000)
     if plugin:
         page.wait_for_function(PLUGIN_READY, timeout=WAIT_S * 1000)
@@ -254,6 +254,12 @@ def run_button(page: Any) -> Any:
 def templates_button(page: Any) -> Any:
     """The side bar's Templates button: .templates-tab-button on 1.27, a button named Templates on 1.5x."""
     return page.locator(".templates-tab-button").or_(page.get_by_role("button", name="Templates", exact=True)).first
+
+
+def settings_category(page: Any, name: str) -> Any:
+    """A category of ComfyUI's settings dialog: a listbox option on 1.27, a button of its side nav on 1.5x."""
+    return page.get_by_role("option", name=name).or_(
+        page.locator("[role=dialog]").get_by_role("button", name=name, exact=True)).first
 
 
 def load_api_graph(page: Any, graph: dict[str, Any], name: str) -> None:

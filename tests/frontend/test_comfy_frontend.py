@@ -198,7 +198,7 @@ def test_texts_in_chinese_and_labelled_controls(session):
 def test_the_settings_panel_holds_the_plugins_settings(session, comfy_fleet, screenshots):
     page, _ = session
     page.evaluate("() => app.extensionManager.command.execute('Comfy.ShowSettingsDialog')")
-    page.get_by_role("option", name="XPU Fleet").click(timeout=WAIT_MS)
+    bh.settings_category(page, "XPU Fleet").click(timeout=WAIT_MS)
     status = page.locator("[data-xpufleet=sidecar-status]")
     status.filter(has_text=f"running at {comfy_fleet.url}").wait_for(timeout=WAIT_MS)
     for name in ("device to predict for", "capsule refresh interval", "show the RAM capsule", "language",
