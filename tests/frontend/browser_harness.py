@@ -201,8 +201,10 @@ def drop_graph(page: Any, name: str, graph: dict[str, Any]) -> None:
 
 # --- ComfyUI pages ----------------------------------------------------------------------------------
 
-# ComfyUI's Run button group: .comfyui-queue-button on front end 1.27, .queue-button-group on both
-APP_READY = "() => window.app && window.app.graph && document.querySelector('.comfyui-queue-button, .queue-button-group')"
+# ComfyUI's top bar is up: its Run button on front end 1.27 (.comfyui-queue-button), its action bar on 1.5x
+# (which shows the Run group only once the page has a graph it can run; a bare ComfyUI's first page has not)
+APP_READY = ("() => window.app && window.app.graph && "
+             "document.querySelector('.comfyui-queue-button, .queue-button-group, .actionbar-container')")
 PLUGIN_READY = "() => document.querySelector('[data-xpufleet=capsule]') && document.querySelector('[data-xpufleet=queue-on]')"
 
 
