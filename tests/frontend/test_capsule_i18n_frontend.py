@@ -182,11 +182,13 @@ def test_canvas_node_names_inputs_and_tooltips_in_chinese(playwright_browser, co
         bh.comfy_settings(comfy_host, {"Comfy.Locale": "en"})
 
 
-def css_var(page, name: str, prop: str = "background-color") -> str:
-    """A ComfyUI theme variable as the browser resolves it (an rgb() string)."""
-    return page.evaluate("""([name, prop]) => { const el = document.createElement('div');
-        el.style.setProperty(prop, `var(${name})`); document.body.append(el);
-        const v = getComputedStyle(el).getPropertyValue(prop); el.remove(); return v; }""", [name, prop])
+def css_var(page, name: str, prop: str = "background-color", fallback: str = "") -> str:
+    """A ComfyUI theme variable as the browser resolves it (an rgb() string). ``fallback``: the value
+    xpufleet.css falls back on where the front end does not define ``name`` (1.58 has no PrimeVue theme
+    variables), written as CSS (``var(--comfy-input-bg)``, a colour)."""
+    return page.evaluate("""([name, prop, fallback]) => { const el = document.createElement('div');
+        el.style.setProperty(prop, fallback ? `var(${name}, ${fallback})` : `var(${name})`); document.body.append(el);
+        const v = getComputedStyle(el).getPropertyValue(prop); el.remove(); return v; }""", [name, prop, fallback])
 
 
 def style(locator, prop: str) -> str:
@@ -219,18 +221,21 @@ def test_light_palette_keeps_queue_on_and_the_dialog_in_comfyuis_look(session, s
                 r.remove(); return same; }""", timeout=WAIT_MS)
             bar = button.evaluate("(b) => getComputedStyle(b.closest('.actionbar') || b.parentElement).backgroundColor")
             assert style(button, "background-color") != bar
-        secondary = css_var(page, "--p-button-secondary-background")
+        secondary = css_var(page, "--p-button-secondary-background", fallback="var(--comfy-input-bg, #2b2b2b)")
         button.click()
         dialog = page.locator("[data-xpufleet=queue-dialog]")
         dialog.get_by_role("heading", name="Queue on…").wait_for(timeout=WAIT_MS)
         dialog.locator("[data-target='worker:gpu-box']").check()
         name = dialog.get_by_label("Name")
-        assert style(name, "background-color") == css_var(page, "--p-form-field-background")
-        assert style(name, "border-top-color") == css_var(page, "--p-form-field-border-color", "border-top-color")
+        field = css_var(page, "--p-form-field-background", fallback="var(--comfy-input-bg, #2b2b2b)")
+        assert style(name, "background-color") == field
+        assert style(name, "border-top-color") == css_var(page, "--p-form-field-border-color", "border-top-color",
+                                                          fallback="var(--border-color, #4a4a4a)")
         select = dialog.locator("[data-xpufleet=record-outputs]")
-        assert style(select, "background-color") == css_var(page, "--p-form-field-background")
+        assert style(select, "background-color") == field
         submit = dialog.locator("[data-xpufleet=queue-submit]")
-        assert style(submit, "background-color") == css_var(page, "--p-button-primary-background")
+        assert style(submit, "background-color") == css_var(page, "--p-button-primary-background",
+                                                             fallback="var(--p-primary-color, #1677ff)")
         cancel = dialog.get_by_role("button", name="Cancel")
         assert style(cancel, "background-color") == secondary
         # the "*" after a simulated card is explained in the dialog itself
