@@ -11,6 +11,7 @@ import { Fleet } from "./lib/api.mjs";
 import { CapsuleBar, SETTINGS } from "./lib/capsule.mjs";
 import { CANVAS_METRIC_EVENT, fixSeedControls, isPluginNodeDef, nameCanvasRun, showExecuted, showLivePoint } from "./lib/canvas_nodes.mjs";
 import { h } from "./lib/dom.mjs";
+import { keepReadable } from "./lib/canvas_view.mjs";
 import { english, loadStrings, onLanguageChange, resolveLanguage, setLanguage, t } from "./lib/i18n.mjs";
 import { installPairing } from "./lib/pairing.mjs"; // h1 (issue 29): the guard's headers, the pairing prompt
 
@@ -184,21 +185,46 @@ function newSweep() {
   return graphDialog(async () => (await import("./lib/sweep_dialog.mjs")).openSweepDialog, { openSweep });
 }
 
+// Queue on... beside Run. A front end with `actionBarButtons` (1.3x and later) draws it from the extension's
+// entry below, in its own look; an older one (1.27) gets our own button after its queue button group.
+// Feature-detected on the page: the front end's action-bar button row is there or not.
+const QUEUE_ON = "xf-queue-on";
+const ACTION_BAR_BUTTONS = "[data-testid=action-bar-buttons]";
+const queueAction = { icon: "pi pi-send", class: QUEUE_ON, onClick: () => queueOn() };
+
 const queueButton = h("button", {
-  type: "button", class: "xf-queue-on p-button p-component p-button-secondary p-button-sm", // PrimeVue styles it whole
-  dataset: { xpufleet: "queue-on" }, onclick: () => queueOn(),
-});
+  type: "button", class: `${QUEUE_ON} xf-queue-legacy`, dataset: { xpufleet: "queue-on" }, onclick: () => queueOn(),
+}, h("i", { class: "pi pi-send", "aria-hidden": "true" }), h("span"));
+
+/** The button the front end drew from ``queueAction`` (none on a front end without actionBarButtons). */
+function nativeQueueButton() {
+  return document.querySelector(`${ACTION_BAR_BUTTONS} .${QUEUE_ON}`);
+}
 
 function labelQueueButton() {
-  queueButton.title = t("app.queue_tooltip");
-  queueButton.setAttribute("aria-label", t("app.queue_on"));
-  queueButton.textContent = t("app.queue_on");
+  queueAction.label = t("app.queue_on");
+  queueAction.tooltip = t("app.queue_tooltip");
+  for (const b of [queueButton, nativeQueueButton()].filter(Boolean)) {
+    b.title = queueAction.tooltip;
+    b.setAttribute("aria-label", queueAction.label);
+    // the front end re-reads label on its next render; until then the drawn text is ours to change
+    const text = b.querySelector("span");
+    if (text) text.textContent = queueAction.label;
+  }
 }
 labelQueueButton();
 
-/** Keep the button beside ComfyUI's Run button (the action bar is Vue's and may be rebuilt). */
+/** Keep Queue on... beside ComfyUI's Run button (the action bar is Vue's and may be rebuilt). */
 function placeQueueButton() {
-  if (queueButton.isConnected) return;
+  const native = nativeQueueButton();
+  if (native) {
+    // the same hook on both front ends for users' CSS and the tests; Vue leaves attributes it does not own
+    if (native.dataset.xpufleet !== "queue-on") native.dataset.xpufleet = "queue-on";
+    if (!native.title) native.title = queueAction.tooltip;
+    queueButton.remove();
+    return;
+  }
+  if (queueButton.isConnected || document.querySelector(ACTION_BAR_BUTTONS)) return;
   const group = document.querySelector(".actionbar-content .queue-button-group") || document.querySelector(".queue-button-group");
   if (group) group.after(queueButton);
 }
@@ -231,6 +257,13 @@ function placeCapsules() {
   if (menu) menu.prepend(capsules.element);
 }
 
+/** A short note in the front end's toast (app.extensionManager.toast, front ends 1.3+), else the console. */
+function notify(severity, summary, detail) {
+  const toast = app.extensionManager?.toast;
+  if (toast?.add) toast.add({ severity, summary, detail, life: 6000 });
+  else console.warn(`XPU Fleet: ${summary}:`, detail);
+}
+
 // --- the sidecar -----------------------------------------------------------------------------------
 
 // Starts a sidecar on this machine when none runs (the server decides: POST /xpufleet/sidecar/start
@@ -240,9 +273,9 @@ async function ensureSidecar() {
     const state = await (await api.fetchApi("/xpufleet/sidecar")).json();
     if (state.running) return;
     const resp = await api.fetchApi("/xpufleet/sidecar/start", { method: "POST", body: "{}" });
-    if (!resp.ok) console.warn("XPU Fleet: could not start the sidecar:", (await resp.json()).error);
+    if (!resp.ok) notify("error", t("app.sidecar_start_failed"), (await resp.json()).error);
   } catch (err) {
-    console.warn("XPU Fleet: could not start the sidecar:", err);
+    notify("error", t("app.sidecar_start_failed"), String(err?.message || err));
   }
 }
 
@@ -273,10 +306,12 @@ app.registerExtension({
     { id: SETTINGS.showRam, category: ["XPU Fleet", "Capsule", "RAM"], name: english("settings.show_ram"), type: "boolean",
       defaultValue: true, onChange: rescan },
     { id: SETTINGS.device, category: ["XPU Fleet", "Capsule", "Device"], name: english("settings.device"), type: "combo",
-      tooltip: english("settings.device_tip"), defaultValue: "",
-      // ComfyUI calls this without the current value: read it, and list the cards the capsule's menu found
+      tooltip: english("settings.device_tip"), defaultValue: "auto",
+      // ComfyUI calls this without the current value: read it, and list the cards the capsule's menu found.
+      // Every option has a value (front end 1.5x's select refuses an empty one); the empty value stored by
+      // earlier versions still reads as "auto" (parseDeviceChoice) and is shown as "auto" here.
       options: () => [...new Set(["auto", settingValue(SETTINGS.device) || "auto", ...capsules.knownDevices])]
-        .map((v) => ({ text: v, value: v === "auto" ? "" : v })),
+        .map((v) => ({ text: v, value: v })),
       onChange: rescan },
     { id: AUTOSTART, category: ["XPU Fleet", "Sidecar", "AutoStart"], name: english("settings.autostart"), tooltip: english("settings.autostart_tip"),
       type: "boolean", defaultValue: false, onChange: (value) => { if (value) ensureSidecar(); } },
@@ -292,6 +327,7 @@ app.registerExtension({
   ],
   menuCommands: [{ path: ["XPU Fleet"], commands: ["XPUFleet.QueueOn", "XPUFleet.ShowRuns", "XPUFleet.ShowWorkers",
     "XPUFleet.NewSweep", "XPUFleet.ShowSweeps"] }],
+  actionBarButtons: [queueAction], // read by front ends that have it; 1.27 ignores it (placeQueueButton)
   bottomPanelTabs: [tab(RUNS_TAB, "runs.title", getRunsPanel), tab(WORKERS_TAB, "workers.title", getWorkersPanel),
     tab(SWEEPS_TAB, "sweep.title", getSweepsPanel), tab(STUDIES_TAB, "study.title", getStudiesPanel)],
 
@@ -322,6 +358,7 @@ app.registerExtension({
 
   async afterConfigureGraph() {
     capsules.requestScan();
+    keepReadable(app);
   },
 
   nodeCreated() {
@@ -334,6 +371,8 @@ app.registerExtension({
     // "auto" follows ComfyUI's own language (its Comfy.Locale setting's change event)
     app.ui?.settings?.addEventListener?.("Comfy.Locale.change", (e) => applyLanguage(settingValue(LANGUAGE), e.detail?.value));
     applyLanguage();
+    // a value stored by an earlier version ("" for auto) is shown as the option it means
+    if (settingValue(SETTINGS.device) === "") settings.set(SETTINGS.device, "auto");
     placeCapsules();
     placeQueueButton();
     api.addEventListener("graphChanged", () => capsules.requestScan());

@@ -203,7 +203,10 @@ def drop_graph(page: Any, name: str, graph: dict[str, Any]) -> None:
 
 # --- ComfyUI pages ----------------------------------------------------------------------------------
 
-APP_READY = "() => window.app && window.app.graph && document.querySelector('.comfyui-queue-button')"
+# ComfyUI's top bar is up: its Run button on front end 1.27 (.comfyui-queue-button), its action bar on 1.5x
+# (which shows the Run group only once the page has a graph it can run; a bare ComfyUI's first page has not)
+APP_READY = ("() => window.app && window.app.graph && "
+             "document.querySelector('.comfyui-queue-button, .queue-button-group, .actionbar-container')")
 PLUGIN_READY = "() => document.querySelector('[data-xpufleet=capsule]') && document.querySelector('[data-xpufleet=queue-on]')"
 
 
@@ -306,6 +309,22 @@ def comfy_page(browser: Any, host: Any, settings: dict[str, Any], height: int = 
         yield open_comfy(context, host.url, log, plugin=plugin), log
     finally:
         context.close()
+
+
+def run_button(page: Any) -> Any:
+    """ComfyUI's own Run button, on front end 1.27 (.comfyui-queue-button) and 1.3x-1.5x (.queue-button-group)."""
+    return page.locator(".comfyui-queue-button, .queue-button-group").get_by_role("button", name="Run", exact=True).first
+
+
+def templates_button(page: Any) -> Any:
+    """The side bar's Templates button: .templates-tab-button on 1.27, a button named Templates on 1.5x."""
+    return page.locator(".templates-tab-button").or_(page.get_by_role("button", name="Templates", exact=True)).first
+
+
+def settings_category(page: Any, name: str) -> Any:
+    """A category of ComfyUI's settings dialog: a listbox option on 1.27, a button of its side nav on 1.5x."""
+    return page.get_by_role("option", name=name).or_(
+        page.locator("[role=dialog]").get_by_role("button", name=name, exact=True)).first
 
 
 def load_api_graph(page: Any, graph: dict[str, Any], name: str) -> None:

@@ -128,7 +128,7 @@ def test_a_language_change_in_comfyuis_settings_relabels_everything_at_once(sess
     assert page.locator("[data-xpufleet=queue-on]").inner_text() == "排入队列…"
     assert page.locator("[data-xpufleet=capsule-device]").inner_text() == "预测设备：gpu-box cuda:0"
     page.locator("[data-xpufleet=runs-panel]", has_text="刷新").wait_for(timeout=WAIT_MS)
-    page.get_by_role("option", name="XPU Fleet").click(timeout=WAIT_MS)
+    bh.settings_category(page, "XPU Fleet").click(timeout=WAIT_MS)
     for name in ("XPU Fleet：语言", "XPU Fleet：预测的设备", "XPU Fleet：显示内存胶囊"):
         page.get_by_text(name, exact=True).wait_for(timeout=WAIT_MS)
     page.screenshot(path=str(screenshots / "comfy-settings-zh.png"))
@@ -182,11 +182,13 @@ def test_canvas_node_names_inputs_and_tooltips_in_chinese(playwright_browser, co
         bh.comfy_settings(comfy_host, {"Comfy.Locale": "en"})
 
 
-def css_var(page, name: str, prop: str = "background-color") -> str:
-    """A ComfyUI theme variable as the browser resolves it (an rgb() string)."""
-    return page.evaluate("""([name, prop]) => { const el = document.createElement('div');
-        el.style.setProperty(prop, `var(${name})`); document.body.append(el);
-        const v = getComputedStyle(el).getPropertyValue(prop); el.remove(); return v; }""", [name, prop])
+def css_var(page, name: str, prop: str = "background-color", fallback: str = "") -> str:
+    """A ComfyUI theme variable as the browser resolves it (an rgb() string). ``fallback``: the value
+    xpufleet.css falls back on where the front end does not define ``name`` (1.58 has no PrimeVue theme
+    variables), written as CSS (``var(--comfy-input-bg)``, a colour)."""
+    return page.evaluate("""([name, prop, fallback]) => { const el = document.createElement('div');
+        el.style.setProperty(prop, fallback ? `var(${name}, ${fallback})` : `var(${name})`); document.body.append(el);
+        const v = getComputedStyle(el).getPropertyValue(prop); el.remove(); return v; }""", [name, prop, fallback])
 
 
 def style(locator, prop: str) -> str:
@@ -195,35 +197,45 @@ def style(locator, prop: str) -> str:
 
 def test_light_palette_keeps_queue_on_and_the_dialog_in_comfyuis_look(session, screenshots):
     page, _ = session
+    button = page.locator("[data-xpufleet=queue-on]")
+    dark = style(button, "color")
+    # a front end with actionBarButtons draws Queue on... itself (its look is the front end's own); 1.27 gets ours
+    native = button.evaluate("(b) => !!b.closest('[data-testid=action-bar-buttons]')")
     set_setting(page, "Comfy.ColorPalette", "light")
     try:
         page.wait_for_function("() => document.body.classList.contains('comfy-light') || "
                                "getComputedStyle(document.body).backgroundColor !== 'rgb(0, 0, 0)'", timeout=WAIT_MS)
-        button = page.locator("[data-xpufleet=queue-on]")
         page.mouse.move(700, 600)
-        page.screenshot(path=str(screenshots / "comfy-light-topbar.png"), clip={"x": 0, "y": 0, "width": 1500, "height": 60})
+        page.screenshot(path=str(screenshots / "comfy-light-topbar.png"), clip={"x": 0, "y": 0, "width": 1500, "height": 90})
+        if native:  # the front end's button follows its palette (once the colour transitions have ended)
+            page.wait_for_function("""(dark) => getComputedStyle(document.querySelector('[data-xpufleet=queue-on]')).color
+                !== dark""", arg=dark, timeout=WAIT_MS)
         # the look of a PrimeVue secondary button in this palette, next to ours: the same (once the
         # palette's colour transitions have ended), and unlike the bar
-        page.wait_for_function("""() => { const b = document.querySelector('[data-xpufleet=queue-on]');
-            const r = document.createElement('button'); r.className = 'p-button p-component p-button-secondary p-button-sm';
-            r.textContent = 'x'; r.style.transition = 'none'; b.parentElement.append(r);
-            const [s, t] = [getComputedStyle(r), getComputedStyle(b)];
-            const same = ['backgroundColor', 'color', 'borderRadius', 'fontFamily'].every((k) => s[k] === t[k]);
-            r.remove(); return same; }""", timeout=WAIT_MS)
-        bar = button.evaluate("(b) => getComputedStyle(b.closest('.actionbar') || b.parentElement).backgroundColor")
-        assert style(button, "background-color") != bar
-        secondary = css_var(page, "--p-button-secondary-background")
+        else:
+            page.wait_for_function("""() => { const b = document.querySelector('[data-xpufleet=queue-on]');
+                const r = document.createElement('button'); r.className = 'p-button p-component p-button-secondary p-button-sm';
+                r.textContent = 'x'; r.style.transition = 'none'; b.parentElement.append(r);
+                const [s, t] = [getComputedStyle(r), getComputedStyle(b)];
+                const same = ['backgroundColor', 'color', 'borderRadius', 'fontFamily'].every((k) => s[k] === t[k]);
+                r.remove(); return same; }""", timeout=WAIT_MS)
+            bar = button.evaluate("(b) => getComputedStyle(b.closest('.actionbar') || b.parentElement).backgroundColor")
+            assert style(button, "background-color") != bar
+        secondary = css_var(page, "--p-button-secondary-background", fallback="var(--comfy-input-bg, #2b2b2b)")
         button.click()
         dialog = page.locator("[data-xpufleet=queue-dialog]")
         dialog.get_by_role("heading", name="Queue on…").wait_for(timeout=WAIT_MS)
         dialog.locator("[data-target='worker:gpu-box']").check()
         name = dialog.get_by_label("Name")
-        assert style(name, "background-color") == css_var(page, "--p-form-field-background")
-        assert style(name, "border-top-color") == css_var(page, "--p-form-field-border-color", "border-top-color")
+        field = css_var(page, "--p-form-field-background", fallback="var(--comfy-input-bg, #2b2b2b)")
+        assert style(name, "background-color") == field
+        assert style(name, "border-top-color") == css_var(page, "--p-form-field-border-color", "border-top-color",
+                                                          fallback="var(--border-color, #4a4a4a)")
         select = dialog.locator("[data-xpufleet=record-outputs]")
-        assert style(select, "background-color") == css_var(page, "--p-form-field-background")
+        assert style(select, "background-color") == field
         submit = dialog.locator("[data-xpufleet=queue-submit]")
-        assert style(submit, "background-color") == css_var(page, "--p-button-primary-background")
+        assert style(submit, "background-color") == css_var(page, "--p-button-primary-background",
+                                                             fallback="var(--p-primary-color, #1677ff)")
         cancel = dialog.get_by_role("button", name="Cancel")
         assert style(cancel, "background-color") == secondary
         # the "*" after a simulated card is explained in the dialog itself

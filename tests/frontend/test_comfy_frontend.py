@@ -77,7 +77,7 @@ def test_the_capsule_shows_a_level_and_follows_the_model_widget(session, screens
     menu.locator("[data-value=auto]").click()
     page.wait_for_function("() => document.querySelector('[data-xpufleet=vram]').innerText === 'VRAM: no GPU'", timeout=WAIT_MS)
     assert page.locator("[data-xpufleet=capsule] .xf-badge").count() == 1  # the reason is in the tooltip
-    assert page.evaluate("() => app.extensionManager.setting.get('XPUFleet.Predict.Device')") == ""
+    assert page.evaluate("() => app.extensionManager.setting.get('XPUFleet.Predict.Device')") == "auto"
     page.click("[data-xpufleet=capsule]")
     page.keyboard.press("Escape")
     menu.wait_for(state="hidden")
@@ -200,7 +200,7 @@ def test_texts_in_chinese_and_labelled_controls(session):
 def test_the_settings_panel_holds_the_plugins_settings(session, comfy_fleet, screenshots):
     page, _ = session
     page.evaluate("() => app.extensionManager.command.execute('Comfy.ShowSettingsDialog')")
-    page.get_by_role("option", name="XPU Fleet").click(timeout=WAIT_MS)
+    bh.settings_category(page, "XPU Fleet").click(timeout=WAIT_MS)
     status = page.locator("[data-xpufleet=sidecar-status]")
     status.filter(has_text=f"running at {comfy_fleet.url}").wait_for(timeout=WAIT_MS)
     for name in ("device to predict for", "capsule refresh interval", "show the RAM capsule", "language",

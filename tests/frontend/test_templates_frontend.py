@@ -36,9 +36,11 @@ def page(playwright_browser, comfy_host):
 
 
 def open_xpufleet_templates(page) -> object:
-    page.click(".templates-tab-button")
-    dialog = page.locator(".p-dialog", has_text="XPU Fleet")
-    dialog.get_by_role("option", name="XPU Fleet").click(timeout=WAIT_MS)
+    bh.templates_button(page).click()
+    # the browser is a PrimeVue dialog with a listbox of sources on 1.27, a dialog with a button per source on 1.5x
+    dialog = page.locator(".p-dialog, [role=dialog]", has_text="XPU Fleet").first
+    dialog.get_by_role("option", name="XPU Fleet").or_(dialog.get_by_role("button", name="XPU Fleet", exact=True)) \
+        .first.click(timeout=WAIT_MS)
     return dialog
 
 
@@ -70,7 +72,7 @@ def run_and_wait(page, comfy_host) -> dict:
     page.evaluate("""() => { window.__xfDone = null;
         for (const type of ['execution_success', 'execution_error'])
             app.api.addEventListener(type, (e) => { window.__xfDone = {type, prompt_id: e.detail.prompt_id}; }); }""")
-    page.locator(".comfyui-queue-button").get_by_role("button", name="Run").first.click()
+    bh.run_button(page).click()
     page.wait_for_function("() => window.__xfDone", timeout=WAIT_MS * 3)
     done = page.evaluate("() => window.__xfDone")
     assert done["type"] == "execution_success", comfy_host.log_tail()
@@ -86,7 +88,7 @@ def test_templates_xpu_fleet_mlp_digits_loads_the_graph_and_runs(page, comfy_hos
         card = dialog.locator(f"[data-testid=template-workflow-{name}]")
         card.wait_for(timeout=WAIT_MS)
         card.locator("img").first.wait_for(timeout=WAIT_MS)
-    page.wait_for_function("""() => [...document.querySelectorAll('.p-dialog [data-testid^=template-workflow-] img')]
+    page.wait_for_function("""() => [...document.querySelectorAll('[data-testid^=template-workflow-] img')]
         .every((img) => img.complete && img.naturalWidth > 0)""", timeout=WAIT_MS)
     assert cards.count() == len(GRAPHS)
     page.screenshot(path=str(screenshots / "templates-browser.png"))

@@ -340,7 +340,7 @@ export class CapsuleBar {
   }
 
   choose(value) {
-    this.settings.set(SETTINGS.device, value === "auto" ? "" : value);
+    this.settings.set(SETTINGS.device, value); // "auto" itself: a setting's option never has an empty value
     this.closeMenu(true);
     this.settingsChanged();
   }
