@@ -13,9 +13,9 @@ import { CANVAS_METRIC_EVENT, fixSeedControls, isPluginNodeDef, nameCanvasRun, s
 import { h } from "./lib/dom.mjs";
 import { keepReadable } from "./lib/canvas_view.mjs";
 import { english, loadStrings, onLanguageChange, resolveLanguage, setLanguage, t } from "./lib/i18n.mjs";
-import { installPairing } from "./lib/pairing.mjs"; // h1 (issue 29): the guard's headers, the pairing prompt
+import { installPairing } from "./lib/pairing.mjs"; // the guard's headers and the pairing prompt (docs/security.md)
 
-installPairing(api); // h1 (issue 29): before the first /xpufleet/ request (docs/security.md)
+installPairing(api); // before the first /xpufleet/ request
 
 const LANGUAGE = "XPUFleet.Language";
 const AUTOSTART = "XPUFleet.Sidecar.AutoStart";

@@ -195,7 +195,7 @@ def _start_foreground(args: argparse.Namespace, home: Path) -> int:
         report(f"error: {exc}")
         err(str(exc))
         return EXIT_RUN_FAILED
-    except OSError as exc:  # state.db damaged or on a full disk (store.StoreUnusable), a port taken, ...
+    except OSError as exc:  # state.db damaged or on a full disk (store_durable.StoreUnusable), a port taken, ...
         message = str(exc)
         if exc.errno == errno.ENOSPC:  # one sentence, not a bare "[Errno 28]"
             message = f"the disk holding {home} is full ({exc.strerror}): free some space and start again"

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
-import errno
 import json
 import sqlite3
 import threading
@@ -32,7 +30,8 @@ from typing import Any
 from ...common.errors import StoreError
 from ...constants import RUN_STATUSES, STORE_FLUSH_ON_CLOSE_S, TERMINAL_STATUSES
 from ..run.events import NewEvent, finite
-from .store_writer import Batch, DiskWriter, OnDone, Recorder, WriteFailure, no_room, writes
+from .store_durable import CURRENT_ACK, Acknowledgement, open_state, probe_or_refuse
+from .store_writer import Batch, Recorder, WriteFailure, writes
 
 SCHEMA_VERSION = 1
 
@@ -91,53 +90,6 @@ _JSON_COLUMNS = ("devices", "requested", "candidates", "options", "warnings", "e
 _JSON_NULLABLE = ("peak_memory", "final_metrics")
 
 
-class StoreUnusable(OSError):
-    """``state.db`` cannot be opened: damaged, on a full disk, unreadable. The message is one sentence."""
-
-
-class Acknowledgement:
-    """The transactions committed inside one :meth:`Store.acknowledged` block (in any thread its context
-    reaches, ``asyncio.to_thread`` included), and whether the file has them all."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._lock = threading.Lock()
-        self._added = 0
-        self._settled = 0
-        self._changed = asyncio.Event()
-        self.failure: WriteFailure | None = None
-        self.open = True  # closed when the block's body ends: a task it started later is not waited for
-
-    def add(self) -> OnDone | None:
-        """The callback of one more committed transaction (None once the block's body has ended)."""
-        with self._lock:
-            if not self.open:
-                return None
-            self._added += 1
-        return self._done
-
-    def _done(self, failure: WriteFailure | None) -> None:  # the writer's thread
-        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
-            self._loop.call_soon_threadsafe(self._settle, failure)
-
-    def _settle(self, failure: WriteFailure | None) -> None:
-        self._settled += 1
-        if failure is not None and self.failure is None:
-            self.failure = failure
-        self._changed.set()
-
-    async def wait(self) -> None:
-        """Until the file has every transaction added (or one was refused)."""
-        with self._lock:
-            self.open = False
-        while self._settled < self._added:
-            self._changed.clear()
-            await self._changed.wait()
-
-
-_ACK: contextvars.ContextVar[Acknowledgement | None] = contextvars.ContextVar("xpufleet_store_ack", default=None)
-
-
 def new_run_id() -> str:
     return uuid.uuid4().hex
 
@@ -165,7 +117,7 @@ class Store:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self._writer, self._db = _open(self.path)
+        self._writer, self._db = open_state(self.path)
         self._lock = threading.RLock()
         self._writer.bind(self._lock, self._rebuild)
         self._writer.start()
@@ -178,12 +130,7 @@ class Store:
             if "source" not in {r["name"] for r in db.execute("PRAGMA table_info(runs)")}:
                 db.execute("ALTER TABLE runs ADD COLUMN source TEXT NOT NULL DEFAULT 'api'")
         # the schema and a probe write are in the file before anything is served: a full disk stops start-up
-        self._writer.probe()
-        if not self._writer.settle(STORE_FLUSH_ON_CLOSE_S):
-            failure = self._writer.failure
-            self._writer.close(0)
-            raise StoreUnusable(_start_sentence(self.path, failure.text if failure else "it stayed locked",
-                                                failure is not None and failure.kind == "full" or no_room(self.path)))
+        probe_or_refuse(self._writer, self.path)
 
     # --- plumbing ---------------------------------------------------------------------------------
 
@@ -215,11 +162,11 @@ class Store:
         take them (a full disk at once; a lock held past ``STORE_ACK_TIMEOUT_S``) they are taken back,
         from memory too, and a :class:`StoreError` 507/503 says why: never a 201 for what is not on disk."""
         ack = Acknowledgement(asyncio.get_running_loop())
-        token = _ACK.set(ack)
+        token = CURRENT_ACK.set(ack)
         try:
             yield ack
         finally:
-            _ACK.reset(token)
+            CURRENT_ACK.reset(token)
         await ack.wait()
         if ack.failure is not None:
             raise StoreError(f"{ack.failure.text}; nothing of this request was stored: submit it again once "
@@ -262,7 +209,7 @@ class Store:
             else:
                 done, self._writes = self._writes, None
                 self._db.execute("COMMIT")
-                ack = _ACK.get()
+                ack = CURRENT_ACK.get()
                 self._writer.submit(done.statements, ack.add() if ack is not None and done.statements else None)
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
@@ -621,50 +568,6 @@ class Store:
     def last_cursor(self, run_id: str) -> int | None:
         rows = self.query("SELECT last_cursor FROM runs WHERE id=?", (run_id,))
         return int(rows[0]["last_cursor"]) if rows else None
-
-
-def _open(path: Path) -> tuple[DiskWriter, sqlite3.Connection]:
-    """The file's writer (``PRAGMA quick_check`` passed) and the in-memory copy of its content; a damaged
-    file, a full disk or an unreadable file raises :class:`StoreUnusable` with one sentence."""
-    writer = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        writer = DiskWriter(path)
-        problem = writer.check()
-        if problem is not None:
-            raise StoreUnusable(f"{path} is damaged (SQLite's quick_check: {problem}): move it aside, or restore "
-                                f"a backup, and start again (an empty state.db is made when none is there)")
-        # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT) in Store.transaction.
-        db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
-        writer.copy_to(db)
-        db.row_factory = sqlite3.Row
-        return writer, db
-    except StoreUnusable:
-        _close_quietly(writer)
-        raise
-    except sqlite3.DatabaseError as exc:
-        _close_quietly(writer)
-        code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
-        if code in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):
-            raise StoreUnusable(f"{path} is damaged ({exc}): move it aside, or restore a backup, and start again "
-                                f"(an empty state.db is made when none is there)") from None
-        raise StoreUnusable(_start_sentence(path, str(exc), no_room(path))) from None
-    except OSError as exc:
-        _close_quietly(writer)
-        raise StoreUnusable(_start_sentence(path, exc.strerror or str(exc),
-                                            exc.errno == errno.ENOSPC or no_room(path))) from None
-
-
-def _start_sentence(path: Path, why: str, full: bool = False) -> str:
-    if full:
-        return f"{path} cannot be written: the disk holding it is full; free some space and start again"
-    return f"{path} cannot be opened for writing ({why}): check the folder's permissions and free space"
-
-
-def _close_quietly(writer: DiskWriter | None) -> None:
-    if writer is not None:
-        with contextlib.suppress(Exception):
-            writer.close(0)
 
 
 def _statements(script: str) -> list[str]:

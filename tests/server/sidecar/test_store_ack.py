@@ -14,7 +14,8 @@ import sqlite3
 import pytest
 
 from xpufleet.common.errors import StoreError
-from xpufleet.server.sidecar.store import Store, StoreUnusable
+from xpufleet.server.sidecar.store import Store
+from xpufleet.server.sidecar.store_durable import StoreUnusable
 
 
 def make_run(store: Store, name: str) -> str:
