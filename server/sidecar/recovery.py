@@ -76,11 +76,14 @@ class Recovery:
             self._notify(run["id"])
         return True
 
-    def check_canvas(self, cancels: dict[str, float]) -> None:
-        """One pass of the watch: running canvas runs whose ComfyUI is gone end ``interrupted``; those whose
-        cancel was asked ``CANVAS_CANCEL_GRACE_S`` ago (first seen by ``cancels``: run id -> monotonic) and
-        that ComfyUI has not ended end ``cancelled``."""
-        running, _ = self._store.list_runs(statuses=["running"], source="canvas", limit=1000)
+    def running_canvas(self) -> list[dict[str, Any]]:
+        """The running canvas runs (reads the store, whose lock a big write may hold: call it off the loop)."""
+        return self._store.list_runs(statuses=["running"], source="canvas", limit=1000)[0]
+
+    def check_canvas(self, cancels: dict[str, float], running: list[dict[str, Any]]) -> None:
+        """One pass of the watch over ``running`` (:meth:`running_canvas`): runs whose ComfyUI is gone end
+        ``interrupted``; those whose cancel was asked ``CANVAS_CANCEL_GRACE_S`` ago (first seen by
+        ``cancels``: run id -> monotonic) and that ComfyUI has not ended end ``cancelled``."""
         now = time.monotonic()
         for run in running:
             if self._end_if_gone(run) or not run["cancel_requested"]:
@@ -97,7 +100,10 @@ class Recovery:
         cancels: dict[str, float] = {}
         while True:
             await asyncio.sleep(CANVAS_WATCH_S)
-            self.check_canvas(cancels)
+            # off the loop: a sweep's thousands of inserts hold the store's lock for a second or more
+            running = await asyncio.to_thread(self.running_canvas)
+            if running or cancels:
+                self.check_canvas(cancels, running)
 
     async def _await_orphan(self, run: dict[str, Any]) -> None:
         pid = int(run["pid"])

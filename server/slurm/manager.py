@@ -239,7 +239,8 @@ class SlurmPools:
 
     async def tick(self) -> None:
         """Read squeue once, then reconcile, plan, cancel and submit for each pool."""
-        pools = self.pools()
+        # off the loop: a sweep's thousands of inserts hold the store's lock for a second or more
+        pools = await asyncio.to_thread(self.pools)
         if not pools:
             return
         try:
