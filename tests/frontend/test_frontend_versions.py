@@ -1,12 +1,10 @@
 """The plugin on whichever ComfyUI front end COMFYUI_DIR/COMFYUI_PYTHON give (issue 31; docs/comfyui.md,
 "Front-end versions"): 1.27 draws its own Queue on... button after the Run group, 1.3x-1.5x draws it from
 the extension's actionBarButtons; a template opened from the Templates browser lands drawn (not in LiteGraph's
-low-quality boxes); every option of the plugin's settings has a value; the Runs panel after a run, and after
-a canvas Run cancelled with ComfyUI's own interrupt (a cancel, not a failure, on every version).
+low-quality boxes); every option of the plugin's settings has a value; the Runs panel after a run.
 
 Screenshots carry the front end's version: fe-<version>-topbar.png, fe-<version>-template.png,
-fe-<version>-runs-panel.png, fe-<version>-settings-device.png, fe-<version>-canvas-cancel.png (conftest.py
-prints where)."""
+fe-<version>-runs-panel.png, fe-<version>-settings-device.png (conftest.py prints where)."""
 
 from __future__ import annotations
 
@@ -136,35 +134,3 @@ def test_the_runs_panel_after_a_queued_run(session, comfy_fleet, screenshots):
     runs.locator("[data-xpufleet=detail-status]").filter(has_text="succeeded").wait_for(timeout=WAIT_MS * 2)
     runs.locator("[data-xpufleet=chart][data-drawn=true]").wait_for(timeout=WAIT_MS)
     page.screenshot(path=shot(screenshots, version, "runs-panel"))
-
-
-def test_a_canvas_run_cancelled_in_comfyui_is_cancelled_in_the_runs_panel(session, comfy_fleet, screenshots):
-    """ComfyUI's Run on a training graph, then ComfyUI's own interrupt (what its Cancel button sends): the
-    canvas run ends ``cancelled`` with its interrupt checkpoint, never ``failed`` (ComfyUI 0.33's interrupt
-    derives from BaseException), and the Runs panel shows it so."""
-    page, log, version = session
-    name = f"canvas-cancel-{version}"
-    bh.load_api_graph(page, bh.sidecar_harness.iris_graph(epochs=10**6), name)
-    bh.run_button(page).click(timeout=WAIT_MS)
-    # the canvas run as the sidecar records it, once it trains (its first metric)
-    run_id = page.wait_for_function(
-        """async () => {
-            const r = await window.app.api.fetchApi("/xpufleet/api/runs?source=canvas&status=running");
-            if (!r.ok) return null;
-            const runs = (await r.json()).runs || [];
-            return runs.length ? runs[0].id : null;
-        }""", polling=500, timeout=WAIT_MS * 2).json_value()
-    comfy_fleet.sidecar.wait_for(run_id, "metric", bh.WAIT_S)
-    page.evaluate("() => window.app.api.interrupt()")  # ComfyUI's Cancel button calls this
-    run = comfy_fleet.sidecar.finish(run_id, timeout=bh.WAIT_S)
-    assert run["status"] == "cancelled", (run["status"], run["error"])
-    runs = page.locator("[data-xpufleet=runs-panel]")
-    if not runs.is_visible():
-        bottom = page.locator(".bottom-panel")
-        if not bottom.is_visible():
-            page.locator("button.side-bar-button[aria-label^='Toggle Bottom Panel']").click(timeout=WAIT_MS)
-        bottom.get_by_role("tab", name="runs").click(timeout=WAIT_MS)
-    runs.locator(f"[data-run-id='{run_id}'] .xf-run-pick").click(timeout=WAIT_MS)
-    runs.locator("[data-xpufleet=detail-status]").filter(has_text="cancelled").wait_for(timeout=WAIT_MS)
-    page.screenshot(path=shot(screenshots, version, "canvas-cancel"))
-    assert [e for e in log.errors if "RunStopped" in e or "execution_error" in e] == []
