@@ -170,8 +170,10 @@ def test_the_page_names_a_prompts_run_through_comfyuis_server(comfyui, sidecar):
     async def name_at_start(event, session):  # what the page does at execution_start (web/lib/canvas_nodes.mjs)
         if event["type"] == "execution_start" and not named:
             named["id"] = event["data"]["prompt_id"]
-            async with session.post("/api/xpufleet/canvas/name", json={"prompt_id": named["id"], "name": "my graph"}) as r:
-                assert r.status == 200
+            # the page's fetchApi carries the guard's header (web/lib/pairing.mjs installPairing)
+            async with session.post("/api/xpufleet/canvas/name", json={"prompt_id": named["id"], "name": "my graph"},
+                                    headers={"X-XPUFleet-Request": "1"}) as r:
+                assert r.status == 200, await r.text()
 
     run = comfyui.run_prompt(mlp(epochs=1, seed=61), on_event=name_at_start)
     assert run.succeeded and named["id"] == run.prompt_id
