@@ -1,12 +1,16 @@
 """The plugin on whichever ComfyUI front end COMFYUI_DIR/COMFYUI_PYTHON give (issue 31; docs/comfyui.md,
 "Front-end versions"): 1.27 draws its own Queue on... button after the Run group, 1.3x-1.5x draws it from
 the extension's actionBarButtons; a template opened from the Templates browser lands drawn (not in LiteGraph's
-low-quality boxes); every option of the plugin's settings has a value; the Runs panel after a run.
+low-quality boxes); every option of the plugin's settings has a value; the Runs panel after a run, and after
+a canvas Run cancelled with ComfyUI's own interrupt (a cancel, not a failure, on every version).
 
 Screenshots carry the front end's version: fe-<version>-topbar.png, fe-<version>-template.png,
-fe-<version>-runs-panel.png, fe-<version>-settings-device.png (conftest.py prints where)."""
+fe-<version>-runs-panel.png, fe-<version>-settings-device.png, fe-<version>-canvas-cancel.png (conftest.py
+prints where)."""
 
 from __future__ import annotations
+
+import time
 
 import browser_harness as bh  # registered by tests/frontend/conftest.py
 import pytest
@@ -134,3 +138,44 @@ def test_the_runs_panel_after_a_queued_run(session, comfy_fleet, screenshots):
     runs.locator("[data-xpufleet=detail-status]").filter(has_text="succeeded").wait_for(timeout=WAIT_MS * 2)
     runs.locator("[data-xpufleet=chart][data-drawn=true]").wait_for(timeout=WAIT_MS)
     page.screenshot(path=shot(screenshots, version, "runs-panel"))
+
+
+def running_canvas_run(fleet, timeout_s: float) -> str:
+    """The id of the canvas run the sidecar lists as running (the plugin posts its first events within
+    0.5 s of the node's start); a bounded poll, as a run list has no push channel."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        runs = fleet.call("GET", "/api/runs?source=canvas&status=running")["runs"]
+        if runs:
+            return runs[0]["id"]
+        time.sleep(0.2)
+    raise AssertionError(f"no running canvas run after {timeout_s} s")
+
+
+def test_a_canvas_run_cancelled_in_comfyui_is_cancelled_in_the_runs_panel(session, comfy_host, comfy_fleet,
+                                                                          screenshots):
+    """ComfyUI's Run on a training graph, then ComfyUI's own interrupt (what its Cancel button sends): the
+    canvas run ends ``cancelled`` with its interrupt checkpoint, never ``failed`` (ComfyUI 0.33's interrupt
+    derives from BaseException), and the Runs panel shows it so."""
+    page, log, version = session
+    mark = len(log.errors)
+    bh.load_api_graph(page, bh.sidecar_harness.iris_graph(epochs=10**6), f"canvas-cancel-{version}")
+    bh.run_button(page).click(timeout=WAIT_MS)
+    try:
+        run_id = running_canvas_run(comfy_fleet, bh.WAIT_S)
+        comfy_fleet.sidecar.wait_for(run_id, "metric", bh.WAIT_S)  # it trains
+        page.evaluate("() => window.app.api.interrupt()")  # what ComfyUI's Cancel button calls
+        run = comfy_fleet.sidecar.finish(run_id, timeout=bh.WAIT_S)
+    finally:  # a run of a million epochs must not outlive this test, whatever failed above
+        comfy_host.request("POST", "/interrupt", {})
+    assert run["status"] == "cancelled", (run["status"], run["error"])
+    events = comfy_fleet.sidecar.client.events(run_id, limit=1000)["events"]
+    assert [e for e in events if e["type"] == "artifact" and e["payload"]["path"].endswith("interrupt.pt")], events[-5:]
+    page.evaluate("() => app.extensionManager.command.execute('XPUFleet.ShowRuns')")
+    runs = page.locator("[data-xpufleet=runs-panel]")
+    row = runs.locator(f".xf-run-row[data-run-id='{run_id}']")
+    row.wait_for(timeout=WAIT_MS)
+    row.click()
+    runs.locator("[data-xpufleet=detail-status]").filter(has_text="cancelled").wait_for(timeout=WAIT_MS)
+    page.screenshot(path=shot(screenshots, version, "canvas-cancel"))
+    assert [e for e in log.errors[mark:] if "RunStopped" in e or "execution_error" in e] == []

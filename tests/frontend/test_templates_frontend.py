@@ -29,7 +29,20 @@ GRAPHS = sample_graphs(bh.REPO / SAMPLES_DIR)
 
 
 @pytest.fixture(scope="module")
-def page(playwright_browser, comfy_host):
+def fleet_runs(comfy_fleet):
+    """The sidecar, started before the page so that the page pairs with it (a page opened before any
+    sidecar runs is not paired, and the pairing dialog would cover it once one starts); the canvas runs
+    this module's Runs record are deleted at the end, so the other modules (which share ComfyUI's
+    XPUFLEET_HOME) find the run list as they left it."""
+    before = {r["id"] for r in comfy_fleet.call("GET", "/api/runs?source=canvas&limit=200")["runs"]}
+    yield comfy_fleet
+    for run in comfy_fleet.call("GET", "/api/runs?source=canvas&limit=200")["runs"]:
+        if run["id"] not in before:
+            comfy_fleet.call("DELETE", f"/api/runs/{run['id']}")
+
+
+@pytest.fixture(scope="module")
+def page(playwright_browser, comfy_host, fleet_runs):
     with bh.comfy_page(playwright_browser, comfy_host, SETTINGS) as (page, log):
         page.wait_for_timeout(1000)  # the page's own start-up requests settle before the flow is recorded
         yield page, log
@@ -164,16 +177,6 @@ def test_a_new_node_of_ours_starts_with_fixed_seeds_and_randomize_can_still_be_p
 RUN_ORDER = sorted(GRAPHS, key=lambda n: (any(v["class_type"] == "XPUModelLoader" for v in GRAPHS[n].values()), n))
 
 
-@pytest.fixture(scope="module")
-def recorded(comfy_fleet):
-    """The canvas runs the template runs recorded on the sidecar; deleted at the end, so the other
-    modules (which share ComfyUI's XPUFLEET_HOME) find the run list as they left it."""
-    runs: list[str] = []
-    yield runs
-    for run_id in runs:
-        comfy_fleet.call("DELETE", f"/api/runs/{run_id}")
-
-
 def canvas_run(fleet, prompt_id: str) -> dict:
     """The sidecar's canvas run of ComfyUI's prompt once it ended (the plugin posts every 0.5 s)."""
     deadline, found = time.monotonic() + bh.WAIT_S, None
@@ -188,7 +191,7 @@ def canvas_run(fleet, prompt_id: str) -> dict:
 
 @pytest.mark.parametrize("name", RUN_ORDER)
 def test_every_template_runs_from_the_templates_browser_with_results_on_its_nodes_and_a_canvas_run(
-        page, comfy_host, comfy_fleet, recorded, screenshots, name):
+        page, comfy_host, comfy_fleet, screenshots, name):
     page, log = page
     mark_errors, mark_failed = len(log.errors), len(log.failed)
     graph = GRAPHS[name]
@@ -223,7 +226,6 @@ def test_every_template_runs_from_the_templates_browser_with_results_on_its_node
 
     # the same Run, recorded on the sidecar: listed by GET /api/runs with source canvas and its series
     run = canvas_run(comfy_fleet, done["prompt_id"])
-    recorded.append(run["id"])
     assert (run["status"], run["source"], run["error"]) == ("succeeded", "canvas", None)
     # named after the workflow, as its tab reads (the page says it at execution_start: web/lib/canvas_nodes.mjs)
     assert run["name"] == page.evaluate("() => app.extensionManager.workflow.activeWorkflow.filename")
