@@ -44,11 +44,12 @@ test-second-pair:
 	$(SECOND_PAIR) $(PYTHON) -m pytest -q -m "comfy and not browser"
 	$(SECOND_PAIR) $(PYTHON) -m pytest -q -m browser
 
+# --durations: each selection prints its slowest tests, where CI's time goes (docs/testing.md "The budget")
 test: install lint
-	$(PYTHON) -m pytest -q -m "not e2e and not comfy and not browser"
-	$(PYTHON) -m pytest -q -m "e2e and not comfy and not browser"
-	$(PYTHON) -m pytest -q -m "comfy and not browser"
-	$(PYTHON) -m pytest -q -m browser
+	$(PYTHON) -m pytest -q -m "not e2e and not comfy and not browser" --durations=10
+	$(PYTHON) -m pytest -q -m "e2e and not comfy and not browser" --durations=25
+	$(PYTHON) -m pytest -q -m "comfy and not browser" --durations=10
+	$(PYTHON) -m pytest -q -m browser --durations=15
 	$(if $(and $(COMFYUI2_DIR),$(COMFYUI2_PYTHON)),$(MAKE) --no-print-directory test-second-pair,@echo "no second ComfyUI pair (COMFYUI2_DIR, COMFYUI2_PYTHON): its tests were not run")
 
 demo: install
