@@ -177,5 +177,7 @@ def test_a_canvas_run_cancelled_in_comfyui_is_cancelled_in_the_runs_panel(sessio
     row.wait_for(timeout=WAIT_MS)
     row.click()
     runs.locator("[data-xpufleet=detail-status]").filter(has_text="cancelled").wait_for(timeout=WAIT_MS)
+    # and its row, once the list's next answer lands (a panel left open from a run shows it running until then)
+    runs.locator(f".xf-run-row[data-run-id='{run_id}'][data-status='cancelled']").wait_for(timeout=WAIT_MS)
     page.screenshot(path=shot(screenshots, version, "canvas-cancel"))
     assert [e for e in log.errors[mark:] if "RunStopped" in e or "execution_error" in e] == []
