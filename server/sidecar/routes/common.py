@@ -20,6 +20,7 @@ from ....constants import (
 )
 from ...memory.views import run_fields
 from ...run.requests import parse_body
+from .. import auth
 from ..dispatcher import Dispatcher
 from ..keys import CONFIG_KEY, DISPATCHER_KEY, STORE_KEY
 from ..objective import run_objective
@@ -93,6 +94,15 @@ def no_body(handler: Handler) -> Handler:
 
     setattr(empty, BODY_ATTR, BodySpec(None, False))
     return empty
+
+
+def require_session_token(request: web.Request, what: str, command: str) -> None:
+    """403 unless the request carries the server's session token (the one in runtime.json): what issues a
+    one-time key (a login link, a pairing code) is for someone on the server's machine, who runs
+    ``command`` there."""
+    if not auth.token_matches(auth.bearer_token(request), request.app[CONFIG_KEY].token):
+        raise ApiError(403, f"{what} needs the server's session token (the one in runtime.json): "
+                            f"run `{command}` on the server's machine")
 
 
 def dispatcher_of(request: web.Request) -> Dispatcher:

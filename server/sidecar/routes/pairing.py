@@ -23,7 +23,7 @@ from ...contracts.pairing import PairingRedeem
 from .. import auth, openapi
 from ..keys import CONFIG_KEY, STORE_KEY
 from ..pairing import Pairings
-from .common import Body, body, no_body
+from .common import Body, body, no_body, require_session_token
 from .ui import Secrets
 
 PAIRING_CODE_TTL_S = 1800.0  # a printed pairing code works once, within half an hour
@@ -41,9 +41,7 @@ routes = web.RouteTableDef()
 @routes.post(CODES_PATH)
 @no_body
 async def new_code(request: web.Request) -> web.Response:
-    if not auth.token_matches(auth.bearer_token(request), request.app[CONFIG_KEY].token):
-        raise ApiError(403, "a pairing code needs the server's session token (the one in runtime.json): "
-                            "run `xpufleet pair` on the server's machine")
+    require_session_token(request, "a pairing code", "xpufleet pair")
     code, expires = request.app[CODES_KEY].issue("xfc")
     return web.json_response({"code": code, "expires_at": expires, "ttl_s": PAIRING_CODE_TTL_S}, status=201)
 

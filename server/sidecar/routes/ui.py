@@ -37,8 +37,7 @@ from ....common.errors import ApiError
 from ....common.secrets import new_secret
 from ...contracts.misc import Login
 from .. import auth, openapi
-from ..keys import CONFIG_KEY
-from .common import Body, body, no_body
+from .common import Body, body, no_body, require_session_token
 
 WEB_ROOT = Path(__file__).resolve().parents[3] / "web"
 # ComfyUI's locales folder of the plugin: the page reads its texts from <lang>/main.json (docs/i18n.md)
@@ -165,9 +164,7 @@ async def favicon(request: web.Request) -> web.StreamResponse:
 @routes.post(LOGIN_PATH)
 @no_body
 async def login_link(request: web.Request) -> web.Response:
-    if not auth.token_matches(auth.bearer_token(request), request.app[CONFIG_KEY].token):
-        raise ApiError(403, "a login link needs the server's session token (the one in runtime.json): "
-                            "run `xpufleet ui` on the server's machine")
+    require_session_token(request, "a login link", "xpufleet ui")
     key, expires = request.app[UI_KEY].keys.issue("xfl")
     url = f"{request.scheme}://{request.host}/#login={key}"
     return web.json_response({"url": url, "login": key, "expires_at": expires}, status=201)
