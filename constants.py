@@ -43,6 +43,10 @@ TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled", "interrupted"
 # Where a run came from (docs/canvas-runs.md): "api" = POST /api/runs (CLI, Queue on..., sweeps, studies),
 # "canvas" = ComfyUI's own Run, executed in ComfyUI's process and recorded on the sidecar.
 RUN_SOURCES = ("api", "canvas")
+# What executes a queued run (server/comfyflow/kind.py): the fleet's executor, or a ComfyUI on the card.
+RUN_KIND_GRAPH = "graph"
+RUN_KIND_COMFYUI = "comfyui"
+RUN_KINDS = (RUN_KIND_GRAPH, RUN_KIND_COMFYUI)
 
 # --- device kinds --------------------------------------------------------------------------------
 DEVICE_KINDS = ("cpu", "cuda", "xpu", "mps")

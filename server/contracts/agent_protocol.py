@@ -251,6 +251,34 @@ class PartFinished(Shape):
     peer_lost: bool | None = Field(None, description="true when its ranks only lost their peers")
 
 
+class ComfyInput(Shape):
+    """One input of a node class as the worker's ComfyUI declares it (its ``/object_info``, reduced)."""
+
+    type: str = Field(description="the input's type (INT, FLOAT, STRING, BOOLEAN, COMBO, IMAGE, MODEL, ...)")
+    required: bool = Field(description="true for a required input")
+    options: list[Any] | None = Field(None, description="a COMBO's values (model files included)")
+
+
+class ComfyClass(Shape):
+    """One node class the worker's ComfyUI has."""
+
+    inputs: dict[str, ComfyInput] = Field(description="an object {input name: {type, required, options}}")
+    outputs: list[str] = Field(description="the output types, in order")
+
+
+class ComfyuiInfo(Shape):
+    """What the agent's ComfyUI can run (sent after hello once the agent has read it from a headless ComfyUI,
+    and again whenever it reads it anew). ``ok`` false: the agent has a ComfyUI that could not be read
+    (``error`` says why); such a worker takes no ComfyUI run."""
+
+    ok: bool = Field(description="whether the ComfyUI was read")
+    error: str | None = Field(None, description="why the ComfyUI could not be read")
+    version: str | None = Field(None, description="ComfyUI's version")
+    path: str | None = Field(None, description="the ComfyUI folder on the worker")
+    classes: dict[str, ComfyClass] | None = Field(None, description="an object {node class: {inputs, outputs}}")
+    models: dict[str, list[str]] | None = Field(None, description="an object {model folder: [file names]}")
+
+
 # --- sidecar -> agent ---------------------------------------------------------------------------------
 
 class Welcome(Shape):
@@ -366,7 +394,7 @@ Model = type[Shape] | tuple[type[Shape], type[Shape]]  # a pair: chosen by the m
 AGENT_MESSAGES: dict[str, Model] = {
     "hello": Hello, "heartbeat": Heartbeat, "event": Event, "outputs_data": (OutputsRead, OutputsFailed),
     "refused_server": RefusedServer, "instance_state": InstanceState, "instances": Instances,
-    "part_finished": PartFinished,
+    "part_finished": PartFinished, "comfyui": ComfyuiInfo,
 }
 SIDECAR_MESSAGES: dict[str, Model] = {
     "welcome": Welcome, "reject": Reject, "start_run": StartRun, "cancel_run": RunRef, "forget_run": RunRef,
