@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..scheduling import ProviderInfo, RunTarget
 from .needs import graph_needs, is_link, looks_like_model_file, nodes_of
 from .reading import STATE_FAILED, STATE_PROBING, STATE_READY, ClassSpec, InputSpec, Reading, norm_file
 
@@ -173,3 +174,10 @@ def verdict(where: Where, state: str, reading: Reading | None, graph: Mapping[st
         return NO, no_comfyui(where)
     found = problems(graph, reading, where)
     return (NO, "; ".join(found)) if found else (OK, "")
+
+
+def provider_verdict(p: ProviderInfo, t: RunTarget) -> tuple[str, str]:
+    """:func:`verdict` for the routing's view of a provider and a ComfyUI run's target (the check
+    ``resolve_target`` is given: scheduling cannot import this module)."""
+    reading = p.comfyui_reading if isinstance(p.comfyui_reading, Reading) else None
+    return verdict(Where(p.name, p.is_local), p.comfyui, reading, t.workflow or {})

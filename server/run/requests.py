@@ -15,8 +15,9 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from ...common.errors import RequestError
-from ...constants import LOCAL_PROVIDER
+from ...constants import LOCAL_PROVIDER, RUN_KIND_COMFYUI
 from ...nodes import mounts
+from ..comfyflow.kind import is_workflow
 from ..contracts import graph_shape
 from ..contracts.base import ContractError, not_available, validate  # noqa: F401 (not_available re-exported)
 from ..contracts.run_target import parse_devices, parse_memory, parse_spread, parse_target  # noqa: F401 (re-exported)
@@ -63,6 +64,8 @@ def run_request_of(submit: RunSubmit, body: Mapping[str, Any]) -> RunRequest:
     if opts.name is not None:
         clean["name"] = opts.name
     graph_clean = {str(k): dict(v) for k, v in graph.items()}
+    if is_workflow(graph_clean):  # a ComfyUI run: routed only where its ComfyUI can run it (routing.py)
+        target = dataclasses.replace(target, kind=RUN_KIND_COMFYUI, workflow=graph_clean)
     return RunRequest(graph=graph_clean, options=clean, target=target, name=opts.name, seed=opts.seed)
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from ..devices.names import device_kind
 
@@ -36,7 +37,9 @@ class ProviderInfo:
     Workers that connected once since the server started stay known while offline (their runs wait).
     ``mounts``: the storage mount labels it declares (docs/workers.md). ``disabled``: an SSH worker the user
     disabled (listed, never chosen for a new run). ``note``: why it takes no new run when that is not
-    draining (``has taken its one run`` for a one-shot instance, ``is disabled``).
+    draining (``has taken its one run`` for a one-shot instance, ``is disabled``). ``comfyui``: the state
+    of its ComfyUI (``none``, ``probing``, ``ready``, ``failed``: server/comfyflow/reading.py) and
+    ``comfyui_reading`` what it offers (opaque here: the check routing.py is given reads it).
     """
 
     name: str
@@ -48,6 +51,8 @@ class ProviderInfo:
     disabled: bool = False
     note: str = ""
     cannot_run: str = ""  # this server without the packages that run graphs: why (the 400's text)
+    comfyui: str = "none"
+    comfyui_reading: Any = field(default=None, compare=False)
 
     @property
     def label(self) -> str:

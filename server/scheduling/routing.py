@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from ...constants import ACCELERATOR_KINDS, LOCAL_PROVIDER
+from ...constants import ACCELERATOR_KINDS, LOCAL_PROVIDER, RUN_KIND_COMFYUI, RUN_KIND_GRAPH
 from ..devices.names import device_kind
 from .offers import ProviderInfo
 from .plan import Candidate
@@ -28,6 +28,8 @@ class RunTarget:
     must be offered); ``device``: one device without a set (``auto``, a kind, or a card; a local run
     falls back when the machine lacks it); ``pool``: a one-shot worker pool. ``mounts``: the storage
     mount labels the graph's file inputs name (docs/workers.md; only a worker declaring them all can run it).
+    ``kind``: ``graph`` or ``comfyui`` (server/comfyflow/kind.py); a ComfyUI run's ``workflow`` (its graph, plain
+    data) is what the check given to :func:`resolve_target` tests each provider's ComfyUI against.
     """
 
     worker: str = LOCAL
@@ -40,6 +42,27 @@ class RunTarget:
     mounts: tuple[str, ...] = ()
     # A ddp run over several workers (worker "spread"): (worker, devices) per part, ranks in order.
     spread: tuple[tuple[str, tuple[str, ...]], ...] | None = None
+    kind: str = RUN_KIND_GRAPH
+    workflow: Mapping[str, Any] | None = field(default=None, compare=False)
+
+    @property
+    def is_comfyui(self) -> bool:
+        return self.kind == RUN_KIND_COMFYUI
+
+
+# Whether a provider's ComfyUI can run a ComfyUI run's workflow (server/comfyflow/check.py
+# provider_verdict, injected: scheduling must not import it): ("ok", ""), ("wait", why) while it reads its
+# ComfyUI, or ("no", the refusal).
+ComfyCheck = Callable[["ProviderInfo", RunTarget], tuple[str, str]]
+OK, WAIT, NO = "ok", "wait", "no"
+SPREAD_COMFYUI = ("options.target.spread is for training graphs: a ComfyUI workflow runs on one worker's cards; "
+                  "target that worker")
+
+
+def pool_without_comfyui(pool: str) -> str:
+    """The refusal of a ComfyUI run for a pool whose agents run no ComfyUI."""
+    return (f"pool '{pool}' runs no ComfyUI workflows: give its spec a comfyui folder (\"comfyui\": \"PATH\", "
+            f"passed to its agents as --comfyui PATH), or choose another target")
 
 
 MEMORY_SOURCES = ("user", "estimate", "measured")
@@ -161,7 +184,8 @@ def _spread_resolution(t: RunTarget, workers: Sequence[ProviderInfo],
     return Resolution("+".join(w for w, _ in t.spread), (Candidate(first, devices, tuple(extra)),), requested, True)
 
 
-def _named_worker(t: RunTarget, workers: Sequence[ProviderInfo], pools: Mapping[str, Sequence[str]]) -> Resolution:
+def _named_worker(t: RunTarget, workers: Sequence[ProviderInfo], pools: Mapping[str, Sequence[str]],
+                  comfy_check: ComfyCheck | None = None) -> Resolution:
     """A target naming one worker (``options.target.worker``): its candidates, or the 400."""
     requested = t.devices if t.devices is not None else (t.device or "auto",)
     worker = next((p for p in workers if p.name == t.worker), None)
@@ -184,13 +208,27 @@ def _named_worker(t: RunTarget, workers: Sequence[ProviderInfo], pools: Mapping[
         missing = [d for d in requested if not _single_choices(worker, d)]
         raise TargetError(f"worker '{worker.name}' does not offer {', '.join(missing or requested)} "
                           f"(it offers {_offers(worker)})")
+    status, text = _comfy(worker, t, comfy_check)
+    if status == NO:
+        raise TargetError(text)
+    if status == WAIT:  # resolved again when its reading arrives: then it runs, or fails with the check's text
+        return Resolution(worker.name, (), requested, t.devices is not None, note=text, dynamic=True)
     return Resolution(worker.name, tuple(cands), requested, t.devices is not None)
+
+
+def _comfy(p: ProviderInfo, t: RunTarget, check: ComfyCheck | None) -> tuple[str, str]:
+    """Whether ``p`` can run ``t``'s workflow (a training graph, or no check given: it can)."""
+    if not t.is_comfyui or check is None:
+        return OK, ""
+    return check(p, t)
 
 
 def resolve_target(
     t: RunTarget,
     providers: Sequence[ProviderInfo],
     pools: Mapping[str, Sequence[str]] | None = None,
+    comfy_check: ComfyCheck | None = None,
+    comfy_pools: Collection[str] = (),
 ) -> Resolution:
     """Candidates for a run (docs/sidecar.md, docs/workers.md); raise TargetError (400) with the message to show.
 
@@ -199,12 +237,19 @@ def resolve_target(
     instance takes runs for its pool only; a disabled worker is never chosen for a new run. A run whose
     graph names mount labels goes to a worker declaring them all: a named worker without them is a 400,
     ``any`` and pool runs wait for one (``dynamic``: the dispatcher resolves them again).
+
+    A ComfyUI run (``t.kind``) goes only where ``comfy_check`` says the provider's ComfyUI can run its whole
+    workflow: a named worker (or this server) that cannot is a 400 with the check's text; one still reading
+    its ComfyUI makes the run wait (dynamic, like mounts); ``any`` considers only the providers that can.
+    ``comfy_pools``: the pools whose agents run a ComfyUI (their instances are checked as they join).
     """
     pools = pools or {}
     instances = {n for members in pools.values() for n in members}
     local = next((p for p in providers if p.is_local), None)
     workers = sorted((p for p in providers if not p.is_local), key=lambda p: p.name)
     if t.spread is not None:
+        if t.is_comfyui:
+            raise TargetError(SPREAD_COMFYUI)
         return _spread_resolution(t, workers, pools)
     requested = t.devices if t.devices is not None else (t.device or "auto",)
     wanted = ", ".join(requested)
@@ -214,10 +259,19 @@ def resolve_target(
         if members is None:
             raise TargetError(f"unknown pool '{t.pool}': no one-shot worker pool with this name is known "
                               f"(xpufleet pools create {t.pool})")
+        if t.is_comfyui and t.pool not in comfy_pools:
+            raise TargetError(pool_without_comfyui(t.pool))
         member_set = set(members)
-        cands = [c for p in workers if p.name in member_set for c in _provider_candidates(p, t)]
+        offering = [p for p in workers if p.name in member_set and _provider_candidates(p, t)]
+        verdicts = [(p, _comfy(p, t, comfy_check)) for p in offering]
+        cands = [c for p, v in verdicts if v[0] == OK for c in _provider_candidates(p, t)]
+        refused = [text for _, (status, text) in verdicts if status == NO]
+        if not cands and refused and not any(status == WAIT for _, (status, _t) in verdicts):
+            raise TargetError(refused[0])  # an instance that joined cannot run it: the run fails with why
         note = None
-        if not cands:
+        if not cands and verdicts:
+            note = next(text for _, (status, text) in verdicts if status == WAIT)
+        elif not cands:
             note = (f"no instance of pool '{t.pool}' is connected; the run waits for one to join" if not members
                     else f"no connected instance of pool '{t.pool}' offers {wanted}{mounts}; the run waits for "
                          f"one that does")
@@ -225,7 +279,14 @@ def resolve_target(
     if t.worker == LOCAL:
         if local is None:
             raise TargetError("this server runs no local runs (no local provider)")
-        if local.cannot_run:
+        if t.is_comfyui:
+            status, text = _comfy(local, t, comfy_check)
+            if status == NO:
+                raise TargetError(text)
+            if status == WAIT:
+                return Resolution(LOCAL, (), (t.device or "auto",) if t.devices is None else t.devices,
+                                  t.devices is not None, note=text, dynamic=True)
+        elif local.cannot_run:  # a ComfyUI run needs no training packages here: its ComfyUI runs it
             raise TargetError(local.cannot_run)
         if t.mounts:
             raise TargetError(
@@ -235,10 +296,16 @@ def resolve_target(
         return _local_resolution(local, t)
     if t.worker == "any":
         eligible = [p for p in workers if p.name not in instances and not p.disabled]
-        cands = [c for p in eligible for c in _provider_candidates(p, t)]
-        local_ok = _any_may_use_local(t) and not t.mounts and not (local is not None and local.cannot_run)
+        verdicts = {p.name: _comfy(p, t, comfy_check) for p in eligible}
+        capable = [p for p in eligible if verdicts[p.name][0] == OK]
+        cands = [c for p in capable for c in _provider_candidates(p, t)]
+        local_verdict = _comfy(local, t, comfy_check) if local is not None else (NO, "")
+        local_ok = _any_may_use_local(t) and not t.mounts and local_verdict[0] == OK and not (
+            local is not None and local.cannot_run and not t.is_comfyui)
         if local is not None and local_ok:
             cands += _provider_candidates(local, t)
+        if t.is_comfyui and not cands:
+            return _any_comfyui_without_candidate(t, eligible, verdicts, local, local_verdict, requested)
         if not cands and t.mounts and any(_provider_candidates(p, t, check_mounts=False) for p in eligible):
             note = (f"no worker seen since the server started declares mount {_labels(t.mounts)}; the run waits "
                     f"for one (xpufleet agent start --mount {t.mounts[0]}=FOLDER)")
@@ -254,5 +321,28 @@ def resolve_target(
             raise TargetError(
                 f"no worker seen since the server started offers {wanted}{server} (workers: {seen}){why}"
             )
-        return Resolution("any", tuple(cands), requested, t.devices is not None, dynamic=bool(t.mounts))
-    return _named_worker(t, workers, pools)
+        return Resolution("any", tuple(cands), requested, t.devices is not None,
+                          dynamic=bool(t.mounts) or t.is_comfyui)
+    return _named_worker(t, workers, pools, comfy_check)
+
+
+def _any_comfyui_without_candidate(t: RunTarget, eligible: Sequence[ProviderInfo],
+                                   verdicts: Mapping[str, tuple[str, str]], local: ProviderInfo | None,
+                                   local_verdict: tuple[str, str], requested: tuple[str, ...]) -> Resolution:
+    """An ``any`` ComfyUI run no provider can take now: it waits while one that offers its devices still reads
+    its ComfyUI, else the 400 says why each provider that offers them cannot run it."""
+    offering = [p for p in eligible if _provider_candidates(p, t)]
+    if any(verdicts[p.name][0] == WAIT for p in offering) or (
+            local is not None and local_verdict[0] == WAIT and _any_may_use_local(t)):
+        waiting = next(text for status, text in [*(verdicts[p.name] for p in offering), local_verdict]
+                       if status == WAIT)
+        return Resolution("any", (), requested, t.devices is not None, note=waiting, dynamic=True)
+    wanted = ", ".join(requested)
+    reasons = [verdicts[p.name][1] for p in offering]
+    if local is not None and _any_may_use_local(t) and _provider_candidates(local, t) and local_verdict[1]:
+        reasons.append(local_verdict[1])
+    seen = ", ".join(p.name for p in eligible) or "none"
+    if not reasons:
+        raise TargetError(f"no worker seen since the server started offers {wanted} (workers: {seen})")
+    raise TargetError(f"no worker seen since the server started can run this workflow on {wanted}: "
+                      + "; ".join(reasons))

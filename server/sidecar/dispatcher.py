@@ -43,6 +43,7 @@ from ...constants import (
     SWEEP_ADMIT_BATCH,
     TERMINAL_STATUSES,
 )
+from ..comfyflow.check import provider_verdict
 from ..memory.admission import MemoryAdmission
 from ..memory.graph_facts import GraphFacts, graph_facts
 from ..memory.records import RunMemory
@@ -67,7 +68,7 @@ from .admissions import Admission, write_runs
 from .dynamic import DynamicRuns
 from .holders import OnPlaced, OnReason, SlotHolders
 from .hub import EventHub
-from .pool_table import PoolsView, PoolTable
+from .pool_table import PoolsView, PoolTable, comfyui_pools
 from .recovery import Recovery
 from .refusals import refusal, validates_here
 from .run_events import RunEvents
@@ -266,13 +267,16 @@ class Dispatcher:
 
     # --- submission -----------------------------------------------------------------------------
 
-    def resolve(self, target: RunTarget) -> Resolution:
-        """Candidates for ``target`` against the providers known now (TargetError -> 400)."""
-        return resolve_target(target, self.provider_infos(), self.pool_table.live())
+    def resolve(self, target: RunTarget, infos: Sequence[ProviderInfo] | None = None) -> Resolution:
+        """Candidates for ``target`` against the providers known now (``infos``: a batch's snapshot;
+        TargetError -> 400); a ComfyUI run's workflow is checked against each provider's ComfyUI
+        (server/comfyflow/check.py)."""
+        return resolve_target(target, self.provider_infos() if infos is None else infos, self.pool_table.live(),
+                              comfy_check=provider_verdict, comfy_pools=comfyui_pools(self.pool_table))
 
-    def validates(self, resolution: Resolution) -> bool:
+    def validates(self, resolution: Resolution, target: RunTarget | None = None) -> bool:
         """Whether this server validates the graph of a run with ``resolution`` (refusals.validates_here)."""
-        return validates_here(self.validate_local_graphs, resolution)
+        return validates_here(self.validate_local_graphs, resolution, target is not None and target.is_comfyui)
 
     async def check_graph(self, request: RunRequest) -> GraphFacts | None:
         """The graph's validation (when :meth:`validates`) and key in a worker thread (issue 19: both on
@@ -282,7 +286,7 @@ class Dispatcher:
             resolution = self.resolve(request.target)
         except TargetError:
             return None
-        facts = await asyncio.to_thread(graph_facts, request.graph, self.validates(resolution), False)
+        facts = await asyncio.to_thread(graph_facts, request.graph, self.validates(resolution, request.target), False)
         if facts.problem is not None:
             raise facts.problem
         return facts
@@ -298,15 +302,14 @@ class Dispatcher:
         if self.shutting_down:
             raise RequestError("the server is stopping; submit again when it is back", status=503)
         try:
-            resolution = resolve_target(request.target, self.provider_infos() if infos is None else infos,
-                                        self.pool_table.live())
+            resolution = self.resolve(request.target, infos)
         except TargetError as exc:
             raise RequestError(str(exc)) from None
         refused = refusal(request, resolution, self.pool_table.closed(),
                           lambda name: bool(getattr(self.providers.get(name), "one_shot", False)))
         if refused is not None:
             raise RequestError(refused)
-        validates = self.validates(resolution)
+        validates = self.validates(resolution, request.target)
         if facts is None or (validates and not facts.validated):
             facts = graph_facts(request.graph, validates)
         if validates and facts.problem is not None:

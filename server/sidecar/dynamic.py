@@ -1,7 +1,8 @@
 """Dynamic runs (docs/workers.md): queued runs whose candidates depend on providers that come and go.
 
 A pool run's candidates are the pool's live instances; an ``any`` run whose graph reads a storage mount
-goes to the workers that declare it. Both may have no candidate at submission: they wait with a reason
+goes to the workers that declare it; a ComfyUI run goes to the providers whose ComfyUI can run it (one still
+reading its ComfyUI makes it wait). Both may have no candidate at submission: they wait with a reason
 (the routing's ``note``) and are resolved again whenever providers change; the queue is then rebuilt in
 submission order. After a restart they are found again from what was submitted.
 """
@@ -33,13 +34,13 @@ class DynamicRuns:
 
     def load(self) -> None:
         """After a restart: which queued runs are resolved again as providers come (pool and ``any``
-        runs whose graph names mounts), parsed from what was submitted."""
+        runs whose graph names mounts, ComfyUI runs), parsed from what was submitted."""
         for row in self._store.queued_targets():
             try:
                 target = parse_run_request({"graph": row["graph"], "options": row["options"]}).target
             except RequestError:
                 continue
-            if target.pool is not None or target.mounts:
+            if target.pool is not None or target.mounts or target.is_comfyui:
                 self._targets[row["id"]] = target
         self.due = bool(self._targets)
 

@@ -4,8 +4,8 @@ at construction (``Dispatcher(..., pools=...)``) and never writes it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Protocol
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, Protocol
 
 PoolReason = Callable[[str, str], "str | None"]
 
@@ -21,6 +21,13 @@ class PoolsView(Protocol):
 
     def waiting_reason(self, pool: str, run_id: str) -> str | None:
         """Why a queued run of ``pool`` waits (None: the plan's own text says it better)."""
+
+
+def comfyui_pools(view: Any) -> Collection[str]:
+    """The pools whose instances run ComfyUI workflows (their spec names a ComfyUI folder); a view without
+    the notion has none."""
+    comfyui = getattr(view, "comfyui", None)
+    return comfyui() if comfyui is not None else ()
 
 
 class PoolTable:

@@ -63,4 +63,6 @@ def provider_info(p: Any) -> ProviderInfo:
         disabled=bool(getattr(p, "disabled", False)),
         note=str(getattr(p, "note", "") or ""),
         cannot_run=str(getattr(p, "cannot_run", "") or ""),
+        comfyui=str(getattr(p, "comfyui_state", "none") or "none"),
+        comfyui_reading=getattr(p, "comfyui_reading", None),
     )

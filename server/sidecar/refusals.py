@@ -16,10 +16,11 @@ RECORD_OUTPUTS_ONE_SHOT = ("options.record_outputs is off for a one-shot worker:
                            "first) or leave it out")
 
 
-def validates_here(validate_local_graphs: bool, resolution: Resolution) -> bool:
+def validates_here(validate_local_graphs: bool, resolution: Resolution, kind_is_comfyui: bool = False) -> bool:
     """Whether this server validates the graph of a run with ``resolution``: when it can only run here
-    (a worker validates what it runs; pool and mount runs never run here)."""
-    return validate_local_graphs and not resolution.dynamic and all(
+    (a worker validates what it runs; pool and mount runs never run here). A ComfyUI run is checked by the
+    routing against the ComfyUI that runs it (server/comfyflow/check.py), not by this server's node classes."""
+    return validate_local_graphs and not resolution.dynamic and not kind_is_comfyui and all(
         c.provider == LOCAL_PROVIDER for c in resolution.candidates)
 
 

@@ -74,6 +74,18 @@ class WorkerProvider:
         return st is not None and st.one_shot
 
     @property
+    def comfyui_state(self) -> str:
+        """Its ComfyUI: ``none``, ``probing``, ``ready`` or ``failed`` (server/comfyflow/reading.py)."""
+        st = self._state
+        return st.comfyui_state if st is not None else "none"
+
+    @property
+    def comfyui_reading(self) -> Any:
+        """The comfyflow Reading of its ComfyUI (None until its agent sent one)."""
+        st = self._state
+        return st.comfyui if st is not None else None
+
+    @property
     def capabilities(self) -> tuple[str, ...]:
         """What the connected agent announced in its hello (``memory_cap``: it caps budgeted runs)."""
         st = self._state

@@ -16,6 +16,8 @@ from typing import Any
 
 from ...common.secrets import new_secret
 from ...constants import AGENT_HELLO_TIMEOUT_S, AGENT_PROTOCOL, TERMINAL_STATUSES, VERSION
+from ..comfyflow.reading import CAPABILITY as COMFYUI_CAPABILITY
+from ..comfyflow.reading import STATE_NONE, STATE_PROBING, reading_of
 from ..memory.admission import can_cap, cap_refusal
 from . import protocol
 from .context import PartContext
@@ -269,6 +271,8 @@ class AgentSessions:
                     await self._on_event(st, conn, msg)
                 elif msg["type"] == "outputs_data":
                     conn.answer(msg)
+                elif msg["type"] == "comfyui":
+                    self._on_comfyui(st, msg)
                 elif msg["type"] in self.message_handlers:  # inference unit instances (server/units)
                     try:
                         await self.message_handlers[msg["type"]](st.name, msg)
@@ -318,6 +322,10 @@ class AgentSessions:
         if st.one_shot and st.taken is None and held:
             st.taken = held[0]  # after a server restart: the run it took before
         st.capabilities = tuple(hello.get("capabilities") or ())
+        # a ComfyUI announced in hello is read anew by its agent: ComfyUI runs wait for the new reading
+        st.comfyui_state = STATE_PROBING if COMFYUI_CAPABILITY in st.capabilities else STATE_NONE
+        if st.comfyui_state == STATE_NONE:
+            st.comfyui = None
         st.last_seen = now
         with self.ctx.store.transaction() as db:
             db.execute(
@@ -415,6 +423,14 @@ class AgentSessions:
             "start_run", run_id=run["id"], graph=run["graph"], options=run.get("options") or {},
             devices=list(devices), budget_gib=run.get("budget_gib"), **extra,
         )
+
+    def _on_comfyui(self, st: WorkerState, msg: dict[str, Any]) -> None:
+        """The agent read its ComfyUI: keep the reading; ComfyUI runs waiting for it are resolved again."""
+        st.comfyui = reading_of(msg)
+        st.comfyui_state = st.comfyui.state
+        log.info("worker %s: ComfyUI %s (%s, %d node classes)", st.name, st.comfyui_state,
+                 st.comfyui.version or st.comfyui.error, len(st.comfyui.classes))
+        self.ctx.runs.providers_changed()
 
     async def _on_heartbeat(self, st: WorkerState, conn: Connection, msg: dict[str, Any]) -> None:
         st.last_heartbeat = time.monotonic()

@@ -80,6 +80,10 @@ class WorkerState:
     pool: str | None = None  # the one-shot pool this instance joined
     taken: str | None = None  # the run a one-shot worker took
     capabilities: tuple[str, ...] = ()  # from the agent's hello (e.g. "memory_cap")
+    # Its ComfyUI (server/comfyflow/reading.py): "none", "probing" (hello announced one, its ``comfyui``
+    # message has not come yet), "ready" or "failed"; the reading is kept while the worker is offline.
+    comfyui_state: str = "none"
+    comfyui: Any = None  # the comfyflow Reading of its last ``comfyui`` message
 
     @property
     def online(self) -> bool:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...constants import LOCAL_PROVIDER, VERSION
+from ..comfyflow.reading import summary as comfyui_summary
 from ..memory.admission import can_cap
 from ..memory.views import card_view
 from ..scheduling import build_state
@@ -174,6 +175,7 @@ class WorkersPanel:
             "warnings": self.limit_warnings(name, state),
             "peer": st.conn.peer if st.conn is not None else None,
             "mounts": [{"label": k, "folder": v} for k, v in sorted(st.mounts.items())],
+            "comfyui": comfyui_summary(st.comfyui_state, st.comfyui),  # {state, version, classes: N, error}
             "one_shot": st.one_shot,
             "one_shot_taken": st.taken if st.one_shot else None,
             "pool": st.pool,
@@ -239,6 +241,8 @@ class WorkersPanel:
             "recent_runs": recent_runs(self.ctx.store, LOCAL_PROVIDER),
             "queued": int(queued),
             "warnings": self.limit_warnings(LOCAL_PROVIDER, state),
+            "comfyui": comfyui_summary(str(getattr(local, "comfyui_state", "none") or "none"),
+                                       getattr(local, "comfyui_reading", None)),
         }
 
     def _local_probe(self, local: Any) -> dict[str, dict[str, Any]]:
