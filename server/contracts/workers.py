@@ -70,6 +70,9 @@ class PoolCreate(Contract):
     # error would name `literal[True]` for an unknown setting)
     slurm: Annotated[Any, ruled(Literal[True] | SlurmPool | None)] = Field(
         None, description="a Slurm pool (docs/slurm-and-k8s.md); true: the defaults")
+    comfyui: Annotated[str | None, refuse("comfyui must be the ComfyUI folder on the pool's machines (a path), "
+                                          "or absent")] = Field(
+        None, description="the pool's instances run ComfyUI workflows: their agents start with --comfyui PATH")
 
 
 class PoolExport(Contract):

@@ -17,6 +17,7 @@ is a one-shot agent that takes exactly one run and exits when it ends.
 from __future__ import annotations
 
 import contextlib
+import shlex
 import time
 from collections.abc import Callable
 from typing import Any
@@ -37,6 +38,10 @@ CREATE TABLE IF NOT EXISTS worker_pools (
     credential_hash TEXT,
     created_at REAL NOT NULL,
     revoked_at REAL
+);
+CREATE TABLE IF NOT EXISTS pool_comfyui (
+    pool TEXT PRIMARY KEY,
+    path TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS pool_instances (
     name TEXT PRIMARY KEY,
@@ -62,6 +67,7 @@ class PoolDirectory:
                 st.pool, st.one_shot = row["pool"], True
         self._live: dict[str, list[str]] = {}
         self._closed: dict[str, str] = {}
+        self._comfyui: dict[str, str] = {}
         self.slurm: Any = None  # SlurmPools (server/slurm/manager.py), once attached
         self.refresh()
 
@@ -83,10 +89,15 @@ class PoolDirectory:
                 closed[row["name"]] = (f"pool {row['name']!r}: its credential was revoked, so no instance can join; "
                                        f"get a new one (xpufleet pools reissue {row['name']})")
         self._live, self._closed = live, closed
+        self._comfyui = {r["pool"]: r["path"] for r in self.store.query("SELECT pool, path FROM pool_comfyui")}
 
     def live(self) -> dict[str, list[str]]:
         """Pool name -> the names of its live instances."""
         return self._live
+
+    def comfyui(self) -> dict[str, str]:
+        """The pools whose instances run ComfyUI workflows -> the ComfyUI folder their agents start with."""
+        return self._comfyui
 
     def closed(self) -> dict[str, str]:
         """Pool name -> why it takes no new run."""
@@ -137,15 +148,22 @@ class PoolManagement:
         self.ctx.runs.providers_changed()
 
     # --- credential -----------------------------------------------------------------------------------
-    def _command(self, token: str, server_url: str | None) -> str:
+    def _command(self, token: str, server_url: str | None, comfyui: str | None = None) -> str:
         url = server_url or self.ctx.links.server_url() or "http://SERVER:PORT"
         fingerprint = self.ctx.links.tls_fingerprint()
         pin = f" --fingerprint {fingerprint}" if fingerprint and url.startswith("https://") else ""
-        return f"xpufleet agent start --one-shot --server {url}{pin} --join {token}"
+        comfy = f" --comfyui {shlex.quote(comfyui)}" if comfyui else ""
+        return f"xpufleet agent start --one-shot --server {url}{pin}{comfy} --join {token}"
 
-    def create_pool(self, name: Any, server_url: str | None = None, slurm: Any = None) -> dict[str, Any]:
+    def create_pool(self, name: Any, server_url: str | None = None, slurm: Any = None,
+                    comfyui: str | None = None) -> dict[str, Any]:
         """A new pool and its shared credential (shown once); with ``slurm`` (settings, see
-        server/slurm/spec.py) the sidecar submits Slurm jobs whose agents join it."""
+        server/slurm/spec.py) the sidecar submits Slurm jobs whose agents join it. ``comfyui``: the ComfyUI
+        folder on the instances' machines: the pool takes ComfyUI runs, its join command says
+        ``--comfyui PATH``, and each instance's ComfyUI is checked as it joins."""
+        if comfyui is not None and (not isinstance(comfyui, str) or not comfyui.strip()
+                                    or any(ord(c) < 32 for c in comfyui)):
+            raise WorkerError("comfyui must be the ComfyUI folder on the pool's machines (a path), or absent")
         spec = None
         if slurm is not None:
             if self.slurm is None:
@@ -166,10 +184,12 @@ class PoolManagement:
                        (name, hash_secret(token), time.time()))
             if spec is not None:
                 self.slurm.insert(db, name, spec)
+            if comfyui is not None:
+                db.execute("INSERT OR REPLACE INTO pool_comfyui(pool, path) VALUES (?,?)", (name, comfyui))
         if spec is not None:
             self.slurm.set_credential(name, spec, token)
         self.sync()
-        return {"name": name, "credential": token, "command": self._command(token, server_url)}
+        return {"name": name, "credential": token, "command": self._command(token, server_url, comfyui)}
 
     def reissue_pool(self, name: str, server_url: str | None = None) -> dict[str, Any]:
         """A new credential for the pool (the old one stops working; live instances go on)."""
@@ -182,7 +202,8 @@ class PoolManagement:
         if entry is not None:  # its jobs read the credential from the pool's file
             self.slurm.set_credential(name, entry[0], token)
         self.sync()
-        return {"name": name, "credential": token, "command": self._command(token, server_url)}
+        return {"name": name, "credential": token,
+                "command": self._command(token, server_url, self.directory.comfyui().get(name))}
 
     def revoke_pool(self, name: str) -> dict[str, Any]:
         """The pool's credential stops working: no new instance joins (runs on instances go on)."""
@@ -235,6 +256,7 @@ class PoolManagement:
             await self.slurm.remove(name)
         with self.ctx.store.transaction() as db:
             db.execute("DELETE FROM worker_pools WHERE name=?", (name,))
+            db.execute("DELETE FROM pool_comfyui WHERE pool=?", (name,))
         for st in self.ctx.table.instances(name):
             if not self.ctx.table.active_runs(st.name):
                 await self.dismiss(st, f"pool {name} was removed from the server")
@@ -325,6 +347,7 @@ class PoolManagement:
             "idle": sum(1 for i in instances if i["connected"] and not i["one_shot_taken"]),
             "busy": sum(1 for i in instances if i["one_shot_taken"]),
             "queued": int(queued),
+            "comfyui": self.directory.comfyui().get(name),  # its agents' ComfyUI folder: it takes ComfyUI runs
             "waiting": waiting_runs(self.ctx.store, name),  # the first WAITING_SHOWN, with their reasons
         }
 

@@ -182,9 +182,10 @@ class WorkerRegistry:
         """One pool's row."""
         return self.pools.describe_pool(name)
 
-    def create_pool(self, name: Any, server_url: str | None = None, slurm: Any = None) -> dict[str, Any]:
-        """A new pool and its shared credential."""
-        return self.pools.create_pool(name, server_url, slurm)
+    def create_pool(self, name: Any, server_url: str | None = None, slurm: Any = None,
+                    comfyui: str | None = None) -> dict[str, Any]:
+        """A new pool and its shared credential (``comfyui``: its instances run ComfyUI workflows)."""
+        return self.pools.create_pool(name, server_url, slurm, comfyui)
 
     def reissue_pool(self, name: str, server_url: str | None = None) -> dict[str, Any]:
         """A new credential for a pool."""

@@ -42,7 +42,7 @@ async def create_pool(request: web.Request, sent: Body[PoolCreate]) -> web.Respo
         except SpecError as exc:
             raise WorkerError(str(exc)) from None
     async with request.app[STORE_KEY].acknowledged():  # a 201 once it is in state.db (store.py)
-        out = registry.create_pool(body.get("name"), server_url(request), slurm)
+        out = registry.create_pool(body.get("name"), server_url(request), slurm, comfyui=body.get("comfyui"))
     return web.json_response(out, status=201)
 
 
