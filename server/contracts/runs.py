@@ -19,6 +19,8 @@ from ...constants import (
     MAX_GRAPH_STRING_CHARS,
     MAX_NODE_ID_CHARS,
     MAX_RUN_NAME_CHARS,
+    RUN_KIND_GRAPH,
+    RUN_KINDS,
     RUN_SOURCES,
     RUN_STATUSES,
 )
@@ -29,6 +31,7 @@ from .run_target import TARGET_FIELDS, parse_target
 
 RunStatus = Literal[RUN_STATUSES]  # type: ignore[valid-type]  # one list: constants.RUN_STATUSES
 RunSource = Literal[RUN_SOURCES]  # type: ignore[valid-type]
+RunKind = Literal[RUN_KINDS]  # type: ignore[valid-type]
 MemorySource = Literal[MEMORY_SOURCES]  # type: ignore[valid-type]
 RECORD_MODES = ("upload",)  # record_outputs: true / false / "upload" (docs/workers.md)
 
@@ -224,6 +227,9 @@ class Run(Contract):
     graph: dict[str, Any] | None = None
     source: RunSource = Field("api", description="api: POST /api/runs (CLI, Queue on..., sweeps, "  # type: ignore[valid-type]
                               "studies); canvas: ComfyUI's own Run, recorded by the plugin")
+    kind: RunKind = Field(RUN_KIND_GRAPH, description="graph: a graph of the fleet's nodes, run by its "  # type: ignore[valid-type]
+                          "executor; comfyui: a workflow holding other nodes, run by a ComfyUI on the card "
+                          "(docs/comfyui.md)")
     budget: dict[str, Any] | None = Field(None, description="memory budget per card: gib, source "
                                           "(user|measured|estimate), from_run (the run whose peak it is), peak_gib, "
                                           "peak_source, declared_gib and reason (a raise), label (the Runs panel's "

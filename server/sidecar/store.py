@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from ...common.errors import StoreError
-from ...constants import RUN_STATUSES, STORE_FLUSH_ON_CLOSE_S, TERMINAL_STATUSES
+from ...constants import RUN_KIND_GRAPH, RUN_STATUSES, STORE_FLUSH_ON_CLOSE_S, TERMINAL_STATUSES
+from ..comfyflow.kind import run_kind
 from ..run.events import NewEvent, finite
 from .store_durable import CURRENT_ACK, Acknowledgement, open_state, probe_or_refuse
 from .store_writer import Batch, Recorder, WriteFailure, writes
@@ -68,7 +69,8 @@ CREATE TABLE IF NOT EXISTS runs (
     assigned_at REAL,
     started_at REAL,
     finished_at REAL,
-    source TEXT NOT NULL DEFAULT 'api'
+    source TEXT NOT NULL DEFAULT 'api',
+    kind TEXT NOT NULL DEFAULT 'graph'
 );
 CREATE INDEX IF NOT EXISTS runs_status ON runs(status, seq);
 CREATE INDEX IF NOT EXISTS runs_worker ON runs(worker_id, seq);
@@ -127,8 +129,12 @@ class Store:
                 db.execute(stmt)
             db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema:core', ?)", (str(SCHEMA_VERSION),))
             # a state.db from before run sources: every run in it came through POST /api/runs
-            if "source" not in {r["name"] for r in db.execute("PRAGMA table_info(runs)")}:
+            columns = {r["name"] for r in db.execute("PRAGMA table_info(runs)")}
+            if "source" not in columns:
                 db.execute("ALTER TABLE runs ADD COLUMN source TEXT NOT NULL DEFAULT 'api'")
+            # a state.db from before ComfyUI runs: every run in it was a training graph
+            if "kind" not in columns:
+                db.execute(f"ALTER TABLE runs ADD COLUMN kind TEXT NOT NULL DEFAULT '{RUN_KIND_GRAPH}'")
         # the schema and a probe write are in the file before anything is served: a full disk stops start-up
         probe_or_refuse(self._writer, self.path)
 
@@ -262,9 +268,9 @@ class Store:
         with self.transaction() as db:
             db.execute(
                 "INSERT INTO runs(id, name, status, target, requested, candidates, queue_key, budget_gib,"
-                " budget_source, graph, options, seed, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                " budget_source, graph, options, seed, created_at, kind) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (run_id, name, "queued", target, _dumps(list(requested)), _dumps(list(candidates)), queue_key,
-                 budget_gib, budget_source, _dumps(graph), _dumps(options), seed, now),
+                 budget_gib, budget_source, _dumps(graph), _dumps(options), seed, now, run_kind(graph)),
             )
             events = [NewEvent("status", {"status": "queued", "target": target, "queue_key": queue_key}, now)]
             events += [NewEvent("run_warning", dict(w), now) for w in warnings]
@@ -606,6 +612,7 @@ def _row_to_run(row: sqlite3.Row, with_graph: bool) -> dict[str, Any]:
         "run_dir": row["run_dir"],
         "pid": row["pid"],
         "source": row["source"],
+        "kind": row["kind"],  # graph (the fleet's executor) or comfyui (a ComfyUI runs it): comfyflow/kind.py
     }
     for col in _JSON_COLUMNS:
         out[col] = json.loads(row[col])

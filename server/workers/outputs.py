@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from ...common import atomic
-from ...constants import RECORDED_OUTPUTS_DIRNAME, RUNS_DIR_NAME
+from ...constants import RECORDED_OUTPUTS_DIRNAME, RUN_KIND_COMFYUI, RUNS_DIR_NAME
+from ..comfyflow.kind import run_kind
 from ..run.outputs import INDEX_NAME, record_mode, safe_name
 from . import protocol
 from .state import AgentLink, WorkerError, WorkerState
@@ -107,6 +108,11 @@ class OutputsAccess:
 
     # --- upload (record_outputs: "upload") ------------------------------------------------------------
     def wants_upload(self, run: dict[str, Any]) -> bool:
+        """Whether the run's recorded outputs are copied here at its end: ``upload`` asked, or a ComfyUI run
+        (its images are its result: they must outlive the worker's connection)."""
+        if run.get("kind") == RUN_KIND_COMFYUI or (run.get("kind") is None and "graph" in run
+                                                   and run_kind(run["graph"]) == RUN_KIND_COMFYUI):
+            return True
         return record_mode(run.get("options") or {}) == "upload"
 
     def start_upload(self, st: WorkerState, conn: AgentLink, run: dict[str, Any], msg: dict[str, Any]) -> None:

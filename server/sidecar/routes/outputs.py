@@ -3,7 +3,8 @@
 * ``GET /api/runs/{id}/outputs`` -> ``{"run_id", "where", "worker", "complete", "nodes": [...]}``
 * ``GET /api/runs/{id}/outputs/{node}`` -> the node's outputs (metrics and text inline; tensors and
   model weights by file, with shape and dtype)
-* ``GET /api/runs/{id}/outputs/{node}/{file}`` -> one file's bytes (safetensors, text)
+* ``GET /api/runs/{id}/outputs/{node}/{file}`` -> one file's bytes (safetensors, text; a ComfyUI run's images,
+  videos and audio inline with their media type)
 
 A local run's outputs, and a worker run's uploaded with ``record_outputs: "upload"``, are read here;
 otherwise they are read from the worker that ran it, through its agent connection: 409 naming the
@@ -18,13 +19,17 @@ from typing import Any
 from aiohttp import web
 
 from ....common.errors import ApiError
-from ....constants import TERMINAL_STATUSES
+from ....constants import RUN_KIND_COMFYUI, TERMINAL_STATUSES
 from ...run.outputs import INDEX_NAME, NODE_MANIFEST, record_mode, safe_name
 from ...workers.outputs import MAX_READ_BYTES
 from .. import openapi
 from .common import run_or_404
 
 _TYPES = {".json": "application/json", ".txt": "text/plain; charset=utf-8", ".safetensors": "application/octet-stream"}
+# What a ComfyUI run's output nodes write that a browser shows as it is (the Runs panel's gallery)
+_INLINE = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".webp": "image/webp",
+           ".gif": "image/gif", ".mp4": "video/mp4", ".webm": "video/webm", ".wav": "audio/wav",
+           ".mp3": "audio/mpeg", ".flac": "audio/flac", ".ogg": "audio/ogg"}
 
 
 def _registry(request: web.Request) -> Any:
@@ -33,9 +38,27 @@ def _registry(request: web.Request) -> Any:
     return request.app[REGISTRY_KEY]
 
 
+def _is_comfyui(run: dict[str, Any]) -> bool:
+    """A ComfyUI run records its output nodes' files always, uploaded here at its end (workers/outputs.py)."""
+    return run.get("kind") == RUN_KIND_COMFYUI
+
+
+def _mode(run: dict[str, Any]) -> str | None:
+    return "upload" if _is_comfyui(run) else record_mode(run.get("options") or {})
+
+
+def _media(run: dict[str, Any], fname: str) -> tuple[str, bool]:
+    """A file's media type and whether it is shown inline: a ComfyUI run's image, video or audio (never a
+    type a browser would run, such as SVG or HTML); anything else is a download."""
+    ext = "." + fname.rsplit(".", 1)[-1].lower() if "." in fname else ""
+    if _is_comfyui(run) and ext in _INLINE:
+        return _INLINE[ext], True
+    return _TYPES.get(ext, "application/octet-stream").split(";")[0], False
+
+
 def _checked_run(request: web.Request) -> dict[str, Any]:
     run = run_or_404(request)
-    if record_mode(run.get("options") or {}) is None:
+    if _mode(run) is None:
         raise ApiError(404, f"run {run['id']} did not record its outputs: submit it with options.record_outputs "
                             f"true (kept where it runs) or \"upload\"")
     if run["status"] in ("queued", "assigned"):
@@ -74,7 +97,7 @@ async def list_outputs(request: web.Request) -> web.Response:
     run = _checked_run(request)
     index, where = await _index(request, run)
     return web.json_response({"run_id": run["id"], "status": run["status"], "where": where,
-                              "worker": run.get("worker_id"), "mode": record_mode(run.get("options") or {}),
+                              "worker": run.get("worker_id"), "mode": _mode(run), "kind": run.get("kind"),
                               "upload": _facts(run) or None,
                               "complete": bool(index.get("complete")) or run["status"] in TERMINAL_STATUSES,
                               "nodes": index.get("nodes") or []})
@@ -109,10 +132,11 @@ async def output_file(request: web.Request) -> web.Response:
         raise ApiError(404, f"node {node} of run {run['id']} recorded no file {fname!r} "
                             f"(files: {', '.join(entry.get('files') or [])})")
     data, where = await _read(request, run, f"{safe_name(node)}/{fname}")
-    ext = "." + fname.rsplit(".", 1)[-1] if "." in fname else ""
-    return web.Response(body=data, content_type=_TYPES.get(ext, "application/octet-stream").split(";")[0],
-                        headers={"X-Xpufleet-Outputs-From": where,
-                                 "Content-Disposition": f'attachment; filename="{run["id"]}-{safe_name(node)}-{fname}"'})
+    media, inline = _media(run, fname)
+    disposition = "inline" if inline else "attachment"
+    return web.Response(body=data, content_type=media,
+                        headers={"X-Xpufleet-Outputs-From": where, "X-Content-Type-Options": "nosniff",
+                                 "Content-Disposition": f'{disposition}; filename="{run["id"]}-{safe_name(node)}-{fname}"'})
 
 
 def setup(app: web.Application) -> None:

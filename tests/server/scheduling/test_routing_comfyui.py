@@ -9,7 +9,14 @@ import pytest
 from xpufleet.server.comfyflow.check import provider_verdict
 from xpufleet.server.comfyflow.reading import reading_of
 from xpufleet.server.run.requests import parse_run_request
-from xpufleet.server.scheduling import Candidate, DeviceOffer, ProviderInfo, RunTarget, TargetError, resolve_target
+from xpufleet.server.scheduling import (
+    Candidate,
+    DeviceOffer,
+    ProviderInfo,
+    RunTarget,
+    TargetError,
+    resolve_target,
+)
 from xpufleet.server.scheduling.routing import SPREAD_COMFYUI, pool_without_comfyui
 
 from ..comfyflow.readings import core_workflow, message
