@@ -8,11 +8,13 @@ it replaces) or run per child (the options) are ``sweeps/spec.py``'s rule functi
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, model_validator
 
 from ...constants import STUDY_MAX_PARALLEL, SWEEP_DEFAULT_MAX_RUNS, SWEEP_MAX_RUNS
+from ..comfyflow.kind import is_workflow
 from .base import Contract, refuse, ruled
 from .runs import RunOptions
 
@@ -124,8 +126,26 @@ def _texts(what: str, needs: str) -> tuple[str, str]:
             f"unknown field(s) {{unknown}}; a {what} has {{known}}")
 
 
+# A sweep of a ComfyUI workflow (a fan-out of seeds, a grid of widgets) reports no metric to rank by: its
+# objective may be left out (its variants are shown in order) and this one is recorded.
+COMFYUI_OBJECTIVE = {"metric": "duration_s", "direction": "minimize"}
+
+
+def with_workflow_objective(body: Any) -> Any:
+    """``body`` with :data:`COMFYUI_OBJECTIVE` when it is a ComfyUI workflow's sweep without an objective."""
+    if isinstance(body, Mapping) and body.get("objective") is None and isinstance(body.get("graph"), Mapping) \
+            and is_workflow(body["graph"]):
+        return {**body, "objective": dict(COMFYUI_OBJECTIVE)}
+    return body
+
+
 class SweepSubmit(Contract):
-    """The body of ``POST /api/sweeps``."""
+    """The body of ``POST /api/sweeps`` (a ComfyUI workflow's may leave out its objective)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _workflow_objective(cls, data: Any) -> Any:
+        return with_workflow_objective(data)
 
     shape_texts = _texts("sweep", "graph, parameters and objective")
     missing_texts = {"graph": GRAPH_MISSING, "objective": OBJECTIVE_MISSING}

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 from ...constants import SWEEP_DEFAULT_MAX_RUNS, SWEEP_MAX_RUNS
 from ..contracts.base import Contract, ContractError, validate
-from ..contracts.sweeps import METRIC_TEXT, Pruner, Sampler, StudySubmit, SweepSubmit
+from ..contracts.sweeps import METRIC_TEXT, Pruner, Sampler, StudySubmit, SweepSubmit, with_workflow_objective
 from ..contracts.sweeps import Objective as ObjectiveBody
 from .params import (
     KnownInputs,
@@ -227,7 +227,9 @@ def _overlap(params: tuple[Param, ...], fixed: Mapping[str, Any]) -> None:
 
 
 def parse_sweep(body: Any, known_inputs: KnownInputs = _no_inputs) -> SweepSpec:
-    """Validate a ``POST /api/sweeps`` body; SpecError (400) names the field to fix."""
+    """Validate a ``POST /api/sweeps`` body; SpecError (400) names the field to fix. A parameter may name any
+    literal input of any node, a ComfyUI node's widget included (params.py)."""
+    body = with_workflow_objective(body)  # a ComfyUI workflow's sweep may leave out its objective
     name, graph, options = _common(body, SweepSubmit, "sweep")
     mode = body.get("mode", "grid")  # (grid or random: the model's)
     seeds = parse_seeds(body.get("seeds"), options)
