@@ -142,12 +142,15 @@ def _raise_reason(declared: float, default: DefaultBudget, later: bool) -> str:
 
 
 def resolve_budget(memory_gib: float | None, memory_source: str | None, default: DefaultBudget | None, *,
-                   n_cards: int, shared_only: bool) -> Budget | None:
+                   n_cards: int, shared_only: bool,
+                   estimate_gib: Callable[[], float | None] | None = None) -> Budget | None:
     """The budget a submitted run gets (None: no budget).
 
     ``memory_gib`` / ``memory_source``: the run's ``target`` (validated by ``parse_target``); ``default``:
     the graph's default budget on ``n_cards`` cards; ``shared_only``: every card the run may go to is
-    shared by memory, so it cannot run without a budget (raises BudgetError asking for one)."""
+    shared by memory, so it cannot run without a budget (raises BudgetError asking for one).
+    ``estimate_gib``: a ComfyUI workflow's static estimate (seed 001's M_peak from its model files'
+    sizes; injected, None: no figure), used on shared cards when the workflow has no measured default."""
     if memory_source not in (None, *SOURCES):
         raise BudgetError(f"options.target.memory_source must be one of {', '.join(SOURCES)}")
     if memory_gib is None:
@@ -155,6 +158,9 @@ def resolve_budget(memory_gib: float | None, memory_source: str | None, default:
             raise BudgetError("options.target.memory_source needs options.target.memory_gib")
         if default is not None:
             return _measured(default)
+        estimated = estimate_gib() if shared_only and estimate_gib is not None else None
+        if estimated is not None and estimated > 0:
+            return Budget(float(estimated), ESTIMATE)
         if shared_only:
             raise BudgetError(
                 f"this graph has no measured peak on {cards_text(n_cards)} and the run declares no budget: set "

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,9 +61,10 @@ def key_of(graph: Any) -> str | None:
 
 
 def prepare(adm: MemoryAdmission, key: str | None, target: Any, resolution: Resolution,
-            state: SlotState) -> Prepared:
+            state: SlotState, estimate_gib: Callable[[], float | None] | None = None) -> Prepared:
     """Decide a submitted run's budget and admission (see the module docstring); raise AdmissionError.
-    ``key``: the graph's runtime key (:func:`key_of`, computed off the event loop by the caller)."""
+    ``key``: the graph's runtime key (:func:`key_of`, computed off the event loop by the caller);
+    ``estimate_gib``: a ComfyUI workflow's static estimate (resolve_budget), asked only when needed."""
     cands = tuple(resolution.candidates)
     n_cards = len(cands[0].pairs) if cands else 1  # a spread run: every part's cards (its world size)
     split = adm.split(cands, state)
@@ -84,7 +86,7 @@ def prepare(adm: MemoryAdmission, key: str | None, target: Any, resolution: Reso
         default = adm.default_for(key, n_cards, mem_keys)
         try:
             budget = resolve_budget(target.memory_gib, target.memory_source, default, n_cards=n_cards,
-                                    shared_only=bool(split.memory) and not split.slot)
+                                    shared_only=bool(split.memory) and not split.slot, estimate_gib=estimate_gib)
         except BudgetError as exc:
             raise AdmissionError(str(exc)) from None
     if target.memory_gib is not None:  # a typed budget caps the run wherever it goes: only agents that can

@@ -76,6 +76,7 @@ from .slots import SlotBook
 from .spread import SpreadRuns
 from .store import Store
 from .tasks import Background
+from .workflow_estimate import workflow_peak_gib
 
 log = logging.getLogger("xpufleet.dispatcher")
 
@@ -316,10 +317,18 @@ class Dispatcher:
             raise facts.problem
         self.spread.check(request, resolution)
         try:  # the budget and the memory decision (docs/memory.md): a rejection writes nothing
-            prep = prepare(self.memory, facts.key, request.target, resolution, self.slot_state())
+            prep = prepare(self.memory, facts.key, request.target, resolution, self.slot_state(),
+                           estimate_gib=self._workflow_estimate(request))
         except AdmissionError as exc:
             raise RequestError(str(exc)) from None
         return Admission(request, resolution, prep)
+
+    @staticmethod
+    def _workflow_estimate(request: RunRequest) -> Callable[[], float | None] | None:
+        """A ComfyUI run's static estimate on a shared card without a measured peak (workflow_estimate.py)."""
+        if not request.target.is_comfyui:
+            return None
+        return lambda: workflow_peak_gib(request.graph)
 
     def submit(self, request: RunRequest, facts: GraphFacts | None = None) -> dict[str, Any]:
         """Queue a run; raise RequestError (400) for a target or graph this server rejects."""

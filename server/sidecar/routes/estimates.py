@@ -31,6 +31,7 @@ from ...memory.submit import key_of
 from ...run.requests import RunRequest, run_request_of
 from ...scheduling import TargetError
 from .. import openapi
+from ..workflow_estimate import estimate_workflow
 from .common import Body, body, dispatcher_of
 
 log = logging.getLogger("xpufleet.estimates")
@@ -55,8 +56,9 @@ async def estimate(request: web.Request, sent: Body[EstimateRequest]) -> web.Res
     key = await asyncio.to_thread(key_of, req.graph)  # linear, but up to ~1 s for 10,000 nodes (issue 19)
     default = adm.default_for(key, n_cards, mem_keys)
     loop = asyncio.get_running_loop()
+    estimator = estimate_workflow if req.target.is_comfyui else estimate_graph  # a ComfyUI run: M_peak of its files
     try:  # the meta-device build blocks for up to MEMORY_ESTIMATE_TIMEOUT_S: off the event loop
-        suggestion = await loop.run_in_executor(None, functools.partial(suggest, req.graph, default, estimate=estimate_graph,
+        suggestion = await loop.run_in_executor(None, functools.partial(suggest, req.graph, default, estimate=estimator,
                                                                       n_cards=n_cards))
     except ValueError as exc:
         raise ApiError(400, f"graph: {exc}") from None
