@@ -31,6 +31,8 @@ def add_parser(subparsers: Any) -> None:
         c.add_argument("name", help="pool name")
         if cmd == "create":
             add_slurm_options(c)
+            c.add_argument("--comfyui", metavar="PATH", help="the ComfyUI folder on the instances' machines: the "
+                           "pool takes ComfyUI workflows (its agents start with --comfyui PATH)")
     add_export_parser(sub)
     p.set_defaults(func=run_pools)
 
@@ -43,7 +45,8 @@ def run_pools(args: argparse.Namespace) -> int:
     if cmd == "list":
         out = client.request("GET", "/api/pools")
     elif cmd == "create":
-        out = client.request("POST", "/api/pools", {"name": args.name, **slurm_body(args)})
+        comfyui = {"comfyui": args.comfyui} if getattr(args, "comfyui", None) else {}
+        out = client.request("POST", "/api/pools", {"name": args.name, **slurm_body(args), **comfyui})
     elif cmd == "export":
         return run_export(args, client)
     elif cmd in ("revoke", "reissue"):

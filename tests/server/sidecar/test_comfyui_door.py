@@ -134,3 +134,27 @@ async def test_a_run_waiting_for_a_reading_that_cannot_run_it_fails_with_the_che
         assert code == 400 and body["error"] == (
             "worker gpu-box could not read its ComfyUI (ComfyUI did not answer on 127.0.0.1:8190 within 60 s): fix "
             "it and restart its agent, or choose another target")
+
+
+async def test_a_pool_takes_comfyui_runs_when_it_declares_a_comfyui_and_checks_each_instance(tmp_path) -> None:
+    async with sa.Sidecar(tmp_path) as sc:
+        code, plain = await sc.call("POST", "/api/pools", {"name": "plain"})
+        assert code == 201, plain
+        code, burst = await sc.call("POST", "/api/pools", {"name": "burst", "comfyui": "/opt/ComfyUI"})
+        assert code == 201 and "--comfyui /opt/ComfyUI" in burst["command"], burst
+        code, body = await post(sc, core_workflow(), target={"pool": "plain"})
+        assert code == 400 and body["error"].startswith("pool 'plain' runs no ComfyUI workflows")
+        code, waiting = await post(sc, core_workflow(), target={"pool": "burst"})
+        assert code == 201, waiting
+        await sc.reason(waiting["run_id"], "burst")
+
+        inst = sa.ScriptedAgent(sc, "burst-1", sa.cards(1, prefix="GPU-b1"), caps=False, one_shot=True,
+                                auth={"kind": "pool", "token": burst["credential"]},
+                                capabilities=[AGENT_CAP_MEMORY, "comfyui"])
+        assert (await inst.connect())["type"] == "welcome"
+        await sc.reason(waiting["run_id"], "worker burst-1 is still reading its ComfyUI")
+        await inst.send("comfyui", **message())
+        start = await inst.recv_type("start_run")
+        assert start["run_id"] == waiting["run_id"]
+        code, listed = await sc.call("GET", "/api/pools/burst")
+        assert code == 200 and listed["comfyui"] == "/opt/ComfyUI"
