@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ...constants import LOCAL_PROVIDER, RUN_STOP_GRACE_S, RUNS_DIR_NAME
+from ..comfyflow.reading import STATE_NONE, STATE_PROBING, Reading, reading_of
 from ..devices.inventory import Inventory
 from ..run.host import RunProcess
 from ..run.launcher import member_env
@@ -77,6 +78,20 @@ class LocalProvider:
         self.runs: dict[str, RunProcess] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._cancel_before_start: set[str] = set()
+        # This server's ComfyUI (sidecar --comfyui PATH): "none" until one is announced (then "probing") and
+        # read (:meth:`comfyui_read`); the routing checks a ComfyUI run against it (comfyflow/check.py).
+        self.comfyui_state = STATE_NONE
+        self.comfyui_reading: Reading | None = None
+
+    def comfyui_probing(self) -> None:
+        """A ComfyUI was given to this server: ComfyUI runs for it wait until it is read."""
+        self.comfyui_state = STATE_PROBING
+
+    def comfyui_read(self, info: Mapping[str, Any]) -> None:
+        """This server's ComfyUI was read (``info``: the agent protocol's ``comfyui`` message's fields); the
+        caller tells the dispatcher (``providers_changed``) so waiting runs are resolved again."""
+        self.comfyui_reading = reading_of(info)
+        self.comfyui_state = self.comfyui_reading.state
 
     def devices(self) -> list[DeviceOffer]:
         return list(self._devices)

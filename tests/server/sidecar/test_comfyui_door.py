@@ -158,3 +158,24 @@ async def test_a_pool_takes_comfyui_runs_when_it_declares_a_comfyui_and_checks_e
         assert start["run_id"] == waiting["run_id"]
         code, listed = await sc.call("GET", "/api/pools/burst")
         assert code == 200 and listed["comfyui"] == "/opt/ComfyUI"
+
+
+async def test_this_server_with_a_comfyui_runs_workflows_once_it_is_read(tmp_path) -> None:
+    from xpufleet.constants import LOCAL_PROVIDER
+
+    async with sa.Sidecar(tmp_path) as sc:
+        local = sc.dispatcher.providers[LOCAL_PROVIDER]
+        local.comfyui_probing()
+        sc.dispatcher.providers_changed()
+        code, body = await post(sc, core_workflow(), target="local")
+        assert code == 201, body
+        await sc.reason(body["run_id"], "this server is still reading its ComfyUI")
+        local.comfyui_read(message())
+        sc.dispatcher.providers_changed()
+        run = await sc.status(body["run_id"], {"assigned", "running", "failed", "succeeded"})
+        assert run["placement"] == "local" and run["kind"] == "comfyui"
+        foo = core_workflow()
+        foo["9"] = {"class_type": "FooNode", "inputs": {}}
+        code, body = await post(sc, foo, target="local")
+        assert code == 400 and body["error"].startswith("this server has no node class 'FooNode' (node 9): install "
+                                                        "the custom node that provides it in this server's ComfyUI")
