@@ -321,8 +321,7 @@ def resolve_target(
             raise TargetError(
                 f"no worker seen since the server started offers {wanted}{server} (workers: {seen}){why}"
             )
-        return Resolution("any", tuple(cands), requested, t.devices is not None,
-                          dynamic=bool(t.mounts) or t.is_comfyui)
+        return Resolution("any", tuple(cands), requested, t.devices is not None, dynamic=bool(t.mounts))
     return _named_worker(t, workers, pools, comfy_check)
 
 

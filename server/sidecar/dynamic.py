@@ -30,6 +30,9 @@ class DynamicRuns:
         self._pools = pools
         self._targets: dict[str, RunTarget] = {}  # queued dynamic runs, in submission order
         self._notes: dict[str, str] = {}  # why those without a candidate yet wait
+        # ComfyUI runs found again after a restart: their workers' readings come only as they reconnect, so
+        # until one gives them a candidate a refusal is why they wait, not why they fail
+        self._lenient: set[str] = set()
         self.due = False  # providers changed since the last resolve()
 
     def load(self) -> None:
@@ -42,6 +45,8 @@ class DynamicRuns:
                 continue
             if target.pool is not None or target.mounts or target.is_comfyui:
                 self._targets[row["id"]] = target
+            if target.is_comfyui:
+                self._lenient.add(row["id"])
         self.due = bool(self._targets)
 
     def add(self, run_id: str, target: RunTarget, note: str | None) -> None:
@@ -59,6 +64,7 @@ class DynamicRuns:
     def forget(self, run_id: str) -> None:
         self._targets.pop(run_id, None)
         self._notes.pop(run_id, None)
+        self._lenient.discard(run_id)
 
     def resolve(self, cands: Mapping[str, tuple[Candidate, ...]],
                 ) -> tuple[dict[str, tuple[Candidate, ...]], list[tuple[str, str]]]:
@@ -76,9 +82,14 @@ class DynamicRuns:
             try:
                 res = self._resolve(target)
             except TargetError as exc:
+                if run_id in self._lenient:
+                    self._notes[run_id] = f"{exc} (waiting for the workers to reconnect after the server's restart)"
+                    continue
                 self.forget(run_id)
                 failed.append((run_id, f"the run can no longer be placed: {exc}"))
                 continue
+            if res.candidates:
+                self._lenient.discard(run_id)
             if res.note:
                 self._notes[run_id] = res.note
             else:

@@ -179,3 +179,21 @@ async def test_this_server_with_a_comfyui_runs_workflows_once_it_is_read(tmp_pat
         code, body = await post(sc, foo, target="local")
         assert code == 400 and body["error"].startswith("this server has no node class 'FooNode' (node 9): install "
                                                         "the custom node that provides it in this server's ComfyUI")
+
+
+async def test_a_waiting_any_run_survives_a_restart_and_starts_once_a_worker_s_reading_allows(tmp_path) -> None:
+    sc = sa.Sidecar(tmp_path)
+    await sc.__aenter__()
+    try:
+        await comfy_agent(sc, "gpu-box")
+        code, body = await post(sc, core_workflow(), target="any", device="cuda")
+        assert code == 201, body
+        await sc.reason(body["run_id"], "still reading its ComfyUI")
+    finally:
+        await sc.close()
+    async with sa.Sidecar(tmp_path) as again:
+        await again.reason(body["run_id"], "waiting for the workers to reconnect after the server's restart")
+        box = await comfy_agent(again, "gpu-box")
+        await box.send("comfyui", **message())
+        start = await box.recv_type("start_run")
+        assert start["run_id"] == body["run_id"]
