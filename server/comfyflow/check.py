@@ -146,15 +146,15 @@ def problems(graph: Mapping[str, Any], reading: Reading, where: Where) -> list[s
                        f"provides it in {where.comfyui} (custom_nodes/) and {where.restart}, or choose another "
                        f"target")
     needs = graph_needs(graph)
-    for need in needs.models:
-        if not need.folders:
-            continue  # a loader outside the table: its input's COMBO options decide (below)
+    # a loader outside the table, or whose folders the reading does not list: its COMBO options decide (below)
+    listed = [n for n in needs.models if any(f in reading.models for f in n.folders)]
+    for need in listed:
         if not any(reading.has_file(f, need.file) for f in need.folders):
             out.append(f"{where.label} has no model file '{need.file}' in models/{need.folders[0]} "
                        f"({_node(need.node, need.class_type)}.{need.input}): put it there, or choose another "
                        f"target")
     # a loader's file is said once, with its folder (above), not again as a COMBO value
-    checked = {(n.node, n.input) for n in needs.models if n.folders}
+    checked = {(n.node, n.input) for n in listed}
     for nid, ct, inputs in nodes_of(graph):
         spec = reading.classes.get(ct)
         if spec is not None:

@@ -97,3 +97,11 @@ def test_verdicts_by_state() -> None:
     two["9"] = {"class_type": "B", "inputs": {}}
     status, text = verdict(W, "ready", READY, two)
     assert status == NO and text.count("; ") == 1
+
+
+def test_a_loader_folder_the_reading_does_not_list_falls_back_to_the_combo_options() -> None:
+    r = reading_of(message(models={}))  # the agent listed no folder: the input's options decide
+    assert problems(upscale_workflow(), r, W) == []
+    assert problems(upscale_workflow("x4.safetensors"), r, W) == [
+        "worker gpu-box has no model file 'x4.safetensors' (node 2, UpscaleModelLoader.model_name): put it there, "
+        "or choose another target"]

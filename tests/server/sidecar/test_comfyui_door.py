@@ -87,7 +87,7 @@ async def test_any_takes_only_the_worker_that_can_run_the_whole_workflow(tmp_pat
         plain = await sc.agent("plain", sa.cards(2, prefix="GPU-plain"))
         bare = await comfy_agent(sc, "bare")
         full = await comfy_agent(sc, "full")
-        await bare.send("comfyui", **message(models={}))  # no upscale model there
+        await bare.send("comfyui", **message(models={"upscale_models": []}))  # no upscale model there
         await full.send("comfyui", **message())
         await sc.until(lambda: _state(sc, "full", "ready"), "full ready")
         await sc.until(lambda: _state(sc, "bare", "ready"), "bare ready")
@@ -123,7 +123,7 @@ async def test_a_run_waiting_for_a_reading_that_cannot_run_it_fails_with_the_che
         box = await comfy_agent(sc, "gpu-box")
         code, body = await post(sc, upscale_workflow(), target="gpu-box")
         assert code == 201, body
-        await box.send("comfyui", **message(models={}))
+        await box.send("comfyui", **message(models={"upscale_models": []}))
         run = await sc.status(body["run_id"], {"failed"})
         assert run["error"] == ("the run can no longer be placed: worker gpu-box has no model file 'x2.safetensors' "
                                 "in models/upscale_models (node 2, UpscaleModelLoader.model_name): put it there, or "
