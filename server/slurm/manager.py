@@ -344,9 +344,11 @@ class SlurmPools:
             except slurmctl.SlurmError as exc:
                 self.errors[pool] = f"scancel: {exc}"
         paths = self.paths(pool, spec)
+        comfyui = self.registry.pools.directory.comfyui().get(pool)  # its agents run ComfyUI workflows
         for run in plan.submit:
             try:
-                job_id = await slurmctl.submit(sbatch_argv(spec, tag, paths, run.cards), job_script(spec, pool, paths))
+                job_id = await slurmctl.submit(sbatch_argv(spec, tag, paths, run.cards),
+                                               job_script(spec, pool, paths, comfyui))
             except slurmctl.SlurmError as exc:
                 prev = self.store.query("SELECT failures FROM slurm_retries WHERE run_id=?", (run.run_id,))
                 self._count_failure(pool, spec, run.run_id, (prev[0]["failures"] if prev else 0) + 1,

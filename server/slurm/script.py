@@ -81,11 +81,13 @@ credential_file={credential}
 server_file={server}
 python={python}
 simulate_gib={simulate}
+comfyui={comfyui}
 name={prefix}-slurm"${{SLURM_JOB_ID:-0}}"
 server=$(sed -n 1p "$server_file")
 fingerprint=$(sed -n 2p "$server_file")
 args=(-m xpufleet.server agent start --one-shot --foreground --server "$server" --name "$name")
 if [ -n "$fingerprint" ]; then args+=(--fingerprint "$fingerprint"); fi
+if [ -n "$comfyui" ]; then args+=(--comfyui "$comfyui"); fi
 if [ -n "$simulate_gib" ]; then
   visible=${{CUDA_VISIBLE_DEVICES:-}}
   sim=""
@@ -101,15 +103,17 @@ exec "$python" "${{args[@]}}"
 """
 
 
-def job_script(spec: SlurmSpec, pool: str, paths: JobPaths) -> str:
-    """The batch script: read the URL and the credential from their files, exec the one-shot agent."""
+def job_script(spec: SlurmSpec, pool: str, paths: JobPaths, comfyui: str | None = None) -> str:
+    """The batch script: read the URL and the credential from their files, exec the one-shot agent
+    (``comfyui``: the pool's ComfyUI folder, given to the agent as ``--comfyui``)."""
     if not WORKER_NAME_RE.match(pool):
         raise SpecError(f"invalid pool name {pool!r}")
-    for label, value in (("workdir", paths.workdir), ("python", spec.python)):
+    for label, value in (("workdir", paths.workdir), ("python", spec.python), ("comfyui", comfyui or "")):
         if any(ord(c) < 32 or ord(c) == 127 for c in value):
             raise SpecError(f"slurm.{label} contains a control character: write it on one line")
     q = shlex.quote
     return _SCRIPT.format(pool=q(pool), workdir=q(paths.workdir), credential=q(paths.credential),
                           server=q(paths.server), python=q(spec.python),
                           simulate=q("" if spec.simulate_gib is None else f"{spec.simulate_gib:g}"),
+                          comfyui=q(comfyui or ""),
                           prefix=q(pool[:NAME_PREFIX_LEN]))
