@@ -124,9 +124,9 @@ def _check_node(where: Where, graph: Mapping[str, Any], reading: Reading, nid: s
                 inputs: Mapping[str, Any], spec: ClassSpec, files: frozenset[str]) -> list[str]:
     """``files``: this node's inputs already checked as model files of a known folder."""
     out: list[str] = []
-    for name, ispec in spec.inputs.items():
-        if ispec.required and name not in inputs:
-            out.append(f"{where.label}: node {nid} ({ct}) lacks the required input '{name}' ({ispec.type}): "
+    for name, declared in spec.inputs.items():
+        if declared.required and name not in inputs:
+            out.append(f"{where.label}: node {nid} ({ct}) lacks the required input '{name}' ({declared.type}): "
                        f"set or connect it in the workflow")
     for name, value in inputs.items():
         ispec = spec.inputs.get(name)

@@ -263,14 +263,14 @@ def resolve_target(
             raise TargetError(pool_without_comfyui(t.pool))
         member_set = set(members)
         offering = [p for p in workers if p.name in member_set and _provider_candidates(p, t)]
-        verdicts = [(p, _comfy(p, t, comfy_check)) for p in offering]
-        cands = [c for p, v in verdicts if v[0] == OK for c in _provider_candidates(p, t)]
-        refused = [text for _, (status, text) in verdicts if status == NO]
-        if not cands and refused and not any(status == WAIT for _, (status, _t) in verdicts):
+        judged = [(p, _comfy(p, t, comfy_check)) for p in offering]
+        cands = [c for p, v in judged if v[0] == OK for c in _provider_candidates(p, t)]
+        refused = [text for _, (status, text) in judged if status == NO]
+        if not cands and refused and not any(status == WAIT for _, (status, _t) in judged):
             raise TargetError(refused[0])  # an instance that joined cannot run it: the run fails with why
         note = None
-        if not cands and verdicts:
-            note = next(text for _, (status, text) in verdicts if status == WAIT)
+        if not cands and judged:
+            note = next(text for _, (status, text) in judged if status == WAIT)
         elif not cands:
             note = (f"no instance of pool '{t.pool}' is connected; the run waits for one to join" if not members
                     else f"no connected instance of pool '{t.pool}' offers {wanted}{mounts}; the run waits for "
