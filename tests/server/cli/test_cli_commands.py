@@ -71,8 +71,9 @@ def test_start_status_run_modes_cancel_and_stop(tmp_path):
         assert "this server does not offer cuda:0, cuda:1 (it offers cpu)" in proc.stderr
         unknown = {"1": {"class_type": "NoSuchNode", "inputs": {}}}
         proc = sc.cli("run", str(harness.write_graph(tmp_path / "unknown.json", unknown)))
-        assert proc.returncode == 2 and "node 1 has an unknown class_type 'NoSuchNode'" in proc.stderr
-        assert proc.stderr.count("NoSuchNode") == 1  # each problem printed once (issue 9)
+        # a node class that is not the fleet's own makes it a ComfyUI run: this server has no ComfyUI
+        assert proc.returncode == 2 and "this server has no ComfyUI to run workflows" in proc.stderr
+        assert proc.stderr.count("this server has no ComfyUI") == 1  # each problem printed once (issue 9)
         proc = sc.cli("run", str(tmp_path / "nope.json"))
         assert proc.returncode == 2 and "does not exist" in proc.stderr
         (tmp_path / "broken.json").write_text("{")

@@ -253,8 +253,9 @@ GOOD = harness.iris_graph(1)
          "unknown worker 'gpu-box': no worker with this name has connected since the server started"),
         (json.dumps({"graph": GOOD, "options": {"target": {"memory_gib": -2}}}).encode(), 400,
          "options.target.memory_gib"),
+        # a node class that is not the fleet's own makes it a ComfyUI run (docs/comfyui.md)
         (json.dumps({"graph": {"1": {"class_type": "NoSuchNode", "inputs": {}}}}).encode(), 400,
-         "unknown class_type 'NoSuchNode'"),
+         "this server has no ComfyUI to run workflows: start the sidecar with --comfyui PATH"),
         (json.dumps({"graph": {**GOOD, "7": {**GOOD["7"], "inputs": {**GOOD["7"]["inputs"], "epochs": "many"}}}}).encode(),
          400, "'epochs' of node 7 (XPUTrainingLoop)"),
     ],
