@@ -18,7 +18,7 @@ def test_every_message_type_has_a_model_and_a_direction():
     assert protocol.AGENT_TO_SIDECAR == frozenset(ap.AGENT_MESSAGES)
     assert protocol.SIDECAR_TO_AGENT == frozenset(ap.SIDECAR_MESSAGES)
     assert not protocol.AGENT_TO_SIDECAR & protocol.SIDECAR_TO_AGENT
-    assert len(protocol.ALL_TYPES) == 20
+    assert len(protocol.ALL_TYPES) == 21  # with comfyui (issue 30)
 
 
 def test_every_field_says_what_it_holds():
