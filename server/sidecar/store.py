@@ -397,11 +397,12 @@ class Store:
                            [(_dumps(list(c)), run_id) for run_id, c in candidates.items()])
 
     def queued_targets(self, targets: Sequence[str] = ("any",), prefix: str = "pool:") -> list[dict[str, Any]]:
-        """Queued runs whose target is one of ``targets`` or starts with ``prefix``, with their graph
-        and options, in submission order (the dispatcher resolves such runs again after a restart)."""
+        """Queued runs whose target is one of ``targets`` or starts with ``prefix``, or that have no candidate
+        yet (a ComfyUI run waiting for its worker's reading), with their graph and options, in submission
+        order (the dispatcher resolves such runs again after a restart)."""
         marks = ",".join("?" * len(targets))
         rows = self.query(f"SELECT id, target, graph, options FROM runs WHERE status='queued' AND "
-                          f"(target IN ({marks}) OR substr(target, 1, ?)=?) ORDER BY seq",
+                          f"(target IN ({marks}) OR substr(target, 1, ?)=? OR candidates='[]') ORDER BY seq",
                           (*targets, len(prefix), prefix))
         return [{"id": r["id"], "target": r["target"], "graph": json.loads(r["graph"]),
                  "options": json.loads(r["options"])} for r in rows]

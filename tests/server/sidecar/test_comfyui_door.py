@@ -197,3 +197,22 @@ async def test_a_waiting_any_run_survives_a_restart_and_starts_once_a_worker_s_r
         await box.send("comfyui", **message())
         start = await box.recv_type("start_run")
         assert start["run_id"] == body["run_id"]
+
+
+async def test_a_named_run_waiting_for_a_reading_survives_a_restart(tmp_path) -> None:
+    sc = sa.Sidecar(tmp_path)
+    await sc.__aenter__()
+    try:
+        await comfy_agent(sc, "gpu-box")
+        code, body = await post(sc, core_workflow(), target="gpu-box", device="cuda:1")
+        assert code == 201, body
+        await sc.reason(body["run_id"], "still reading its ComfyUI")
+    finally:
+        await sc.close()
+    async with sa.Sidecar(tmp_path) as again:
+        await again.reason(body["run_id"], "unknown worker 'gpu-box'")
+        box = await comfy_agent(again, "gpu-box")
+        await again.reason(body["run_id"], "worker gpu-box is still reading its ComfyUI")
+        await box.send("comfyui", **message())
+        start = await box.recv_type("start_run")
+        assert start["run_id"] == body["run_id"] and start["devices"] == ["cuda:1"]
