@@ -69,8 +69,7 @@ CREATE TABLE IF NOT EXISTS runs (
     assigned_at REAL,
     started_at REAL,
     finished_at REAL,
-    source TEXT NOT NULL DEFAULT 'api',
-    kind TEXT NOT NULL DEFAULT 'graph'
+    source TEXT NOT NULL DEFAULT 'api', kind TEXT NOT NULL DEFAULT 'graph'
 );
 CREATE INDEX IF NOT EXISTS runs_status ON runs(status, seq);
 CREATE INDEX IF NOT EXISTS runs_worker ON runs(worker_id, seq);
@@ -128,13 +127,11 @@ class Store:
             for stmt in _statements(_SCHEMA):
                 db.execute(stmt)
             db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema:core', ?)", (str(SCHEMA_VERSION),))
-            # a state.db from before run sources: every run in it came through POST /api/runs
+            # a state.db from before run sources (every run came through POST /api/runs) or kinds (training graphs)
             columns = {r["name"] for r in db.execute("PRAGMA table_info(runs)")}
-            if "source" not in columns:
-                db.execute("ALTER TABLE runs ADD COLUMN source TEXT NOT NULL DEFAULT 'api'")
-            # a state.db from before ComfyUI runs: every run in it was a training graph
-            if "kind" not in columns:
-                db.execute(f"ALTER TABLE runs ADD COLUMN kind TEXT NOT NULL DEFAULT '{RUN_KIND_GRAPH}'")
+            for name, default in (("source", "api"), ("kind", RUN_KIND_GRAPH)):
+                if name not in columns:
+                    db.execute(f"ALTER TABLE runs ADD COLUMN {name} TEXT NOT NULL DEFAULT '{default}'")
         # the schema and a probe write are in the file before anything is served: a full disk stops start-up
         probe_or_refuse(self._writer, self.path)
 
@@ -397,9 +394,8 @@ class Store:
                            [(_dumps(list(c)), run_id) for run_id, c in candidates.items()])
 
     def queued_targets(self, targets: Sequence[str] = ("any",), prefix: str = "pool:") -> list[dict[str, Any]]:
-        """Queued runs whose target is one of ``targets`` or starts with ``prefix``, or that have no candidate
-        yet (a ComfyUI run waiting for its worker's reading), with their graph and options, in submission
-        order (the dispatcher resolves such runs again after a restart)."""
+        """Queued runs whose target is one of ``targets`` or starts with ``prefix``, or without a candidate yet,
+        with their graph and options, in submission order (resolved again after a restart)."""
         marks = ",".join("?" * len(targets))
         rows = self.query(f"SELECT id, target, graph, options FROM runs WHERE status='queued' AND "
                           f"(target IN ({marks}) OR substr(target, 1, ?)=? OR candidates='[]') ORDER BY seq",
@@ -613,7 +609,7 @@ def _row_to_run(row: sqlite3.Row, with_graph: bool) -> dict[str, Any]:
         "run_dir": row["run_dir"],
         "pid": row["pid"],
         "source": row["source"],
-        "kind": row["kind"],  # graph (the fleet's executor) or comfyui (a ComfyUI runs it): comfyflow/kind.py
+        "kind": row["kind"],  # graph (the fleet's executor) or comfyui (comfyflow/kind.py)
     }
     for col in _JSON_COLUMNS:
         out[col] = json.loads(row[col])
