@@ -51,6 +51,7 @@ class K8sExport:
     python: str = "python3"
     fingerprint: str | None = None
     node_selector: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_NODE_SELECTOR))
+    comfyui: str | None = None  # the pool runs ComfyUI workflows: its agents start with --comfyui PATH
 
 
 def _control(value: str) -> bool:
@@ -68,7 +69,7 @@ def check_export(ex: K8sExport) -> None:
     """Raise :class:`ExportError` naming the first value Kubernetes would not take."""
     for label, value in (("--server-url", ex.server_url), ("--python", ex.python), ("--image", ex.image),
                          ("--namespace", ex.namespace), ("pool name", ex.pool),
-                         ("fingerprint", ex.fingerprint or ""),
+                         ("fingerprint", ex.fingerprint or ""), ("comfyui", ex.comfyui or ""),
                          *((f"--node-selector {k}", f"{k}={v}") for k, v in ex.node_selector.items())):
         if not isinstance(value, str) or _control(value):
             raise ExportError(f"{label} {value!r} holds a control character (a newline, tab, U+2028, ...): "
@@ -113,6 +114,8 @@ def manifests(ex: K8sExport, credential: str) -> list[dict[str, Any]]:
                "--server", ex.server_url]
     if ex.fingerprint and ex.server_url.startswith("https://"):
         command += ["--fingerprint", ex.fingerprint]
+    if ex.comfyui:
+        command += ["--comfyui", ex.comfyui]
     command = [escape_expansion(part) for part in command]
     container: dict[str, Any] = {
         "name": "agent", "image": ex.image, "command": command,

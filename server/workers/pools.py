@@ -229,7 +229,8 @@ class PoolManagement:
         url = body.get("server_url") or server_url or self.ctx.links.server_url() or ""
         opts = {k: body[k] for k in ("image", "namespace", "gpus", "instances", "python", "node_selector") if k in body}
         try:
-            ex = k8s.K8sExport(pool=name, server_url=str(url), fingerprint=self.ctx.links.tls_fingerprint(), **opts)
+            ex = k8s.K8sExport(pool=name, server_url=str(url), fingerprint=self.ctx.links.tls_fingerprint(),
+                               comfyui=self.directory.comfyui().get(name), **opts)
             k8s.check_export(ex)
         except (k8s.ExportError, TypeError, AttributeError) as exc:
             raise WorkerError(str(exc)) from None

@@ -132,3 +132,14 @@ def test_any_server_url_is_refused_or_reaches_the_agent_intact(path):
     command = back["spec"]["template"]["spec"]["containers"][0]["command"]
     expanded = [_kubelet_expand(p, {"XPUFLEET_AGENT_JOIN_TOKEN": "xfp_s"}) for p in command]
     assert expanded[expanded.index("--server") + 1] == url
+
+
+def test_a_pool_that_runs_comfyui_workflows_starts_its_agents_with_comfyui() -> None:
+    from xpufleet.server.workers import k8s as K
+
+    ex = K.K8sExport(pool="burst", server_url="http://10.0.0.1:8189", comfyui="/opt/ComfyUI")
+    job = next(m for m in K.manifests(ex, "xfp_" + "a" * 40) if m["kind"] == "Job")
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[-2:] == ["--comfyui", "/opt/ComfyUI"]
+    with pytest.raises(K.ExportError, match="comfyui"):
+        K.check_export(K.K8sExport(pool="burst", server_url="http://10.0.0.1:8189", comfyui="/opt\n/x"))
