@@ -61,8 +61,9 @@ SPREAD_COMFYUI = ("options.target.spread is for training graphs: a ComfyUI workf
 
 def pool_without_comfyui(pool: str) -> str:
     """The refusal of a ComfyUI run for a pool whose agents run no ComfyUI."""
-    return (f"pool '{pool}' runs no ComfyUI workflows: give its spec a comfyui folder (\"comfyui\": \"PATH\", "
-            f"passed to its agents as --comfyui PATH), or choose another target")
+    return (f"pool '{pool}' runs no ComfyUI workflows: its agents are not started with --comfyui; create a pool "
+            f"whose agents are (xpufleet pools create NAME --comfyui PATH, or \"comfyui\" in POST /api/pools), or "
+            f"choose another target")
 
 
 MEMORY_SOURCES = ("user", "estimate", "measured")
