@@ -147,7 +147,7 @@ def log_tail(path: Path, chars: int = LOG_TAIL_CHARS) -> str:
         return ""
 
 
-@dataclass
+@dataclass(eq=False)
 class Instance:
     """One headless ComfyUI."""
 
@@ -201,6 +201,7 @@ class ComfyInstances:
                                 _env_float(ENV_COMFYUI_START_TIMEOUT_S, COMFYUI_START_TIMEOUT_S, settings))
         self.instances: dict[str, Instance] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._starting: set[Instance] = set()
         self.closed = False
 
     # --- a run's instance --------------------------------------------------------------------------
@@ -269,6 +270,7 @@ class ComfyInstances:
         error = ""
         for _ in range(START_ATTEMPTS):
             inst = Instance(key, folder, devices, cpu)
+            self._starting.add(inst)  # stop_all ends it too while it starts
             try:
                 await self._spawn(inst, env)
                 self.instances[key] = inst
@@ -278,6 +280,11 @@ class ComfyInstances:
                 await self._stop(inst)
                 if "address already in use" not in error.lower():
                     break
+            except BaseException:  # cancelled while starting: never leave it running
+                await asyncio.shield(self._stop(inst))
+                raise
+            finally:
+                self._starting.discard(inst)
         raise ComfyError(error)
 
     def argv(self, inst: Instance) -> list[str]:
@@ -351,12 +358,12 @@ class ComfyInstances:
     async def stop_all(self) -> None:
         """The host is stopping: every instance ends (no new one starts)."""
         self.closed = True
-        await asyncio.gather(*(self._stop(inst) for inst in list(self.instances.values())),
-                             return_exceptions=True)
+        every = list(self.instances.values()) + list(self._starting)
+        await asyncio.gather(*(self._stop(inst) for inst in every), return_exceptions=True)
 
     def kill_all(self) -> None:
         """Last resort at exit (no event loop needed): SIGKILL every instance's group."""
-        for inst in list(self.instances.values()):
+        for inst in list(self.instances.values()) + list(self._starting):
             if inst.alive and inst.pid is not None:
                 _signal_group(inst.pid, signal.SIGKILL)
 

@@ -10,8 +10,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...constants import LOCAL_PROVIDER, RUN_STOP_GRACE_S, RUNS_DIR_NAME
+from ...constants import LOCAL_PROVIDER, RUN_KIND_COMFYUI, RUN_STOP_GRACE_S, RUNS_DIR_NAME
+from ..devices import renumbering as devren
 from ..devices.inventory import Inventory
+from ..run.comfy_instances import ComfyError, ComfyInstall, ComfyInstances, instance_key
 from ..run.host import RunProcess
 from ..run.launcher import member_env
 from ..run.spec import RunSpec, build_spec
@@ -66,7 +68,8 @@ class LocalProvider:
     draining = False
 
     def __init__(self, home: Path, host: RunHost, devices: Sequence[dict[str, Any]],
-                 stop_grace_s: float = RUN_STOP_GRACE_S, cannot_run: str = "") -> None:
+                 stop_grace_s: float = RUN_STOP_GRACE_S, cannot_run: str = "",
+                 comfyui: ComfyInstall | None = None) -> None:
         self.name = LOCAL_PROVIDER
         self.cannot_run = cannot_run  # non-empty: this host lacks what runs graphs (local_runs_refusal)
         self.home = Path(home)
@@ -77,6 +80,23 @@ class LocalProvider:
         self.runs: dict[str, RunProcess] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._cancel_before_start: set[str] = set()
+        # `xpufleet start --comfyui PATH`: this server's headless ComfyUIs run its ComfyUI runs (the same
+        # instance manager as an agent's), under $XPUFLEET_HOME/comfyui/local/<key>/
+        self.comfy = ComfyInstances(comfyui, self.home, LOCAL_PROVIDER) if comfyui is not None else None
+        self.comfyui_reading: dict[str, Any] | None = None  # the `comfyui` message's fields, once read
+        self._comfy_read: asyncio.Task[None] | None = None
+        self._comfy_runs: dict[str, list[str]] = {}  # run id -> the devices whose instance it holds
+
+    def start_comfyui(self) -> None:
+        """Read this server's ComfyUI in the background (the door checks ComfyUI runs against it)."""
+        if self.comfy is not None and self._comfy_read is None:
+            self._comfy_read = asyncio.get_running_loop().create_task(self._read_comfyui())
+
+    async def _read_comfyui(self) -> None:
+        assert self.comfy is not None
+        self.comfyui_reading = await self.comfy.read()
+        if not self.comfyui_reading.get("ok"):
+            log.warning("this server's ComfyUI could not be read: %s", self.comfyui_reading.get("error"))
 
     def devices(self) -> list[DeviceOffer]:
         return list(self._devices)
@@ -108,15 +128,43 @@ class LocalProvider:
         if run_id in self._cancel_before_start:
             self._cancel_before_start.discard(run_id)
             group.stop("cancel")
+        leased = False
         try:
-            # the spec holds the whole graph: built and written off the loop (seconds for 5,000 nodes, issue 19)
-            await asyncio.to_thread(lambda: self.spec_for(run, devices).write(run_dir))
+            # the spec holds the whole graph: built off the loop (seconds for 5,000 nodes, issue 19)
+            spec = await asyncio.to_thread(self.spec_for, run, devices)
+            if spec.kind == RUN_KIND_COMFYUI:
+                spec.comfyui = await self._lease_comfyui(devices)
+                leased = True
+            await asyncio.to_thread(spec.write, run_dir)
             await group.start()
+        except ComfyError as exc:
+            self.runs.pop(run_id, None)
+            self.host.run_ended(run_id, "failed", str(exc))
+            return
         except BaseException:
             self.runs.pop(run_id, None)
+            if leased:
+                self._release_comfyui(devices)
             raise
+        if leased:
+            self._comfy_runs[run_id] = list(devices)  # its instance is released when the run ends
         self.host.run_process_started(run_id, group.pid)
         self._tasks[run_id] = asyncio.create_task(self._watch(run_id, group))
+
+    async def _lease_comfyui(self, devices: list[str]) -> dict[str, Any]:
+        """A ComfyUI run's instance on this server (its cards only); ComfyError with the run's error."""
+        if self.comfy is None:
+            raise ComfyError("this server has no ComfyUI to run workflows: start it with --comfyui PATH "
+                             "(the ComfyUI folder)")
+        cpu = all(d == "cpu" for d in devices)
+        try:
+            return await self.comfy.acquire(devices, cpu=cpu, env=devren.renumber(list(devices)).env)
+        except ComfyError as exc:
+            raise ComfyError(f"the ComfyUI on this server {','.join(devices)} could not start: {exc}") from None
+
+    def _release_comfyui(self, devices: list[str]) -> None:
+        if self.comfy is not None:
+            self.comfy.release(instance_key(devices))
 
     async def _watch(self, run_id: str, group: RunProcess) -> None:
         try:
@@ -124,6 +172,8 @@ class LocalProvider:
         finally:
             self.runs.pop(run_id, None)
             self._tasks.pop(run_id, None)
+            if run_id in self._comfy_runs:
+                self._release_comfyui(self._comfy_runs.pop(run_id))
         # Every process of the run is gone: only now its result, and with it the slot, is released.
         if result.finished_event is not None:
             self.host.ingest(run_id, [result.finished_event])
@@ -150,3 +200,8 @@ class LocalProvider:
             await asyncio.wait(tasks, timeout=self.stop_grace_s + 5)
         for group in groups:
             group.kill()
+        if self._comfy_read is not None:
+            self._comfy_read.cancel()
+            await asyncio.gather(self._comfy_read, return_exceptions=True)
+        if self.comfy is not None:
+            await self.comfy.stop_all()
