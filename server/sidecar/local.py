@@ -69,7 +69,7 @@ class LocalProvider:
 
     def __init__(self, home: Path, host: RunHost, devices: Sequence[dict[str, Any]],
                  stop_grace_s: float = RUN_STOP_GRACE_S, cannot_run: str = "",
-                 comfyui: ComfyInstall | None = None) -> None:
+                 comfyui: ComfyInstall | None = None, on_comfyui_read: Callable[[], None] | None = None) -> None:
         self.name = LOCAL_PROVIDER
         self.cannot_run = cannot_run  # non-empty: this host lacks what runs graphs (local_runs_refusal)
         self.home = Path(home)
@@ -83,7 +83,9 @@ class LocalProvider:
         # `xpufleet start --comfyui PATH`: this server's headless ComfyUIs run its ComfyUI runs (the same
         # instance manager as an agent's), under $XPUFLEET_HOME/comfyui/local/<key>/
         self.comfy = ComfyInstances(comfyui, self.home, LOCAL_PROVIDER) if comfyui is not None else None
-        self.comfyui_reading: dict[str, Any] | None = None  # the `comfyui` message's fields, once read
+        self.comfyui_info: dict[str, Any] | None = None  # the `comfyui` message's fields, once read
+        self._reading: Any = None  # its typed form (server/comfyflow/reading.py), made once
+        self.on_comfyui_read = on_comfyui_read  # runs waiting for the reading are resolved again
         self._comfy_read: asyncio.Task[None] | None = None
         self._comfy_runs: dict[str, list[str]] = {}  # run id -> the devices whose instance it holds
 
@@ -94,9 +96,34 @@ class LocalProvider:
 
     async def _read_comfyui(self) -> None:
         assert self.comfy is not None
-        self.comfyui_reading = await self.comfy.read()
-        if not self.comfyui_reading.get("ok"):
-            log.warning("this server's ComfyUI could not be read: %s", self.comfyui_reading.get("error"))
+        info = await self.comfy.read()
+        self.comfyui_info = info
+        if info.get("ok"):
+            log.info("this server's ComfyUI %s read: %d node classes", info.get("version"), len(info.get("classes") or {}))
+        else:
+            log.warning("this server's ComfyUI could not be read: %s", info.get("error"))
+        if self.on_comfyui_read is not None:
+            self.on_comfyui_read()
+
+    @property
+    def comfyui_state(self) -> str:
+        """Its ComfyUI as the door sees it: ``none``, ``probing``, ``ready`` or ``failed``."""
+        if self.comfy is None:
+            return "none"
+        if self.comfyui_info is None:
+            return "probing"
+        return "ready" if self.comfyui_info.get("ok") else "failed"
+
+    @property
+    def comfyui_reading(self) -> Any:
+        """The typed reading the door checks a ComfyUI run against (None until read)."""
+        if self.comfyui_info is None:
+            return None
+        if self._reading is None:
+            from ..comfyflow.reading import reading_of  # type: ignore[import-not-found,unused-ignore]
+
+            self._reading = reading_of(self.comfyui_info)
+        return self._reading
 
     def devices(self) -> list[DeviceOffer]:
         return list(self._devices)

@@ -1,8 +1,9 @@
 """End to end (docs/workers.md, "Any workflow on a fleet card"): ComfyUI workflows queued to a worker's
 (simulated) cards run in a warm headless copy of the real ComfyUI there. One sidecar and one agent with two
-simulated cards and ``--comfyui`` for the module (each ComfyUI start costs ~10 s on 2 cores); the tests run
-in order and share its instances: a named card (cold), the same workflow again (warm), ``any``, a node that
-raises, a cancel, and kill -9 of the instance during a run (then a fresh instance).
+simulated cards and ``--comfyui`` for the module (the sidecar started
+with ``--comfyui`` too, for "this server") (each ComfyUI start costs ~10 s on 2 cores); the tests run
+in order and share its instances: a named card (cold), the same workflow again (warm), ``any``, "this
+server", a node that raises, a cancel, and kill -9 of the instance during a run (then a fresh instance).
 
 Needs the real ComfyUI (COMFYUI_DIR, COMFYUI_PYTHON); skipped with the reason without it."""
 
@@ -67,7 +68,7 @@ def comfy_fleet(tmp_path_factory):
     comfy_dir, python = found
     fleet = fh.Fleet(tmp_path_factory.mktemp("comfy-fleet"))
     try:
-        sc = fleet.sidecar()
+        sc = fleet.sidecar("--comfyui", str(comfy_dir), "--comfyui-python", str(python))  # "this server" too
         agent = fleet.agent("--name", WORKER, "--simulate", "cuda:0=24,cuda:1=24", "--comfyui", str(comfy_dir),
                             "--comfyui-python", str(python))
         agent.wait_connected()
@@ -153,6 +154,17 @@ def test_a_workflow_queued_to_any_runs_on_a_card_that_can_take_it(comfy_fleet):
     run = sc.wait_run(rid, {"succeeded", "failed", "cancelled", "interrupted"}, timeout=150)
     assert run["status"] == "succeeded", run["error"]
     assert run["execution_facts"]["worker"] == WORKER
+    check_image(sc, rid)
+
+
+def test_this_server_started_with_comfyui_runs_a_workflow_itself(comfy_fleet):
+    fleet, sc, _ = comfy_fleet
+    rid = sc.submit(image_graph(14), target="local", record_outputs="upload")
+    run = sc.wait_run(rid, {"succeeded", "failed", "cancelled", "interrupted"}, timeout=150)
+    assert run["status"] == "succeeded", run["error"]
+    assert run["execution_facts"]["placement"] == "local" and facts_of(run)["instance"] == "cpu"
+    spec = json.loads((fleet.home / "runs" / rid / "spec.json").read_text())
+    assert spec["kind"] == "comfyui" and "/comfyui/local/cpu/" in spec["comfyui"]["output_dir"]
     check_image(sc, rid)
 
 
