@@ -313,7 +313,8 @@ class ComfyInstances:
             out.flush()
             inst.proc = await asyncio.create_subprocess_exec(
                 *self.argv(inst), stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=asyncio.subprocess.STDOUT,
-                cwd=str(self.install.path), env=self.environment(inst, env), start_new_session=True)
+                cwd=str(self.install.path), env=self.environment(inst, env), start_new_session=True,
+                preexec_fn=_DIE_WITH_PARENT)
         log.info("starting ComfyUI instance %s (pid %s) on port %d", inst.key, inst.pid, inst.port)
         deadline = began + self.start_timeout_s
         while True:  # bounded by the start timeout
@@ -383,6 +384,29 @@ class ComfyInstances:
             return {**base, "ok": False, "error": f"the ComfyUI at {self.install.path} could not be read: {exc}"}
         finally:
             self.release(CPU_KEY)
+
+
+def _die_with_parent_fn() -> Any:
+    """On Linux, a function for ``preexec_fn`` that makes the instance get SIGTERM when its host dies
+    (``PR_SET_PDEATHSIG``): a host killed with SIGKILL never leaves its ComfyUIs behind. None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+
+    def set_pdeathsig() -> None:
+        prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)  # only a call between fork and exec
+
+    return set_pdeathsig
+
+
+_DIE_WITH_PARENT = _die_with_parent_fn()
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -207,3 +207,36 @@ def test_find_install(tmp_path, fake_comfy):
     with pytest.raises(ComfyError, match="is not a ComfyUI folder: it has no main.py"):
         find_install(str(tmp_path), None, env={})
     assert find_install(None, None, env={}) is None  # this interpreter's environment is no ComfyUI's
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_an_instance_does_not_outlive_a_host_killed_with_sigkill(fake_comfy, tmp_path):
+    import subprocess
+    import time
+
+    host = (
+        "import asyncio, sys, time\n"
+        "from pathlib import Path\n"
+        "from xpufleet.server.run.comfy_instances import ComfyInstall, ComfyInstances\n"
+        "async def main():\n"
+        f"    mgr = ComfyInstances(ComfyInstall(Path({str(fake_comfy.path)!r}), sys.executable), "
+        f"Path({str(tmp_path / 'home')!r}), 'box', idle_s=60, start_timeout_s=30)\n"
+        "    lease = await mgr.acquire(['cpu'], cpu=True)\n"
+        "    print(lease['pid'], flush=True)\n"
+        "    await asyncio.sleep(60)\n"
+        "asyncio.run(main())\n")
+    proc = subprocess.Popen([sys.executable, "-c", host], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        pid = int(proc.stdout.readline())
+        assert alive(pid)
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while alive(pid) and time.monotonic() < deadline:  # SIGTERM from the kernel, then its own exit (bounded)
+        time.sleep(0.05)
+    survived = alive(pid)
+    if survived:  # never left behind, even when the test fails
+        os.kill(pid, signal.SIGKILL)
+    assert not survived, "the instance outlived its host"
