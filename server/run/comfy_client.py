@@ -353,9 +353,9 @@ class ComfyRun:
             return
         import aiohttp
 
-        calls = [("/queue", {"delete": [self.prompt_id]})]
-        if self.started_prompt:
-            calls.append(("/interrupt", {"prompt_id": self.prompt_id}))
+        # Both, always: a prompt that started just now is not known to have started yet; the interrupt names
+        # the prompt, so ComfyUI ignores it unless this prompt is the one running (a shared instance).
+        calls = [("/queue", {"delete": [self.prompt_id]}), ("/interrupt", {"prompt_id": self.prompt_id})]
         for path, body in calls:
             try:
                 async with self.session.post(f"{self.url}{path}", json=body,

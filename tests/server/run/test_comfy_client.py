@@ -250,3 +250,16 @@ def test_output_files_finds_every_named_file():
            "text": ["t"], "flag": True}
     assert [(k, i, f["filename"]) for k, i, f in output_files(out)] == [("images", 0, "a.png"), ("gifs", 0, "b.gif")]
     assert output_files(None) == []
+
+
+async def test_a_stop_while_queued_behind_another_prompt_takes_it_off_the_queue(aiohttp_server, tmp_path):
+    fake = FakeComfy([])  # ComfyUI is busy with another prompt: nothing about this one
+    job, _, stop_event = await start(aiohttp_server, fake, tmp_path)
+    task = asyncio.create_task(job.run())
+    for _ in range(200):  # until the prompt is posted (bounded)
+        if fake.prompts:
+            break
+        await asyncio.sleep(0.02)
+    stop_event.set()
+    assert (await asyncio.wait_for(task, 10))[0] == "cancelled"
+    assert fake.deleted == [{"delete": ["p1"]}] and fake.interrupts == [{"prompt_id": "p1"}]
