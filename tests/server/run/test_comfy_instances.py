@@ -240,3 +240,11 @@ def test_an_instance_does_not_outlive_a_host_killed_with_sigkill(fake_comfy, tmp
     if survived:  # never left behind, even when the test fails
         os.kill(pid, signal.SIGKILL)
     assert not survived, "the instance outlived its host"
+
+
+def test_an_agent_inside_comfyuis_environment_finds_it(fake_comfy, monkeypatch):
+    monkeypatch.setattr(sys, "prefix", str(fake_comfy.path / ".venv"))  # ComfyUI/.venv runs this interpreter
+    assert find_install(None, None, env={}) == ComfyInstall(fake_comfy.path.resolve(), sys.executable)
+    portable = fake_comfy.path.parent / "python_embeded"  # a portable build: python_embeded beside ComfyUI/
+    monkeypatch.setattr(sys, "prefix", str(portable))
+    assert find_install(None, None, env={}).path == fake_comfy.path.resolve()
