@@ -44,6 +44,7 @@ KINDS = {"image": (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".t
          "audio": (".wav", ".mp3", ".flac", ".ogg", ".opus", ".m4a")}
 
 Emit = Callable[[str, dict[str, Any]], None]
+Outcome = tuple[str, "str | None", dict[str, Any]]  # run_finished's status, error and extra fields
 
 
 def file_kind(name: str) -> str:
@@ -126,7 +127,7 @@ class ComfyRun:
     """One ComfyUI run against its instance (see the module docstring)."""
 
     def __init__(self, spec: dict[str, Any], run_dir: Path, emit: Emit, stop_event: threading.Event,
-                 stop_reason: Callable[[], str | None]) -> None:
+                 stopped: Callable[[], Outcome]) -> None:
         self.spec = spec
         self.run_id = str(spec["run_id"])
         self.comfy = dict(spec.get("comfyui") or {})
@@ -134,7 +135,7 @@ class ComfyRun:
         self.graph = spec["graph"]
         self.emit = emit
         self.stop_event = stop_event
-        self.stop_reason = stop_reason
+        self.stopped = stopped  # the runner's words for a stopped run (cancelled, or interrupted and why)
         self.outputs = ComfyOutputs(run_dir, self.run_id)
         self.prompt_id: str | None = None
         self.current: str | None = None  # the node running now
@@ -364,20 +365,15 @@ class ComfyRun:
             except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
                 pass  # a dead instance: the websocket says so next
 
-    def _stopped(self) -> tuple[str, str | None, dict[str, Any]]:
-        reason = self.stop_reason() or "cancel"
-        if reason == "cancel":
-            return "cancelled", "cancelled by request", {}
-        from .runner import STOP_ERRORS
-
-        return "interrupted", STOP_ERRORS.get(reason) or "interrupted", {}
+    def _stopped(self) -> Outcome:
+        return self.stopped()
 
 
 def run_comfy(spec: dict[str, Any], run_dir: Path, emit: Emit, facts: dict[str, Any], stop_event: threading.Event,
-              stop_reason: Callable[[], str | None]) -> tuple[str, str | None, dict[str, Any]]:
+              stopped: Callable[[], Outcome]) -> Outcome:
     """Run a ``comfyui`` run (the runner's entry); ``facts`` gets the run's ComfyUI facts; the recorded
     outputs are completed and announced (``outputs_recorded``) whatever the end."""
-    job = ComfyRun(spec, run_dir, emit, stop_event, stop_reason)
+    job = ComfyRun(spec, run_dir, emit, stop_event, stopped)
     emit("run_started", {"run_id": spec.get("run_id"), "pid": facts.get("pid"), "devices": spec.get("devices"),
                          "device_aliases": spec.get("device_aliases"), "placement": spec.get("placement"),
                          "comfyui": {k: job.comfy.get(k) for k in ("instance", "started", "version")}})

@@ -177,7 +177,7 @@ def _execute_comfy(spec: dict[str, Any], run_dir: Path, sink: EventSink, facts: 
     watcher = StopWatcher(stop_event, stdin)
     watcher.start()
     try:
-        return run_comfy(spec, run_dir, sink.emit, facts, stop_event, lambda: watcher.reason)
+        return run_comfy(spec, run_dir, sink.emit, facts, stop_event, lambda: _stopped(watcher))
     except Exception as exc:  # noqa: BLE001 - reported, never a silent death
         traceback.print_exc()
         return "failed", f"{type(exc).__name__}: {exc}", {}

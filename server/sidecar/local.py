@@ -120,9 +120,11 @@ class LocalProvider:
         if self.comfyui_info is None:
             return None
         if self._reading is None:
-            from ..comfyflow.reading import reading_of  # type: ignore[import-not-found,unused-ignore]
+            import importlib
 
-            self._reading = reading_of(self.comfyui_info)
+            # server/comfyflow/reading.py comes with the door's checks (helper B's branch); by name until then
+            reading = importlib.import_module("..comfyflow.reading", __package__)
+            self._reading = reading.reading_of(self.comfyui_info)
         return self._reading
 
     def devices(self) -> list[DeviceOffer]:

@@ -92,6 +92,15 @@ class FakeComfy:
         return web.Response()
 
 
+def stopped(reason: str | None) -> Any:
+    """The runner's outcome of a stop (run/runner.py ``_stopped``) for ``reason``."""
+    from xpufleet.server.run.runner import StopWatcher, _stopped
+
+    watcher = StopWatcher(threading.Event(), stream=iter(()))
+    watcher.reason = reason
+    return lambda: _stopped(watcher)
+
+
 def msg(mtype: str, **data: Any) -> dict[str, Any]:
     return {"type": mtype, "data": {"prompt_id": "p1", **data}}
 
@@ -106,7 +115,7 @@ async def start(aiohttp_server, fake: FakeComfy, tmp_path: Path, *, stop: bool =
     stop_event = threading.Event()
     if stop:
         stop_event.set()
-    job = ComfyRun(spec, tmp_path, lambda t, p: events.append((t, p)), stop_event, lambda: reason)
+    job = ComfyRun(spec, tmp_path, lambda t, p: events.append((t, p)), stop_event, stopped(reason))
     return job, events, stop_event
 
 
@@ -223,7 +232,7 @@ async def test_an_instance_that_does_not_answer_fails_the_run(tmp_path):
     events: list[Any] = []
     spec = {"run_id": "r1", "graph": GRAPH, "worker": None,
             "comfyui": {"url": "http://127.0.0.1:9", "instance": "cpu", "devices": ["cpu"], "log": "L"}}
-    job = ComfyRun(spec, tmp_path, lambda t, p: events.append(t), threading.Event(), lambda: None)
+    job = ComfyRun(spec, tmp_path, lambda t, p: events.append(t), threading.Event(), stopped(None))
     assert await job.run() == ("failed", "the ComfyUI on this server cpu died; see its log L", {})
 
 
@@ -232,7 +241,7 @@ def test_run_comfy_reports_the_facts_and_completes_the_outputs(tmp_path):
     facts: dict[str, Any] = {"pid": 1}
     spec = {"run_id": "r1", "graph": GRAPH, "comfyui": None}
     status, error, _ = run_comfy(spec, tmp_path, lambda t, p: events.append((t, p)), facts, threading.Event(),
-                                 lambda: None)
+                                 stopped(None))
     assert status == "failed" and "no ComfyUI instance" in (error or "")
     assert [t for t, _ in events] == ["run_started", "outputs_recorded"]
     assert facts["run_kind"] == "comfyui" and facts["comfyui"]["cold_start"] is False
