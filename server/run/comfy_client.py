@@ -143,6 +143,7 @@ class ComfyRun:
         self.submitted_at = 0.0
         self.first_node_s: float | None = None
         self.interrupt_sent = False
+        self.session: Any = None  # the aiohttp session of run()
 
     # --- words ----------------------------------------------------------------------------------
     @property
