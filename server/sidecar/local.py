@@ -99,7 +99,8 @@ class LocalProvider:
         info = await self.comfy.read()
         self.comfyui_info = info
         if info.get("ok"):
-            log.info("this server's ComfyUI %s read: %d node classes", info.get("version"), len(info.get("classes") or {}))
+            log.info("this server's ComfyUI %s read: %d node classes", info.get("version"),
+                     len(info.get("classes") or {}))
         else:
             log.warning("this server's ComfyUI could not be read: %s", info.get("error"))
         if self.on_comfyui_read is not None:
