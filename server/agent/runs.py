@@ -58,6 +58,7 @@ class RunState:
     stop_reason: str | None = None  # "cancel" | "grace" | "forget" | "shutdown"
     forgotten: bool = False
     task: asyncio.Task | None = None
+    extra_pids: list[int] = field(default_factory=list)  # a ComfyUI run's instance (its memory is the run's)
 
     @property
     def group(self) -> ProcessGroup | None:
@@ -245,6 +246,7 @@ class AgentRuns:
         if spec.kind == RUN_KIND_COMFYUI:
             try:
                 spec.comfyui = await self._lease_comfyui(rs, spec, renum)
+                rs.extra_pids = [spec.comfyui["pid"]] if spec.comfyui.get("pid") else []
             except ComfyError as exc:
                 await self._finish_without_child(rs, "failed", str(exc))
                 return
