@@ -141,7 +141,7 @@ async def _dispatcher_ctx(app: web.Application) -> AsyncIterator[None]:
         devices = await asyncio.to_thread(probe_local_devices, config.home)
     local = LocalProvider(config.home, dispatcher.events, devices, stop_grace_s=config.stop_grace_s,
                           cannot_run=local_runs_refusal(), comfyui=config.comfyui,
-                          on_comfyui_read=dispatcher.providers_changed)
+                          on_comfyui_change=dispatcher.providers_changed)
     local.start_comfyui()  # --comfyui: its reading, in the background
     app[LOCAL_PROVIDER_KEY] = local
     dispatcher.register_provider(local)

@@ -10,15 +10,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...constants import LOCAL_PROVIDER, RUN_KIND_COMFYUI, RUN_STOP_GRACE_S, RUNS_DIR_NAME
-from ..devices import renumbering as devren
+from ...constants import LOCAL_PROVIDER, RUN_STOP_GRACE_S, RUNS_DIR_NAME
 from ..devices.inventory import Inventory
-from ..run.comfy_instances import ComfyError, ComfyInstall, ComfyInstances, instance_key
+from ..run.comfy_instances import ComfyError, ComfyInstall
 from ..run.host import RunProcess
 from ..run.launcher import member_env
 from ..run.spec import RunSpec, build_spec
 from ..run.warm import default_starter
 from ..scheduling import DeviceOffer
+from .local_comfyui import LocalComfy, is_comfyui, lease_for
 from .providers import RunHost
 
 log = logging.getLogger("xpufleet.providers")
@@ -69,9 +69,12 @@ class LocalProvider:
 
     def __init__(self, home: Path, host: RunHost, devices: Sequence[dict[str, Any]],
                  stop_grace_s: float = RUN_STOP_GRACE_S, cannot_run: str = "",
-                 comfyui: ComfyInstall | None = None, on_comfyui_read: Callable[[], None] | None = None) -> None:
+                 comfyui: ComfyInstall | None = None, on_comfyui_change: Callable[[], None] | None = None) -> None:
         self.name = LOCAL_PROVIDER
         self.cannot_run = cannot_run  # non-empty: this host lacks what runs graphs (local_runs_refusal)
+        # `xpufleet start --comfyui PATH`: its ComfyUI runs in headless instances of this server's (local_comfyui.py)
+        self.comfy = LocalComfy(comfyui, home, self, on_comfyui_change) if comfyui is not None else None
+        self._comfy_runs: dict[str, list[str]] = {}  # run id -> the devices whose instance it holds
         self.home = Path(home)
         self.host = host
         self._details = [dict(d) for d in devices]
@@ -80,53 +83,6 @@ class LocalProvider:
         self.runs: dict[str, RunProcess] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._cancel_before_start: set[str] = set()
-        # `xpufleet start --comfyui PATH`: this server's headless ComfyUIs run its ComfyUI runs (the same
-        # instance manager as an agent's), under $XPUFLEET_HOME/comfyui/local/<key>/
-        self.comfy = ComfyInstances(comfyui, self.home, LOCAL_PROVIDER) if comfyui is not None else None
-        self.comfyui_info: dict[str, Any] | None = None  # the `comfyui` message's fields, once read
-        self._reading: Any = None  # its typed form (server/comfyflow/reading.py), made once
-        self.on_comfyui_read = on_comfyui_read  # runs waiting for the reading are resolved again
-        self._comfy_read: asyncio.Task[None] | None = None
-        self._comfy_runs: dict[str, list[str]] = {}  # run id -> the devices whose instance it holds
-
-    def start_comfyui(self) -> None:
-        """Read this server's ComfyUI in the background (the door checks ComfyUI runs against it)."""
-        if self.comfy is not None and self._comfy_read is None:
-            self._comfy_read = asyncio.get_running_loop().create_task(self._read_comfyui())
-
-    async def _read_comfyui(self) -> None:
-        assert self.comfy is not None
-        info = await self.comfy.read()
-        self.comfyui_info = info
-        if info.get("ok"):
-            log.info("this server's ComfyUI %s read: %d node classes", info.get("version"),
-                     len(info.get("classes") or {}))
-        else:
-            log.warning("this server's ComfyUI could not be read: %s", info.get("error"))
-        if self.on_comfyui_read is not None:
-            self.on_comfyui_read()
-
-    @property
-    def comfyui_state(self) -> str:
-        """Its ComfyUI as the door sees it: ``none``, ``probing``, ``ready`` or ``failed``."""
-        if self.comfy is None:
-            return "none"
-        if self.comfyui_info is None:
-            return "probing"
-        return "ready" if self.comfyui_info.get("ok") else "failed"
-
-    @property
-    def comfyui_reading(self) -> Any:
-        """The typed reading the door checks a ComfyUI run against (None until read)."""
-        if self.comfyui_info is None:
-            return None
-        if self._reading is None:
-            import importlib
-
-            # server/comfyflow/reading.py comes with the door's checks (helper B's branch); by name until then
-            reading = importlib.import_module("..comfyflow.reading", __package__)
-            self._reading = reading.reading_of(self.comfyui_info)
-        return self._reading
 
     def devices(self) -> list[DeviceOffer]:
         return list(self._devices)
@@ -146,6 +102,11 @@ class LocalProvider:
         return build_spec(run, placement="local", slot_devices=devices, run_devices=ordered,
                           aliases={d: d for d in ordered}, visible_devices=machine)
 
+    def start_comfyui(self) -> None:
+        """Read this server's ComfyUI in the background (``--comfyui``; nothing without one)."""
+        if self.comfy is not None:
+            self.comfy.start()
+
     async def start_run(self, run: dict[str, Any], devices: list[str]) -> None:
         run_id = run["id"]
         run_dir = self.run_dir(run_id)
@@ -160,10 +121,10 @@ class LocalProvider:
             group.stop("cancel")
         leased = False
         try:
-            # the spec holds the whole graph: built off the loop (seconds for 5,000 nodes, issue 19)
+            # the spec holds the whole graph: built and written off the loop (seconds for 5,000 nodes, issue 19)
             spec = await asyncio.to_thread(self.spec_for, run, devices)
-            if spec.kind == RUN_KIND_COMFYUI:
-                spec.comfyui = await self._lease_comfyui(devices)
+            if is_comfyui(spec):  # its instance first (a cold start takes seconds; the run waits assigned)
+                spec.comfyui = await lease_for(self.comfy, devices)
                 leased = True
             await asyncio.to_thread(spec.write, run_dir)
             await group.start()
@@ -173,28 +134,13 @@ class LocalProvider:
             return
         except BaseException:
             self.runs.pop(run_id, None)
-            if leased:
-                self._release_comfyui(devices)
+            if leased and self.comfy is not None:
+                self.comfy.release(devices)
             raise
         if leased:
             self._comfy_runs[run_id] = list(devices)  # its instance is released when the run ends
         self.host.run_process_started(run_id, group.pid)
         self._tasks[run_id] = asyncio.create_task(self._watch(run_id, group))
-
-    async def _lease_comfyui(self, devices: list[str]) -> dict[str, Any]:
-        """A ComfyUI run's instance on this server (its cards only); ComfyError with the run's error."""
-        if self.comfy is None:
-            raise ComfyError("this server has no ComfyUI to run workflows: start it with --comfyui PATH "
-                             "(the ComfyUI folder)")
-        cpu = all(d == "cpu" for d in devices)
-        try:
-            return await self.comfy.acquire(devices, cpu=cpu, env=devren.renumber(list(devices)).env)
-        except ComfyError as exc:
-            raise ComfyError(f"the ComfyUI on this server {','.join(devices)} could not start: {exc}") from None
-
-    def _release_comfyui(self, devices: list[str]) -> None:
-        if self.comfy is not None:
-            self.comfy.release(instance_key(devices))
 
     async def _watch(self, run_id: str, group: RunProcess) -> None:
         try:
@@ -202,8 +148,9 @@ class LocalProvider:
         finally:
             self.runs.pop(run_id, None)
             self._tasks.pop(run_id, None)
-            if run_id in self._comfy_runs:
-                self._release_comfyui(self._comfy_runs.pop(run_id))
+            held = self._comfy_runs.pop(run_id, None)
+            if held is not None and self.comfy is not None:
+                self.comfy.release(held)
         # Every process of the run is gone: only now its result, and with it the slot, is released.
         if result.finished_event is not None:
             self.host.ingest(run_id, [result.finished_event])
@@ -230,8 +177,5 @@ class LocalProvider:
             await asyncio.wait(tasks, timeout=self.stop_grace_s + 5)
         for group in groups:
             group.kill()
-        if self._comfy_read is not None:
-            self._comfy_read.cancel()
-            await asyncio.gather(self._comfy_read, return_exceptions=True)
         if self.comfy is not None:
-            await self.comfy.stop_all()
+            await self.comfy.stop()
