@@ -51,6 +51,8 @@ RUN_KINDS = (RUN_KIND_GRAPH, RUN_KIND_COMFYUI)
 # on a fleet card"): one per device set, started on demand, kept warm, stopped when idle.
 ENV_COMFYUI = "XPUFLEET_COMFYUI"  # the ComfyUI folder an agent/sidecar uses when --comfyui is not given
 ENV_COMFYUI_PYTHON = "XPUFLEET_COMFYUI_PYTHON"  # its interpreter when --comfyui-python is not given
+# more arguments for every instance, split like a shell line (e.g. "--extra-model-paths-config /srv/models.yaml")
+ENV_COMFYUI_ARGS = "XPUFLEET_COMFYUI_ARGS"
 ENV_COMFYUI_START_TIMEOUT_S = "XPUFLEET_COMFYUI_START_TIMEOUT_S"
 COMFYUI_START_TIMEOUT_S = 180.0  # a starting instance must answer GET /system_stats within this
 ENV_COMFYUI_IDLE_S = "XPUFLEET_COMFYUI_IDLE_S"

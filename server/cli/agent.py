@@ -34,7 +34,7 @@ from ..agent import config as agentcfg
 from ..devices.inventory import Inventory
 from ..devices.names import DeviceSpecError, parse_device_list
 from ..devices.simulated import parse_simulate
-from ..run.comfy_instances import ComfyError, find_install
+from ..run.comfy_instances import ComfyError, extra_args, find_install
 from ..workers import protocol
 from .text import safe
 
@@ -188,6 +188,8 @@ def _config(args: argparse.Namespace, home: Path) -> agentcfg.AgentConfig:
     advertise = advertise_address(getattr(args, "advertise_addr", None) or AGENT_ADVERTISE_ADDR_DEFAULT)
     try:
         comfyui = find_install(getattr(args, "comfyui", None), getattr(args, "comfyui_python", None))
+        if comfyui is not None:
+            extra_args()
     except ComfyError as exc:
         raise DeviceSpecError(f"--comfyui: {exc}") from None
     return agentcfg.AgentConfig(

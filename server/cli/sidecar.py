@@ -82,13 +82,15 @@ def _tls_args(args: argparse.Namespace) -> list[str] | str:
 def _comfyui(args: argparse.Namespace) -> Any:
     """``--comfyui``/``--comfyui-python`` (or ``$XPUFLEET_COMFYUI``): the ComfyInstall, None, or an error
     text. No automatic detection here: a sidecar runs ComfyUI runs only when told to."""
-    from ..run.comfy_instances import ComfyError, find_install
+    from ..run.comfy_instances import ComfyError, extra_args, find_install
 
     path = getattr(args, "comfyui", None) or os.environ.get(ENV_COMFYUI) or None
     if path is None:
         return None
     try:
-        return find_install(path, getattr(args, "comfyui_python", None))
+        install = find_install(path, getattr(args, "comfyui_python", None))
+        extra_args()
+        return install
     except ComfyError as exc:
         return f"--comfyui: {exc}"
 

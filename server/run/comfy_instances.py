@@ -8,7 +8,8 @@ device set a run holds, keyed by the machine's device names joined (``cuda:1``, 
         --temp-directory D/temp --input-directory D/input --user-directory D/user [--cpu]
 
 ``--cpu`` for ``cpu`` and for simulated cards, else ``CUDA_VISIBLE_DEVICES`` (the run's renumbering env)
-so it sees its cards only. ``D`` = ``$XPUFLEET_HOME/comfyui/<host>/<key>/``; its output goes to
+so it sees its cards only; then ``$XPUFLEET_COMFYUI_ARGS`` (split like a shell line: model paths, memory
+flags). ``D`` = ``$XPUFLEET_HOME/comfyui/<host>/<key>/``; its output goes to
 ``D/comfyui.log``. It is ready when ``GET /system_stats`` answers (within
 ``XPUFLEET_COMFYUI_START_TIMEOUT_S``), kept warm between runs (models stay loaded), stopped after
 ``XPUFLEET_COMFYUI_IDLE_S`` without a run, replaced by the next run when it died, and stopped by its
@@ -27,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import shlex
 import signal
 import socket
 import sys
@@ -44,6 +46,7 @@ from ...constants import (
     COMFYUI_START_TIMEOUT_S,
     COMFYUI_STOP_GRACE_S,
     ENV_COMFYUI,
+    ENV_COMFYUI_ARGS,
     ENV_COMFYUI_IDLE_S,
     ENV_COMFYUI_PYTHON,
     ENV_COMFYUI_START_TIMEOUT_S,
@@ -111,6 +114,16 @@ def find_install(path: str | None, python: str | None, env: Mapping[str, str] | 
     if problem is not None:
         raise ComfyError(problem)
     return install
+
+
+def extra_args(env: Mapping[str, str] | None = None) -> list[str]:
+    """``$XPUFLEET_COMFYUI_ARGS`` split like a shell line; ComfyError naming it when it cannot be (the CLI
+    checks it at start, so a bad line never fails a run)."""
+    env = os.environ if env is None else env
+    try:
+        return shlex.split(env.get(ENV_COMFYUI_ARGS, ""))
+    except ValueError as exc:
+        raise ComfyError(f"{ENV_COMFYUI_ARGS}: {exc}") from None
 
 
 def instance_key(machine_devices: Sequence[str]) -> str:
@@ -199,6 +212,7 @@ class ComfyInstances:
         self.idle_s = idle_s if idle_s is not None else _env_float(ENV_COMFYUI_IDLE_S, COMFYUI_IDLE_S, settings)
         self.start_timeout_s = (start_timeout_s if start_timeout_s is not None else
                                 _env_float(ENV_COMFYUI_START_TIMEOUT_S, COMFYUI_START_TIMEOUT_S, settings))
+        self.extra_args = extra_args(settings)
         self.instances: dict[str, Instance] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._starting: set[Instance] = set()
@@ -294,7 +308,7 @@ class ComfyInstances:
                 "--port", str(inst.port), "--disable-auto-launch", "--output-directory", str(d / "output"),
                 "--temp-directory", str(d / "temp"), "--input-directory", str(d / "input"),
                 "--user-directory", str(d / "user")]
-        return argv + (["--cpu"] if inst.cpu else [])
+        return argv + (["--cpu"] if inst.cpu else []) + self.extra_args
 
     def environment(self, inst: Instance, extra: Mapping[str, str]) -> dict[str, str]:
         """The instance's environment: this host's, then the run's renumbering (its cards only)."""

@@ -248,3 +248,13 @@ def test_an_agent_inside_comfyuis_environment_finds_it(fake_comfy, monkeypatch):
     portable = fake_comfy.path.parent / "python_embeded"  # a portable build: python_embeded beside ComfyUI/
     monkeypatch.setattr(sys, "prefix", str(portable))
     assert find_install(None, None, env={}).path == fake_comfy.path.resolve()
+
+
+def test_the_owners_extra_arguments_go_to_every_instance(fake_comfy, tmp_path):
+    mgr = ComfyInstances(fake_comfy, tmp_path, "box", env={"XPUFLEET_COMFYUI_ARGS": "--extra-model-paths-config '/a b.yaml'"})
+    from xpufleet.server.run.comfy_instances import Instance
+
+    argv = mgr.argv(Instance("cpu", tmp_path, ["cpu"], cpu=True))
+    assert argv[-3:] == ["--cpu", "--extra-model-paths-config", "/a b.yaml"]
+    with pytest.raises(ComfyError, match="XPUFLEET_COMFYUI_ARGS: No closing quotation"):
+        ComfyInstances(fake_comfy, tmp_path, "box", env={"XPUFLEET_COMFYUI_ARGS": "--x 'open"})
