@@ -2,8 +2,8 @@
 (simulated) cards run in a warm headless copy of the real ComfyUI there. One sidecar and one agent with two
 simulated cards and ``--comfyui`` for the module (the sidecar started
 with ``--comfyui`` too, for "this server") (each ComfyUI start costs ~10 s on 2 cores); the tests run
-in order and share its instances: a named card (cold), the same workflow again (warm), ``any``, "this
-server", a node that raises, a cancel, and kill -9 of the instance during a run (then a fresh instance).
+in order and share its instances: a named card (cold), the same workflow again (warm), ``any``, a workflow
+that loads a model file (a tiny upscaler the test writes; progress), "this server", a node that raises, a cancel, and kill -9 of the instance during a run (then a fresh instance).
 
 Needs the real ComfyUI (COMFYUI_DIR, COMFYUI_PYTHON); skipped with the reason without it."""
 
@@ -24,6 +24,7 @@ import pytest
 pytestmark = [pytest.mark.e2e, pytest.mark.comfy, pytest.mark.timeout(300)]
 
 WORKER = "box"
+UPSCALER = "tiny-compact-2x.safetensors"
 
 
 def image_graph(color: int, size: int = 96) -> dict[str, Any]:
@@ -68,10 +69,12 @@ def comfy_fleet(tmp_path_factory):
         pytest.skip(comfy_harness.SKIP_REASON)
     comfy_dir, python = found
     fleet = fh.Fleet(tmp_path_factory.mktemp("comfy-fleet"))
+    models = tiny_upscale_models(fleet.tmp / "models")
     try:
         sc = fleet.sidecar("--comfyui", str(comfy_dir), "--comfyui-python", str(python))  # "this server" too
         agent = fleet.agent("--name", WORKER, "--simulate", "cuda:0=24,cuda:1=24", "--comfyui", str(comfy_dir),
-                            "--comfyui-python", str(python))
+                            "--comfyui-python", str(python),
+                            env=fleet.env(XPUFLEET_COMFYUI_ARGS=f"--extra-model-paths-config {models}"))
         agent.wait_connected()
         yield fleet, sc, agent
     finally:
@@ -80,6 +83,35 @@ def comfy_fleet(tmp_path_factory):
         for pid in leftovers:  # never leave a ComfyUI behind, even when the agent failed to stop it
             os.kill(pid, signal.SIGKILL)
         assert not leftovers, f"the agent left ComfyUI instances running: {leftovers}"
+
+
+def tiny_upscale_models(folder: Path) -> Path:
+    """A RealESRGAN-compact 2x upscale model of a few hundred weights (spandrel detects it from its keys) in
+    ``folder/upscale_models``, and the extra model paths file that shows it to the worker's ComfyUI."""
+    import torch
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    nf, out = 4, 3 * 2 * 2  # 4 features; 3 channels x scale 2 squared (pixel shuffle)
+    state = {"body.0.weight": torch.randn(nf, 3, 3, 3) * 0.1, "body.0.bias": torch.zeros(nf),
+             "body.1.weight": torch.full((nf,), 0.25), "body.2.weight": torch.randn(nf, nf, 3, 3) * 0.1,
+             "body.2.bias": torch.zeros(nf), "body.3.weight": torch.full((nf,), 0.25),
+             "body.4.weight": torch.randn(out, nf, 3, 3) * 0.1, "body.4.bias": torch.zeros(out)}
+    (folder / "upscale_models").mkdir(parents=True)
+    save_file(state, str(folder / "upscale_models" / UPSCALER))
+    config = folder / "extra_model_paths.yaml"
+    config.write_text(f"fleet_test:\n    base_path: {folder}\n    upscale_models: upscale_models\n")
+    return config
+
+
+def upscale_graph() -> dict[str, Any]:
+    """A workflow that loads a model file: EmptyImage -> ImageUpscaleWithModel (4 tiles: progress) -> SaveImage."""
+    return {
+        "1": {"class_type": "EmptyImage", "inputs": {"width": 600, "height": 600, "batch_size": 1, "color": 99}},
+        "2": {"class_type": "UpscaleModelLoader", "inputs": {"model_name": UPSCALER}},
+        "3": {"class_type": "ImageUpscaleWithModel", "inputs": {"upscale_model": ["2", 0], "image": ["1", 0]}},
+        "4": {"class_type": "SaveImage", "inputs": {"images": ["3", 0], "filename_prefix": "up"}},
+    }
 
 
 def comfy_pids(home: Path) -> list[int]:
@@ -156,6 +188,23 @@ def test_a_workflow_queued_to_any_runs_on_a_card_that_can_take_it(comfy_fleet):
     assert run["status"] == "succeeded", run["error"]
     assert run["execution_facts"]["worker"] == WORKER
     check_image(sc, rid)
+
+
+def test_a_workflow_that_loads_a_model_file_reports_its_progress(comfy_fleet):
+    _, sc, _ = comfy_fleet
+    reading = sc.ok("GET", f"/api/workers/{WORKER}").get("comfyui")
+    if isinstance(reading, dict) and "models" in reading:  # where the Workers data lists the files
+        assert UPSCALER in reading["models"]["upscale_models"]
+    rid = sc.submit(upscale_graph(), target={"worker": WORKER, "devices": ["cuda:1"]}, record_outputs="upload")
+    run = sc.wait_run(rid, {"succeeded", "failed", "cancelled", "interrupted"}, timeout=120)
+    assert run["status"] == "succeeded", run["error"]
+    progress = [e["payload"] for e in sc.events(rid) if e["type"] == "progress"]
+    assert progress and progress[-1]["value"] == progress[-1]["max"] == 4, progress
+    assert progress[-1]["node"] == "3" and progress[-1]["class_type"] == "ImageUpscaleWithModel"
+    assert progress[-1]["text"] == "ImageUpscaleWithModel (node 3): step 4 of 4"
+    (image,) = sc.ok("GET", f"/api/runs/{rid}/outputs/4")["outputs"]
+    code, raw = sc.call("GET", f"/api/runs/{rid}/outputs/4/{image['file']}", raw=True)
+    assert code == 200 and int.from_bytes(raw[16:20], "big") == 1200  # the PNG's width: upscaled 2x
 
 
 @pytest.mark.skipif(importlib.util.find_spec("xpufleet.server.comfyflow.check") is None,
