@@ -47,6 +47,21 @@ RUN_SOURCES = ("api", "canvas")
 RUN_KIND_GRAPH = "graph"
 RUN_KIND_COMFYUI = "comfyui"
 RUN_KINDS = (RUN_KIND_GRAPH, RUN_KIND_COMFYUI)
+# The headless ComfyUIs that run ComfyUI runs (server/run/comfy_instances.py, docs/workers.md "Any workflow
+# on a fleet card"): one per device set, started on demand, kept warm, stopped when idle.
+ENV_COMFYUI = "XPUFLEET_COMFYUI"  # the ComfyUI folder an agent/sidecar uses when --comfyui is not given
+ENV_COMFYUI_PYTHON = "XPUFLEET_COMFYUI_PYTHON"  # its interpreter when --comfyui-python is not given
+# more arguments for every instance, split like a shell line (e.g. "--extra-model-paths-config /srv/models.yaml")
+ENV_COMFYUI_ARGS = "XPUFLEET_COMFYUI_ARGS"
+ENV_COMFYUI_START_TIMEOUT_S = "XPUFLEET_COMFYUI_START_TIMEOUT_S"
+COMFYUI_START_TIMEOUT_S = 180.0  # a starting instance must answer GET /system_stats within this
+ENV_COMFYUI_IDLE_S = "XPUFLEET_COMFYUI_IDLE_S"
+COMFYUI_IDLE_S = 600.0  # an instance with no run for this long is stopped
+COMFYUI_STOP_GRACE_S = 10.0  # SIGTERM to an instance's process group, SIGKILL after this
+COMFYUI_DIRNAME = "comfyui"  # $XPUFLEET_HOME/comfyui/<agent or "local">/<instance key>/
+COMFYUI_LOG_NAME = "comfyui.log"
+COMFYUI_PROBE_KEY = "probe"  # the reading's instance (--cpu, no card)
+COMFYUI_HTTP_TIMEOUT_S = 30.0  # one HTTP call to an instance (/prompt, /view, /object_info)
 
 # --- device kinds --------------------------------------------------------------------------------
 DEVICE_KINDS = ("cpu", "cuda", "xpu", "mps")
@@ -168,6 +183,7 @@ ESTIMATE_CONV_WORKSPACE_FRACTION = 1.0  # ... and a model with convolutions: its
 MEMORY_OVERTAKES_BEFORE_HOLD = 3  # a waiting run overtaken this often on a shared card holds that card for itself
 ENV_LOCAL_SHARED_CARDS = "XPUFLEET_LOCAL_SHARED_CARDS"  # "cuda:0,cuda:1": this server's cards admitted by memory
 AGENT_CAP_MEMORY = "memory_cap"  # the hello capability of an agent that caps a run's allocator to its budget
+AGENT_CAP_COMFYUI = "comfyui"  # the hello capability of an agent given a ComfyUI: its reading follows
 
 
 # --- sweeps and studies (docs/sweeps.md, issue 15) ------------------------------------------------------------

@@ -37,6 +37,7 @@ from ...constants import (
 from ..devices import inventory as devinv
 from ..run.warm import warm_up
 from ..workers import protocol
+from .comfyui import AgentComfy
 from .config import (  # noqa: F401 - default_name, one_shot_name: the CLI's agent.default_name()
     AgentConfig,
     AuthChoice,
@@ -85,9 +86,10 @@ class Agent:
         self._pin: str | None = None  # the certificate pinned on the current connection
         self._tasks: set[asyncio.Task[Any]] = set()
         self.last_devices: list[dict[str, Any]] | None = None  # the last inventory snapshot sent
+        self.comfy = AgentComfy(cfg, self._send, self.connected.is_set)  # its ComfyUI, when given one
         self.runs = AgentRuns(cfg, self.inventory, self._send, offered=self.offered_devices,
                               resume_grace_s=self.resume_grace_s, on_change=self._runs_changed,
-                              on_all_done=self.stopping.set)
+                              on_all_done=self.stopping.set, comfy=self.comfy)
         self.instances = InstanceHost(cfg, self._send, self.offered_devices, self._listen_host)
         self.parts = PartHost(cfg, self._send, self.offered_devices, self.inventory.simulated)
         self.outputs = OutputsServer(cfg.name, self.runs.run_dir, self._send)
@@ -235,7 +237,8 @@ class Agent:
                 devices=self.last_devices, env=devinv.environment_summary(self.inventory),
                 runs=self.runs.summary(), pid=os.getpid(), instance=self.instance,
                 mounts={label: str(path) for label, path in self.cfg.mounts.items()}, one_shot=self.cfg.one_shot,
-                capabilities=[AGENT_CAP_MEMORY],  # runs are capped to their budget (server/run/memory.py)
+                # runs are capped to their budget (server/run/memory.py); a ComfyUI's reading follows
+                capabilities=[AGENT_CAP_MEMORY, *self.comfy.capabilities()],
             )
             await ws.send_str(hello)
             first = await asyncio.wait_for(ws.receive(), timeout=AGENT_HELLO_TIMEOUT_S)
@@ -262,6 +265,7 @@ class Agent:
             log.info("connected to %s as %s", auth.url, self.cfg.name)
             await self._reconcile(msg["runs"])
             await self.instances.after_welcome()
+            await self.comfy.after_welcome()
             hb = asyncio.create_task(self._heartbeat_loop(ws))
             try:
                 async for m in protocol.messages(ws, protocol.SIDECAR_TO_AGENT, _bad_message):
@@ -352,6 +356,7 @@ class Agent:
                 loop.add_signal_handler(sig, self.stopping.set)
         self._write_state("starting")
         warm = asyncio.create_task(warm_up())  # the warm start parent, in the background
+        self.comfy.start()  # its ComfyUI read in the background
         conn = asyncio.create_task(self.connection_loop())
         grace = asyncio.create_task(self.grace_loop())
         await self.stopping.wait()
@@ -364,6 +369,7 @@ class Agent:
             for rs in active:
                 if rs.process is not None:
                     rs.process.kill()
+        await self.comfy.stop_all()  # after the runs: a stopping run still talks to its instance
         await self.runs.await_acks(self.connected, SHUTDOWN_ACK_WAIT_S)
         await cancel_and_wait((grace, conn, warm))
         self._write_state("removed" if self.removed else ("done" if self.runs.took_run and self.cfg.one_shot else "stopped"))

@@ -13,6 +13,7 @@ from ...common import atomic
 from ...common.runtime_file import read_runtime
 from ...constants import AGENT_ADVERTISE_ADDR_DEFAULT, AGENT_WS_PATH, RUNTIME_FILENAME
 from ..devices.simulated import SimulatedCard
+from ..run.comfy_instances import ComfyInstall
 from ..workers.protocol import POOL_SECRET_PREFIX, worker_name_problem
 
 
@@ -89,6 +90,9 @@ class AgentConfig:
     # --advertise-addr: where the other workers' ddp ranks reach this one's (a spread run's rank 0 opens
     # its rendezvous store here; docs/architecture.md "ddp across workers")
     advertise_addr: str = AGENT_ADVERTISE_ADDR_DEFAULT
+    # --comfyui PATH [--comfyui-python PY], $XPUFLEET_COMFYUI, or the ComfyUI this interpreter belongs to:
+    # the ComfyUI its headless instances run (docs/workers.md, "Any workflow on a fleet card")
+    comfyui: ComfyInstall | None = None
 
 
 class AuthError(RuntimeError):

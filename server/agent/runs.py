@@ -19,16 +19,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...constants import RUN_STOP_GRACE_S
+from ...constants import RUN_KIND_COMFYUI, RUN_STOP_GRACE_S
 from ..devices import names as devnames
 from ..devices import renumbering as devren
 from ..devices.inventory import Inventory
 from ..run import ddp, spread
+from ..run.comfy_instances import ComfyError
 from ..run.host import RunProcess
 from ..run.launcher import LaunchError, ProcessGroup, member_env
 from ..run.spec import RunSpec, build_spec
 from ..run.warm import default_starter
 from ..workers import protocol
+from .comfyui import AgentComfy, no_comfyui_text
 from .config import AgentConfig, agents_dir
 
 log = logging.getLogger("xpufleet.agent")
@@ -56,6 +58,7 @@ class RunState:
     stop_reason: str | None = None  # "cancel" | "grace" | "forget" | "shutdown"
     forgotten: bool = False
     task: asyncio.Task | None = None
+    extra_pids: list[int] = field(default_factory=list)  # a ComfyUI run's instance (its memory is the run's)
 
     @property
     def group(self) -> ProcessGroup | None:
@@ -81,8 +84,10 @@ class AgentRuns:
 
     def __init__(self, cfg: AgentConfig, inventory: Inventory, send: Send, *,
                  offered: Callable[[], list[dict[str, Any]]], resume_grace_s: Callable[[], float],
-                 on_change: Callable[[], None], on_all_done: Callable[[], None]) -> None:
+                 on_change: Callable[[], None], on_all_done: Callable[[], None],
+                 comfy: AgentComfy | None = None) -> None:
         self.cfg = cfg
+        self.comfy = comfy  # ComfyUI runs lease its instances
         self.inventory = inventory
         self.send = send
         self.offered = offered
@@ -238,6 +243,30 @@ class AgentRuns:
                          renum: devren.Renumbering) -> None:
         layout = spread.leader_layout(msg, self.cfg.advertise_addr)  # None: not a run spread over workers
         spec = spread.with_layout(self._spec(rs, msg, renum), layout)
+        if spec.kind == RUN_KIND_COMFYUI:
+            try:
+                spec.comfyui = await self._lease_comfyui(rs, spec, renum)
+                rs.extra_pids = [spec.comfyui["pid"]] if spec.comfyui.get("pid") else []
+            except ComfyError as exc:
+                await self._finish_without_child(rs, "failed", str(exc))
+                return
+            try:
+                await self._run_process(rs, spec, machine, renum, layout)
+            finally:
+                assert self.comfy is not None
+                self.comfy.release(rs.machine_devices)
+            return
+        await self._run_process(rs, spec, machine, renum, layout)
+
+    async def _lease_comfyui(self, rs: RunState, spec: RunSpec, renum: devren.Renumbering) -> dict[str, Any]:
+        """A ComfyUI run's instance: its cards' warm ComfyUI (``--cpu`` on simulated cards and the CPU)."""
+        if self.comfy is None or not self.comfy.enabled:
+            raise ComfyError(no_comfyui_text(self.cfg.name))
+        cpu = spec.simulated or all(devnames.device_kind(d) == "cpu" for d in rs.machine_devices)
+        return await self.comfy.lease(rs.machine_devices, cpu=cpu, env={**self.cfg.extra_env, **renum.env})
+
+    async def _run_process(self, rs: RunState, spec: RunSpec, machine: list[str], renum: devren.Renumbering,
+                           layout: Any) -> None:
         spec.write(rs.run_dir)
         extra = {**self.cfg.extra_env, **renum.env}
         # A run with a ddp loop: every rank on loopback with one thread, unless this agent's env says otherwise.

@@ -17,7 +17,8 @@ def run_pids(runs: Iterable[Any]) -> dict[str, set[int]]:
     out: dict[str, set[int]] = {}
     for rs in list(runs):
         group = getattr(rs, "group", None)
-        members = list(getattr(group, "pids", None) or [])
+        # a ComfyUI run's work happens in its instance, a process of the agent's, not of the run's group
+        members = list(getattr(group, "pids", None) or []) + list(getattr(rs, "extra_pids", None) or [])
         if rs.finished or not members:
             continue
         pids: set[int] = set()

@@ -34,6 +34,7 @@ from ..agent import config as agentcfg
 from ..devices.inventory import Inventory
 from ..devices.names import DeviceSpecError, parse_device_list
 from ..devices.simulated import parse_simulate
+from ..run.comfy_instances import ComfyError, extra_args, find_install
 from ..workers import protocol
 from .text import safe
 
@@ -72,6 +73,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         f"store and the ranks' sockets); default {AGENT_ADVERTISE_ADDR_DEFAULT}, this machine only")
     s.add_argument("--fingerprint", metavar="SHA256",
                    help="the TLS sidecar's certificate fingerprint to pin (the join command carries it)")
+    s.add_argument("--comfyui", metavar="PATH",
+                   help="the ComfyUI folder (with main.py) that runs ComfyUI workflows on this worker's cards "
+                        "(default: $XPUFLEET_COMFYUI, or the ComfyUI whose environment runs this agent)")
+    s.add_argument("--comfyui-python", metavar="PY",
+                   help="the interpreter of that ComfyUI (default: $XPUFLEET_COMFYUI_PYTHON, its venv/ or .venv/, "
+                        "else this one)")
     t = sub.add_parser("stop", help="stop a worker agent started with `agent start`")
     t.add_argument("--name", help="worker name (default: the only running agent, else the hostname)")
     u = sub.add_parser("status", help="show this machine's worker agents",
@@ -179,6 +186,12 @@ def _config(args: argparse.Namespace, home: Path) -> agentcfg.AgentConfig:
     if roots:
         extra_env[ENV_DATA_ROOTS] = os.pathsep.join(str(r) for r in roots)
     advertise = advertise_address(getattr(args, "advertise_addr", None) or AGENT_ADVERTISE_ADDR_DEFAULT)
+    try:
+        comfyui = find_install(getattr(args, "comfyui", None), getattr(args, "comfyui_python", None))
+        if comfyui is not None:
+            extra_args()
+    except ComfyError as exc:
+        raise DeviceSpecError(f"--comfyui: {exc}") from None
     return agentcfg.AgentConfig(
         name=name,
         home=home,
@@ -192,6 +205,7 @@ def _config(args: argparse.Namespace, home: Path) -> agentcfg.AgentConfig:
         one_shot=one_shot,
         fingerprint=fingerprint,
         advertise_addr=advertise,
+        comfyui=comfyui,
     )
 
 
@@ -257,6 +271,8 @@ def _spawn(args: argparse.Namespace, cfg: agentcfg.AgentConfig, home: Path) -> i
     if cfg.fingerprint:
         argv += ["--fingerprint", cfg.fingerprint]
     argv += ["--advertise-addr", cfg.advertise_addr]
+    if cfg.comfyui is not None:
+        argv += ["--comfyui", str(cfg.comfyui.path), "--comfyui-python", cfg.comfyui.python]
     env = dict(os.environ)
     if cfg.join_token:
         env[ENV_JOIN_TOKEN] = cfg.join_token

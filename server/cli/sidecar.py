@@ -21,6 +21,7 @@ from ...common.runtime_file import ensure_home, pid_alive, read_runtime, remove_
 from ...constants import (
     DEFAULT_HOST,
     DEFAULT_PORT,
+    ENV_COMFYUI,
     SIDECAR_LOG_NAME,
     SIDECAR_START_TIMEOUT_S,
     SIDECAR_STOP_TIMEOUT_S,
@@ -45,6 +46,12 @@ def add_parser(sub: Any) -> None:
                         "--tls-cert/--tls-key give one; join commands carry its SHA-256 fingerprint")
     p.add_argument("--tls-cert", metavar="FILE", help="PEM certificate (chain) to serve with --tls")
     p.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert (default: in the same file)")
+    p.add_argument("--comfyui", metavar="PATH",
+                   help="a ComfyUI folder (with main.py): this server then runs ComfyUI workflows queued to it "
+                        "(target local) in headless ComfyUIs of its own (default: $XPUFLEET_COMFYUI)")
+    p.add_argument("--comfyui-python", metavar="PY",
+                   help="the interpreter of that ComfyUI (default: $XPUFLEET_COMFYUI_PYTHON, its venv/ or .venv/, "
+                        "else this one)")
     p.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_start)
 
@@ -72,6 +79,22 @@ def _tls_args(args: argparse.Namespace) -> list[str] | str:
     return (["--tls"] if args.tls or args.tls_cert else []) + out
 
 
+def _comfyui(args: argparse.Namespace) -> Any:
+    """``--comfyui``/``--comfyui-python`` (or ``$XPUFLEET_COMFYUI``): the ComfyInstall, None, or an error
+    text. No automatic detection here: a sidecar runs ComfyUI runs only when told to."""
+    from ..run.comfy_instances import ComfyError, extra_args, find_install
+
+    path = getattr(args, "comfyui", None) or os.environ.get(ENV_COMFYUI) or None
+    if path is None:
+        return None
+    try:
+        install = find_install(path, getattr(args, "comfyui_python", None))
+        extra_args()
+        return install
+    except ComfyError as exc:
+        return f"--comfyui: {exc}"
+
+
 def cmd_start(args: argparse.Namespace) -> int:
     home = ensure_home(home_dir())
     tls_args = _tls_args(args)
@@ -90,6 +113,12 @@ def cmd_start(args: argparse.Namespace) -> int:
     for name in args.allowed_host or ():
         cmd += ["--allowed-host", name]
     cmd += tls_args
+    comfyui = _comfyui(args)
+    if isinstance(comfyui, str):
+        err(comfyui)
+        return EXIT_USAGE
+    if comfyui is not None:
+        cmd += ["--comfyui", str(comfyui.path), "--comfyui-python", comfyui.python]
     log_path = home / SIDECAR_LOG_NAME
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
@@ -175,8 +204,13 @@ def _start_foreground(args: argparse.Namespace, home: Path) -> int:
         report(f"error: a sidecar is already running at {running[1]['url']} (pid {running[1]['pid']})")
         err(f"a sidecar is already running at {running[1]['url']} (pid {running[1]['pid']})")
         return EXIT_RUN_FAILED
+    comfyui = _comfyui(args)
+    if isinstance(comfyui, str):
+        report(f"error: {comfyui}")
+        err(comfyui)
+        return EXIT_USAGE
     try:
-        config = SidecarConfig.from_env(home, host=args.host, port=args.port,
+        config = SidecarConfig.from_env(home, host=args.host, port=args.port, comfyui=comfyui,
                                         allowed_hosts=tuple(args.allowed_host or ()),
                                         tls=bool(args.tls or args.tls_cert),
                                         tls_cert=Path(args.tls_cert).expanduser() if args.tls_cert else None,

@@ -41,7 +41,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from ...constants import CUBLAS_WORKSPACE_CONFIG_DETERMINISTIC, VERSION
+from ...constants import CUBLAS_WORKSPACE_CONFIG_DETERMINISTIC, RUN_KIND_COMFYUI, VERSION
 from . import ddp, spread
 from .events import EventSink
 from .memory import apply_memory_budget, is_out_of_memory, peak_memory, simulated_card_memory
@@ -135,6 +135,9 @@ def run(run_dir: Path, events_fd: int | None = None, stdin: Any = None) -> int:
         for key, value in (spec.get("env") or {}).items():
             os.environ.setdefault(str(key), str(value))
         facts = base_facts(spec)
+        if spec.get("kind") == RUN_KIND_COMFYUI:  # a ComfyUI on the run's cards executes it (comfy_client.py)
+            status, error, extra = _execute_comfy(spec, run_dir, sink, facts, stdin)
+            return _finish(sink, status, error, extra, facts, None, [])
         role = spread.role_for(spec, run_dir, rank, os.environ) if spec.get("spread") else \
             ddp.role_for(spec, run_dir, rank)
         if rank and role is None:
@@ -147,14 +150,37 @@ def run(run_dir: Path, events_fd: int | None = None, stdin: Any = None) -> int:
     except Exception as exc:  # noqa: BLE001 - spec unreadable: still end with run_finished
         traceback.print_exc()
         status, error = "failed", f"the run could not start: {type(exc).__name__}: {exc}"
-    finally:
-        payload = {"status": status, "error": error, "final_metrics": dict(sink.final_metrics),
-                   "peak_memory": peak_memory(tracker, devices), "execution_facts": facts, **extra}
-        sink.emit("run_finished", payload)
-        sink.close()
+    except BaseException:
+        _finish(sink, status, error, extra, facts, tracker, devices)
+        raise
+    return _finish(sink, status, error, extra, facts, tracker, devices)
+
+
+def _finish(sink: EventSink, status: str, error: str | None, extra: dict[str, Any], facts: dict[str, Any],
+            tracker: Any, devices: list[str]) -> int:
+    """The last event, ``run_finished``; the exit code."""
+    payload = {"status": status, "error": error, "final_metrics": dict(sink.final_metrics),
+               "peak_memory": peak_memory(tracker, devices), "execution_facts": facts, **extra}
+    sink.emit("run_finished", payload)
+    sink.close()
     code = 0 if status == "succeeded" else 1
     _leave_ddp(code, bool(extra.get("ddp_peer_lost")))
     return code
+
+
+def _execute_comfy(spec: dict[str, Any], run_dir: Path, sink: EventSink, facts: dict[str, Any],
+                   stdin: Any) -> tuple[str, str | None, dict[str, Any]]:
+    """A ``comfyui`` run: its prompt on the host's warm ComfyUI (no torch in this process)."""
+    from .comfy_client import run_comfy
+
+    stop_event = threading.Event()
+    watcher = StopWatcher(stop_event, stdin)
+    watcher.start()
+    try:
+        return run_comfy(spec, run_dir, sink.emit, facts, stop_event, lambda: _stopped(watcher))
+    except Exception as exc:  # noqa: BLE001 - reported, never a silent death
+        traceback.print_exc()
+        return "failed", f"{type(exc).__name__}: {exc}", {}
 
 
 def _leave_ddp(code: int, peer_lost: bool) -> None:

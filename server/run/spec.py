@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ...common import atomic
+from ...constants import RUN_KIND_COMFYUI, RUN_KIND_GRAPH, RUN_KINDS
+from ..comfyflow.kind import run_kind
 
 SPEC_FILENAME = "spec.json"
 PLACEMENTS = ("local", "worker")
@@ -43,6 +45,11 @@ class RunSpec:
     world_size: int = 1
     # A run spread over workers: this worker's part of it (server/run/spread.py Layout.to_json).
     spread: dict[str, Any] | None = None
+    # What executes it (server/comfyflow/kind.py): the fleet's executor, or a ComfyUI on the run's cards.
+    kind: str = RUN_KIND_GRAPH
+    # A comfyui run's instance, filled by its host (server/run/comfy_instances.py Instance.lease):
+    # {"url", "instance", "devices", "output_dir", "log", "started", "version", "pid"}
+    comfyui: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.run_id, str) or not self.run_id:
@@ -55,6 +62,8 @@ class RunSpec:
             raise SpecError("devices must name at least one device")
         if not isinstance(self.world_size, int) or self.world_size < 1:
             raise SpecError("world_size must be an integer >= 1")
+        if self.kind not in RUN_KINDS:
+            raise SpecError(f"kind must be one of {', '.join(RUN_KINDS)}, got {self.kind!r}")
         if not self.device_aliases:
             self.device_aliases = {d: d for d in self.devices}
 
@@ -113,7 +122,8 @@ def build_spec(
     """The spec of ``run`` (a store record: ``id``, ``graph``, ``options``, ``budget_gib``), the same
     way for the sidecar and an agent; only where its devices come from differs (the caller's renumbering).
 
-    ``slot_devices``: the machine's names of the devices the run holds; ``run_devices``: the names the
+    ``kind`` comes from the graph (server/comfyflow/kind.py); a ``comfyui`` run's host then sets
+    ``comfyui`` (its instance). ``slot_devices``: the machine's names of the devices the run holds; ``run_devices``: the names the
     run sees (first = ``auto``); ``visible_devices``: what the run can see, for ``execution_facts``.
     """
     facts: dict[str, Any] = {
@@ -127,6 +137,9 @@ def build_spec(
     if simulated:
         facts["simulated_devices"] = True
     budget = run.get("budget_gib")
+    kind = run_kind(run["graph"])
+    if kind == RUN_KIND_COMFYUI:
+        facts["run_kind"] = kind
     return RunSpec(
         run_id=str(run["id"]),
         graph=dict(run["graph"]),
@@ -139,5 +152,7 @@ def build_spec(
         budget_gib=None if budget is None else float(budget),
         env=dict(env or {}),
         execution_facts=facts,
-        world_size=ddp_world_size(placement, run_devices),
+        # a ComfyUI run has no ddp loop: one process whatever its cards
+        world_size=ddp_world_size(placement, run_devices) if kind == RUN_KIND_GRAPH else 1,
+        kind=kind,
     )

@@ -140,7 +140,9 @@ async def _dispatcher_ctx(app: web.Application) -> AsyncIterator[None]:
     if devices is None:
         devices = await asyncio.to_thread(probe_local_devices, config.home)
     local = LocalProvider(config.home, dispatcher.events, devices, stop_grace_s=config.stop_grace_s,
-                          cannot_run=local_runs_refusal())
+                          cannot_run=local_runs_refusal(), comfyui=config.comfyui,
+                          on_comfyui_change=dispatcher.providers_changed)
+    local.start_comfyui()  # --comfyui: its reading, in the background
     app[LOCAL_PROVIDER_KEY] = local
     dispatcher.register_provider(local)
     warm = asyncio.create_task(warm_up())  # the warm start parent of run processes, in the background

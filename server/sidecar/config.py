@@ -16,6 +16,7 @@ from ...constants import (
     MAX_REQUEST_BODY_BYTES,
     RUN_STOP_GRACE_S,
 )
+from ..run.comfy_instances import ComfyInstall
 from .auth import new_token
 
 
@@ -42,6 +43,9 @@ class SidecarConfig:
     tls_fingerprint: str | None = None
     # The Unix socket (in XPUFLEET_HOME, owner only) where SSH workers' tunnels end; set once it listens.
     agent_socket: Path | None = None
+    # --comfyui PATH [--comfyui-python PY]: this server runs ComfyUI runs (target local) in headless
+    # ComfyUIs of its own (server/run/comfy_instances.py); None: it refuses them
+    comfyui: ComfyInstall | None = None
 
     @staticmethod
     def from_env(home: Path, **kw: Any) -> SidecarConfig:

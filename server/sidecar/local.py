@@ -13,11 +13,13 @@ from typing import Any
 from ...constants import LOCAL_PROVIDER, RUN_STOP_GRACE_S, RUNS_DIR_NAME
 from ..comfyflow.reading import STATE_NONE, STATE_PROBING, Reading, reading_of
 from ..devices.inventory import Inventory
+from ..run.comfy_instances import ComfyError, ComfyInstall
 from ..run.host import RunProcess
 from ..run.launcher import member_env
 from ..run.spec import RunSpec, build_spec
 from ..run.warm import default_starter
 from ..scheduling import DeviceOffer
+from .local_comfyui import LocalComfy, is_comfyui, lease_for
 from .providers import RunHost
 
 log = logging.getLogger("xpufleet.providers")
@@ -67,9 +69,13 @@ class LocalProvider:
     draining = False
 
     def __init__(self, home: Path, host: RunHost, devices: Sequence[dict[str, Any]],
-                 stop_grace_s: float = RUN_STOP_GRACE_S, cannot_run: str = "") -> None:
+                 stop_grace_s: float = RUN_STOP_GRACE_S, cannot_run: str = "",
+                 comfyui: ComfyInstall | None = None, on_comfyui_change: Callable[[], None] | None = None) -> None:
         self.name = LOCAL_PROVIDER
         self.cannot_run = cannot_run  # non-empty: this host lacks what runs graphs (local_runs_refusal)
+        # `xpufleet start --comfyui PATH`: its ComfyUI runs in headless instances of this server's (local_comfyui.py)
+        self.comfy = LocalComfy(comfyui, home, self, on_comfyui_change) if comfyui is not None else None
+        self._comfy_runs: dict[str, list[str]] = {}  # run id -> the devices whose instance it holds
         self.home = Path(home)
         self.host = host
         self._details = [dict(d) for d in devices]
@@ -111,6 +117,11 @@ class LocalProvider:
         return build_spec(run, placement="local", slot_devices=devices, run_devices=ordered,
                           aliases={d: d for d in ordered}, visible_devices=machine)
 
+    def start_comfyui(self) -> None:
+        """Read this server's ComfyUI in the background (``--comfyui``; nothing without one)."""
+        if self.comfy is not None:
+            self.comfy.start()
+
     async def start_run(self, run: dict[str, Any], devices: list[str]) -> None:
         run_id = run["id"]
         run_dir = self.run_dir(run_id)
@@ -123,13 +134,26 @@ class LocalProvider:
         if run_id in self._cancel_before_start:
             self._cancel_before_start.discard(run_id)
             group.stop("cancel")
+        leased = False
         try:
             # the spec holds the whole graph: built and written off the loop (seconds for 5,000 nodes, issue 19)
-            await asyncio.to_thread(lambda: self.spec_for(run, devices).write(run_dir))
+            spec = await asyncio.to_thread(self.spec_for, run, devices)
+            if is_comfyui(spec):  # its instance first (a cold start takes seconds; the run waits assigned)
+                spec.comfyui = await lease_for(self.comfy, devices)
+                leased = True
+            await asyncio.to_thread(spec.write, run_dir)
             await group.start()
+        except ComfyError as exc:
+            self.runs.pop(run_id, None)
+            self.host.run_ended(run_id, "failed", str(exc))
+            return
         except BaseException:
             self.runs.pop(run_id, None)
+            if leased and self.comfy is not None:
+                self.comfy.release(devices)
             raise
+        if leased:
+            self._comfy_runs[run_id] = list(devices)  # its instance is released when the run ends
         self.host.run_process_started(run_id, group.pid)
         self._tasks[run_id] = asyncio.create_task(self._watch(run_id, group))
 
@@ -139,6 +163,9 @@ class LocalProvider:
         finally:
             self.runs.pop(run_id, None)
             self._tasks.pop(run_id, None)
+            held = self._comfy_runs.pop(run_id, None)
+            if held is not None and self.comfy is not None:
+                self.comfy.release(held)
         # Every process of the run is gone: only now its result, and with it the slot, is released.
         if result.finished_event is not None:
             self.host.ingest(run_id, [result.finished_event])
@@ -165,3 +192,5 @@ class LocalProvider:
             await asyncio.wait(tasks, timeout=self.stop_grace_s + 5)
         for group in groups:
             group.kill()
+        if self.comfy is not None:
+            await self.comfy.stop()

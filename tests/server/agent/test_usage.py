@@ -79,3 +79,17 @@ def test_simulated_cards_and_machines_without_nvml_report_nothing(tmp_path, monk
     plain = Inventory("plain", tmp_path, env={})
     plain.snapshot()
     assert run_memory(plain, [_Run("r1", psutil.Process().pid)]) == {}
+
+
+def test_a_comfyui_runs_instance_counts_as_the_runs(tmp_path, monkeypatch):
+    instance = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        monkeypatch.setitem(sys.modules, "pynvml", fake_nvml({1: [(instance.pid, 4 * GIB)]}))
+        inv = Inventory("real", tmp_path, env={})
+        inv.snapshot()
+        run = _Run("r1", psutil.Process().pid)
+        run.extra_pids = [instance.pid]  # type: ignore[attr-defined]  # the agent's ComfyUI instance of the run
+        assert run_memory(inv, [run]) == {"r1": {"cuda:1": 4.0}}
+    finally:
+        instance.kill()
+        instance.wait(10)

@@ -90,3 +90,17 @@ def test_a_shared_card_prints_its_memory_and_runs():
         "run a1b2c3d4 running, budget 4 GiB, uses 3.25 GiB (NVML)"]
     assert memory_lines(None) == [] and memory_lines({"admits_by_memory": False, "note": "shared here, but"}) == [
         "shared here, but"]
+
+
+def test_agent_start_with_a_folder_that_is_no_comfyui_says_so_before_starting(tmp_path):
+    proc = _cli(tmp_path, "agent", "start", "--simulate", "cuda:0=8", "--comfyui", str(tmp_path))
+    assert proc.returncode == 2
+    assert f"--comfyui: {tmp_path.resolve()} is not a ComfyUI folder: it has no main.py" in proc.stderr
+    assert not (tmp_path / "agents").exists()
+
+
+def test_agent_start_takes_a_comfyui_and_its_interpreter(tmp_path):
+    (tmp_path / "main.py").write_text("")
+    args = _parser().parse_args(["agent", "start", "--comfyui", str(tmp_path), "--comfyui-python", sys.executable])
+    cfg = agent_cli._config(args, tmp_path / "home")
+    assert cfg.comfyui is not None and cfg.comfyui.path == tmp_path.resolve() and cfg.comfyui.python == sys.executable
