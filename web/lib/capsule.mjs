@@ -305,9 +305,10 @@ export class CapsuleBar {
         : x.status === "refused" ? `${t("capsule.missing.item", what)}: ${t("capsule.model_status.refused", { reason: x.reason || "" })}`
           : t("capsule.missing.item", what);
       const places = (x.places || []).join(", ") + (x.places_more ? ` ${t("capsule.missing.looked_in_more", { n: x.places_more })}` : "");
+      // no folder at all: a node the scan does not know, whose reason says it ("X is not a known loader ...")
       const where = places
         ? t(comfy ? "capsule.missing.looked_in_comfyui" : "capsule.missing.looked_in_config", { places })
-        : t("capsule.missing.nowhere", { folders: (x.folders || []).join(", ") || "—" });
+        : (x.folders || []).length ? t("capsule.missing.nowhere", { folders: x.folders.join(", ") }) : x.reason || "";
       return h("li", { class: "xf-warn", dataset: { node: x.node, file: x.name } }, head,
         h("div", { class: "xf-hint", dataset: { xpufleet: "missing-places" } }, where));
     });
