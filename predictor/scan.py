@@ -540,6 +540,7 @@ def scan_workflow(workflow: Any, resolver: ModelResolver | None = None, *, colle
     if missing:
         s.warnings.append(
             f"{len(missing)} model file(s) not found ({', '.join(sorted({m.name for m in missing})[:5])}"
-            f"{', ...' if len(missing) > 5 else ''}); the prediction counts only the files found"
+            f"{', ...' if len(missing) > 5 else ''}); no success rate until they are found (the files found "
+            "only bound the need from below)"
         )
     return ScanResult(fmt, s.models, s.skipped, s.warnings, resolver.describe(), s.nodes, s.edges)

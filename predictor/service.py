@@ -12,8 +12,15 @@ The request shape (``/xpufleet/predict``, ``POST /api/predict``)::
 The answer: ``p_success``, ``level``, ``color``, ``label`` {zh, en}, ``explanation`` (every input and
 intermediate, the model-size stages and the options), ``models`` (each scanned reference),
 ``snapshot`` (the figures used), ``scan`` (summary), ``warnings``, ``simulated``, ``complete`` (every
-referenced model file was found), ``summary`` (the tooltip's first sentence as fields: verdict, need,
-of, device; predictor/training_peak.py).
+referenced model file was found), ``missing`` (each model file the workflow names that was not found:
+node, class, input, folder, name, and where it was looked for), ``summary`` (the tooltip's first
+sentence as fields: verdict, need, of, device; predictor/training_peak.py).
+
+A workflow with a missing model file gets **no success rate** (docs/predictor.md, "Missing model
+files"): ``p_success`` is null, ``level`` ``"missing"`` with a neutral colour and the label "Missing
+model", and the summary's verdict ``"missing"`` with ``need_gb`` marked ``lower_bound`` (the files
+found; the missing ones would add to it). The formula's inputs and intermediates over the files found
+stay in ``explanation`` for the record. When every file is found the answer is seed 001's, unchanged.
 """
 
 from __future__ import annotations
@@ -26,14 +33,19 @@ from typing import Any
 
 from ..constants import BYTES_PER_GB, PREDICTOR_ACTIVATION_FRACTION
 from .predict import predict
-from .resolve import ModelResolver
-from .scan import scan_workflow
+from .resolve import ModelResolver, default_resolver
+from .scan import LOADERS, ModelRef, ScanResult, scan_workflow
 from .snapshot import SNAPSHOT_FIELDS, Snapshot
 from .training_peak import api_graph, is_training_graph, summary, training_estimate
 
 OPTION_NAMES = ("weight_bytes", "topology", "activation_overhead", "calibration")
 _PLATFORM_RE = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 _OVERRIDE_TEXT = ("device", "name", "kind", "uuid", "platform", "worker")
+# The answer for a workflow whose model file is missing: no level of seed 001's table, a neutral colour.
+MISSING_LEVEL = "missing"
+MISSING_COLOR = "#8c8c8c"
+MISSING_LABEL = {"zh": "缺少模型", "en": "Missing model"}
+_MAX_PLACES = 12  # folders listed per missing file (ComfyUI's extra_model_paths.yaml can add many)
 
 
 @dataclass(frozen=True)
@@ -156,6 +168,7 @@ def predict_workflow(
         from .config import gamma_overrides as load_gamma
 
         gamma_overrides = load_gamma()
+    resolver = resolver or default_resolver()
     scan = scan_workflow(workflow, resolver, collect_graph=opts.topology)
     warnings = list(scan.warnings)
     sizes: dict[str, int] = {}
@@ -181,7 +194,8 @@ def predict_workflow(
     m_peak = max(sizes.values(), default=0) / BYTES_PER_GB
     if sizes:
         stages["m_peak_model"] = max(sizes, key=lambda k: sizes[k])
-    peak_source = "model_files"
+    # "none": the workflow loads no model file, so M_peak = 0 is no size of anything (not measured either)
+    peak_source = "model_files" if sizes else "none"
     graph = api_graph(workflow, prompt)
     if is_training_graph(graph):
         try:
@@ -261,4 +275,57 @@ def predict_workflow(
         complete=all(m.status == "found" for m in scan.models),
     )
     answer["summary"] = summary(answer, snapshot, peak_source)
+    missing = missing_files(scan, resolver)
+    answer["missing"] = missing
+    if missing:
+        withhold_rate(answer)
     return answer
+
+
+def _looked_in(ref: ModelRef, resolver: ModelResolver) -> tuple[list[str], list[str]]:
+    """(folder names, their directories) where ComfyUI looks for ``ref``'s file: the loader's folders
+    (LOADERS), the one folder a hint named, or, for a node the table does not know, every model folder."""
+    spec = next((li for li in LOADERS.get(ref.class_type, ()) if li.name == ref.input), None)
+    if spec is not None:
+        folders = list(spec.folders)
+    elif ref.folder:
+        folders = [ref.folder]
+    else:
+        folders = resolver.known_folders()
+    places: list[str] = []
+    for folder in folders:
+        try:
+            bases = resolver.bases(folder)
+        except Exception:  # a resolver that cannot name a folder's directories still names the folder
+            bases = []
+        places += [b for b in bases if b not in places]
+    return folders, places
+
+
+def missing_files(scan: ScanResult, resolver: ModelResolver) -> list[dict[str, Any]]:
+    """Each model file the workflow names that was not found (``missing``), not chosen (``unresolved``
+    with no name), not in any model folder (``unresolved``, a node the table does not know) or not read
+    (``refused``, a link leading out of its folder): node, class, input, folder, name, status, reason,
+    and where ComfyUI looks for it (``folders``, ``places``). The same file named by two nodes is listed
+    for each node."""
+    out = []
+    for m in scan.models:
+        if m.status == "found":
+            continue
+        folders, places = _looked_in(m, resolver)
+        out.append({"node": m.node, "class_type": m.class_type, "input": m.input, "name": m.name,
+                    "folder": m.folder, "status": m.status, "reason": m.reason,
+                    "folders": folders, "places": places[:_MAX_PLACES],
+                    "places_more": max(0, len(places) - _MAX_PLACES)})
+    return out
+
+
+def withhold_rate(answer: dict[str, Any]) -> None:
+    """No success rate for a workflow that names a model file the machine lacks: the run would fail
+    at that loader whatever the memory, and the sizes found only bound the need from below."""
+    # the formula's inputs and intermediates stay, over the files found: M_peak / M_total bound the need
+    # from below; no percentage is given (p_success_raw of the intermediates is no success rate)
+    answer["explanation"]["models"]["lower_bound"] = True
+    answer.update(p_success=None, level=MISSING_LEVEL, color=MISSING_COLOR, label=dict(MISSING_LABEL))
+    s = answer["summary"]
+    s.update(verdict=MISSING_LEVEL, lower_bound=True)

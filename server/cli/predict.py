@@ -156,11 +156,17 @@ def format_answer(a: dict[str, Any]) -> str:
     i, m = e["intermediates"], e["models"]
     snap = a["snapshot"]
     where = f"{snap.get('worker')}/{snap['device']}" if snap.get("worker") else snap["device"]
+    if a.get("p_success") is None:  # a missing model file: no rate (docs/predictor.md, "Missing model files")
+        first = a["missing"][0] if a.get("missing") else {}
+        head = (f"Success rate: none ({a['label']['en']} / {a['label']['zh']}): "
+                f"{first.get('name') or 'no file chosen'} (node {first.get('node')})")
+    else:
+        head = f"Success rate: {a['p_success']}%  {a['label']['en']} / {a['label']['zh']}"
     lines = [
-        f"Success rate: {a['p_success']}%  {a['label']['en']} / {a['label']['zh']}",
+        head,
         f"  device {where} {snap.get('name') or ''}  platform {e['platform']} (gamma {e['gamma']:g})"
         + ("  [SIMULATED figures]" if a.get("simulated") else ""),
-        f"  M_peak {m['m_peak_gb']:.2f} GB   M_total {m['m_total_gb']:.2f} GB   V_eff {i['v_eff_gb']:.2f} GB"
+        f"  M_peak {'>= ' if m.get('lower_bound') else ''}{m['m_peak_gb']:.2f} GB   M_total {m['m_total_gb']:.2f} GB   V_eff {i['v_eff_gb']:.2f} GB"
         f"   RAM free {i['c_ram_gb']:.2f} GB   virtual {i['s_virt_gb']:.2f} GB",
         f"  P_peak {i['p_peak']:.3f}   P_load {i['p_load']:.3f} ({i['p_load_branch']})",
     ]

@@ -66,6 +66,95 @@ def test_training_graph_capsule_shows_the_static_estimate_and_names_its_device(s
     page.mouse.move(700, 600)
 
 
+# a checkpoint that is not in the host's models/checkpoints (small.safetensors and big.safetensors are)
+MISSING_GRAPH = {
+    "4": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "not_here.safetensors"}},
+    "5": {"class_type": "EmptyLatentImage", "inputs": {"width": 512, "height": 512, "batch_size": 1}},
+    "8": {"class_type": "VAEDecode", "inputs": {"samples": ["5", 0], "vae": ["4", 2]}},
+    "9": {"class_type": "SaveImage", "inputs": {"images": ["8", 0], "filename_prefix": "missing"}},
+}
+# issue 30's core-node workflow: it loads no model file at all
+NO_WEIGHTS_GRAPH = {
+    "1": {"class_type": "EmptyImage", "inputs": {"width": 64, "height": 64, "batch_size": 1, "color": 0}},
+    "2": {"class_type": "ImageScale", "inputs": {"image": ["1", 0], "upscale_method": "nearest-exact",
+                                                 "width": 128, "height": 128, "crop": "disabled"}},
+    "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "noweights"}},
+}
+CAPSULE_IS = "(v) => document.querySelector('[data-xpufleet=capsule]').dataset.level === v"
+
+
+def test_a_missing_checkpoint_names_the_file_and_shows_no_rate(session, comfy_host, screenshots):
+    """Issue 30 point 4: never a green "100% Smooth" for a workflow whose checkpoint is missing."""
+    page, _ = session
+    bh.load_api_graph(page, MISSING_GRAPH, "missing-checkpoint")
+    page.wait_for_function(CAPSULE_IS, arg="missing", timeout=WAIT_MS)
+    capsule = page.locator("[data-xpufleet=capsule]")
+    c = bh.capsule(page)
+    assert c["text"].startswith("Missing model: not_here.safetensors (node 4)"), c
+    assert "p" not in c and "%" not in c["text"] and "Smooth" not in c["text"] and c["missing"] == "1", c
+    # a neutral grey dot and the "!" mark, not a level's colour (green least of all)
+    dot = capsule.locator(".xf-dot").evaluate("(d) => getComputedStyle(d).backgroundColor")
+    assert dot == "rgb(140, 140, 140)", dot
+    assert capsule.locator(".xf-badge").count() == 1
+    assert "no success rate" in capsule.get_attribute("aria-label")
+    page.hover("[data-xpufleet=capsule]")
+    tip = page.locator("[data-xpufleet=capsule-tooltip]")
+    tip.wait_for(state="visible")
+    sentence = tip.locator("[data-xpufleet=capsule-sentence]").inner_text()
+    assert sentence.startswith("No success rate:") and "gpu-box cuda:0" in sentence, sentence
+    item = tip.locator("[data-xpufleet=capsule-missing] li")
+    assert item.count() == 1
+    assert item.first.inner_text().startswith(
+        "not_here.safetensors — node 4 (CheckpointLoaderSimple.ckpt_name), folder checkpoints")
+    places = item.first.locator("[data-xpufleet=missing-places]").inner_text()
+    assert places.startswith("ComfyUI looks in: ") and str(comfy_host.base / "models" / "checkpoints") in places
+    text = tip.inner_text()
+    assert "P_success" not in text and "%" not in text and "needs about" not in text
+    # no file of it was found: no "needs at least 0.00 GiB" either
+    assert tip.locator("[data-xpufleet=capsule-lower-bound]").inner_text().startswith("None of the workflow's model files")
+    page.screenshot(path=str(screenshots / "comfy-capsule-missing-model.png"),
+                    clip={"x": 0, "y": 0, "width": 1300, "height": 520})
+    page.mouse.move(700, 600)
+    # the user picks a checkpoint the host has on the canvas: the rate comes back, seed 001's for its 2 GiB
+    bh.choose_combo(page, "CheckpointLoaderSimple", "ckpt_name", "small.safetensors")
+    page.wait_for_function("() => document.querySelector('[data-xpufleet=capsule]').dataset.mPeak === '2'",
+                           timeout=WAIT_MS)
+    c = bh.capsule(page)
+    assert (c["level"], c["p"]) == ("smooth", "100") and "missing" not in c and "Missing" not in c["text"], c
+    # in Chinese too (ComfyUI's language, no reload; it refreshes its node definitions, so no canvas
+    # clicks after it here)
+    bh.load_api_graph(page, MISSING_GRAPH, "missing-checkpoint")
+    page.wait_for_function(CAPSULE_IS, arg="missing", timeout=WAIT_MS)
+    set_setting(page, "Comfy.Locale", "zh")
+    page.wait_for_function("() => document.querySelector('[data-xpufleet=capsule]').innerText"
+                           ".startsWith('缺少模型：not_here.safetensors（节点 4）')", timeout=WAIT_MS)
+    set_setting(page, "Comfy.Locale", "en")
+    page.wait_for_function("() => document.querySelector('[data-xpufleet=capsule]').innerText.startsWith('Missing model')",
+                           timeout=WAIT_MS)
+
+
+def test_a_workflow_loading_no_model_file_says_so_instead_of_needing_zero(session, screenshots):
+    page, _ = session
+    bh.load_api_graph(page, NO_WEIGHTS_GRAPH, "no-weights")
+    # the answer for this graph (the one before it was a found checkpoint's: basis model_files)
+    page.wait_for_function("() => { const c = document.querySelector('[data-xpufleet=capsule]').dataset; "
+                           "return c.basis === 'none' && c.level === 'smooth'; }", timeout=WAIT_MS)
+    c = bh.capsule(page)
+    assert c["level"] == "smooth" and c["p"] == "100" and "!" not in c["text"], c  # nothing is missing
+    page.hover("[data-xpufleet=capsule]")
+    tip = page.locator("[data-xpufleet=capsule-tooltip]")
+    tip.wait_for(state="visible")
+    sentence = tip.locator("[data-xpufleet=capsule-sentence]").inner_text()
+    assert sentence.startswith("Loads no model files") and "needs about" not in sentence, sentence
+    page.screenshot(path=str(screenshots / "comfy-capsule-no-model-files.png"),
+                    clip={"x": 0, "y": 0, "width": 1300, "height": 520})
+    page.mouse.move(700, 600)
+    # the training graph again for the tests that follow
+    bh.load_api_graph(page, GRAPH, "mlp_digits")
+    page.wait_for_function("() => document.querySelector('[data-xpufleet=capsule]').dataset.basis === "
+                           "'training_estimate'", timeout=WAIT_MS)
+
+
 def focused(page) -> str:
     return page.evaluate("() => { const a = document.activeElement; return a.dataset.value || a.dataset.xpufleet || a.tagName; }")
 

@@ -185,24 +185,39 @@ export class CapsuleBar {
       const why = this.error ? t("capsule.unavailable") : t("capsule.no_graph");
       ds.level = this.error ? "error" : "none";
       delete ds.p;
+      delete ds.missing;
       this.success.style.removeProperty("--xf-level");
       replace(this.success, h("span", { class: "xf-dot" }), why);
       this.success.setAttribute("aria-label", `${t("capsule.success")}: ${why}`);
       replace(this.vram, "VRAM —");
       replace(this.ram, "RAM —");
     } else {
-      const label = a.label?.[language()] || a.label?.en || a.level;
-      ds.level = a.level;
-      ds.p = String(a.p_success);
       ds.mPeak = String(a.explanation?.inputs?.m_peak_gb ?? "");
       ds.mTotal = String(a.explanation?.inputs?.m_total_gb ?? "");
+      ds.basis = a.summary?.peak_source || "";
       this.success.style.setProperty("--xf-level", a.color);
-      // the mark says what it means on hover; the label below says it to a screen reader
-      const badge = (!a.complete || a.snapshot?.reason) ? h("span", { class: "xf-badge", "aria-hidden": "true",
-        title: t("capsule.badge") }, "!") : null;
-      replace(this.success, h("span", { class: "xf-dot" }), `${a.p_success}% ${label}`, badge);
-      const extra = !a.complete ? `; ${t("capsule.incomplete")}` : "";
-      this.success.setAttribute("aria-label", `${t("capsule.success")}: ${a.p_success}% ${label}${extra}`);
+      if (a.p_success === null || a.p_success === undefined) {
+        // a model file is missing: no level and no percentage, the file instead (docs/predictor.md)
+        const miss = a.missing || [];
+        const text = missingText(miss);
+        ds.level = a.level || "missing";
+        ds.missing = String(miss.length);
+        delete ds.p;
+        replace(this.success, h("span", { class: "xf-dot" }), text,
+          h("span", { class: "xf-badge", "aria-hidden": "true", title: t("capsule.badge") }, "!"));
+        this.success.setAttribute("aria-label", `${t("capsule.success")}: ${text}; ${t("capsule.missing.no_rate")}`);
+      } else {
+        const label = a.label?.[language()] || a.label?.en || a.level;
+        ds.level = a.level;
+        ds.p = String(a.p_success);
+        delete ds.missing;
+        // the mark says what it means on hover; the label below says it to a screen reader
+        const badge = (!a.complete || a.snapshot?.reason) ? h("span", { class: "xf-badge", "aria-hidden": "true",
+          title: t("capsule.badge") }, "!") : null;
+        replace(this.success, h("span", { class: "xf-dot" }), `${a.p_success}% ${label}`, badge);
+        const extra = !a.complete ? `; ${t("capsule.incomplete")}` : a.summary?.peak_source === "none" ? `; ${t("capsule.no_models")}` : "";
+        this.success.setAttribute("aria-label", `${t("capsule.success")}: ${a.p_success}% ${label}${extra}`);
+      }
       const snap = a.snapshot || {};
       this.vram.dataset.free = String(snap.vram_free_gb);
       this.vram.dataset.total = String(snap.vram_total_gb);
@@ -243,6 +258,10 @@ export class CapsuleBar {
     const models = (a.models || []).map((m) => h("li", { class: m.status === "found" ? "" : "xf-warn" },
       `${m.name} — ${m.status === "found" ? gib(m.counted_gb ?? m.size_gb, 2) : t("capsule.model_status." + m.status, { reason: m.reason || "" })}`));
     const warnings = (a.warnings || []).map((w) => h("li", { class: "xf-warn" }, w));
+    if (a.p_success === null || a.p_success === undefined) {
+      replace(this.tip, ...this.missingTip(a, deviceLine, warnings));
+      return;
+    }
     replace(this.tip,
       a.summary ? h("div", { class: "xf-tip-sentence", dataset: { xpufleet: "capsule-sentence" } }, sentence(a.summary)) : null,
       h("div", { class: "xf-tip-title" }, `P_success = ${a.p_success}% — ${label}`),
@@ -270,6 +289,44 @@ export class CapsuleBar {
       warnings.length ? h("ul", { class: "xf-list" }, warnings) : null,
       h("div", { class: "xf-hint" }, t("capsule.click_to_pick")),
     );
+  }
+
+  /** The tooltip of a workflow whose model file is missing: each file, its node and where it is looked
+   * for; what the files found need, as a lower bound; no success rate. */
+  missingTip(a, deviceLine, warnings) {
+    const miss = a.missing || [];
+    const found = (a.models || []).filter((x) => x.status === "found").map((x) => h("li", {},
+      `${x.name} — ${gib(x.counted_gb ?? x.size_gb, 2)}`));
+    const m = a.explanation?.models || {};
+    const comfy = a.scan?.resolver?.source === "comfyui";
+    const items = miss.map((x) => {
+      const what = { file: x.name, node: x.node, class: x.class_type, input: x.input, folder: x.folder || "—" };
+      const head = !x.name ? t("capsule.missing.item_none", what)
+        : x.status === "refused" ? `${t("capsule.missing.item", what)}: ${t("capsule.model_status.refused", { reason: x.reason || "" })}`
+          : t("capsule.missing.item", what);
+      const places = (x.places || []).join(", ") + (x.places_more ? ` ${t("capsule.missing.looked_in_more", { n: x.places_more })}` : "");
+      // no folder at all: a node the scan does not know, whose reason says it ("X is not a known loader ...")
+      const where = places
+        ? t(comfy ? "capsule.missing.looked_in_comfyui" : "capsule.missing.looked_in_config", { places })
+        : (x.folders || []).length ? t("capsule.missing.nowhere", { folders: x.folders.join(", ") }) : x.reason || "";
+      return h("li", { class: "xf-warn", dataset: { node: x.node, file: x.name } }, head,
+        h("div", { class: "xf-hint", dataset: { xpufleet: "missing-places" } }, where));
+    });
+    return [
+      h("div", { class: "xf-tip-sentence", dataset: { xpufleet: "capsule-sentence" } },
+        t("capsule.missing.sentence", { device: a.summary ? deviceWords(a.summary) : "" })),
+      h("div", { class: "xf-tip-title" }, t("capsule.missing.title", { n: miss.length })),
+      h("ul", { class: "xf-list", dataset: { xpufleet: "capsule-missing" } }, items),
+      h("div", { class: "xf-hint" }, t("capsule.missing.fix")),
+      h("div", { class: "xf-tip-device" }, deviceLine.join(" · ")),
+      h("div", { class: "xf-tip-section" }, t("capsule.missing.found_heading")),
+      h("div", { dataset: { xpufleet: "capsule-lower-bound" } }, found.length
+        ? t("capsule.missing.lower_bound", { peak: gib(m.m_peak_gb, 2), total: gib(m.m_total_gb, 2) })
+        : t("capsule.missing.nothing_found")),
+      found.length ? h("ul", { class: "xf-list" }, found) : null,
+      warnings.length ? h("ul", { class: "xf-list" }, warnings) : null,
+      h("div", { class: "xf-hint" }, t("capsule.click_to_pick")),
+    ];
   }
 
   showTip(on) {
@@ -366,6 +423,15 @@ export class CapsuleBar {
   }
 }
 
+/** The capsule's words for the missing files: "Missing model: x.safetensors (node 4) +1 more". */
+function missingText(miss) {
+  const first = miss[0] || {};
+  const what = { file: first.name, node: first.node };
+  const text = !first.name ? t("capsule.missing.none_chosen", what)
+    : first.status === "refused" ? t("capsule.missing.refused", what) : t("capsule.missing.file", what);
+  return miss.length > 1 ? `${text} ${t("capsule.missing.more", { n: miss.length - 1 })}` : text;
+}
+
 /** "gpu-box cuda:0" / "this machine cuda:0" from the answer's summary (the card's model name is in
  * the tooltip's device line). */
 function deviceWords(s) {
@@ -379,7 +445,9 @@ function total(v) {
 
 /** The tooltip's first sentence: "Fits: needs about 0.13 GiB of 24 GiB on gpu-box cuda:0 (simulated)". */
 function sentence(s) {
-  const text = t(s.memory === "ram" ? "capsule.sentence_ram" : "capsule.sentence", {
-    verdict: t(`capsule.verdict.${s.verdict}`), need: memGib(s.need_gb), of: total(s.of_gb), device: deviceWords(s) });
+  // a workflow that loads no model file: its 0 GiB is no size of anything, so no "needs about 0.00 GiB"
+  const text = s.peak_source === "none" ? t("capsule.sentence_no_models", { device: deviceWords(s) })
+    : t(s.memory === "ram" ? "capsule.sentence_ram" : "capsule.sentence", {
+      verdict: t(`capsule.verdict.${s.verdict}`), need: memGib(s.need_gb), of: total(s.of_gb), device: deviceWords(s) });
   return s.simulated ? `${text} (${t("common.simulated")})` : text;
 }

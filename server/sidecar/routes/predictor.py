@@ -171,8 +171,9 @@ OPENAPI_PATHS: dict[str, Any] = {
     }},
     "/api/predict": {"post": {
         "summary": "The success rate (P_success) of a ComfyUI workflow on a device (docs/predictor.md)",
-        "responses": {"200": {"description": "{p_success, level, color, label, explanation, models, snapshot, "
-                                             "scan, warnings, simulated, complete, summary}"},
+        "responses": {"200": {"description": "{p_success (null: a model file is missing), level, color, label, "
+                                             "explanation, models, snapshot, scan, warnings, simulated, complete, "
+                                             "missing, summary}"},
                       "400": _ERROR, "404": _ERROR, "413": _ERROR},
     }},
 }
