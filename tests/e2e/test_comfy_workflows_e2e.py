@@ -24,6 +24,7 @@ import pytest
 pytestmark = [pytest.mark.e2e, pytest.mark.comfy, pytest.mark.timeout(300)]
 
 WORKER = "box"
+BARE = "bare"
 UPSCALER = "tiny-compact-2x.safetensors"
 
 
@@ -75,7 +76,11 @@ def comfy_fleet(tmp_path_factory):
         agent = fleet.agent("--name", WORKER, "--simulate", "cuda:0=24,cuda:1=24", "--comfyui", str(comfy_dir),
                             "--comfyui-python", str(python),
                             env=fleet.env(XPUFLEET_COMFYUI_ARGS=f"--extra-model-paths-config {models}"))
+        # a second worker whose ComfyUI lacks the test's model file (no extra model paths)
+        bare = fleet.agent("--name", BARE, "--simulate", "cuda:0=24", "--comfyui", str(comfy_dir),
+                           "--comfyui-python", str(python), label="bare")
         agent.wait_connected()
+        bare.wait_connected()
         yield fleet, sc, agent
     finally:
         fleet.close()
@@ -186,8 +191,14 @@ def test_a_workflow_queued_to_any_runs_on_a_card_that_can_take_it(comfy_fleet):
     rid = sc.submit(image_graph(13, size=80), target="any", record_outputs="upload")
     run = sc.wait_run(rid, {"succeeded", "failed", "cancelled", "interrupted"}, timeout=150)
     assert run["status"] == "succeeded", run["error"]
-    assert run["execution_facts"]["worker"] == WORKER
+    assert run["execution_facts"]["worker"] in (WORKER, BARE, "local")
     check_image(sc, rid)
+    # a workflow only one worker's ComfyUI can run (its model file is there alone) goes to that worker
+    wait_reading(sc, BARE)
+    rid = sc.submit(upscale_graph(), target="any")
+    run = sc.wait_run(rid, {"succeeded", "failed", "cancelled", "interrupted"}, timeout=150)
+    assert run["status"] == "succeeded", run["error"]
+    assert run["execution_facts"]["worker"] == WORKER
 
 
 def test_a_workflow_that_loads_a_model_file_reports_its_progress(comfy_fleet):
@@ -276,3 +287,72 @@ def fh_wait_event(sc: fh.SidecarProc, run_id: str, kind: str, count: int = 1, ti
             return
         assert body["status"] not in ("succeeded", "failed", "cancelled", "interrupted"), body["status"]
     raise AssertionError(f"run {run_id} had {seen} {kind} events, not {count}, after {timeout} s")
+
+
+def noise_graph() -> dict[str, Any]:
+    """EmptyImage -> ImageAddNoise (a seed widget) -> SaveImage: each seed its own image."""
+    return {
+        "1": {"class_type": "EmptyImage", "inputs": {"width": 48, "height": 48, "batch_size": 1, "color": 8421504}},
+        "2": {"class_type": "ImageAddNoise", "inputs": {"image": ["1", 0], "seed": 0, "strength": 0.5}},
+        "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "fan"}},
+    }
+
+
+def wait_reading(sc: fh.SidecarProc, worker: str, timeout: float = 120.0) -> dict[str, Any]:
+    """Until the worker's ComfyUI has been read (GET /api/workers: comfyui.state ready)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        comfy = sc.worker(worker).get("comfyui") or {}
+        if comfy.get("state") == "ready":
+            return comfy
+        assert comfy.get("state") in ("probing", None), comfy
+        time.sleep(0.5)
+    raise AssertionError(f"worker {worker}'s ComfyUI was not read within {timeout} s")
+
+
+def test_a_workflow_whose_model_file_a_worker_lacks_is_refused_there_naming_the_file_and_the_worker(comfy_fleet):
+    _, sc, _ = comfy_fleet
+    wait_reading(sc, BARE)
+    before = {r["id"] for r in sc.ok("GET", "/api/runs?limit=1000")["runs"]}
+    code, body = sc.call("POST", "/api/runs", {"graph": upscale_graph(), "options": {"target": {"worker": BARE}}})
+    assert code == 400, body
+    assert UPSCALER in body["error"] and f"worker {BARE}" in body["error"] and "upscale_models" in body["error"]
+    assert {r["id"] for r in sc.ok("GET", "/api/runs?limit=1000")["runs"]} == before  # nothing stored
+
+
+def test_a_node_class_the_workers_comfyui_lacks_is_refused_with_its_name(comfy_fleet):
+    _, sc, _ = comfy_fleet
+    wait_reading(sc, WORKER)
+    graph = image_graph(41)
+    graph["9"] = {"class_type": "QueuingSideOnlyNode", "inputs": {"image": ["2", 0]}}  # a custom node only here
+    code, body = sc.call("POST", "/api/runs", {"graph": graph, "options": {"target": {"worker": WORKER}}})
+    assert code == 400, body
+    assert "QueuingSideOnlyNode" in body["error"] and f"worker {WORKER}" in body["error"], body
+
+
+def test_fan_out_of_8_seeds_over_2_cards_gives_8_images_in_seed_order_on_both_cards(comfy_fleet):
+    _, sc, _ = comfy_fleet
+    seeds = list(range(500, 508))
+    sweep = sc.ok("POST", "/api/sweeps", {"name": "fan-out", "graph": noise_graph(), "parameters": {"2.seed": seeds},
+                                          "options": {"target": {"worker": WORKER}}}, status=201)
+    deadline = time.monotonic() + 240
+    while True:
+        body = sc.ok("GET", f"/api/sweeps/{sweep['sweep_id']}")
+        if body["status"] not in ("queued", "running") or time.monotonic() > deadline:
+            break
+        time.sleep(1.0)
+    rows = body["table"]
+    assert len(rows) == 8 and all(r["status"] == "succeeded" for r in rows), rows
+    by_seed = sorted(rows, key=lambda r: r["parameters"]["2.seed"])
+    assert [r["parameters"]["2.seed"] for r in by_seed] == seeds
+    cards, digests = set(), []
+    for row in by_seed:
+        run = sc.run(row["run_id"])
+        cards.add(facts_of(run)["instance"])
+        node = sc.ok("GET", f"/api/runs/{row['run_id']}/outputs/3")
+        (image,) = node["outputs"]
+        code, raw = sc.call("GET", f"/api/runs/{row['run_id']}/outputs/3/{image['file']}", raw=True)
+        assert code == 200 and raw[:8] == b"\x89PNG\r\n\x1a\n"
+        digests.append(raw)
+    assert cards == {"cuda:0", "cuda:1"}, cards
+    assert len(set(digests)) == 8  # every seed its own noise
