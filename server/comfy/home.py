@@ -1,0 +1,198 @@
+"""Results come home (docs/comfyui.md): a ComfyUI run's output files, made on a fleet card, copied into the
+output folder of the ComfyUI that shows it, so its page can show them (``/view``) and they stay with its
+other results.
+
+``POST /xpufleet/runs/{run_id}/home`` (body ``{}``) on ComfyUI's server: for a succeeded run, reads the
+run's recorded outputs from the sidecar (``GET /api/runs/{id}/outputs``, each node's manifest, each file;
+the layout of docs/comfyui.md "Recorded outputs of a ComfyUI run") through the one sidecar client
+(common/client.py), with the browser's pairing as its bearer, and writes each image, video, audio or other
+file into ``<ComfyUI output>/xpufleet/<run id>/<node>_<file>``. Answers ``{"run_id", "subfolder", "files":
+[{node, class_type, file, kind, media_type, bytes, subfolder, type: "output", url, copied}]}``; ``url`` is
+ComfyUI's own ``/view`` address of the copy.
+
+- Idempotent: a file already there with the size the manifest names is not fetched again.
+- Names: the run id is checked (letters, digits, ``-``, ``_``); node ids and file names are made safe
+  (server/run/outputs.py ``safe_name``), so no name leads out of the run's folder; a folder on the way that
+  is a symbolic link, or a symbolic link where a file goes, is refused (403) and nothing is written there.
+- Limits: ``MAX_FILE_BYTES`` per file, ``MAX_RUN_BYTES`` and ``MAX_FILES`` per run (413 naming the file).
+- Guarded like the plugin's other routes that act on the fleet (guard.py: Host, Origin, preflight,
+  pairing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import secrets
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+from ...common.errors import ApiError
+from ...constants import PLUGIN_NAME, home_dir
+from ..run.outputs import safe_name
+
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+HOME_KINDS = frozenset({"image", "video", "audio", "file"})  # what a ComfyUI output node writes
+MAX_FILE_BYTES = 1024 * 1024 * 1024  # the sidecar reads no larger file whole (workers/outputs.py)
+MAX_RUN_BYTES = 8 * 1024 * 1024 * 1024
+MAX_FILES = 2000
+MAX_NAME_CHARS = 200
+_TIMEOUT_S = 120.0  # one request to the sidecar (a file of up to MAX_FILE_BYTES on loopback)
+
+_q = urllib.parse.quote
+
+
+def check_run_id(run_id: Any) -> str:
+    if not isinstance(run_id, str) or not RUN_ID.match(run_id):
+        raise ApiError(400, f"run id {str(run_id)[:80]!r} is not a run id (letters, digits, '-' and '_', at most 64)")
+    return run_id
+
+
+def local_name(node: str, file: str) -> str:
+    """The copy's file name: node and file made safe, one flat folder per run."""
+    name = f"{safe_name(node)}_{safe_name(file)}"
+    if len(name) > MAX_NAME_CHARS:  # keep the extension
+        stem, dot, ext = name.rpartition(".")
+        name = f"{stem[:MAX_NAME_CHARS - len(ext) - 1]}.{ext}" if dot and len(ext) <= 16 else name[:MAX_NAME_CHARS]
+    return name
+
+
+def run_folder(output_dir: Path, run_id: str) -> Path:
+    """``<output>/xpufleet/<run id>``, made; 403 when a part of it is a symbolic link or leads elsewhere."""
+    root = Path(output_dir).resolve()
+    folder = root / PLUGIN_NAME / check_run_id(run_id)
+    for part in (root / PLUGIN_NAME, folder):
+        if part.is_symlink():
+            raise ApiError(403, f"{part} is a symbolic link: a run's results are written only into a real folder "
+                                f"inside ComfyUI's output folder {root}", {"refused": "symlink"})
+    folder.mkdir(parents=True, exist_ok=True)
+    if folder.resolve() != folder or not folder.is_relative_to(root):
+        raise ApiError(403, f"{folder} leads outside ComfyUI's output folder {root}", {"refused": "outside"})
+    return folder
+
+
+def view_url(name: str, subfolder: str) -> str:
+    """ComfyUI's own address of an output file."""
+    return "/view?" + urllib.parse.urlencode({"filename": name, "subfolder": subfolder, "type": "output"})
+
+
+def _sidecar_error(exc: Exception) -> ApiError:
+    from ...common.client import ApiError as ClientError
+
+    if isinstance(exc, ClientError):
+        extra = exc.body if isinstance(exc.body, dict) else None
+        extra = {k: v for k, v in (extra or {}).items() if k != "error"} or None
+        return ApiError(exc.status, f"the sidecar: {exc.message}", extra)
+    return ApiError(503, str(exc))
+
+
+def bring_home(client: Any, run_id: str, output_dir: Path) -> dict[str, Any]:
+    """Copy run ``run_id``'s output files (see the module's text); ``client``: common.client.Client."""
+    from ...common.client import ApiError as ClientError
+    from ...common.client import SidecarUnreachable
+
+    rid = _q(check_run_id(run_id), safe="")
+    try:
+        run = client.request("GET", f"/api/runs/{rid}")
+        if run.get("status") != "succeeded":
+            raise ApiError(409, f"run {run_id} is {run.get('status')}: its results come home once it has succeeded")
+        listing = client.request("GET", f"/api/runs/{rid}/outputs")
+        folder = run_folder(output_dir, run_id)
+        subfolder = f"{PLUGIN_NAME}/{run_id}"
+        files: list[dict[str, Any]] = []
+        total = 0
+        for entry in listing.get("nodes") or []:
+            node = str(entry.get("node"))
+            manifest = client.request("GET", f"/api/runs/{rid}/outputs/{_q(node, safe='')}")
+            for out in manifest.get("outputs") or []:
+                stored, kind = out.get("file"), out.get("kind")
+                if not isinstance(stored, str) or not stored or kind not in HOME_KINDS:
+                    continue  # inline values, a training run's tensors
+                if len(files) >= MAX_FILES:
+                    raise ApiError(413, f"run {run_id} has more than {MAX_FILES} output files: copy them with "
+                                        f"GET /api/runs/{run_id}/outputs instead")
+                size = out.get("bytes")
+                if isinstance(size, int) and size > MAX_FILE_BYTES:
+                    raise ApiError(413, f"{stored} of node {node} is {size} bytes, more than the "
+                                        f"{MAX_FILE_BYTES} a file may have to come home")
+                name = local_name(node, stored)
+                target = folder / name
+                copied = False
+                if target.is_symlink():
+                    raise ApiError(403, f"{target} is a symbolic link: not written through",
+                                   {"refused": "symlink"})
+                if not (target.is_file() and isinstance(size, int) and target.stat().st_size == size):
+                    data = client.request("GET", f"/api/runs/{rid}/outputs/{_q(node, safe='')}/{_q(stored, safe='')}",
+                                          raw=True, timeout=_TIMEOUT_S)
+                    if len(data) > MAX_FILE_BYTES:
+                        raise ApiError(413, f"{stored} of node {node} is more than {MAX_FILE_BYTES} bytes")
+                    if total + len(data) > MAX_RUN_BYTES:
+                        raise ApiError(413, f"run {run_id}'s files are more than {MAX_RUN_BYTES} bytes together")
+                    _write(target, data)
+                    copied = True
+                nbytes = target.stat().st_size
+                total += nbytes
+                files.append({"node": node, "class_type": manifest.get("class_type") or entry.get("class_type"),
+                              "file": name, "kind": kind, "media_type": out.get("media_type"),
+                              "name": out.get("name"), "index": out.get("index"), "bytes": nbytes,
+                              "subfolder": subfolder, "type": "output", "url": view_url(name, subfolder),
+                              "copied": copied})
+    except ClientError as exc:
+        raise _sidecar_error(exc) from None
+    except SidecarUnreachable as exc:
+        raise ApiError(503, str(exc)) from None
+    return {"run_id": run_id, "subfolder": subfolder, "files": files}
+
+
+def _write(target: Path, data: bytes) -> None:
+    """A temporary file in the same folder, renamed over ``target`` (a reader sees all of it or none)."""
+    tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.part")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, target)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def _output_dir() -> Path:
+    import folder_paths  # type: ignore[import-not-found]  # ComfyUI's
+
+    return Path(folder_paths.get_output_directory())
+
+
+def add_home_routes(routes: Any, prefix: str) -> None:
+    """Register ``POST <prefix>/runs/{run_id}/home`` behind the guard (paired: it reads the fleet's runs)."""
+    from aiohttp import web
+
+    from ...common.client import Client
+    from ...common.http import read_object
+    from .guard import Access, add_route, pairing_of
+    from .proxy import find_sidecar, no_sidecar_message
+
+    locks: dict[str, asyncio.Lock] = {}
+
+    async def home(request: web.Request) -> web.Response:
+        run_id = check_run_id(request.match_info["run_id"])
+        await read_object(request, set(), optional=True, max_bytes=1024)
+        pairing = pairing_of(request)
+        found = find_sidecar(home_dir())
+        if found is None:
+            raise ApiError(503, no_sidecar_message(home_dir()))
+        client = Client(found.url, pairing, timeout=_TIMEOUT_S, fingerprint=found.fingerprint)
+        # two clicks copy once (a copy racing another is still safe: each file is renamed into place)
+        lock = locks.setdefault(run_id, asyncio.Lock())
+        try:
+            async with lock:
+                answer = await asyncio.to_thread(bring_home, client, run_id, _output_dir())
+        finally:
+            if not lock.locked():
+                locks.pop(run_id, None)
+        return web.json_response(answer)
+
+    add_route(routes, "POST", f"{prefix}/runs/{{run_id}}/home", home, Access(paired=True))
