@@ -3,7 +3,10 @@
 // to the Runs panel), live through the server's long poll (GET /api/sweeps/{id}?version=&wait=), a
 // scatter of a parameter against the objective (a log x axis by default past a 10x range, with a toggle),
 // a running variant's progress, Cancel, Delete and the CSV. The ranking, the counts, the progress and the
-// sweep's status are the server's.
+// sweep's status are the server's. A sweep of a ComfyUI workflow (a fan-out of seeds, any widget of any
+// node) also shows its variants' images in variant order, each run's files copied home first
+// (gallery.mjs); for two parameters an XY grid with the values on its axes.
+import { Gallery, galleryItems } from "./gallery.mjs";
 import { ParamScatter, ScatterControls } from "./sweep_charts.mjs";
 import { h, replace, saveBlob } from "./dom.mjs";
 import { shortId, when } from "./format.mjs";
@@ -108,6 +111,8 @@ export class SweepsPanel {
     this.openRun = openRun;
     this.plot = null;
     this.tableBox = null;
+    this.imagesBox = null;
+    this.homes = new Map(); // a variant's run id -> its files (null while they come home; {error})
     this.view = new ListPanel(this, {
       kind: "sweep", texts: "sweep", frame: { panel: "sweeps-panel", classes: "xf-sweeps", buttons: () => [
         h("button", { type: "button", class: "xf-primary", dataset: { xpufleet: "new-sweep" }, onclick: () => newSweep() }, t("sweep.new")),
@@ -125,8 +130,12 @@ export class SweepsPanel {
   show(sweepId, signal) {
     const chartBox = h("div", { class: "xf-chart-box" });
     this.tableBox = h("div", { class: "xf-sweep-table-box" });
+    this.imagesBox = h("div", { class: "xf-sweep-images", dataset: { xpufleet: "sweep-images" } });
+    this.homes = new Map();
+    this.signal = signal;
+    this.gallery = this.view.keep(new Gallery({ fleet: this.fleet, label: t("sweep.images") }));
     this.plot = new ScatterControls("sweep", this.view.keep(new ParamScatter(chartBox)));
-    replace(this.view.detail, this.view.head, h("h3", {}, t("sweep.plot")), this.plot.el, chartBox, h("h3", {}, t("sweep.table")), this.tableBox);
+    replace(this.view.detail, this.view.head, this.imagesBox, h("h3", {}, t("sweep.plot")), this.plot.el, chartBox, h("h3", {}, t("sweep.table")), this.tableBox);
     this.view.poll(signal, {
       get: (query, sig) => this.fleet.sweeps.get(sweepId, query, { signal: sig }),
       rows: (s) => s.table || [],
@@ -150,6 +159,66 @@ export class SweepsPanel {
         { cancelText: t("sweep.cancel"), deleted: t("sweep.deleted") }));
     this.plot.set(s.parameters || [], s.table || [], s.objective?.metric, (p) => label(s, p));
     this.renderTable();
+    this.renderImages();
+  }
+
+  /** Bring each succeeded variant's files home once, then draw the images. */
+  renderImages() {
+    const s = this.view.item;
+    if (!(s.kind === "comfyui" || !s.objective?.metric)) return; // a training sweep: its metric table
+    const signal = this.signal;
+    for (const r of s.table || []) {
+      if (r.status !== "succeeded" || !r.run_id || this.homes.has(r.run_id)) continue;
+      this.homes.set(r.run_id, null);
+      galleryItems(this.fleet, r.run_id, signal)
+        .then(async (items) => {
+          await Promise.all(items.map(async (i) => { i.src = await this.gallery.src(i); }));
+          return items;
+        })
+        .catch((err) => ({ error: err?.message || String(err) }))
+        .then((got) => { if (!signal.aborted) { this.homes.set(r.run_id, got); this.drawImages(); } });
+    }
+    this.drawImages();
+  }
+
+  drawImages() {
+    const s = this.view.item;
+    const params = s.parameters || [];
+    const rows = [...(s.table || [])].sort((a, b) => a.variant - b.variant);
+    const all = []; // the images in the order shown: the lightbox steps through them
+    this.gallery.items = all;
+    const thumbs = (r) => {
+      if (r.status !== "succeeded" || !r.run_id) return h("div", { class: "xf-hint" }, rowStatus(r.status));
+      const got = this.homes.get(r.run_id);
+      if (!got) return h("div", { class: "xf-hint" }, t("gallery.loading"));
+      if (got.error) return h("div", { class: "xf-error", title: got.error }, t("gallery.failed"));
+      const images = got.filter((i) => i.kind === "image");
+      if (!images.length) return h("div", { class: "xf-hint" }, t("gallery.none"));
+      return images.map((i) => {
+        const at = all.push(i) - 1;
+        return h("button", { type: "button", class: "xf-thumb", "aria-label": t("gallery.open", { name: i.file }),
+          dataset: { xpufleet: "sweep-thumb" }, onclick: () => this.gallery.open(at) },
+        h("img", { src: i.src || i.url, alt: i.file, loading: "lazy" }));
+      });
+    };
+    const caption = (r) => [`#${r.variant}`, ...params.map((p) => `${label(s, p)}=${r.parameters?.[p]}`),
+      r.seed !== null && r.seed !== undefined ? `${t("queue.seed")}=${r.seed}` : null].filter(Boolean).join(" · ");
+    let body;
+    if (params.length === 2) { // an XY grid: the first parameter across, the second down
+      const [px, py] = params;
+      const xs = [...new Set(rows.map((r) => String(r.parameters?.[px])))];
+      const ys = [...new Set(rows.map((r) => String(r.parameters?.[py])))];
+      body = h("table", { class: "xf-sweep-xy", dataset: { xpufleet: "sweep-xy" } },
+        h("thead", {}, h("tr", {}, h("th", { scope: "col" }, `${label(s, py)} ↓ · ${label(s, px)} →`),
+          xs.map((x) => h("th", { scope: "col", dataset: { axis: "x" } }, x)))),
+        h("tbody", {}, ys.map((y) => h("tr", {}, h("th", { scope: "row", dataset: { axis: "y" } }, y),
+          xs.map((x) => h("td", {}, rows.filter((r) => String(r.parameters?.[px]) === x && String(r.parameters?.[py]) === y)
+            .map((r) => h("div", { class: "xf-sweep-cell", dataset: { variant: String(r.variant) }, title: caption(r) }, thumbs(r)))))))));
+    } else {
+      body = h("div", { class: "xf-gallery", role: "list" }, rows.map((r) => h("figure", { class: "xf-gallery-item", role: "listitem",
+        dataset: { variant: String(r.variant) } }, thumbs(r), h("figcaption", { class: "xf-hint" }, caption(r)))));
+    }
+    replace(this.imagesBox, h("h3", {}, t("sweep.images")), body);
   }
 
   renderTable() {
