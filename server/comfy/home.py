@@ -60,14 +60,17 @@ def local_name(node: str, file: str) -> str:
     return name
 
 
-def run_folder(output_dir: Path, run_id: str) -> Path:
-    """``<output>/xpufleet/<run id>``, made; 403 when a part of it is a symbolic link or leads elsewhere."""
+def run_folder(output_dir: Path, run_id: str, make: bool = True) -> Path:
+    """``<output>/xpufleet/<run id>`` (made with ``make``); 403 when a part of it is a symbolic link or leads
+    elsewhere."""
     root = Path(output_dir).resolve()
     folder = root / PLUGIN_NAME / check_run_id(run_id)
     for part in (root / PLUGIN_NAME, folder):
         if part.is_symlink():
             raise ApiError(403, f"{part} is a symbolic link: a run's results are written only into a real folder "
                                 f"inside ComfyUI's output folder {root}", {"refused": "symlink"})
+    if not make:
+        return folder
     folder.mkdir(parents=True, exist_ok=True)
     if folder.resolve() != folder or not folder.is_relative_to(root):
         raise ApiError(403, f"{folder} leads outside ComfyUI's output folder {root}", {"refused": "outside"})
@@ -100,7 +103,7 @@ def bring_home(client: Any, run_id: str, output_dir: Path) -> dict[str, Any]:
         if run.get("status") != "succeeded":
             raise ApiError(409, f"run {run_id} is {run.get('status')}: its results come home once it has succeeded")
         listing = client.request("GET", f"/api/runs/{rid}/outputs")
-        folder = run_folder(output_dir, run_id)
+        folder = run_folder(output_dir, run_id, make=False)  # made with its first file
         subfolder = f"{PLUGIN_NAME}/{run_id}"
         files: list[dict[str, Any]] = []
         total = 0
@@ -131,7 +134,7 @@ def bring_home(client: Any, run_id: str, output_dir: Path) -> dict[str, Any]:
                         raise ApiError(413, f"{stored} of node {node} is more than {MAX_FILE_BYTES} bytes")
                     if total + len(data) > MAX_RUN_BYTES:
                         raise ApiError(413, f"run {run_id}'s files are more than {MAX_RUN_BYTES} bytes together")
-                    _write(target, data)
+                    _write(run_folder(output_dir, run_id) / name, data)
                     copied = True
                 nbytes = target.stat().st_size
                 total += nbytes

@@ -10,11 +10,10 @@ import { t } from "./i18n.mjs";
 export const MEDIA_KINDS = new Set(["image", "video", "audio"]);
 const HOME_KINDS = new Set([...MEDIA_KINDS, "file"]);
 
-/** Whether the page should look for a run's gallery: a ComfyUI run (the run's ``kind``), or, from a server
- * that does not say a run's kind yet, a run that recorded its outputs (shown only when they hold media). */
+/** Whether the page should look for a run's gallery: a ComfyUI run (its ``kind``), or a run that recorded
+ * its outputs (the gallery shows only when they hold an image, a video or a sound). */
 export function mayHaveGallery(run) {
-  if (run?.kind) return run.kind === "comfyui";
-  return Boolean(run?.options?.record_outputs);
+  return run?.kind === "comfyui" || Boolean(run?.options?.record_outputs);
 }
 
 /** A succeeded run's files, in node and output order: [{node, class_type, file, kind, url, fetch?}];

@@ -62,7 +62,7 @@ class Sidecar:
     async def listing(self, request: web.Request) -> web.Response:
         self._check(request)
         return web.json_response({"run_id": RUN, "complete": True, "nodes": [
-            {"node": n, "class_type": m["class_type"], "files": [o["file"] for o in m["outputs"]]}
+            {"node": n, "class_type": m["class_type"], "files": [o["file"] for o in m["outputs"] if "file" in o]}
             for n, m in self.nodes.items()]})
 
     async def manifest(self, request: web.Request) -> web.Response:
@@ -131,6 +131,14 @@ async def test_a_runs_files_come_home_once(comfy, sidecar, output_dir):
     r = await comfy.post(f"/xpufleet/runs/{RUN}/home")
     assert [f["copied"] for f in (await r.json())["files"]] == [False, False, True]
     assert (output_dir / "xpufleet" / RUN / "12_clip.flac").read_bytes() == b"fLaC!"
+
+
+async def test_a_run_without_media_makes_no_folder(comfy, sidecar, output_dir):
+    sidecar.nodes = {"4": {"class_type": "XPUTrainingLoop", "outputs": [
+        {"kind": "metrics", "name": "metrics", "index": 0}, {"kind": "model", "name": "m", "index": 1, "file": "1_m.safetensors"}]}}
+    r = await comfy.post(f"/xpufleet/runs/{RUN}/home")
+    assert r.status == 200 and (await r.json())["files"] == []
+    assert not (output_dir / "xpufleet").exists() and sidecar.reads == []
 
 
 async def test_only_a_succeeded_run_comes_home(comfy, sidecar, output_dir):
