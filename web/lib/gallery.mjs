@@ -145,7 +145,8 @@ export class Gallery {
         h("button", { type: "button", class: "xf-lightbox-close", dataset: { xpufleet: "lightbox-close" }, onclick: () => dialog.close() }, t("gallery.close"))),
       img, caption);
     dialog.addEventListener("keydown", (e) => {
-      if (many && e.key === "ArrowLeft") step(-1);
+      if (e.key === "Escape") { e.stopPropagation(); dialog.close(); } // a host's own key handling may swallow the dialog's cancel
+      else if (many && e.key === "ArrowLeft") step(-1);
       else if (many && e.key === "ArrowRight") step(1);
     });
     dialog.addEventListener("close", () => dialog.remove());
