@@ -17,22 +17,30 @@ ComfyUI's own ``/view`` address of the copy.
 - Limits: ``MAX_FILE_BYTES`` per file, ``MAX_RUN_BYTES`` and ``MAX_FILES`` per run (413 naming the file).
 - Guarded like the plugin's other routes that act on the fleet (guard.py: Host, Origin, preflight,
   pairing).
+
+A training run submitted with ``record_outputs: "upload"`` also brings its saved models home (issue 30
+§2): for each ModelSaver of its graph, the model recorded at the node feeding it (weights as safetensors,
+its architecture in the manifest) is written into ComfyUI's model folder for the plugin
+(``models/xpufleet/<ModelSaver's filename>``, ``.safetensors``) in ModelSaver's own format, so a
+ModelLoader given the same filename finds it. The answer lists them under ``models``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import secrets
+import struct
 import urllib.parse
 from pathlib import Path
 from typing import Any
 
 from ...common.errors import ApiError
 from ...constants import PLUGIN_NAME, home_dir
-from ..run.outputs import safe_name
+from ..run.outputs import record_mode, safe_name
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 HOME_KINDS = frozenset({"image", "video", "audio", "file"})  # what a ComfyUI output node writes
@@ -43,6 +51,8 @@ MAX_NAME_CHARS = 200
 _TIMEOUT_S = 120.0  # one request to the sidecar (a file of up to MAX_FILE_BYTES on loopback)
 
 _q = urllib.parse.quote
+SAVER_CLASS = "XPUModelSaver"
+_MARK = ".xpufleet-home.json"  # beside a model that came home: which run's (not one of ComfyUI's model files)
 
 
 def check_run_id(run_id: Any) -> str:
@@ -92,7 +102,95 @@ def _sidecar_error(exc: Exception) -> ApiError:
     return ApiError(503, str(exc))
 
 
-def bring_home(client: Any, run_id: str, output_dir: Path) -> dict[str, Any]:
+def model_path(filename: Any) -> str:
+    """ModelSaver's filename as a path inside the model folder: each part made safe, ``.safetensors``;
+    400 for a name with ``..`` or none."""
+    parts = [p for p in re.split(r"[\\/]+", str(filename or "")) if p not in ("", ".")]
+    if not parts or ".." in parts:
+        raise ApiError(400, f"ModelSaver's filename {str(filename)[:200]!r} cannot come home: give it a name "
+                            f"inside its folder (no '..')")
+    parts = [safe_name(p) for p in parts]
+    stem, dot, _ext = parts[-1].rpartition(".")
+    parts[-1] = f"{stem if dot else parts[-1]}.safetensors"
+    return "/".join(parts)
+
+
+def with_model_metadata(data: bytes, spec: Any) -> bytes:
+    """A recorded model (safetensors, weights only) with ModelSaver's metadata (format, version, the
+    architecture) so ModelLoader rebuilds it; the tensors' bytes are kept as they are."""
+    from ...nodes.lib.modelfile import MODEL_FORMAT, MODEL_VERSION
+
+    if len(data) < 8:
+        raise ApiError(502, "the recorded model is not a safetensors file")
+    n = struct.unpack("<Q", data[:8])[0]
+    try:
+        header = json.loads(data[8:8 + n])
+    except ValueError:
+        raise ApiError(502, "the recorded model is not a safetensors file") from None
+    header["__metadata__"] = {"format": MODEL_FORMAT, "version": str(MODEL_VERSION), "xpu_spec": json.dumps(spec)}
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw + data[8 + n:]
+
+
+def _inside(root: Path, rel: str) -> Path:
+    """``root/rel`` made (its folders), or 403 when a folder on the way is a symbolic link or leads out."""
+    root = root.resolve()
+    target = root.joinpath(*rel.split("/"))
+    part = root
+    for name in rel.split("/")[:-1]:
+        part = part / name
+        if part.is_symlink():
+            raise ApiError(403, f"{part} is a symbolic link: a model comes home only into a real folder",
+                           {"refused": "symlink"})
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if not target.parent.resolve().is_relative_to(root) or target.is_symlink():
+        raise ApiError(403, f"{target} leads outside ComfyUI's model folder {root}", {"refused": "symlink"})
+    return target
+
+
+def bring_models(client: Any, rid: str, run: dict[str, Any], manifest: Any, models_dir: Path) -> list[dict[str, Any]]:
+    """A training run's saved models into ``models_dir`` (see the module's text); ``manifest(node)``: a
+    recorded node's manifest."""
+    out = []
+    for saver, spec in sorted((run.get("graph") or {}).items()):
+        if not isinstance(spec, dict) or spec.get("class_type") != SAVER_CLASS:
+            continue
+        link = (spec.get("inputs") or {}).get("model")
+        if not (isinstance(link, list) and len(link) == 2):
+            continue
+        source, index = str(link[0]), link[1]
+        try:
+            recorded = manifest(source)
+        except Exception:
+            continue  # the node feeding it recorded nothing
+        model = next((o for o in recorded.get("outputs") or []
+                      if o.get("kind") == "model" and o.get("index") == index and o.get("file")), None)
+        if model is None:
+            continue
+        rel = model_path((spec.get("inputs") or {}).get("filename"))
+        target = _inside(models_dir, rel)
+        mark = target.with_name(f".{target.name}{_MARK}")
+        said = {"run_id": run.get("id"), "node": source, "file": model["file"]}
+        copied = False
+        try:
+            kept = json.loads(mark.read_text()) if target.is_file() else None
+        except (OSError, ValueError):
+            kept = None
+        if kept != said:
+            data = client.request("GET", f"/api/runs/{rid}/outputs/{_q(source, safe='')}/{_q(model['file'], safe='')}",
+                                  raw=True, timeout=_TIMEOUT_S)
+            if len(data) > MAX_FILE_BYTES:
+                raise ApiError(413, f"the model of node {source} is more than {MAX_FILE_BYTES} bytes")
+            _write(target, with_model_metadata(data, model.get("spec")))
+            _write(mark, json.dumps(said).encode())
+            copied = True
+        out.append({"node": saver, "from_node": source, "file": rel, "folder": f"models/{PLUGIN_NAME}",
+                    "bytes": target.stat().st_size, "copied": copied})
+    return out
+
+
+def bring_home(client: Any, run_id: str, output_dir: Path, models_dir: Path | None = None) -> dict[str, Any]:
     """Copy run ``run_id``'s output files (see the module's text); ``client``: common.client.Client."""
     from ...common.client import ApiError as ClientError
     from ...common.client import SidecarUnreachable
@@ -107,9 +205,16 @@ def bring_home(client: Any, run_id: str, output_dir: Path) -> dict[str, Any]:
         subfolder = f"{PLUGIN_NAME}/{run_id}"
         files: list[dict[str, Any]] = []
         total = 0
+        manifests: dict[str, Any] = {}
+
+        def manifest_of(node: str) -> Any:
+            if node not in manifests:
+                manifests[node] = client.request("GET", f"/api/runs/{rid}/outputs/{_q(node, safe='')}")
+            return manifests[node]
+
         for entry in listing.get("nodes") or []:
             node = str(entry.get("node"))
-            manifest = client.request("GET", f"/api/runs/{rid}/outputs/{_q(node, safe='')}")
+            manifest = manifest_of(node)
             for out in manifest.get("outputs") or []:
                 stored, kind = out.get("file"), out.get("kind")
                 if not isinstance(stored, str) or not stored or kind not in HOME_KINDS:
@@ -143,11 +248,14 @@ def bring_home(client: Any, run_id: str, output_dir: Path) -> dict[str, Any]:
                               "name": out.get("name"), "index": out.get("index"), "bytes": nbytes,
                               "subfolder": subfolder, "type": "output", "url": view_url(name, subfolder),
                               "copied": copied})
+        models: list[dict[str, Any]] = []
+        if models_dir is not None and run.get("kind") != "comfyui" and record_mode(run.get("options") or {}) == "upload":
+            models = bring_models(client, rid, run, manifest_of, models_dir)
     except ClientError as exc:
         raise _sidecar_error(exc) from None
     except SidecarUnreachable as exc:
         raise ApiError(503, str(exc)) from None
-    return {"run_id": run_id, "subfolder": subfolder, "files": files}
+    return {"run_id": run_id, "subfolder": subfolder, "files": files, "models": models}
 
 
 def _write(target: Path, data: bytes) -> None:
@@ -167,6 +275,14 @@ def _output_dir() -> Path:
     import folder_paths  # type: ignore[import-not-found]  # ComfyUI's
 
     return Path(folder_paths.get_output_directory())
+
+
+def _models_dir() -> Path | None:
+    """ComfyUI's ``models/xpufleet`` (the first folder ModelLoader looks in after ``output/xpufleet``)."""
+    from ...nodes import paths
+
+    found = paths.model_dirs()
+    return found[0] if found else None
 
 
 def add_home_routes(routes: Any, prefix: str) -> None:
@@ -192,7 +308,7 @@ def add_home_routes(routes: Any, prefix: str) -> None:
         lock = locks.setdefault(run_id, asyncio.Lock())
         try:
             async with lock:
-                answer = await asyncio.to_thread(bring_home, client, run_id, _output_dir())
+                answer = await asyncio.to_thread(bring_home, client, run_id, _output_dir(), _models_dir())
         finally:
             if not lock.locked():
                 locks.pop(run_id, None)

@@ -19,7 +19,12 @@ export function mayHaveGallery(run) {
 /** A succeeded run's files, in node and output order: [{node, class_type, file, kind, url, fetch?}];
  * ``fetch``: the address needs the page's credentials (read as a blob), not a plain link. */
 export async function galleryItems(fleet, runId, signal) {
-  if (fleet.kind === "comfy") return ((await fleet.home(runId, { signal })).files || []).filter((f) => HOME_KINDS.has(f.kind));
+  if (fleet.kind === "comfy") {
+    const answer = await fleet.home(runId, { signal });
+    const items = (answer.files || []).filter((f) => HOME_KINDS.has(f.kind));
+    items.models = answer.models || []; // a training run's saved models, copied into models/xpufleet
+    return items;
+  }
   const listing = await fleet.outputs(runId, { signal });
   const items = [];
   for (const n of listing.nodes || []) {

@@ -289,11 +289,13 @@ export class RunsPanel {
     try {
       const items = await galleryItems(this.fleet, r.id, signal);
       if (signal.aborted || box !== this.galleryBox) return;
-      if (!hasMedia(items) && r.kind !== "comfyui") { replace(box); return; }
+      const models = (items.models || []).map((m) => h("div", { class: "xf-hint", dataset: { xpufleet: "model-home", file: m.file } },
+        t("gallery.model_home", { node: m.node, path: `${m.folder}/${m.file}`, file: m.file })));
+      if (!hasMedia(items) && r.kind !== "comfyui") { replace(box, models); return; }
       const gallery = this.view.keep(new Gallery({ fleet: this.fleet, label: t("gallery.of_run", { name: r.name || shortId(r.id) }) }));
       this.gallery = gallery;
       replace(box, h("h3", {}, t("gallery.title")), gallery.el,
-        items[0]?.subfolder ? h("div", { class: "xf-hint", dataset: { xpufleet: "gallery-folder" } }, t("gallery.folder", { folder: `output/${items[0].subfolder}` })) : null);
+        items[0]?.subfolder ? h("div", { class: "xf-hint", dataset: { xpufleet: "gallery-folder" } }, t("gallery.folder", { folder: `output/${items[0].subfolder}` })) : null, models);
       await gallery.show(items);
     } catch (err) {
       if (err?.name === "AbortError" || box !== this.galleryBox) return;

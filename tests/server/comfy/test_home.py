@@ -27,6 +27,7 @@ class Sidecar:
 
     def __init__(self) -> None:
         self.status = "succeeded"
+        self.run_fields: dict[str, Any] = {"kind": "comfyui"}
         self.nodes: dict[str, dict[str, Any]] = {
             "9": {"class_type": "SaveImage", "outputs": [
                 {"kind": "image", "name": "images", "index": 0, "file": "ComfyUI_00001_.png", "bytes": len(PNG),
@@ -57,7 +58,7 @@ class Sidecar:
 
     async def run(self, request: web.Request) -> web.Response:
         self._check(request)
-        return web.json_response({"id": RUN, "status": self.status, "kind": "comfyui"})
+        return web.json_response({"id": RUN, "status": self.status, **self.run_fields})
 
     async def listing(self, request: web.Request) -> web.Response:
         self._check(request)
@@ -244,3 +245,58 @@ def test_local_names():
     for bad in ("..", "a/b", "", None, "é"):
         with pytest.raises(home_mod.ApiError):
             home_mod.check_run_id(bad)
+
+
+def recorded_model() -> tuple[bytes, dict[str, Any], dict[str, Any]]:
+    """What the run recorder keeps of a model output: its weights as safetensors; its spec in the manifest."""
+    import torch
+    from safetensors.torch import save
+
+    state = {"0.weight": torch.arange(6, dtype=torch.float32).reshape(2, 3), "0.bias": torch.ones(2)}
+    spec = {"type": "mlp", "in_features": 3, "hidden": [], "out_features": 2}
+    return save(state), state, spec
+
+
+async def test_a_training_runs_saved_model_comes_home_to_the_model_folder(comfy, sidecar, output_dir):
+    import folder_paths
+    import torch
+
+    from xpufleet.nodes.lib.modelfile import read_model_file
+
+    data, state, spec = recorded_model()
+    sidecar.run_fields = {"kind": "graph", "options": {"record_outputs": "upload"}, "graph": {
+        "7": {"class_type": "XPUTrainingLoop", "inputs": {}},
+        "8": {"class_type": "XPUModelSaver", "inputs": {"model": ["7", 0], "filename": "models/../../mlp.pt"}},
+        "9": {"class_type": "XPUModelSaver", "inputs": {"model": ["7", 0], "filename": "models/mlp_digits.safetensors"}}}}
+    sidecar.nodes = {"7": {"class_type": "XPUTrainingLoop", "outputs": [
+        {"kind": "metrics", "name": "metrics", "index": 1, "value": {}},
+        {"kind": "model", "name": "model", "index": 0, "file": "0_model.safetensors", "spec": spec}]}}
+    sidecar.data = {("7", "0_model.safetensors"): data}
+    r = await comfy.post(f"/xpufleet/runs/{RUN}/home")
+    body = await r.json()
+    assert r.status == 400 and "'..'" in body["error"]  # node 8's filename leads out: nothing written
+    sidecar.run_fields["graph"]["8"]["inputs"]["filename"] = "models/mlp.pt"
+    r = await comfy.post(f"/xpufleet/runs/{RUN}/home")
+    body = await r.json()
+    assert r.status == 200, body
+    assert body["files"] == []
+    assert [(m["node"], m["from_node"], m["file"], m["copied"]) for m in body["models"]] == [
+        ("8", "7", "models/mlp.safetensors", True), ("9", "7", "models/mlp_digits.safetensors", True)]
+    models = Path(folder_paths.models_dir) / "xpufleet"
+    got_spec, got_state = read_model_file(models / "models" / "mlp_digits.safetensors")  # as ModelLoader reads it
+    assert got_spec == spec and all(torch.equal(got_state[k], v) for k, v in state.items())
+    assert len(sidecar.reads) == 2
+    r = await comfy.post(f"/xpufleet/runs/{RUN}/home")
+    assert [m["copied"] for m in (await r.json())["models"]] == [False, False] and len(sidecar.reads) == 2
+    # without the upload choice: no model comes home
+    sidecar.run_fields["options"] = {"record_outputs": True}
+    r = await comfy.post(f"/xpufleet/runs/{RUN}/home")
+    assert (await r.json())["models"] == []
+
+
+def test_model_paths():
+    assert home_mod.model_path("models/mlp.pt") == "models/mlp.safetensors"
+    assert home_mod.model_path("a\\b/c") == "a/b/c.safetensors"
+    for bad in ("", "..", "a/../b", None):
+        with pytest.raises(home_mod.ApiError):
+            home_mod.model_path(bad)
