@@ -299,8 +299,8 @@ export class RunsPanel {
       await gallery.show(items);
     } catch (err) {
       if (err?.name === "AbortError" || box !== this.galleryBox) return;
-      // a run from before the server said kinds, that recorded no media: no gallery, no error
-      if (!r.kind && [404, 409].includes(err?.status)) { replace(box); return; }
+      // a training run whose recorded outputs cannot be read here (kept on a worker offline): no gallery
+      if (r.kind !== "comfyui" && [404, 409].includes(err?.status)) { replace(box); return; }
       replace(box, h("div", { class: "xf-error", dataset: { xpufleet: "gallery-error" } }, `${t("gallery.failed")}: ${err.message}`));
     }
   }
