@@ -237,3 +237,26 @@ def test_fan_out_from_queue_on_and_the_sweeps_images(session, comfy_run, screens
         page.keyboard.press("Escape")
     finally:
         page.unroute("**/xpufleet/api/sweeps**")
+
+
+def test_the_standalone_pages_gallery_reads_the_recorded_outputs(playwright_browser, standalone_fleet, screenshots):
+    """The sidecar's own page (no ComfyUI to copy into): the images read from the run's recorded outputs with
+    the page's session, full size on click."""
+    sc = standalone_fleet.sidecar
+    run_id = sc.submit(bh.sidecar_harness.iris_graph(1), name="comfy image run", target={"worker": "local"},
+                       record_outputs=True)
+    assert sc.finish(run_id, timeout=bh.WAIT_S * 2)["status"] == "succeeded"
+    record_comfy_outputs(standalone_fleet.home, run_id)
+    with bh.standalone_page(playwright_browser, standalone_fleet, SETTINGS) as (page, log):
+        page.click("[data-xpufleet=tab-runs]")
+        runs = page.locator("[data-xpufleet=runs-panel]")
+        runs.locator(f"[data-run-id='{run_id}'] .xf-run-pick").click(timeout=WAIT_MS)
+        shown = image_loaded(page, "[data-xpufleet=gallery] img[data-xpufleet=gallery-thumb]")
+        assert (shown["w"], shown["h"]) == (64, 48) and shown["src"].startswith("blob:")
+        assert runs.locator("[data-xpufleet=gallery-folder]").count() == 0  # nothing copied anywhere
+        runs.locator("[data-xpufleet=gallery-open]").click()
+        image_loaded(page, "[data-xpufleet=lightbox-img]")
+        page.screenshot(path=str(screenshots / "standalone-gallery-full-size.png"))
+        page.locator("[data-xpufleet=lightbox-close]").click()
+        page.locator("[data-xpufleet=lightbox]").wait_for(state="detached", timeout=WAIT_MS)
+        assert log.errors == [] and log.failed == [], (log.errors, log.failed)
