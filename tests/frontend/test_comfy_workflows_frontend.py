@@ -140,6 +140,34 @@ def test_the_runs_gallery_brings_the_files_home_and_shows_them_full_size(session
     assert [f for f in log.failed if "xpufleet" in f or "/view" in f] == [], log.failed
 
 
+def test_a_training_runs_saved_model_comes_home_to_comfyuis_model_folder(session, comfy_fleet, comfy_host):
+    """Queued with record_outputs "upload": the ModelSaver's model lands in models/xpufleet/<its filename> in
+    ModelSaver's own format (architecture included), so a ModelLoader on the canvas finds it."""
+    from xpufleet.nodes.lib.modelfile import read_model_file
+
+    page, _ = session
+    graph = bh.sidecar_harness.iris_graph(1)
+    loop = next(n for n, v in graph.items() if v["class_type"] == "XPUTrainingLoop")
+    graph["90"] = {"class_type": "XPUModelSaver", "inputs": {"model": [loop, 0], "filename": "models/iris_home.safetensors",
+                                                             "format": "safetensors", "location": "run_dir", "overwrite": True}}
+    sc = comfy_fleet.sidecar
+    run_id = sc.submit(graph, name="iris saved home", target={"worker": "local"}, record_outputs="upload")
+    run = sc.finish(run_id, timeout=bh.WAIT_S * 2)
+    assert run["status"] == "succeeded", run["error"]
+    runs = open_tab(page, "runs", "runs-panel")
+    runs.locator(f"[data-run-id='{run_id}'] .xf-run-pick").click(timeout=WAIT_MS)
+    line = runs.locator("[data-xpufleet=model-home][data-file='models/iris_home.safetensors']")
+    line.wait_for(timeout=WAIT_MS)
+    assert "models/xpufleet/models/iris_home.safetensors" in line.inner_text()
+    assert runs.locator("[data-xpufleet=gallery]").count() == 0  # no image: no gallery
+    spec, state = read_model_file(comfy_host.base / "models" / "xpufleet" / "models" / "iris_home.safetensors")
+    # the same model as the one ModelSaver wrote in the run's folder
+    (saved,) = (comfy_host.home / "runs" / run_id).rglob("iris_home.safetensors")
+    saved_spec, saved_state = read_model_file(saved)
+    assert spec == saved_spec and spec.get("builder") == "mlp"
+    assert sorted(state) == sorted(saved_state) and all(state[k].equal(saved_state[k]) for k in state)
+
+
 def test_a_run_queued_from_this_canvas_shows_its_image_on_the_save_node(session, comfy_run, screenshots):
     """The page follows the runs it queued (sessionStorage, so also across a reload) and puts their images on
     the canvas's output nodes through the front end's own `executed` path."""
