@@ -5,7 +5,7 @@
 // refuses); a rejection shows here. A workflow with a seed widget may instead be fanned out: N runs with
 // seeds s, s+1, ... as a sweep over that seed (fan_out.mjs), its images gathered in the sweep's view.
 import { field, h, nextId, replace } from "./dom.mjs";
-import { FAN_MAX, fanOutBody, seedInputs } from "./fan_out.mjs";
+import { FAN_MAX, fanOutBody, isComfyWorkflow, seedInputs } from "./fan_out.mjs";
 import { gib } from "./format.mjs";
 import { GraphDialog, singleDialog } from "./graph_dialog.mjs";
 import { onLanguageChange, t } from "./i18n.mjs";
@@ -190,6 +190,8 @@ class QueueDialog {
     if (pool) note = t("queue.record_note_pool");
     else if (oneShot) note = t("queue.record_note_one_shot");
     else if (target.kind !== "local") note = t("queue.record_note_worker");
+    // a ComfyUI run's files always come to this server, then home into ComfyUI's output folder
+    if (isComfyWorkflow(this.loaded.graph.prompt)) note = [note, t("queue.record_note_comfy")].filter(Boolean).join(" ");
     this.recNote.dataset.xpufleet = "record-note";
     replace(this.recNote, note);
   }

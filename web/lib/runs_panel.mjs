@@ -171,7 +171,8 @@ export class RunsPanel {
     this.filesBox = h("div", { class: "xf-files", dataset: { xpufleet: "artifacts" } });
     this.logBox = h("pre", { class: "xf-log", tabindex: "0", "aria-label": t("runs.log"), dataset: { xpufleet: "log" } });
     replace(this.view.detail, this.view.head, this.progressBox, this.galleryBox,
-      h("h3", {}, t("runs.metrics_heading")), chartBox,
+      // a ComfyUI run reports no metric: no empty chart
+      h("div", { hidden: run.kind === "comfyui" }, h("h3", {}, t("runs.metrics_heading")), chartBox),
       h("details", { class: "xf-details", open: true }, h("summary", {}, t("runs.artifacts")), this.filesBox),
       h("details", { class: "xf-details" }, h("summary", {}, t("runs.log")), this.logBox));
     this.chart = this.view.keep(new MetricsChart(chartBox));
