@@ -262,6 +262,11 @@ export class RunsPanel {
     if (ev.type === "progress") replace(this.progressBox, progressBar(p));
     else if (ev.type === "metric" && live) this.chart?.add(String(p.name), p.step, p.value);
     else if (ev.type === "node_started") replace(this.progressBox, h("div", { class: "xf-hint" }, `${p.node} ${p.class_type || ""}`));
+    else if (ev.type === "comfy_output" && this.run?.status !== "succeeded") { // a ComfyUI output node's files, as they are written
+      const files = (p.files || []).map((f) => f.file).filter(Boolean);
+      this.galleryBox?.append(h("div", { class: "xf-hint", dataset: { xpufleet: "comfy-output", node: String(p.node) } },
+        t("gallery.node_wrote", { node: p.node, class_type: p.class_type || "", n: files.length, files: files.join(", ") })));
+    }
   }
 
   async finished(runId, signal) {
