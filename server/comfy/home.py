@@ -28,16 +28,14 @@ ModelLoader given the same filename finds it. The answer lists them under ``mode
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
 import re
-import secrets
 import struct
 import urllib.parse
 from pathlib import Path
 from typing import Any
 
+from ...common import atomic
 from ...common.errors import ApiError
 from ...constants import PLUGIN_NAME, home_dir
 from ..run.outputs import record_mode, safe_name
@@ -259,16 +257,9 @@ def bring_home(client: Any, run_id: str, output_dir: Path, models_dir: Path | No
 
 
 def _write(target: Path, data: bytes) -> None:
-    """A temporary file in the same folder, renamed over ``target`` (a reader sees all of it or none)."""
-    tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.part")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, target)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+    """A temporary file in the same folder, renamed over ``target`` (a reader sees all of it or none; a
+    symbolic link in ``target``'s place is replaced, never written through)."""
+    atomic.write_bytes(target, data)
 
 
 def _output_dir() -> Path:
