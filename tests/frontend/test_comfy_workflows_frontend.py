@@ -10,13 +10,17 @@ with a worker's ComfyUI). A real sidecar, Debian's Chromium."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import struct
+import time
 import zlib
 from pathlib import Path
 
 import browser_harness as bh  # registered by tests/frontend/conftest.py
 import pytest
+
+from xpufleet.common.client import ApiError
 
 pytestmark = [pytest.mark.browser, pytest.mark.comfy, pytest.mark.timeout(900)]
 
@@ -288,3 +292,121 @@ def test_the_standalone_pages_gallery_reads_the_recorded_outputs(playwright_brow
         page.locator("[data-xpufleet=lightbox-close]").click()
         page.locator("[data-xpufleet=lightbox]").wait_for(state="detached", timeout=WAIT_MS)
         assert log.errors == [] and log.failed == [], (log.errors, log.failed)
+
+
+# --- with a worker's real ComfyUI (the runtime: `xpufleet agent start --comfyui PATH`) ----------------
+
+NOISY = {  # a seed widget and no weights: EmptyImage -> ImageAddNoise(seed) -> SaveImage
+    "5": {"class_type": "EmptyImage", "inputs": {"width": 64, "height": 48, "batch_size": 1, "color": 8421504}},
+    "6": {"class_type": "ImageAddNoise", "inputs": {"image": ["5", 0], "seed": 7, "strength": 0.5}},
+    SAVE_NODE: {"class_type": "SaveImage", "inputs": {"images": ["6", 0], "filename_prefix": "noisy"}},
+}
+COMFY_WORKER = "comfy-box"
+
+
+def comfyui_pids(home: Path) -> list[int]:
+    """The ComfyUI instances started for ``home`` (their folders are under $XPUFLEET_HOME/comfyui/)."""
+    mark = str(home / "comfyui")
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if "main.py" in cmd and mark in cmd:
+                found.append(int(proc.name))
+    return found
+
+
+@pytest.fixture(scope="module")
+def comfy_worker(comfy_fleet, comfy_host):
+    """The agent comfy-box with two simulated cards and the real ComfyUI (skipped where the agent has no
+    --comfyui); its first run (a cold instance) has succeeded. No ComfyUI is left running after."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    helped = subprocess.run([sys.executable, "-m", "xpufleet.server", "agent", "start", "--help"],
+                            capture_output=True, text=True, timeout=60)
+    if "--comfyui" not in helped.stdout:
+        pytest.skip("the agent has no --comfyui here (the ComfyUI runtime of issue 30)")
+    comfy_dir, python = bh.comfy_harness.configured()
+    agent = bh.sidecar_harness.AgentProcess(comfy_fleet.sidecar, COMFY_WORKER, None, "--simulate", "cuda:0=24,cuda:1=24",
+                                            "--comfyui", str(comfy_dir), "--comfyui-python", str(python))
+    comfy_fleet.agents.append(agent)
+    try:
+        comfy_fleet.wait_worker(COMFY_WORKER, "Online")
+        deadline = time.monotonic() + bh.WAIT_S * 2
+        while True:  # its ComfyUI is read after it joins: a named worker may refuse until then
+            try:
+                first = comfy_fleet.sidecar.submit(WORKFLOW, name="warm-up", target={"worker": COMFY_WORKER, "devices": ["cuda:0"]})
+                break
+            except ApiError as exc:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"{COMFY_WORKER} never took a ComfyUI run: {exc}") from None
+                time.sleep(1)
+        run = comfy_fleet.sidecar.finish(first, timeout=bh.WAIT_S * 2)
+        assert run["status"] == "succeeded", run["error"]
+        yield agent
+    finally:
+        agent.proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            agent.proc.wait(timeout=60)
+        if agent.proc.poll() is None:
+            agent.proc.kill()
+        for pid in comfyui_pids(comfy_host.home):  # never leave a ComfyUI behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_queue_on_a_worker_card_brings_the_image_home_to_the_runs_panel_and_the_canvas(session, comfy_worker, comfy_host,
+                                                                                      screenshots):
+    page, _ = session
+    bh.load_api_graph(page, WORKFLOW, "fleet-image")
+    page.wait_for_function("() => app.graph.getNodeById(9)", timeout=WAIT_MS)
+    page.locator("[data-xpufleet=queue-on]").first.click(timeout=WAIT_MS)
+    dialog = page.locator("[data-xpufleet=queue-dialog]")
+    dialog.locator(f"[data-target='worker:{COMFY_WORKER}']").check(timeout=WAIT_MS)
+    dialog.locator("[data-device='cuda:1']").check()
+    dialog.locator("[data-xpufleet=queue-submit]").click()
+    dialog.wait_for(state="detached", timeout=WAIT_MS)
+    runs = page.locator("[data-xpufleet=runs-panel]")
+    runs.locator("[data-xpufleet=detail-status]", has_text="succeeded").wait_for(timeout=WAIT_MS * 2)
+    run_id = runs.locator(".xf-run-row.xf-selected").get_attribute("data-run-id")
+    shown = image_loaded(page, "[data-xpufleet=gallery] img[data-xpufleet=gallery-thumb]")
+    assert (shown["w"], shown["h"]) == (64, 48)
+    copied = list((comfy_host.base / "output" / "xpufleet" / run_id).glob("*.png"))
+    assert len(copied) == 1 and copied[0].read_bytes().startswith(b"\x89PNG")
+    # on the canvas that queued it
+    page.wait_for_function("(n) => { const i = app.graph.getNodeById(Number(n))?.imgs?.[0]; return i && i.complete && i.naturalWidth === 64; }",
+                           arg=SAVE_NODE, timeout=WAIT_MS)
+    page.screenshot(path=str(screenshots / "comfy-worker-run-home.png"))
+
+
+def test_fan_out_of_four_seeds_over_the_worker_cards(session, comfy_worker, comfy_fleet, comfy_host, screenshots):
+    page, _ = session
+    bh.load_api_graph(page, NOISY, "fleet-noise")
+    page.locator("[data-xpufleet=queue-on]").first.click(timeout=WAIT_MS)
+    dialog = page.locator("[data-xpufleet=queue-dialog]")
+    box = dialog.locator("[data-xpufleet=fan-box]")
+    box.locator("[data-xpufleet=fan-out]").check(timeout=WAIT_MS)
+    box.locator("[data-xpufleet=fan-count]").fill("4")
+    box.locator("[data-xpufleet=fan-note]", has_text="seeds 7 to 10").wait_for(timeout=WAIT_MS)
+    dialog.locator(f"[data-target='worker:{COMFY_WORKER}']").check()
+    dialog.locator("[data-xpufleet=queue-submit]").click()
+    dialog.wait_for(state="detached", timeout=WAIT_MS)
+    panel = page.locator("[data-xpufleet=sweeps-panel]")
+    panel.locator("[data-xpufleet=sweep-status][data-status=finished]").wait_for(timeout=WAIT_MS * 3)
+    thumbs = panel.locator("[data-xpufleet=sweep-images] [data-xpufleet=sweep-thumb] img")
+    thumbs.nth(3).wait_for(timeout=WAIT_MS)
+    sweep_id = panel.locator(".xf-run-row.xf-selected").get_attribute("data-sweep-id")
+    table = sorted(comfy_fleet.call("GET", f"/api/sweeps/{sweep_id}")["table"], key=lambda r: r["variant"])
+    assert [r["parameters"]["6.seed"] for r in table] == [7, 8, 9, 10]
+    assert all(r["status"] == "succeeded" for r in table)
+    figures = panel.locator("[data-xpufleet=sweep-images] figure[data-variant]")
+    assert [figures.nth(i).get_attribute("data-variant") for i in range(4)] == [str(r["variant"]) for r in table]
+    images = [next((comfy_host.base / "output" / "xpufleet" / r["run_id"]).glob("*.png")).read_bytes() for r in table]
+    assert len(set(images)) == 4  # four seeds, four different images
+    page.screenshot(path=str(screenshots / "comfy-worker-fan-out.png"))
