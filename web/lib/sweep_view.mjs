@@ -151,15 +151,15 @@ export class SweepsPanel {
     replace(this.view.head,
       titleLine("sweep", s, t(`sweep.status.${s.status}`)),
       h("div", { class: "xf-kvline" }, `${t("sweep.id")}: ${s.id}`),
-      s.objective ? objectiveLine(s.objective) : null, // a ComfyUI sweep may compare images only
+      s.objective?.metric ? objectiveLine(s.objective) : null, // a ComfyUI sweep may compare images only
       h("div", { class: "xf-kvline", dataset: { xpufleet: "sweep-counts" } }, `${t("sweep.n_runs", { n: s.n_runs })}: ${countsText(s.counts)}`),
       best ? h("div", { class: "xf-kvline", dataset: { xpufleet: "sweep-best" } },
         `${t("sweep.best")}: #${best.variant} ${Object.entries(best.parameters || {}).map(([k, v]) => `${label(s, k)}=${v}`).join(", ")} → ${metricText(best.metric)}`) : null,
       h("div", { class: "xf-kvline" }, `${t("runs.created")}: ${when(s.created_at)}`),
       itemActions(this.view, "sweep", s, !ENDED.has(s.status), this.fleet.sweeps,
         { cancelText: t("sweep.cancel"), deleted: t("sweep.deleted") }));
-    this.plotBox.hidden = !s.objective; // no metric to plot
-    if (s.objective) this.plot.set(s.parameters || [], s.table || [], s.objective.metric, (p) => label(s, p));
+    this.plotBox.hidden = !s.objective?.metric; // no metric to plot
+    if (s.objective?.metric) this.plot.set(s.parameters || [], s.table || [], s.objective.metric, (p) => label(s, p));
     this.renderTable();
     this.renderImages();
   }
@@ -229,7 +229,7 @@ export class SweepsPanel {
     const seeded = (s.table || []).some((r) => r.seed !== null && r.seed !== undefined);
     const running = (s.table || []).some((r) => r.status === "running");
     const head = [t("sweep.rank"), "#", ...params.map((p) => label(s, p)), seeded ? t("queue.seed") : null, t("sweep.col_status"),
-      running ? t("sweep.col_progress") : null, s.objective?.metric ?? null,
+      running ? t("sweep.col_progress") : null, s.objective?.metric || null,
       t("runs.where"), t("runs.devices"), t("sweep.col_run")].filter((x) => x !== null);
     const rows = (s.table || []).map((r) => h("tr", { dataset: { variant: String(r.variant), status: r.status, metric: r.metric ?? "" } },
       h("td", {}, r.rank ?? "—"),
@@ -239,7 +239,7 @@ export class SweepsPanel {
       h("td", {}, h("span", { class: `xf-status xf-status-${r.status}` }, rowStatus(r.status)),
         r.error ? h("div", { class: "xf-hint", title: r.error }, r.error.slice(0, 120)) : null),
       running ? h("td", {}, r.status === "running" ? progressCell(r.progress, r.variant) : "—") : null,
-      s.objective ? h("td", { dataset: { xpufleet: "sweep-metric" } }, metricText(r.metric)) : null,
+      s.objective?.metric ? h("td", { dataset: { xpufleet: "sweep-metric" } }, metricText(r.metric)) : null,
       h("td", {}, r.worker_id || "—"),
       h("td", {}, (r.devices || []).join(", ") || "—"),
       h("td", {}, runLink(r, r.status === "deleted", this.openRun))));
