@@ -132,6 +132,7 @@ export class SweepsPanel {
     this.tableBox = h("div", { class: "xf-sweep-table-box" });
     this.imagesBox = h("div", { class: "xf-sweep-images", dataset: { xpufleet: "sweep-images" } });
     this.homes = new Map();
+    this.withImages = undefined; // whether this sweep's runs are ComfyUI runs (decided once)
     this.signal = signal;
     this.gallery = this.view.keep(new Gallery({ fleet: this.fleet, label: t("sweep.images") }));
     this.plot = new ScatterControls("sweep", this.view.keep(new ParamScatter(chartBox)));
@@ -164,10 +165,26 @@ export class SweepsPanel {
     this.renderImages();
   }
 
+  /** Whether the sweep's variants are ComfyUI runs: the sweep's kind when the server says it, else its first
+   * variant's run's (read once); a training sweep shows its metric table only. */
+  imagesWanted(s) {
+    if (this.withImages !== undefined) return this.withImages;
+    if (s.kind) return (this.withImages = s.kind === "comfyui");
+    const first = (s.table || []).find((r) => r.run_id && r.status !== "deleted");
+    if (!first) return false;
+    this.withImages = null; // being read
+    const signal = this.signal;
+    this.fleet.run(first.run_id, { signal })
+      .then((run) => { this.withImages = run.kind === "comfyui"; })
+      .catch(() => { this.withImages = undefined; }) // asked again at the next poll
+      .then(() => { if (!signal.aborted && this.withImages) this.renderImages(); });
+    return false;
+  }
+
   /** Bring each succeeded variant's files home once, then draw the images. */
   renderImages() {
     const s = this.view.item;
-    if (!(s.kind === "comfyui" || !s.objective?.metric)) return; // a training sweep: its metric table
+    if (!this.imagesWanted(s)) return;
     const signal = this.signal;
     for (const r of s.table || []) {
       if (r.status !== "succeeded" || !r.run_id || this.homes.has(r.run_id)) continue;
