@@ -97,7 +97,10 @@ export class CanvasResults {
   /** Put ``outputs`` ({node id: ui output}) on the canvas's nodes. */
   show(runId, outputs) {
     const { app, api } = this;
+    // kept with the workflow too, as the front end keeps its own results: shown again when its tab is
+    const tracker = app.extensionManager?.workflow?.activeWorkflow?.changeTracker;
     for (const [node, output] of Object.entries(outputs)) {
+      if (tracker) (tracker.nodeOutputs ??= {})[node] = output;
       if (typeof api?.dispatchCustomEvent === "function") {
         api.dispatchCustomEvent("executed", { node, display_node: node, output, prompt_id: `xpufleet-${runId}` });
       } else { // an older front end: its canvas draws app.nodeOutputs
