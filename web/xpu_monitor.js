@@ -12,6 +12,7 @@ import { CapsuleBar, SETTINGS } from "./lib/capsule.mjs";
 import { CANVAS_METRIC_EVENT, fixSeedControls, isPluginNodeDef, nameCanvasRun, showExecuted, showLivePoint } from "./lib/canvas_nodes.mjs";
 import { h } from "./lib/dom.mjs";
 import { keepReadable } from "./lib/canvas_view.mjs";
+import { CanvasResults } from "./lib/canvas_results.mjs";
 import { english, loadStrings, onLanguageChange, resolveLanguage, setLanguage, t } from "./lib/i18n.mjs";
 import { installPairing } from "./lib/pairing.mjs"; // the guard's headers and the pairing prompt (docs/security.md)
 
@@ -62,6 +63,15 @@ function canvasWorkflow() {
     return null;
   }
 }
+
+/** The workflow on the canvas now: its path, else its name (Queue on... remembers its target by it). */
+function activeWorkflowKey() {
+  const workflow = app.extensionManager?.workflow?.activeWorkflow;
+  return workflow?.path || workflow?.filename || "";
+}
+
+// a run queued from this canvas shows its images on the canvas's output nodes once it has succeeded
+const canvasResults = new CanvasResults({ fleet, app, api, activeKey: activeWorkflowKey });
 
 /** The graph Queue on... sends: ComfyUI's own graph-to-prompt (API format). */
 async function canvasPrompt() {
@@ -178,7 +188,8 @@ async function graphDialog(load, links) {
 }
 
 function queueOn() {
-  return graphDialog(async () => (await import("./lib/queue_dialog.mjs")).openQueueDialog, { openRuns: openRun });
+  return graphDialog(async () => (await import("./lib/queue_dialog.mjs")).openQueueDialog,
+    { openRuns: openRun, openSweep, queued: (runId, key) => canvasResults.follow(runId, key) });
 }
 
 function newSweep() {
@@ -387,6 +398,7 @@ app.registerExtension({
     const bar = document.querySelector(".comfyui-body-top") || document.querySelector(".comfyui-menu")?.parentElement;
     if (bar) new MutationObserver(() => { placeCapsules(); placeQueueButton(); }).observe(bar, { childList: true, subtree: true });
     capsules.start();
+    canvasResults.resume();
     if (settingValue(AUTOSTART)) await ensureSidecar();
   },
 });

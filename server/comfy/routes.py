@@ -67,4 +67,8 @@ def register() -> bool:
     from .canvas_runs import add_canvas_routes
 
     add_canvas_routes(routes, ROUTE_PREFIX, instance)
+    # a ComfyUI run's files, copied into this ComfyUI's output folder (home.py)
+    from .home import add_home_routes
+
+    add_home_routes(routes, ROUTE_PREFIX)
     return True

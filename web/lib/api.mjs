@@ -121,6 +121,13 @@ export class Fleet {
   }
   artifactFile(id, path) { return this.request("GET", this.artifactUrl(id, path), undefined, { raw: true }); }
   estimate(graph, options) { return this.api("POST", "/estimates", { graph, options }); }
+  // a run's recorded outputs (server/sidecar/routes/outputs.py); a file's address under them
+  outputs(id, opts) { return this.api("GET", `/runs/${enc(id)}/outputs`, undefined, opts); }
+  nodeOutputs(id, node, opts) { return this.api("GET", `/runs/${enc(id)}/outputs/${enc(node)}`, undefined, opts); }
+  outputUrl(id, node, file) { return `${this.apiBase}/runs/${enc(id)}/outputs/${enc(node)}/${enc(file)}`; }
+  /** ComfyUI only: copy a succeeded run's files into ComfyUI's output folder (server/comfy/home.py);
+   * answers {files: [{node, file, kind, subfolder, type, url}]} with ComfyUI's /view addresses. */
+  home(id, opts) { return this.request("POST", `/xpufleet/runs/${enc(id)}/home`, {}, opts); }
 
   // --- sweeps (the rest: this.sweeps) ---
   sweepDryRun(body, opts) { return this.api("POST", "/sweeps?dry_run=1", body, opts); }

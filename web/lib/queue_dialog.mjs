@@ -2,8 +2,10 @@
 // POST /api/runs as `xpufleet run`) to this server, a worker's cards, any free worker or a one-shot
 // pool (`pools` of GET /api/workers; options.target.pool), with the memory budget the server suggests
 // (POST /api/estimates). The server decides everything (which workers are `selectable`, what it
-// refuses); a rejection shows here.
+// refuses); a rejection shows here. A workflow with a seed widget may instead be fanned out: N runs with
+// seeds s, s+1, ... as a sweep over that seed (fan_out.mjs), its images gathered in the sweep's view.
 import { field, h, nextId, replace } from "./dom.mjs";
+import { FAN_MAX, fanOutBody, isComfyWorkflow, seedInputs } from "./fan_out.mjs";
 import { gib } from "./format.mjs";
 import { GraphDialog, singleDialog } from "./graph_dialog.mjs";
 import { onLanguageChange, t } from "./i18n.mjs";
@@ -39,6 +41,8 @@ export function rememberTarget(key, state) {
  * @param {() => Promise<string[]>} o.localDevices  this server's devices
  * @param {(runId: string) => void} o.openRuns
  * @param {() => void} o.openWorkers
+ * @param {(sweepId: string) => void} [o.openSweep]  a fan-out's sweep (fan-out is offered when given)
+ * @param {(runId: string, key: string) => void} [o.queued]  a run queued from workflow ``key``
  */
 export const openQueueDialog = singleDialog((o, closed) => new QueueDialog(o, closed));
 
@@ -68,7 +72,8 @@ class QueueDialog {
     if (!this.picker) { this.frame.loading(); return; } // still loading
     const kept = { target: this.picker.state(), name: this.nameInput.value, seed: this.seedInput.value,
       det: this.detInput.checked, rec: this.recInput.value, budget: this.budgetInput.value,
-      touched: this.budgetTouched, wait: this.waitInput.checked };
+      touched: this.budgetTouched, wait: this.waitInput.checked,
+      fan: this.fan && { on: this.fan.on.checked, n: this.fan.n.value, start: this.fan.start.value, path: this.fan.path.value } };
     this.build(kept.target);
     this.nameInput.value = kept.name;
     this.seedInput.value = kept.seed;
@@ -77,6 +82,13 @@ class QueueDialog {
     this.budgetTouched = kept.touched;
     if (kept.touched) this.budgetInput.value = kept.budget;
     this.waitInput.checked = kept.wait;
+    if (kept.fan && this.fan) {
+      Object.assign(this.fan.n, { value: kept.fan.n });
+      Object.assign(this.fan.start, { value: kept.fan.start });
+      this.fan.path.value = kept.fan.path;
+      this.fan.on.checked = kept.fan.on;
+      this.fanChanged();
+    }
   }
 
   /** Build the form; `state`: the target picker's state to pick (default: the workflow's remembered one). */
@@ -109,10 +121,51 @@ class QueueDialog {
       this.recNote,
       h("fieldset", { class: "xf-budget-box" }, h("legend", {}, t("queue.budget")),
         field(t("queue.budget_field"), this.budgetInput), this.budgetBox,
-        h("div", { class: "xf-choice" }, this.waitInput, h("label", { for: this.waitInput.id }, t("queue.wait")))));
+        h("div", { class: "xf-choice" }, this.waitInput, h("label", { for: this.waitInput.id }, t("queue.wait")))),
+      this.fanOutBox());
     this.picker.targetChanged();
     this.picker.restore(state);
     this.nameInput.focus();
+  }
+
+  /** "N runs, seeds s, s+1, ..." for a workflow with a seed widget (off: today's one run). */
+  fanOutBox() {
+    const seeds = this.o.openSweep ? seedInputs(this.loaded.graph.prompt) : [];
+    this.fan = null;
+    if (!seeds.length) return null;
+    const on = h("input", { type: "checkbox", id: nextId("xf-fan"), dataset: { xpufleet: "fan-out" }, onchange: () => this.fanChanged() });
+    const n = h("input", { type: "number", min: "2", max: String(FAN_MAX), step: "1", value: "4", dataset: { xpufleet: "fan-count" }, oninput: () => this.fanChanged() });
+    const start = h("input", { type: "number", min: "0", step: "1", value: String(seeds[0].value), dataset: { xpufleet: "fan-start" }, oninput: () => this.fanChanged() });
+    const path = h("select", { dataset: { xpufleet: "fan-seed" }, onchange: () => {
+      start.value = String(seeds.find((s) => s.path === path.value)?.value ?? start.value);
+      this.fanChanged();
+    } }, seeds.map((s) => h("option", { value: s.path }, `${s.title} #${s.node} · ${s.input}`)));
+    const note = h("div", { class: "xf-hint", dataset: { xpufleet: "fan-note" } });
+    const fields = h("div", { class: "xf-grid", hidden: true }, field(t("queue.fan_count"), n), field(t("queue.fan_start"), start),
+      seeds.length > 1 ? field(t("queue.fan_seed"), path) : null);
+    this.fan = { on, n, start, path, note, fields };
+    this.fanChanged();
+    return h("fieldset", { class: "xf-fan-box", dataset: { xpufleet: "fan-box" } }, h("legend", {}, t("queue.fan_legend")),
+      h("div", { class: "xf-choice" }, on, h("label", { for: on.id }, t("queue.fan_out"))), fields, note);
+  }
+
+  /** The fan-out's count and first seed, checked; null when off. */
+  fanChoice() {
+    const f = this.fan;
+    if (!f?.on.checked) return null;
+    const n = Number(f.n.value), start = Number(f.start.value);
+    if (!Number.isInteger(n) || n < 2 || n > FAN_MAX) return { error: t("queue.fan_bad_count", { max: FAN_MAX }) };
+    if (!Number.isInteger(start) || start < 0) return { error: t("queue.fan_bad_start") };
+    return { n, start, path: f.path.value };
+  }
+
+  fanChanged() {
+    const f = this.fan;
+    if (!f) return;
+    f.fields.hidden = !f.on.checked;
+    const c = this.fanChoice();
+    replace(f.note, !c ? "" : (c.error || t("queue.fan_note", { n: c.n, first: c.start, last: c.start + c.n - 1 })));
+    f.note.className = c?.error ? "xf-error" : "xf-hint";
   }
 
   targetChanged() {
@@ -137,6 +190,8 @@ class QueueDialog {
     if (pool) note = t("queue.record_note_pool");
     else if (oneShot) note = t("queue.record_note_one_shot");
     else if (target.kind !== "local") note = t("queue.record_note_worker");
+    // a ComfyUI run's files always come to this server, then home into ComfyUI's output folder
+    if (isComfyWorkflow(this.loaded.graph.prompt)) note = [note, t("queue.record_note_comfy")].filter(Boolean).join(" ");
     this.recNote.dataset.xpufleet = "record-note";
     replace(this.recNote, note);
   }
@@ -209,8 +264,19 @@ class QueueDialog {
     }
     if (this.waitInput.checked && kind !== "spread") target.wait = true;
     options.target = target;
+    const fan = this.fanChoice();
+    if (fan?.error) { this.fanChanged(); this.fan.n.focus(); return undefined; }
+    if (fan) { // a sweep over the seed: its children carry the run's options (their name is the sweep's)
+      const { name, ...childOptions } = options;
+      const body = fanOutBody({ prompt: this.loaded.graph.prompt, path: fan.path, start: fan.start, n: fan.n, name, options: childOptions });
+      return this.frame.send(() => this.o.fleet.submitSweep(body), (answer) => {
+        rememberTarget(this.loaded.graph.key, this.picker.state());
+        this.o.openSweep(answer.sweep_id);
+      });
+    }
     return this.frame.send(() => this.o.fleet.submit(this.loaded.graph.prompt, options), (answer) => {
       rememberTarget(this.loaded.graph.key, this.picker.state());
+      this.o.queued?.(answer.run_id, this.loaded.graph.key);
       this.o.openRuns(answer.run_id);
     });
   }

@@ -2,7 +2,9 @@
 // source, start time, duration and final objective, live progress, warnings, waiting reasons, worker and
 // devices, the budget and where it came from, peak memory per card on hover, stop and delete, the
 // metrics chart (metrics_chart.mjs), the output log (live) and the files as download links; a worker's
-// run's log and files are read through its agent while it is connected.
+// run's log and files are read through its agent while it is connected. A ComfyUI run that succeeded shows
+// its images, videos and sounds in a gallery (gallery.mjs), copied into ComfyUI's output folder first.
+import { Gallery, galleryItems, hasMedia, mayHaveGallery } from "./gallery.mjs";
 import { MetricsChart } from "./metrics_chart.mjs";
 import { h, replace, saveBlob, sleep } from "./dom.mjs";
 import { bytes, duration, gib, memGib, num, shortId, when } from "./format.mjs";
@@ -103,6 +105,8 @@ export class RunsPanel {
     this.run = null;
     this.chart = null;
     this.progressBox = null;
+    this.galleryBox = null;
+    this.gallery = null;
     this.filesBox = null;
     this.logBox = null;
   }
@@ -160,11 +164,15 @@ export class RunsPanel {
     this.run = run;
     this.log.offset = undefined; // this run's log is read from its own tail
     this.progressBox = h("div", { class: "xf-progress-box", dataset: { xpufleet: "progress" } });
+    this.gallery?.destroy();
+    this.gallery = null;
+    this.galleryBox = h("div", { class: "xf-gallery-box", dataset: { xpufleet: "gallery-box" } });
     const chartBox = h("div", { class: "xf-chart-box" });
     this.filesBox = h("div", { class: "xf-files", dataset: { xpufleet: "artifacts" } });
     this.logBox = h("pre", { class: "xf-log", tabindex: "0", "aria-label": t("runs.log"), dataset: { xpufleet: "log" } });
-    replace(this.view.detail, this.view.head, this.progressBox,
-      h("h3", {}, t("runs.metrics_heading")), chartBox,
+    replace(this.view.detail, this.view.head, this.progressBox, this.galleryBox,
+      // a ComfyUI run reports no metric: no empty chart
+      h("div", { hidden: run.kind === "comfyui" }, h("h3", {}, t("runs.metrics_heading")), chartBox),
       h("details", { class: "xf-details", open: true }, h("summary", {}, t("runs.artifacts")), this.filesBox),
       h("details", { class: "xf-details" }, h("summary", {}, t("runs.log")), this.logBox));
     this.chart = this.view.keep(new MetricsChart(chartBox));
@@ -254,6 +262,11 @@ export class RunsPanel {
     if (ev.type === "progress") replace(this.progressBox, progressBar(p));
     else if (ev.type === "metric" && live) this.chart?.add(String(p.name), p.step, p.value);
     else if (ev.type === "node_started") replace(this.progressBox, h("div", { class: "xf-hint" }, `${p.node} ${p.class_type || ""}`));
+    else if (ev.type === "comfy_output" && this.run?.status !== "succeeded") { // a ComfyUI output node's files, as they are written
+      const files = (p.files || []).map((f) => f.file).filter(Boolean);
+      this.galleryBox?.append(h("div", { class: "xf-hint", dataset: { xpufleet: "comfy-output", node: String(p.node) } },
+        t("gallery.node_wrote", { node: p.node, class_type: p.class_type || "", n: files.length, files: files.join(", ") })));
+    }
   }
 
   async finished(runId, signal) {
@@ -266,9 +279,36 @@ export class RunsPanel {
       const m = await this.fleet.metrics(runId, { signal });
       if (signal.aborted) return;
       this.chart?.setAll(m.metrics);
+      await this.loadGallery(signal);
       await this.loadFiles(signal);
       this.view.refresh();
     } catch { /* the panel may have closed */ }
+  }
+
+  /** A succeeded ComfyUI run's gallery (its files copied home first, in ComfyUI); nothing for a run
+   * whose outputs hold no image, video or sound. */
+  async loadGallery(signal) {
+    const r = this.run;
+    const box = this.galleryBox;
+    if (r.status !== "succeeded" || !mayHaveGallery(r)) return;
+    replace(box, h("div", { class: "xf-hint" }, t("gallery.loading")));
+    try {
+      const items = await galleryItems(this.fleet, r.id, signal);
+      if (signal.aborted || box !== this.galleryBox) return;
+      const models = (items.models || []).map((m) => h("div", { class: "xf-hint", dataset: { xpufleet: "model-home", file: m.file } },
+        t("gallery.model_home", { node: m.node, path: `${m.folder}/${m.file}`, file: m.file })));
+      if (!hasMedia(items) && r.kind !== "comfyui") { replace(box, models); return; }
+      const gallery = this.view.keep(new Gallery({ fleet: this.fleet, label: t("gallery.of_run", { name: r.name || shortId(r.id) }) }));
+      this.gallery = gallery;
+      replace(box, h("h3", {}, t("gallery.title")), gallery.el,
+        items[0]?.subfolder ? h("div", { class: "xf-hint", dataset: { xpufleet: "gallery-folder" } }, t("gallery.folder", { folder: `output/${items[0].subfolder}` })) : null, models);
+      await gallery.show(items);
+    } catch (err) {
+      if (err?.name === "AbortError" || box !== this.galleryBox) return;
+      // a training run whose recorded outputs cannot be read here (kept on a worker offline): no gallery
+      if (r.kind !== "comfyui" && [404, 409].includes(err?.status)) { replace(box); return; }
+      replace(box, h("div", { class: "xf-error", dataset: { xpufleet: "gallery-error" } }, `${t("gallery.failed")}: ${err.message}`));
+    }
   }
 
   async loadFiles(signal) {

@@ -4,6 +4,7 @@
 // count, the first variants and any rejection come from the server, which also expands the grid.
 import { ApiFailure } from "./api.mjs";
 import { field, h, nextId, replace } from "./dom.mjs";
+import { isComfyWorkflow } from "./fan_out.mjs";
 import { GraphDialog, singleDialog } from "./graph_dialog.mjs";
 import { t } from "./i18n.mjs";
 import { TargetPicker } from "./target_picker.mjs";
@@ -118,7 +119,9 @@ class SweepDialog {
     this.randomBox = h("div", { class: "xf-grid" }, field(t("sweep.samples"), this.samplesInput), field(t("sweep.random_seed"), this.randomSeedInput));
     this.seedsInput = h("input", { type: "number", min: "1", step: "1", placeholder: t("sweep.seeds_none"),
       dataset: { xpufleet: "sweep-seeds" }, oninput: changed });
-    this.metricInput = h("input", { type: "text", value: "val_accuracy", autocomplete: "off", dataset: { xpufleet: "sweep-metric" }, oninput: changed });
+    // a ComfyUI workflow reports no metric: its sweep compares images, no objective unless one is typed
+    this.metricInput = h("input", { type: "text", value: isComfyWorkflow(this.graph.prompt) ? "" : "val_accuracy", autocomplete: "off",
+      dataset: { xpufleet: "sweep-metric" }, oninput: changed });
     this.directionSelect = h("select", { dataset: { xpufleet: "sweep-direction" }, onchange: changed },
       h("option", { value: "" }, t("sweep.direction_auto")), h("option", { value: "maximize" }, t("sweep.maximize")),
       h("option", { value: "minimize" }, t("sweep.minimize")));
@@ -234,9 +237,9 @@ class SweepDialog {
     // the budget of each variant (the server checks every one of them, and names a refusal)
     if (this.budgetInput.value !== "") target.memory_gib = numberOrText(this.budgetInput.value);
     if (this.waitInput.checked) target.wait = true;
-    const body = { graph: this.graph.prompt, mode: this.modeSelect.value, parameters,
-      objective: { metric: this.metricInput.value.trim() }, options: { ...options, target } };
-    if (this.directionSelect.value) body.objective.direction = this.directionSelect.value;
+    const body = { graph: this.graph.prompt, mode: this.modeSelect.value, parameters, options: { ...options, target } };
+    if (this.metricInput.value.trim() || !isComfyWorkflow(this.graph.prompt)) body.objective = { metric: this.metricInput.value.trim() };
+    if (body.objective && this.directionSelect.value) body.objective.direction = this.directionSelect.value;
     if (this.nameInput.value.trim()) body.name = this.nameInput.value.trim();
     if (this.seedsInput.value !== "") body.seeds = numberOrText(this.seedsInput.value);
     if (random) {

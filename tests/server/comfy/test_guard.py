@@ -103,7 +103,7 @@ async def test_redeeming_a_pairing_is_the_one_unpaired_forward(bare, upstream): 
     ("GET", "/xpufleet/version", None), ("GET", "/xpufleet/locales/en/main.json", None),
     ("GET", "/xpufleet/sidecar", None), ("GET", "/xpufleet/snapshot", None),
     ("POST", "/xpufleet/sidecar/start", b"{}"), ("POST", "/xpufleet/canvas/name", b'{"prompt_id": "p", "name": "n"}'),
-    ("POST", "/xpufleet/predict", b"{}"),
+    ("POST", "/xpufleet/predict", b"{}"), ("POST", "/xpufleet/runs/0123abcd/home", b"{}"),
 ])
 async def test_every_route_of_the_plugin_refuses_other_origins_and_rebound_hosts(bare, method, path, body):
     for headers in ({"Origin": "null"}, {"Origin": "http://127.0.0.2:1"}, {"Host": "rebind.evil.example"},
