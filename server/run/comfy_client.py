@@ -378,9 +378,12 @@ def run_comfy(spec: dict[str, Any], run_dir: Path, emit: Emit, facts: dict[str, 
     emit("run_started", {"run_id": spec.get("run_id"), "pid": facts.get("pid"), "devices": spec.get("devices"),
                          "device_aliases": spec.get("device_aliases"), "placement": spec.get("placement"),
                          "comfyui": {k: job.comfy.get(k) for k in ("instance", "started", "version")}})
+    began = time.monotonic()
     try:
         result = asyncio.run(job.run())
     finally:
         facts.update(job.facts())
         emit("outputs_recorded", job.outputs.finish())
+    if result[0] == "succeeded":  # a workflow's one metric: a sweep of workflows ranks by it (contracts/sweeps.py)
+        emit("metric", {"name": "duration_s", "value": round(time.monotonic() - began, 3)})
     return result
