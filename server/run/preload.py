@@ -1,7 +1,7 @@
 """What the warm parent imports once so forked run processes start in milliseconds (see warm.py).
 
 Everything a run needs before its first node: torch, the node modules and what they import lazily
-(scikit-learn's bundled datasets, safetensors), the runner and the graph executor. Nothing here
+(scikit-learn's bundled datasets, safetensors), the runner and the graph executor, and a ComfyUI run's client. Nothing here
 touches a device: CUDA must never be initialised in a process that forks.
 """
 
@@ -27,6 +27,9 @@ MODULES = (
     "xpufleet.nodes.tensordata",
     "xpufleet.server.run.runner",
     "xpufleet.server.run.executor",
+    # a ComfyUI run's process: its client (aiohttp alone is ~160 ms to import, most of a warm run's queue cost)
+    "aiohttp",
+    "xpufleet.server.run.comfy_client",
 )
 OPTIONAL = ("sklearn.datasets", "sklearn.model_selection", "sklearn.metrics", "safetensors.torch", "numpy")
 

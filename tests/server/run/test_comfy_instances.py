@@ -41,7 +41,8 @@ INFO = {"ImageScale": {"input": {"required": {"image": ["IMAGE"], "upscale_metho
                                  "optional": {"crop": ["COMBO", {"options": ["disabled", "center"]}]},
                                  "hidden": {"prompt": "PROMPT"}},
                        "output": ["IMAGE"]}}
-ROUTES = {"/system_stats": {"system": {"comfyui_version": "9.9.9"}}, "/object_info": INFO,
+ROUTES = {"/system_stats": {"system": {"comfyui_version": "9.9.9"}}, "/prompt": {"exec_info": {"queue_remaining": 0}},
+          "/object_info": INFO,
           "/models": ["checkpoints", "loras"], "/models/checkpoints": ["a.safetensors", "sub\\b.ckpt"],
           "/models/loras": []}
 
