@@ -185,8 +185,8 @@ def main() -> int:
     harness = tests_module("comfy_host/comfy_harness.py")
     found = harness.configured()
     if found is None:
-        print(harness.SKIP_REASON)
-        return 2
+        print(f"bench_comfy_runs: skipped: {harness.SKIP_REASON}")
+        return 0  # `make bench` on a machine without a ComfyUI
     comfy_dir, python = found
     fh = tests_module("server/fleet_harness.py")
     print(f"load average before: {os.getloadavg()}")
