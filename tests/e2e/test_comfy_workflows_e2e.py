@@ -1,9 +1,12 @@
 """End to end (docs/workers.md, "Any workflow on a fleet card"): ComfyUI workflows queued to a worker's
-(simulated) cards run in a warm headless copy of the real ComfyUI there. One sidecar and one agent with two
-simulated cards and ``--comfyui`` for the module (the sidecar started
-with ``--comfyui`` too, for "this server") (each ComfyUI start costs ~10 s on 2 cores); the tests run
-in order and share its instances: a named card (cold), the same workflow again (warm), ``any``, a workflow
-that loads a model file (a tiny upscaler the test writes; progress), "this server", a node that raises, a cancel, and kill -9 of the instance during a run (then a fresh instance).
+(simulated) cards run in a warm headless copy of the real ComfyUI there. For the module: one sidecar (with
+``--comfyui`` too, for "this server"), an agent ``box`` with two simulated cards whose ComfyUI sees a tiny
+upscale model the test writes, and an agent ``bare`` with one card whose ComfyUI does not (each ComfyUI
+start costs ~10 s on 2 cores). The tests run in order and share the instances: a named card (cold), the same
+workflow again (warm), ``any`` (and a workflow only box can run goes there), the model file (progress), "this
+server", a node that raises, a cancel, kill -9 of the instance during a run (then a fresh instance), the
+door's refusals against the real readings (a model file bare lacks, a node class no worker has), a fan-out
+of 8 seeds over box's 2 cards, and a one-shot pool whose instance runs one workflow and exits.
 
 Needs the real ComfyUI (COMFYUI_DIR, COMFYUI_PYTHON); skipped with the reason without it."""
 
@@ -356,3 +359,21 @@ def test_fan_out_of_8_seeds_over_2_cards_gives_8_images_in_seed_order_on_both_ca
         digests.append(raw)
     assert cards == {"cuda:0", "cuda:1"}, cards
     assert len(set(digests)) == 8  # every seed its own noise
+
+
+def test_a_workflow_queued_to_a_one_shot_pool_runs_on_an_instance_that_then_exits(comfy_fleet):
+    fleet, sc, _ = comfy_fleet
+    comfy_dir, python = comfy_harness.configured()
+    created = fleet.cli("pools", "create", "spot", "--comfyui", str(comfy_dir))
+    assert created.returncode == 0, created.stderr
+    assert f"--comfyui {comfy_dir}" in created.stdout, created.stdout  # the join command says it
+    token = created.stdout.split("--join ")[1].split()[0]
+    rid = sc.submit(image_graph(51), target={"pool": "spot"})  # waits for an instance (and its reading)
+    spot = fleet.agent("--one-shot", "--join", token, "--simulate", "cuda:0=24", "--comfyui", str(comfy_dir),
+                       "--comfyui-python", str(python), label="spot")
+    spot.wait_connected()
+    run = sc.wait_run(rid, {"succeeded", "failed", "cancelled", "interrupted"}, timeout=180)
+    assert run["status"] == "succeeded", run["error"]
+    assert run["target"] == "pool:spot" and facts_of(run)["instance"] == "cuda:0"
+    check_image(sc, rid)  # uploaded before the instance left
+    assert spot.wait_exit(120) == 0
