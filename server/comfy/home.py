@@ -198,7 +198,15 @@ def bring_home(client: Any, run_id: str, output_dir: Path, models_dir: Path | No
         run = client.request("GET", f"/api/runs/{rid}")
         if run.get("status") != "succeeded":
             raise ApiError(409, f"run {run_id} is {run.get('status')}: its results come home once it has succeeded")
-        listing = client.request("GET", f"/api/runs/{rid}/outputs")
+        try:
+            listing = client.request("GET", f"/api/runs/{rid}/outputs")
+        except ClientError as exc:
+            if exc.status not in (404, 409):
+                raise
+            # a training run that recorded nothing here, or whose outputs stay on a worker not connected now:
+            # nothing to bring home (an answer, not an error: the page asks for every run that recorded outputs)
+            return {"run_id": run_id, "subfolder": f"{PLUGIN_NAME}/{run_id}", "files": [], "models": [],
+                    "unavailable": exc.message}
         folder = run_folder(output_dir, run_id, make=False)  # made with its first file
         subfolder = f"{PLUGIN_NAME}/{run_id}"
         files: list[dict[str, Any]] = []

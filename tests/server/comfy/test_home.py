@@ -42,6 +42,7 @@ class Sidecar:
             ("9", "ComfyUI_00001_.png"): PNG, ("9", "ComfyUI_00002_.png"): PNG + b"x",
             ("12", "clip.flac"): b"fLaC!", ("12", "0_t.safetensors"): b"abc"}
         self.reads: list[tuple[str, str]] = []
+        self.outputs_error: tuple[int, str] | None = None  # what GET /outputs answers instead of the listing
         self.app = web.Application()
         self.app.router.add_get("/api/runs/{run_id}", self.run)
         self.app.router.add_get("/api/runs/{run_id}/outputs", self.listing)
@@ -62,6 +63,9 @@ class Sidecar:
 
     async def listing(self, request: web.Request) -> web.Response:
         self._check(request)
+        if self.outputs_error is not None:
+            status, text = self.outputs_error
+            return web.json_response({"error": text}, status=status)
         return web.json_response({"run_id": RUN, "complete": True, "nodes": [
             {"node": n, "class_type": m["class_type"], "files": [o["file"] for o in m["outputs"] if "file" in o]}
             for n, m in self.nodes.items()]})
@@ -140,6 +144,20 @@ async def test_a_run_without_media_makes_no_folder(comfy, sidecar, output_dir):
     r = await comfy.post(f"/xpufleet/runs/{RUN}/home")
     assert r.status == 200 and (await r.json())["files"] == []
     assert not (output_dir / "xpufleet").exists() and sidecar.reads == []
+
+
+@pytest.mark.parametrize("status", [404, 409])
+async def test_a_run_whose_outputs_the_sidecar_cannot_give_has_nothing_to_bring_home(comfy, sidecar, output_dir,
+                                                                                      status):
+    # a training run that recorded nothing here, or keeps its outputs on a worker not connected now: the
+    # page asks for every run that recorded outputs, and an error status would be a console error there
+    sidecar.run_fields = {"kind": "graph", "options": {"record_outputs": True}}
+    sidecar.outputs_error = (status, "run r keeps no recorded outputs here")
+    r = await comfy.post(f"/xpufleet/runs/{RUN}/home")
+    assert r.status == 200
+    body = await r.json()
+    assert body["files"] == [] and body["models"] == [] and "no recorded outputs" in body["unavailable"]
+    assert files_under(output_dir) == set() and sidecar.reads == []
 
 
 async def test_only_a_succeeded_run_comes_home(comfy, sidecar, output_dir):
