@@ -124,6 +124,8 @@ AGENT_SOCKET_NAME = "agents.sock"  # $XPUFLEET_HOME/agents.sock: the Unix socket
 RUNS_DIR_NAME = "runs"  # $XPUFLEET_HOME/runs/<run_id>/ (spec.json, output.log, events.jsonl, artifacts)
 RECORDED_OUTPUTS_DIRNAME = "recorded_outputs"  # <run dir>/recorded_outputs: record_outputs (docs/workers.md)
 ENV_WARM_START = "XPUFLEET_WARM_START"  # "0": run processes start as new interpreters (no forkserver)
+# The module the warm start parent imports (server/run/warm.py): it also counts what a forked run freezes.
+WARM_PRELOAD_MODULE = "xpufleet.server.run.preload"
 RUN_STOP_GRACE_S = 30.0  # after `stop`, a run child gets this long to write its checkpoint and exit
 SIDECAR_START_TIMEOUT_S = 60.0  # `xpufleet start` waits this long for /api/health
 SIDECAR_STOP_TIMEOUT_S = RUN_STOP_GRACE_S + 15.0  # `xpufleet stop` waits this long, then SIGKILL

@@ -25,12 +25,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ...constants import ENV_WARM_START
+from ...constants import ENV_WARM_START, WARM_PRELOAD_MODULE
 from .launcher import ColdStarter, MemberSpec, Starter, signal_process_group
 
 log = logging.getLogger("xpufleet.launcher")
 
-PRELOAD = ("xpufleet.server.run.preload",)
+PRELOAD = (WARM_PRELOAD_MODULE,)
 
 
 class PassFd:
