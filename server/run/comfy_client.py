@@ -79,6 +79,9 @@ class ComfyOutputs:
         self.run_id = run_id
         self.nodes: list[dict[str, Any]] = []
         self.root.mkdir(parents=True, exist_ok=True)
+
+    def begin(self) -> None:
+        """The record exists, empty (written once the prompt is queued: its fsync is off the queue's path)."""
         self._write_index(False)
 
     def _write_index(self, complete: bool) -> None:
@@ -193,6 +196,7 @@ class ComfyRun:
                     refused = await self._submit(session)
                     if refused is not None:
                         return refused
+                    self.outputs.begin()
                     return await self._follow(ws)
         except (aiohttp.ClientError, OSError) as exc:
             if isinstance(exc, aiohttp.ClientResponseError) and exc.status < 500:
