@@ -70,9 +70,12 @@ class PoolCreate(Contract):
     # error would name `literal[True]` for an unknown setting)
     slurm: Annotated[Any, ruled(Literal[True] | SlurmPool | None)] = Field(
         None, description="a Slurm pool (docs/slurm-and-k8s.md); true: the defaults")
-    comfyui: Annotated[str | None, refuse("comfyui must be the ComfyUI folder on the pool's machines (a path), "
+    # An allow-list: it becomes an argument of the agents' command line (a Slurm script, a pod, a join command).
+    comfyui: Annotated[str | None, refuse("comfyui must be the ComfyUI folder on the pool's machines, an absolute "
+                                          "path of letters, digits and . _ - + @ / (at most 1024 characters), "
                                           "or absent")] = Field(
-        None, description="the pool's instances run ComfyUI workflows: their agents start with --comfyui PATH")
+        None, pattern=r"^/[A-Za-z0-9._+@/-]{0,1023}$",
+        description="the pool's instances run ComfyUI workflows: their agents start with --comfyui PATH")
 
 
 class PoolExport(Contract):
