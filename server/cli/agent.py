@@ -36,6 +36,7 @@ from ..devices.names import DeviceSpecError, parse_device_list
 from ..devices.simulated import parse_simulate
 from ..run.comfy_instances import ComfyError, extra_args, find_install
 from ..workers import protocol
+from .common import comfyui_options
 from .text import safe
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -73,12 +74,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         f"store and the ranks' sockets); default {AGENT_ADVERTISE_ADDR_DEFAULT}, this machine only")
     s.add_argument("--fingerprint", metavar="SHA256",
                    help="the TLS sidecar's certificate fingerprint to pin (the join command carries it)")
-    s.add_argument("--comfyui", metavar="PATH",
-                   help="the ComfyUI folder (with main.py) that runs ComfyUI workflows on this worker's cards "
-                        "(default: $XPUFLEET_COMFYUI, or the ComfyUI whose environment runs this agent)")
-    s.add_argument("--comfyui-python", metavar="PY",
-                   help="the interpreter of that ComfyUI (default: $XPUFLEET_COMFYUI_PYTHON, its venv/ or .venv/, "
-                        "else this one)")
+    comfyui_options(s, "ComfyUI workflows on this worker's cards",
+                    "$XPUFLEET_COMFYUI, or the ComfyUI whose environment runs this agent")
     t = sub.add_parser("stop", help="stop a worker agent started with `agent start`")
     t.add_argument("--name", help="worker name (default: the only running agent, else the hostname)")
     u = sub.add_parser("status", help="show this machine's worker agents",

@@ -48,6 +48,16 @@ def client_or_exit() -> Client:
     return client
 
 
+def comfyui_options(parser: argparse.ArgumentParser, what: str, default: str) -> None:
+    """``--comfyui PATH`` and ``--comfyui-python PY`` (an agent's and the sidecar's alike): ``what`` the
+    ComfyUI runs there, ``default`` where it is found without the flag."""
+    parser.add_argument("--comfyui", metavar="PATH", help=f"the ComfyUI folder (with main.py) that runs {what} "
+                                                          f"(default: {default})")
+    parser.add_argument("--comfyui-python", metavar="PY",
+                        help="the interpreter of that ComfyUI (default: $XPUFLEET_COMFYUI_PYTHON, its venv/ or "
+                             ".venv/, else this one)")
+
+
 def json_option() -> argparse.ArgumentParser:
     """A parent parser with ``--json`` for the subcommands, so that it may also follow them (``xpufleet
     workers list --json``); SUPPRESS keeps the group's own ``--json`` when the subcommand has none."""

@@ -27,7 +27,15 @@ from ...constants import (
     SIDECAR_STOP_TIMEOUT_S,
     home_dir,
 )
-from .common import EXIT_OK, EXIT_RUN_FAILED, EXIT_UNREACHABLE, EXIT_USAGE, err, running_client
+from .common import (
+    EXIT_OK,
+    EXIT_RUN_FAILED,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    comfyui_options,
+    err,
+    running_client,
+)
 from .text import safe
 
 SERVER_MODULE = "xpufleet.server"
@@ -46,12 +54,8 @@ def add_parser(sub: Any) -> None:
                         "--tls-cert/--tls-key give one; join commands carry its SHA-256 fingerprint")
     p.add_argument("--tls-cert", metavar="FILE", help="PEM certificate (chain) to serve with --tls")
     p.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert (default: in the same file)")
-    p.add_argument("--comfyui", metavar="PATH",
-                   help="a ComfyUI folder (with main.py): this server then runs ComfyUI workflows queued to it "
-                        "(target local) in headless ComfyUIs of its own (default: $XPUFLEET_COMFYUI)")
-    p.add_argument("--comfyui-python", metavar="PY",
-                   help="the interpreter of that ComfyUI (default: $XPUFLEET_COMFYUI_PYTHON, its venv/ or .venv/, "
-                        "else this one)")
+    comfyui_options(p, "ComfyUI workflows queued to this server (target local) in headless ComfyUIs of its own",
+                    "$XPUFLEET_COMFYUI")
     p.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_start)
 
